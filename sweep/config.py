@@ -1,0 +1,416 @@
+"""study.yaml -> a validated, frozen `Spec`, and the Optuna objects it describes.
+
+Everything a user can get wrong in a study file is caught here, before anything touches storage
+or the output directory; each mistake becomes one `ConfigError` line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sweep.errors import ConfigError
+
+NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+Direction = Literal["minimize", "maximize"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloatParam(_Model):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> FloatParam:
+        _check_range(self.low, self.high, self.log, self.step)
+        return self
+
+
+class IntParam(_Model):
+    type: Literal["int"]
+    low: int
+    high: int
+    step: Annotated[int, Field(gt=0)] = 1
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> IntParam:
+        _check_range(self.low, self.high, self.log, self.step if self.step != 1 else None)
+        return self
+
+
+class CategoricalParam(_Model):
+    type: Literal["categorical"]
+    choices: Annotated[list[str | bool | int | float | None], Field(min_length=1)]
+
+
+class FixedParam(_Model):
+    """Passed to every trial as it is, never searched."""
+
+    type: Literal["fixed"]
+    value: Any
+
+
+Param = Annotated[
+    FloatParam | IntParam | CategoricalParam | FixedParam, Field(discriminator="type")
+]
+
+
+def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    if low > high:
+        raise ValueError(f"low ({low}) must not be above high ({high})")
+    if log and low <= 0:
+        raise ValueError(f"log scale needs low > 0 (got {low})")
+    if log and step is not None:
+        raise ValueError("step and log cannot be used together")
+
+
+SAMPLER_TYPES = ("tpe", "random", "cmaes", "gp", "nsga2", "qmc", "grid", "bruteforce")
+PRUNER_TYPES = (
+    "none", "median", "percentile", "hyperband", "successive_halving", "threshold", "patient",
+)
+
+
+class SamplerSpec(BaseModel):
+    """`type` picks the Optuna sampler; every other key is a keyword argument of it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: Literal[SAMPLER_TYPES] = "tpe"  # type: ignore[valid-type]
+    seed: int | None = None
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class PrunerSpec(BaseModel):
+    """`type` picks the Optuna pruner; every other key is a keyword argument of it.
+
+    `patient` wraps another pruner given as `wrapped: {type: ..., ...}`.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: Literal[PRUNER_TYPES] = "none"  # type: ignore[valid-type]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class StudySection(_Model):
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=200)]
+    storage: str | None = None
+    output_dir: Path | None = None
+    direction: Direction | None = None
+    directions: Annotated[list[Direction], Field(min_length=2)] | None = None
+    metric: str | None = None
+    metrics: Annotated[list[str], Field(min_length=2)] | None = None
+    n_trials: Annotated[int, Field(gt=0)]
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    sampler: SamplerSpec = SamplerSpec()
+    pruner: PrunerSpec = PrunerSpec()
+    enqueue: list[dict[str, Any]] = []
+    max_consecutive_failures: Annotated[int, Field(gt=0)] = 5
+    heartbeat_interval: Annotated[int, Field(gt=0)] = 30
+    grace_period: Annotated[int, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _objectives(self) -> StudySection:
+        if self.direction is not None and self.directions is not None:
+            raise ValueError("give either direction or directions, not both")
+        if self.directions is None:
+            if self.metrics is not None:
+                raise ValueError("metrics needs directions (one per metric)")
+            if self.metric is None:
+                raise ValueError("metric is required: the result-file key to optimise")
+        else:
+            if self.metric is not None or self.metrics is None:
+                raise ValueError("directions needs metrics (one per direction), not metric")
+            if len(self.metrics) != len(self.directions):
+                raise ValueError(
+                    f"{len(self.metrics)} metrics but {len(self.directions)} directions"
+                )
+        return self
+
+    @property
+    def objective_directions(self) -> list[str]:
+        return list(self.directions) if self.directions else [self.direction or "minimize"]
+
+    @property
+    def objective_metrics(self) -> list[str]:
+        return list(self.metrics) if self.metrics else [str(self.metric)]
+
+
+class AccelerateSettings(_Model):
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+    dynamo_backend: str | None = None
+
+
+class TrainerSection(_Model):
+    script: Path | None = None
+    module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] | None = None
+    args: list[str] = []
+    env: dict[str, str | int | float | bool] = {}
+    accelerate: AccelerateSettings = AccelerateSettings()
+    launcher: Literal["accelerate", "python"] = "accelerate"
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    grace_period: Annotated[float, Field(ge=0)] = 5.0
+    max_retries: Annotated[int, Field(ge=0)] = 0
+    retry_oom: bool = False
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> TrainerSection:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("give exactly one of script or module")
+        return self
+
+
+class GpusSection(_Model):
+    ids: Literal["all"] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = "all"
+    trials_per_gpu: Annotated[int, Field(gt=0)] = 1
+    sample_interval: Annotated[float, Field(gt=0)] = 1.0
+
+
+class Spec(_Model):
+    """A whole study file, validated. Paths are absolute; `source` is the file it came from."""
+
+    study: StudySection
+    trainer: TrainerSection
+    gpus: GpusSection = GpusSection()
+    params: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN)], Param] = {}
+    source: Path = Path("study.yaml")
+
+    @property
+    def storage_url(self) -> str:
+        return str(self.study.storage)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(str(self.study.output_dir))
+
+    @property
+    def searched(self) -> dict[str, FloatParam | IntParam | CategoricalParam]:
+        return {k: v for k, v in self.params.items() if not isinstance(v, FixedParam)}
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return {k: v.value for k, v in self.params.items() if isinstance(v, FixedParam)}
+
+
+def load(path: str | Path) -> Spec:
+    """Read and validate a study file; raise `ConfigError` on the first problem found."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "YAML"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(file, where, f"YAML syntax error: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(file, "", "the study file must be a mapping with study/trainer/params")
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as e:
+        raise _config_error(file, e) from None
+    return _resolve(spec, path)
+
+
+def _config_error(file: str, error: ValidationError) -> ConfigError:
+    first = error.errors()[0]
+    loc = [str(p) for p in first["loc"] if not _is_union_tag(p)]
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (check the spelling; see the README's YAML reference)"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in first and first["type"] not in ("value_error",):
+        msg = f"{msg} (got {first['input']!r})"
+    return ConfigError(file, ".".join(loc), msg)
+
+
+def _is_union_tag(part: object) -> bool:
+    return (isinstance(part, str) and part in ("float", "int", "categorical", "fixed")) or (
+        isinstance(part, str) and part.startswith(("function-", "literal[", "list["))
+    )
+
+
+def _resolve(spec: Spec, path: Path) -> Spec:
+    """Make paths absolute, fill defaults that depend on the file's place, check what exists."""
+    file, base = str(path), path.resolve().parent
+    study, trainer = spec.study, spec.trainer
+    storage = study.storage or f"sqlite:///{base / (study.name + '.db')}"
+    check_storage_url(file, storage, base)
+    output_dir = base / (study.output_dir or study.name)
+    script = None
+    if trainer.script is not None:
+        script = (base / trainer.script).resolve()
+        if not script.is_file():
+            raise ConfigError(file, "trainer.script", f"no such file: {script}")
+    for i, params in enumerate(study.enqueue):
+        unknown = sorted(set(params) - set(spec.searched))
+        if unknown:
+            raise ConfigError(
+                file, f"study.enqueue.{i}", f"not a searched param: {', '.join(unknown)}"
+            )
+    if study.pruner.type != "none" and study.directions is not None:
+        raise ConfigError(file, "study.pruner", "Optuna cannot prune multi-objective studies")
+    resolved = spec.model_copy(
+        update={
+            "study": study.model_copy(update={"storage": storage, "output_dir": output_dir}),
+            "trainer": trainer.model_copy(update={"script": script}),
+            "source": path.resolve(),
+        }
+    )
+    for key, build in (("study.sampler", build_sampler), ("study.pruner", build_pruner)):
+        try:
+            build(resolved)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise ConfigError(file, key, str(e).splitlines()[0]) from None
+    return resolved
+
+
+def check_storage_url(file: str, url: str, base: Path) -> None:
+    """Refuse a storage URL SQLAlchemy cannot use, without connecting or creating anything."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(
+            file, "study.storage", "not a database URL (e.g. sqlite:///sweep.db or "
+            "postgresql://user@host/db)"
+        ) from None
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        dialect = parsed.get_dialect()
+        dialect.import_dbapi()
+    except NoSuchModuleError:
+        raise ConfigError(file, "study.storage", f"unknown database kind in {shown}") from None
+    except ImportError as e:
+        postgres = parsed.get_backend_name() == "postgresql"
+        hint = " (pip install 'sweep[postgres]')" if postgres else ""
+        raise ConfigError(
+            file, "study.storage", f"no driver for {shown}: {e.name or e}{hint}"
+        ) from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        db = Path(parsed.database)
+        folder = (db if db.is_absolute() else Path.cwd() / db).parent
+        if not folder.is_dir():
+            raise ConfigError(file, "study.storage", f"folder does not exist: {folder}")
+
+
+def distributions(spec: Spec) -> dict[str, Any]:
+    """The Optuna distributions of the searched params, in file order."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    out: dict[str, Any] = {}
+    for name, p in spec.searched.items():
+        if isinstance(p, FloatParam):
+            out[name] = FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+        elif isinstance(p, IntParam):
+            out[name] = IntDistribution(p.low, p.high, log=p.log, step=p.step)
+        else:
+            out[name] = CategoricalDistribution(p.choices)
+    return out
+
+
+def _grid_space(spec: Spec) -> dict[str, list[Any]]:
+    space: dict[str, list[Any]] = {}
+    for name, p in spec.searched.items():
+        if isinstance(p, CategoricalParam):
+            space[name] = list(p.choices)
+        elif isinstance(p, IntParam):
+            space[name] = list(range(p.low, p.high + 1, p.step))
+        elif p.step is not None:
+            n = math.floor((p.high - p.low) / p.step + 1e-9)
+            space[name] = [p.low + i * p.step for i in range(n + 1)]
+        else:
+            raise ConfigError(
+                str(spec.source), "study.sampler.search_space",
+                f"grid needs a search_space for float param {name!r} (or give it a step)",
+            )
+    return space
+
+
+def _construct(file: str, key: str, cls: type, kwargs: dict[str, Any]) -> Any:
+    accepted = inspect.signature(cls).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        for k in kwargs:
+            if k not in accepted:
+                raise ConfigError(file, f"{key}.{k}", f"{cls.__name__} has no argument {k!r}")
+    return cls(**kwargs)
+
+
+def build_sampler(spec: Spec) -> Any:
+    """The Optuna sampler of `study.sampler`; TPE keeps Optuna's default constant liar."""
+    import optuna.samplers as s
+
+    cfg = spec.study.sampler
+    kwargs = cfg.kwargs
+    if cfg.seed is not None:
+        kwargs["seed"] = cfg.seed
+    classes = {
+        "tpe": s.TPESampler, "random": s.RandomSampler, "cmaes": s.CmaEsSampler,
+        "gp": s.GPSampler, "nsga2": s.NSGAIISampler, "qmc": s.QMCSampler,
+        "grid": s.GridSampler, "bruteforce": s.BruteForceSampler,
+    }
+    if cfg.type == "grid":
+        space = kwargs.pop("search_space", None) or _grid_space(spec)
+        unknown = sorted(set(space) - set(spec.searched))
+        if unknown:
+            raise ConfigError(
+                str(spec.source), "study.sampler.search_space",
+                f"not a searched param: {', '.join(unknown)}",
+            )
+        kwargs["search_space"] = space
+    return _construct(str(spec.source), "study.sampler", classes[cfg.type], kwargs)
+
+
+def build_pruner(spec: Spec, cfg: PrunerSpec | None = None, key: str = "study.pruner") -> Any:
+    """The Optuna pruner of `study.pruner` (`patient` wraps the pruner under `wrapped`)."""
+    import optuna.pruners as p
+
+    cfg = cfg or spec.study.pruner
+    kwargs = cfg.kwargs
+    classes = {
+        "none": p.NopPruner, "median": p.MedianPruner, "percentile": p.PercentilePruner,
+        "hyperband": p.HyperbandPruner, "successive_halving": p.SuccessiveHalvingPruner,
+        "threshold": p.ThresholdPruner, "patient": p.PatientPruner,
+    }
+    if cfg.type == "patient":
+        inner = kwargs.get("wrapped")
+        if inner is not None:
+            if not isinstance(inner, dict):
+                raise ConfigError(str(spec.source), f"{key}.wrapped", "must be a pruner mapping")
+            try:
+                inner_cfg = PrunerSpec.model_validate(inner)
+            except ValidationError as e:
+                raise _config_error(str(spec.source), e) from None
+            kwargs["wrapped_pruner"] = build_pruner(spec, inner_cfg, f"{key}.wrapped")
+            del kwargs["wrapped"]
+    return _construct(str(spec.source), key, classes[cfg.type], kwargs)

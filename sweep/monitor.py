@@ -1,0 +1,170 @@
+"""Samples every device of the pool while a sweep runs, tagged with the trials holding it.
+
+Samples are appended to `<output_dir>/gpu_samples.csv` as they are taken (a crash loses at
+most one interval). On a simulated pool there is no NVML: the rows still say which trial held
+which device when, and every figure is NaN.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sweep.nvml import GpuReading
+
+SAMPLE_COLUMNS = [
+    "time", "gpu", "trials", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb", "power_w",
+]
+
+
+class Reader(Protocol):
+    """What the monitor needs of NVML (`sweep.nvml.Nvml` provides it)."""
+
+    def read(self, index: int) -> GpuReading: ...
+    def energy_mj(self, index: int) -> float | None: ...
+    def compute_processes(self, index: int) -> dict[int, float | None]: ...
+
+
+class NoReader:
+    """The reader of a simulated pool: nothing is known."""
+
+    def read(self, index: int) -> GpuReading:
+        return GpuReading()
+
+    def energy_mj(self, index: int) -> float | None:
+        return None
+
+    def compute_processes(self, index: int) -> dict[int, float | None]:
+        return {}
+
+
+@dataclass
+class TrialUsage:
+    """Running aggregates of one trial's device while it runs."""
+
+    gpu: int
+    util_sum: float = 0.0
+    util_n: int = 0
+    util_max: float = math.nan
+    mem_peak_mb: float = math.nan
+    energy_start_mj: float | None = None
+    samples: int = 0
+
+    def add(self, reading: GpuReading, trial_mem_mb: float | None) -> None:
+        self.samples += 1
+        if not math.isnan(reading.util_gpu):
+            self.util_sum += reading.util_gpu
+            self.util_n += 1
+            self.util_max = reading.util_gpu if math.isnan(self.util_max) else max(
+                self.util_max, reading.util_gpu)
+        mem = trial_mem_mb if trial_mem_mb is not None else reading.mem_used_mb
+        if not math.isnan(mem):
+            self.mem_peak_mb = mem if math.isnan(self.mem_peak_mb) else max(self.mem_peak_mb, mem)
+
+    def stats(self, energy_end_mj: float | None) -> dict[str, float]:
+        """The user attributes stored with the trial; NaN where nothing was measured."""
+        energy = math.nan
+        if self.energy_start_mj is not None and energy_end_mj is not None:
+            energy = (energy_end_mj - self.energy_start_mj) / 1000
+        return {
+            "gpu_util_mean": self.util_sum / self.util_n if self.util_n else math.nan,
+            "gpu_util_max": self.util_max,
+            "gpu_mem_peak_mb": self.mem_peak_mb,
+            "energy_j": energy,
+        }
+
+
+def trial_memory_mb(processes: dict[int, float | None], pids: Iterable[int]) -> float | None:
+    """Device memory used by the given pids, or None when none of them is visible to NVML."""
+    used = [processes[p] for p in pids if p in processes and processes[p] is not None]
+    return sum(used) if used else None  # type: ignore[arg-type]
+
+
+@dataclass
+class Monitor:
+    """A sampler thread over `devices`, writing `csv_path` every `interval` seconds.
+
+    The driver calls `trial_started` / `trial_finished`; `pids_of(trial)` gives a trial's
+    process tree, to attribute per-process memory when NVML shows the pids.
+    """
+
+    reader: Reader
+    devices: list[int]
+    csv_path: Path
+    interval: float = 1.0
+    pids_of: Callable[[int], set[int]] = lambda trial: set()
+    _usage: dict[int, TrialUsage] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    latest: dict[int, GpuReading] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.csv_path.exists() or self.csv_path.stat().st_size == 0:
+            with open(self.csv_path, "w", newline="") as f:
+                csv.writer(f).writerow(SAMPLE_COLUMNS)
+        self._thread = threading.Thread(target=self._run, name="sweep-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def trial_started(self, trial: int, gpu: int) -> None:
+        with self._lock:
+            self._usage[trial] = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
+
+    def trial_finished(self, trial: int) -> dict[str, float]:
+        """Stop following `trial`; its aggregates (NaN where nothing was measured)."""
+        with self._lock:
+            usage = self._usage.pop(trial, None)
+        if usage is None:
+            return {}
+        sharing = sum(1 for u in self._usage.values() if u.gpu == usage.gpu)
+        # A device's energy belongs to one trial only when no other trial shared it.
+        end = self.reader.energy_mj(usage.gpu) if sharing == 0 else None
+        return usage.stats(end)
+
+    def sample_once(self, now: float | None = None) -> list[list[object]]:
+        """Take one sample of every device, update the trials' aggregates, append the rows."""
+        now = time.time() if now is None else now
+        with self._lock:
+            holders: dict[int, list[int]] = {d: [] for d in self.devices}
+            for trial, usage in self._usage.items():
+                holders.setdefault(usage.gpu, []).append(trial)
+        rows: list[list[object]] = []
+        for gpu in self.devices:
+            reading = self.reader.read(gpu)
+            self.latest[gpu] = reading
+            trials = sorted(holders.get(gpu, []))
+            if trials:
+                processes = self.reader.compute_processes(gpu)
+                with self._lock:
+                    for trial in trials:
+                        mem = trial_memory_mb(processes, self.pids_of(trial)) if processes else None
+                        if trial in self._usage:
+                            self._usage[trial].add(reading, mem)
+            rows.append([
+                round(now, 3), gpu, ";".join(map(str, trials)), reading.util_gpu,
+                reading.util_mem, reading.mem_used_mb, reading.mem_total_mb, reading.power_w,
+            ])
+        with open(self.csv_path, "a", newline="") as f:
+            csv.writer(f).writerows(rows)
+        return rows
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_once()
+            except OSError:
+                pass
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

@@ -1,0 +1,145 @@
+"""Which devices a sweep may use, and which of them are free.
+
+The pool is the caller's view of the machine: NVML's devices, bounded by the caller's
+`CUDA_VISIBLE_DEVICES`, narrowed by `gpus.ids`. `SWEEP_FAKE_GPUS=N` replaces NVML with N
+simulated devices named 0..N-1 (tests, laptops); everything else behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sweep.errors import UsageError
+from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
+
+FAKE_ENV = "SWEEP_FAKE_GPUS"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device of the pool. `index` is NVML's (PCI bus order) and what trials are pinned to."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    memory_total_mb: float | None = None
+    simulated: bool = False
+
+
+def fake_devices(count: str) -> list[Device]:
+    """The simulated pool of `SWEEP_FAKE_GPUS`."""
+    try:
+        n = int(count)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise UsageError(f"{FAKE_ENV} must be a whole number of devices (got {count!r})")
+    return [Device(i, "simulated GPU", simulated=True) for i in range(n)]
+
+
+def visible(devices: Sequence[GpuInfo], cuda_visible: str | None) -> list[Device]:
+    """The devices `CUDA_VISIBLE_DEVICES` lets the caller use, in the order it lists them.
+
+    Entries are NVML indices or `GPU-<uuid>` prefixes; as in CUDA, the list ends at the first
+    entry that matches no device. Unset means every device; empty means none.
+    """
+    as_device = {
+        d.index: Device(d.index, d.name, d.uuid, d.memory_total_mb) for d in devices
+    }
+    if cuda_visible is None:
+        return list(as_device.values())
+    out: list[Device] = []
+    for raw in cuda_visible.split(","):
+        entry = raw.strip()
+        match = None
+        if entry.isdigit():
+            match = as_device.get(int(entry))
+        elif entry.startswith("GPU-"):
+            hits = [d for d in devices if d.uuid.startswith(entry)]
+            match = as_device[hits[0].index] if len(hits) == 1 else None
+        if match is None:
+            break
+        if match not in out:
+            out.append(match)
+    return out
+
+
+def discover(env: Mapping[str, str] | None = None) -> list[Device]:
+    """Every device this process may use: simulated, or NVML's within CUDA_VISIBLE_DEVICES."""
+    env = os.environ if env is None else env
+    if FAKE_ENV in env:
+        return fake_devices(env[FAKE_ENV])
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable as e:
+        raise UsageError(
+            f"no GPUs found ({e}); set {FAKE_ENV}=N to run on N simulated devices"
+        ) from None
+    try:
+        return visible(nvml.devices(), env.get("CUDA_VISIBLE_DEVICES"))
+    finally:
+        nvml.close()
+
+
+def select(devices: Sequence[Device], ids: str | Sequence[int], file: str = "") -> list[Device]:
+    """The devices of `gpus.ids` ("all" or a list of indices), which must all be in the pool."""
+    if not devices:
+        raise UsageError("the GPU pool is empty (CUDA_VISIBLE_DEVICES hides every device)")
+    if ids == "all":
+        return list(devices)
+    by_index = {d.index: d for d in devices}
+    missing = [i for i in ids if i not in by_index]
+    if missing:
+        have = ", ".join(str(i) for i in by_index)
+        prefix = f"{file}: " if file else ""
+        raise UsageError(f"{prefix}gpus.ids: {missing} not in the pool (available: {have})")
+    return [by_index[i] for i in dict.fromkeys(ids)]
+
+
+def pick_device(load: Mapping[int, int], capacity: int, excluded: set[int]) -> int | None:
+    """The device for the next trial: the least loaded one with room, lowest index on ties."""
+    candidates = [(n, i) for i, n in load.items() if n < capacity and i not in excluded]
+    return min(candidates)[1] if candidates else None
+
+
+@dataclass
+class Pool:
+    """Leases devices to trials: at most `capacity` trials per device at a time."""
+
+    devices: list[Device]
+    capacity: int = 1
+    holders: dict[int, set[int]] = field(default_factory=dict)
+    quarantined: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.holders = {d.index: set() for d in self.devices}
+
+    @property
+    def slots(self) -> int:
+        """How many trials could run now if every usable device were free."""
+        return self.capacity * (len(self.devices) - len(self.quarantined))
+
+    def has_free(self) -> bool:
+        return self._pick() is not None
+
+    def _pick(self) -> int | None:
+        load = {i: len(trials) for i, trials in self.holders.items()}
+        return pick_device(load, self.capacity, set(self.quarantined))
+
+    def lease(self, trial: int) -> int:
+        """Give `trial` a device; raises RuntimeError when none is free (check has_free)."""
+        index = self._pick()
+        if index is None:
+            raise RuntimeError("no free device")
+        self.holders[index].add(trial)
+        return index
+
+    def release(self, trial: int) -> None:
+        for trials in self.holders.values():
+            trials.discard(trial)
+
+    def quarantine(self, index: int, reason: str) -> None:
+        """Take a device out of the pool for the rest of the run."""
+        self.quarantined[index] = reason

@@ -1,0 +1,108 @@
+"""What a user sees while a sweep runs: a live table on a terminal, one line per event elsewhere."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from sweep.driver import Driver, Events, Finished, Running
+
+if TYPE_CHECKING:
+    from sweep.monitor import Monitor
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}"
+
+
+def _params(params: dict[str, object], width: int = 60) -> str:
+    text = " ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in params.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class Progress(Events):
+    """Prints each start and finish; on a terminal also keeps a live table of the GPUs."""
+
+    def __init__(self, console: Console | None = None, monitor: Monitor | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.monitor = monitor
+        self.live: Live | None = None
+        self._last_render = 0.0
+        self.best: str = "-"
+
+    def __enter__(self) -> Progress:
+        if self.console.is_terminal:
+            self.live = Live(console=self.console, auto_refresh=False, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def started(self, run: Running) -> None:
+        self.console.print(
+            f"[cyan]trial {run.number}[/] started on GPU {run.gpu}: {_params(run.params)}",
+            highlight=False,
+        )
+
+    def finished(self, done: Finished) -> None:
+        colour = {"COMPLETE": "green", "PRUNED": "yellow"}.get(done.state, "red")
+        values = ", ".join(_fmt(v) for v in done.values or [])
+        detail = values or (done.fail_reason or "")
+        self.console.print(
+            f"[{colour}]trial {done.number} {done.state}[/] on GPU {done.gpu} "
+            f"in {done.seconds:.1f} s: {detail}",
+            highlight=False,
+        )
+
+    def message(self, text: str) -> None:
+        self.console.print(f"[yellow]{text}[/]", highlight=False)
+
+    def tick(self, driver: Driver) -> None:
+        if self.live is None or time.monotonic() - self._last_render < 0.5:
+            return
+        self._last_render = time.monotonic()
+        self.live.update(self.render(driver), refresh=True)
+
+    def render(self, driver: Driver) -> Group:
+        """The live view: budget, best value, and each GPU with its trial and load."""
+        study, spec = driver.study, driver.spec
+        try:
+            best = study.best_trials if len(study.directions) > 1 else [study.best_trial]
+            self.best = "; ".join(
+                f"#{t.number} {', '.join(_fmt(v) for v in t.values)}" for t in best[:3]
+            )
+        except ValueError:
+            pass
+        head = (
+            f"[bold]{spec.study.name}[/]: {driver.count_finished()}/{spec.study.n_trials} "
+            f"finished, {len(driver.running)} running, best {self.best}"
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
+            table.add_column(col)
+        now = time.time()
+        for device in driver.pool.devices:
+            runs = [r for r in driver.running.values() if r.gpu == device.index]
+            reading = self.monitor.latest.get(device.index) if self.monitor else None
+            util = _fmt(reading.util_gpu) if reading else "-"
+            mem = _fmt(reading.mem_used_mb) if reading else "-"
+            if device.index in driver.pool.quarantined:
+                table.add_row(str(device.index), "[red]out of pool[/]", "", util, mem, "")
+            for r in runs or [None]:
+                if r is None:
+                    table.add_row(str(device.index), "[dim]idle[/]", "", util, mem, "")
+                else:
+                    table.add_row(
+                        str(device.index), str(r.number), f"{now - r.process.started:.0f} s",
+                        util, mem, _params(r.params),
+                    )
+        return Group(head, table)

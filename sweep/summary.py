@@ -1,0 +1,220 @@
+"""A study in storage + its GPU samples -> pandas DataFrames, a CSV and a terminal table.
+
+    from sweep.summary import load
+    s = load("studies/quickstart.yaml")   # works while the sweep is still running
+    s.trials, s.gpus, s.samples           # DataFrames
+
+Only reads: storage through Optuna, `<output_dir>/gpu_samples.csv`. Writing the CSV is `save`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sweep import config
+from sweep.config import Spec
+from sweep.errors import UsageError
+
+ATTR_COLUMNS = [
+    "gpu", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
+    "energy_j", "attempt", "retry_of",
+]
+
+
+@dataclass
+class Summary:
+    """One row per trial (`trials`), one per device (`gpus`), and the raw `samples`."""
+
+    spec: Spec
+    trials: pd.DataFrame
+    gpus: pd.DataFrame
+    samples: pd.DataFrame
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write the trials table as CSV (default `<output_dir>/summary.csv`)."""
+        path = path or self.spec.output_dir / "summary.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.trials.to_csv(path, index=False)
+        return path
+
+
+def load(study_file: str | Path) -> Summary:
+    """Read a study file's study and samples; raise UsageError if it has not run yet."""
+    spec = config.load(study_file)
+    study = _load_study(spec)
+    trials = trials_frame(study, spec)
+    samples = read_samples(spec.output_dir / "gpu_samples.csv")
+    return Summary(spec, trials, gpu_table(trials, samples), samples)
+
+
+def _load_study(spec: Spec) -> Any:
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    url = make_url(spec.storage_url)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        raise UsageError(f"{spec.source}: no storage yet at {url.database}; run the study first")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=spec.study.name, storage=spec.storage_url)
+    except KeyError:
+        raise UsageError(
+            f"{spec.source}: no study named {spec.study.name!r} in "
+            f"{url.render_as_string(hide_password=True)}; run it first"
+        ) from None
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float:
+    if start is None or end is None:
+        return math.nan
+    return (end - start).total_seconds()
+
+
+def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
+    """One row per trial with the columns the README documents."""
+    metrics = spec.study.objective_metrics
+    multi = len(metrics) > 1
+    front = {t.number for t in study.best_trials} if multi else set()
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
+        values = t.values or [math.nan] * len(metrics)
+        if multi:
+            row.update({f"values_{m}": v for m, v in zip(metrics, values, strict=True)})
+            row["pareto"] = t.number in front
+        else:
+            row["value"] = values[0]
+        row.update({f"params_{k}": v for k, v in t.params.items()})
+        for key in ATTR_COLUMNS:
+            row[key] = t.user_attrs.get(key)
+        row["datetime_start"] = t.datetime_start
+        row["datetime_complete"] = t.datetime_complete
+        row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
+        row["host"] = t.user_attrs.get("host")
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    params = [c for c in frame.columns if c.startswith("params_")]
+    order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
+             *params, "gpu", "datetime_start", "datetime_complete", "duration_s",
+             *[c for c in ATTR_COLUMNS if c != "gpu"], "host"]
+    frame = frame[order]
+    for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
+    frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
+    return frame
+
+
+def read_samples(path: Path) -> pd.DataFrame:
+    """The monitor's samples (empty frame with the right columns if there are none yet)."""
+    from sweep.monitor import SAMPLE_COLUMNS
+
+    if not path.exists():
+        return pd.DataFrame(columns=SAMPLE_COLUMNS)
+    samples = pd.read_csv(path, dtype={"trials": "string"}, on_bad_lines="skip")
+    samples["trials"] = samples["trials"].fillna("")
+    samples["time"] = pd.to_datetime(samples["time"], unit="s", utc=True)
+    return samples
+
+
+def _union_seconds(intervals: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is not None and start < end:
+            if stop > end:
+                total += (stop - end).total_seconds()
+                end = stop
+        else:
+            total += (stop - start).total_seconds()
+            end = stop
+    return total
+
+
+def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Per device: trials run, busy fraction of the sweep's wall time, utilisation, idle hours.
+
+    Wall time runs from the first trial's start to the last trial's end (now, while trials run);
+    a device is busy while it holds at least one trial. `util_mean_busy` is the mean sampled
+    utilisation while busy (NaN without NVML).
+    """
+    columns = ["gpu", "trials", "busy_s", "busy_fraction", "util_mean_busy", "idle_gpu_hours"]
+    if trials.empty or trials["datetime_start"].isna().all():
+        return pd.DataFrame(columns=columns)
+    started = trials.dropna(subset=["datetime_start", "gpu"])
+    now = pd.Timestamp(datetime.now())
+    ends = started["datetime_complete"].fillna(now)
+    wall = (ends.max() - started["datetime_start"].min()).total_seconds()
+    sampled = set(samples["gpu"].astype(int)) if "gpu" in samples else set()
+    devices = sorted(set(started["gpu"].astype(int)) | sampled)
+    rows = []
+    for gpu in devices:
+        mine = started[started["gpu"] == gpu]
+        intervals = list(zip(mine["datetime_start"], ends[mine.index], strict=True))
+        busy = _union_seconds(intervals)
+        util = math.nan
+        if not samples.empty:
+            held = samples[(samples["gpu"] == gpu) & (samples["trials"] != "")]
+            if held["util_gpu"].notna().any():
+                util = float(held["util_gpu"].mean())
+        rows.append({
+            "gpu": gpu, "trials": len(mine), "busy_s": busy,
+            "busy_fraction": busy / wall if wall > 0 else math.nan,
+            "util_mean_busy": util, "idle_gpu_hours": max(0.0, wall - busy) / 3600,
+        })
+    return pd.DataFrame(rows, columns=columns)
+
+
+def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:
+    """The best finished trials: the Pareto front for several objectives, else the top values."""
+    t = summary.trials
+    if t.empty:
+        return t
+    done = t[t["state"] == "COMPLETE"]
+    if "pareto" in t.columns:
+        return done[done["pareto"]]
+    ascending = summary.spec.study.objective_directions[0] == "minimize"
+    return done.sort_values("value", ascending=ascending).head(top)
+
+
+def render(summary: Summary, top: int = 5) -> Any:
+    """The terminal view: state counts, the best trials (or the Pareto front), the GPUs."""
+    from rich.console import Group
+
+    t = summary.trials
+    counts = t["state"].value_counts().to_dict() if not t.empty else {}
+    head = f"[bold]{summary.spec.study.name}[/]: " + (
+        ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials yet"
+    )
+    best = best_rows(summary, top)
+    title = "Pareto front" if "pareto" in t.columns else f"best {top}"
+    show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
+    show += ["gpu", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
+    best_table = _table(best[show] if not best.empty else best, title)
+    return Group(head, best_table, _table(summary.gpus, "GPUs"))
+
+
+def _table(frame: pd.DataFrame, title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in frame.columns:
+        table.add_column(str(col), justify="right")
+    for _, row in frame.iterrows():
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
