@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         pids_of=lambda n: driver.running[n].process.tree_pids()
         if driver and n in driver.running else set(),
     )
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         with Progress(console, monitor) as progress:
             driver = Driver(spec, study, lease, monitor, progress)

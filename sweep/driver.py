@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 import os
 import selectors
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +125,9 @@ def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study
     if study.user_attrs.get("metrics") is None:
         study.set_user_attr("metrics", spec.study.objective_metrics)
     if len(directions) > 1 and not study.metric_names:
-        study.set_metric_names(spec.study.objective_metrics)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(spec.study.objective_metrics)
     return study
 
 

@@ -1,0 +1,1 @@
+"""Fakes that ship with sweep so its tests (and yours) run without a GPU."""

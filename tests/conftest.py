@@ -1,0 +1,102 @@
+"""Shared helpers: study files in tmp_path, runs through the CLI, reading storage back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from sweep import cli
+
+PROBE = Path(__file__).parent / "trainers" / "probe.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def study_dict(**sections: Any) -> dict[str, Any]:
+    """A probe study (plain-python launcher); keyword sections are merged over the defaults."""
+    base: dict[str, Any] = {
+        "study": {"name": "probe", "direction": "minimize", "metric": "score", "n_trials": 4,
+                  "sampler": {"type": "random", "seed": 0}, "heartbeat_interval": 2},
+        "trainer": {"script": str(PROBE), "launcher": "python", "grace_period": 1.0},
+        "gpus": {"sample_interval": 0.2},
+        "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+@pytest.fixture
+def write_study(tmp_path: Path) -> Callable[..., Path]:
+    def write(data: dict[str, Any] | str | None = None, name: str = "study.yaml", **kw: Any) -> Path:
+        path = tmp_path / name
+        if isinstance(data, str):
+            path.write_text(data)
+        else:
+            path.write_text(yaml.safe_dump(data if data is not None else study_dict(**kw)))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    def use(n: int) -> None:
+        monkeypatch.setenv("SWEEP_FAKE_GPUS", str(n))
+
+    use(2)
+    return use
+
+
+def load_trials(path: Path, name: str = "probe") -> list[optuna.trial.FrozenTrial]:
+    storage = f"sqlite:///{path.parent / (name + '.db')}"
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def run_cli(*args: str) -> int:
+    return cli.main(list(args))
+
+
+def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`python -m sweep ARGS` as a real subprocess."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweep", *args], env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Live processes whose command line or environment mentions `text` (e.g. tmp_path)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "pid", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            continue
+        try:
+            if text in " ".join(p.info["cmdline"] or []) or any(
+                text in v for v in p.environ().values()
+            ):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()

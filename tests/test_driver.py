@@ -1,0 +1,227 @@
+"""The driver end to end on a simulated pool, with the probe trainer started by plain python."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import load_trials, processes_mentioning, run_cli, study_dict
+
+
+def probe_records(study: Path) -> list[dict]:
+    records = []
+    for f in sorted((study.parent / "probe" / "trials").glob("*/probe.json")):
+        record = json.loads(f.read_text())
+        record["number"] = int(f.parent.name)
+        records.append(record)
+    return records
+
+
+def test_three_gpus_run_in_parallel_without_sharing_a_device(write_study, fake_gpus):
+    fake_gpus(3)
+    study = write_study(study={"n_trials": 9}, trainer={"args": ["--sleep", "1.0"]})
+    assert run_cli("run", str(study)) == 0
+
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 9
+    records = probe_records(study)
+    assert len(records) == 9
+    by_number = {t.number: t for t in trials}
+    for r in records:
+        trial = by_number[r["number"]]
+        assert r["cvd"] == str(trial.user_attrs["gpu"])
+        assert r["order"] == "PCI_BUS_ID"
+        assert trial.value == pytest.approx((r["params"]["x"] - 0.3) ** 2)
+        assert trial.user_attrs["size"] == pytest.approx(r["params"]["x"] * 10)
+        assert "label" not in trial.user_attrs  # non-numeric result keys are not stored
+    for a in records:
+        for b in records:
+            if a is not b and a["cvd"] == b["cvd"]:
+                assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    overlapping = [
+        (a["number"], b["number"]) for a in records for b in records
+        if a["number"] < b["number"] and a["start"] < b["end"] and b["start"] < a["end"]
+    ]
+    assert overlapping, "no two trials ever ran at the same time"
+    assert {r["cvd"] for r in records} == {"0", "1", "2"}
+
+
+def test_rerun_continues_to_the_budget_and_no_further(write_study, fake_gpus):
+    study = write_study(study={"n_trials": 3})
+    assert run_cli("run", str(study)) == 0
+    assert len(load_trials(study)) == 3
+    assert run_cli("run", str(study)) == 0
+    assert len(load_trials(study)) == 3
+
+    bigger = write_study(study_dict(study={"n_trials": 5}))
+    assert run_cli("run", str(bigger)) == 0
+    trials = load_trials(study)
+    assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_enqueued_params_run_first_and_fixed_params_reach_the_trainer(write_study, fake_gpus):
+    fake_gpus(1)
+    study = write_study(
+        study={"n_trials": 2, "enqueue": [{"x": 0.25}]},
+        params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                "y": {"type": "fixed", "value": 1.5}},
+    )
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    assert trials[0].params == {"x": 0.25}
+    assert trials[0].value == pytest.approx((0.25 - 0.3) ** 2 + 1.5)
+    first = probe_records(study)[0]
+    assert first["argv"][-4:] == ["--x", "0.25", "--y", "1.5"]
+    assert first["params"] == {"x": 0.25, "y": 1.5}
+
+
+def test_gpu_ids_restrict_the_devices_used(write_study, fake_gpus):
+    fake_gpus(4)
+    study = write_study(gpus={"ids": [1, 3]}, study={"n_trials": 4})
+    assert run_cli("run", str(study)) == 0
+    assert {t.user_attrs["gpu"] for t in load_trials(study)} == {1, 3}
+
+
+def test_trials_per_gpu_shares_a_device(write_study, fake_gpus):
+    fake_gpus(1)
+    study = write_study(gpus={"trials_per_gpu": 2}, study={"n_trials": 4},
+                        trainer={"args": ["--sleep", "1.0"]})
+    assert run_cli("run", str(study)) == 0
+    records = probe_records(study)
+    assert any(
+        a["start"] < b["end"] and b["start"] < a["end"]
+        for a in records for b in records if a is not b
+    )
+
+
+FAULTS = [
+    ("crash", "exit code 3: ValueError: boom"),
+    ("oom", "out of memory: torch.OutOfMemoryError: CUDA out of memory"),
+    ("nan", "metric 'score' is not a finite number: nan"),
+    ("badjson", "result file is not valid JSON"),
+    ("noresult", "no result file"),
+]
+
+
+@pytest.mark.parametrize(("mode", "reason"), FAULTS)
+def test_each_trial_fault_fails_the_trial_with_its_reason(write_study, fake_gpus, tmp_path,
+                                                         mode, reason):
+    fake_gpus(1)
+    study = write_study(
+        study={"n_trials": 2, "max_consecutive_failures": 2},
+        trainer={"args": ["--mode", mode, "--sleep", "0"]},
+    )
+    assert run_cli("run", str(study)) == 1  # stops after 2 failures in a row
+    trials = load_trials(study)
+    assert len(trials) == 2
+    for t in trials:
+        assert t.state.name == "FAIL"
+        assert t.user_attrs["fail_reason"].startswith(reason), t.user_attrs["fail_reason"]
+        assert "\n" not in t.user_attrs["fail_reason"]
+        assert "gpu" in t.user_attrs
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_timeout_stops_the_whole_tree_even_a_stubborn_or_detached_one(write_study, fake_gpus,
+                                                                      tmp_path):
+    study = write_study(
+        study={"n_trials": 2, "max_consecutive_failures": 2,
+               "enqueue": [{"x": 0.1, "mode": "stubborn"}, {"x": 0.2, "mode": "spawn"}]},
+        trainer={"timeout": 1.5, "grace_period": 0.5},
+        params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                "mode": {"type": "categorical", "choices": ["stubborn", "spawn"]}},
+    )
+    assert run_cli("run", str(study)) == 1
+    trials = load_trials(study)
+    assert [t.params["mode"] for t in trials][:2] == ["stubborn", "spawn"]
+    assert all(t.state.name == "FAIL" for t in trials)
+    assert all(t.user_attrs["fail_reason"] == "timeout after 1.5 s" for t in trials)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_crash_among_good_trials_is_told_fail_and_the_budget_is_still_met(write_study,
+                                                                            fake_gpus, tmp_path):
+    marker = tmp_path / "failed-once"
+    study = write_study(study={"n_trials": 3},
+                        trainer={"args": ["--fail_first", str(marker), "--sleep", "0.1"]})
+    assert run_cli("run", str(study)) == 0
+    states = [t.state.name for t in load_trials(study)]
+    assert states.count("FAIL") == 1 and states.count("COMPLETE") == 3
+
+
+def test_max_retries_reruns_a_failed_trial_with_the_same_params(write_study, fake_gpus,
+                                                                tmp_path):
+    fake_gpus(1)
+    marker = tmp_path / "failed-once"
+    study = write_study(study={"n_trials": 2},
+                        trainer={"max_retries": 1, "args": ["--fail_first", str(marker)]})
+    assert run_cli("run", str(study)) == 0
+    first, retry, *_ = load_trials(study)
+    assert first.state.name == "FAIL" and retry.state.name == "COMPLETE"
+    assert retry.params == first.params
+    assert retry.user_attrs["retry_of"] == first.number
+    assert retry.user_attrs["attempt"] == 1
+
+
+def test_out_of_memory_is_not_retried_unless_asked(write_study, fake_gpus):
+    fake_gpus(1)
+    study = write_study(study={"n_trials": 1, "max_consecutive_failures": 2},
+                        trainer={"max_retries": 3, "args": ["--mode", "oom", "--sleep", "0"]})
+    assert run_cli("run", str(study)) == 1
+    trials = load_trials(study)
+    # two fresh trials (new params), never a retry of the first
+    assert len(trials) == 2 and all("retry_of" not in t.user_attrs for t in trials)
+
+
+def test_median_pruner_stops_bad_trials_early_and_frees_their_gpu(write_study, fake_gpus):
+    fake_gpus(1)
+    study = write_study(
+        study={"n_trials": 6, "pruner": {"type": "median", "n_startup_trials": 2,
+                                         "n_warmup_steps": 1},
+               "enqueue": [{"x": 0.3}, {"x": 0.35}, {"x": 1.0}, {"x": 0.9}]},
+        trainer={"args": ["--mode", "report", "--steps", "8", "--sleep", "0.25"]},
+    )
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert pruned, [(t.number, t.state.name) for t in trials]
+    for t in trials:
+        assert t.intermediate_values
+    for t in pruned:
+        assert len(t.intermediate_values) < 8
+        assert t.value == t.intermediate_values[max(t.intermediate_values)]
+        record = json.loads(
+            (study.parent / "probe" / "trials" / str(t.number) / "probe_start.json").read_text())
+        assert record["pid"]
+        # the trainer was stopped: it never wrote its end record
+        assert not (study.parent / "probe" / "trials" / str(t.number) / "probe.json").exists()
+        assert t.duration.total_seconds() < 8 * 0.25
+
+
+def test_two_objectives_store_both_values(write_study, fake_gpus):
+    data = study_dict(study={"directions": ["minimize", "maximize"], "metrics": ["score", "size"],
+                             "n_trials": 4})
+    del data["study"]["direction"], data["study"]["metric"]
+    study = write_study(data)
+    assert run_cli("run", str(study)) == 0
+    for t in load_trials(study):
+        x = t.params["x"]
+        assert t.values == pytest.approx([(x - 0.3) ** 2, x * 10])
+
+
+def test_dry_run_prints_commands_and_writes_nothing(write_study, fake_gpus, capsys, tmp_path):
+    study = write_study()
+    assert run_cli("run", str(study), "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "CUDA_VISIBLE_DEVICES=0" in out[1] and "--x" in out[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_values_are_finite_and_durations_recorded(write_study, fake_gpus):
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    for t in load_trials(study):
+        assert math.isfinite(t.value) and t.duration.total_seconds() > 0
+        assert t.user_attrs["exit_code"] == 0

@@ -1,0 +1,79 @@
+"""A test trainer without torch: records where and when it ran, then behaves as --mode says.
+
+Modes: ok, crash, hang, stubborn (ignores SIGTERM), oom, nan, badjson, noresult, report,
+spawn (leaves a grandchild in its own session), slow_report (reports slowly; for pruning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sweep.protocol import report, write_result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--x", type=float, default=0.0)
+    p.add_argument("--y", type=float, default=0.0)
+    p.add_argument("--mode", default="ok")
+    p.add_argument("--sleep", type=float, default=0.3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--fail_first", default="")
+    args, rest = p.parse_known_args()
+    trial_dir = Path(os.environ["SWEEP_TRIAL_DIR"])
+    record = {
+        "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "start": time.time(), "pid": os.getpid(), "argv": sys.argv[1:],
+        "params": json.loads(Path(os.environ["SWEEP_PARAMS_FILE"]).read_text()),
+    }
+    (trial_dir / "probe_start.json").write_text(json.dumps(record))
+    mode = args.mode
+    if args.fail_first and not Path(args.fail_first).exists():
+        Path(args.fail_first).write_text("failed once")
+        mode = "crash"
+    score = (args.x - 0.3) ** 2 + args.y
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "spawn":
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)", str(trial_dir)],
+            start_new_session=True,
+        )
+    if mode in ("hang", "stubborn", "spawn"):
+        time.sleep(600)
+    if mode in ("report", "slow_report"):
+        for step in range(args.steps):
+            report(step, score * (step + 1))
+            time.sleep(args.sleep)
+    else:
+        time.sleep(args.sleep)
+    record["end"] = time.time()
+    (trial_dir / "probe.json").write_text(json.dumps(record))
+    if mode == "crash":
+        print("Traceback (most recent call last):\nValueError: boom", file=sys.stderr)
+        return 3
+    if mode == "oom":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+              file=sys.stderr)
+        return 1
+    if mode == "nan":
+        write_result({"score": float("nan")})
+    elif mode == "badjson":
+        Path(os.environ["SWEEP_RESULT_FILE"]).write_text("{oops")
+    elif mode == "noresult":
+        pass
+    else:
+        write_result({"score": score, "size": args.x * 10, "label": "not a number"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
