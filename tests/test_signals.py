@@ -1,0 +1,107 @@
+"""The driver stopped by Ctrl-C, SIGTERM or SIGKILL: every trial told, no process left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+
+
+def running_trainers(tmp_path) -> list[psutil.Process]:
+    """The probe trainers themselves (not their guards) still alive."""
+    out = []
+    for p in processes_mentioning(str(tmp_path)):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if len(cmd) > 1 and cmd[1].endswith("probe.py"):
+            out.append(p)
+    return out
+
+
+def started(study) -> int:
+    return len(list((study.parent / "probe" / "trials").glob("*/probe_start.json")))
+
+
+def test_sigint_stops_trials_tells_them_interrupted_and_exits_130(write_study, tmp_path):
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+    trials = load_trials(study)
+    assert len(trials) == 2
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert "Traceback" not in err
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_second_sigint_kills_at_once(write_study, tmp_path):
+    study = write_study(study={"n_trials": 2},
+                        trainer={"args": ["--mode", "stubborn"], "grace_period": 60})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    time.sleep(0.3)  # let the trainers install their SIGTERM handling
+    driver.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    driver.send_signal(signal.SIGINT)
+    driver.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10  # not the 60 s grace period
+    assert driver.returncode == 130
+    assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trials(
+    write_study, tmp_path
+):
+    study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "30"]})
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    # first, one short trial completes and must be kept
+    quick = write_study(study_dict(study={"n_trials": 1}, trainer={"args": ["--sleep", "0"]}),
+                        name="quick.yaml")
+    first = spawn_cli("run", str(quick), env=env)
+    first.communicate(timeout=60)
+    assert first.returncode == 0
+    kept = load_trials(study)[0]
+
+    driver = spawn_cli("run", str(study), env=env)
+    assert wait_until(lambda: started(study) == 3, 60)
+    assert len(running_trainers(tmp_path)) == 2
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.communicate(timeout=10)
+    killed_at = time.monotonic()
+    assert wait_until(lambda: not running_trainers(tmp_path), 5), "trainers outlived the driver"
+    assert time.monotonic() - killed_at < 5
+    cut = [t for t in load_trials(study) if t.state.name == "RUNNING"]
+    assert len(cut) == 2
+
+    fast = write_study(study_dict(study={"n_trials": 4}, trainer={"args": ["--sleep", "0.2"]}),
+                       name="fast.yaml")
+    rerun = spawn_cli("run", str(fast), env=env)
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+
+    trials = load_trials(study)
+    by_number = {t.number: t for t in trials}
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    assert len([t for t in trials if t.state.name == "COMPLETE"]) == 4
+    assert by_number[kept.number].value == kept.value
+    for t in cut:
+        old = by_number[t.number]
+        assert old.state.name == "FAIL"
+        assert old.user_attrs["fail_reason"].startswith("driver died")
+        retries = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
+        assert len(retries) == 1 and retries[0].params == t.params
+        assert retries[0].state.name == "COMPLETE"
+    assert processes_mentioning(str(tmp_path)) == []
+    record = json.loads(next((study.parent / "probe" / "trials").glob("*/probe.json")).read_text())
+    assert record["cvd"] in ("0", "1")
