@@ -21,6 +21,7 @@ from typing import Any
 
 import optuna
 import psutil
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from sweep import config, launch, outcome
@@ -221,6 +222,9 @@ class Driver:
     def _result(self) -> RunResult:
         done = self.count_finished()
         summary = f"{done}/{self.spec.study.n_trials} trials finished"
+        elsewhere = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if elsewhere:
+            summary += f", {elsewhere} running in other drivers"
         if self.signals:
             return RunResult(EXIT_INTERRUPTED, f"interrupted; {summary}", self.finished)
         if self.stop_reason and self.stop_reason.startswith("stopped after"):
@@ -457,7 +461,7 @@ class Driver:
 
     def _beat(self, trial: optuna.Trial) -> None:
         storage = self.study._storage
-        if isinstance(storage, optuna.storages.RDBStorage):
+        if is_heartbeat_enabled(storage):
             storage.record_heartbeat(trial._trial_id)
 
     def _heartbeat(self) -> None:
@@ -477,7 +481,7 @@ class Driver:
         """
         storage = self.study._storage
         stale: set[int] = set()
-        if isinstance(storage, optuna.storages.RDBStorage):
+        if is_heartbeat_enabled(storage):
             stale = set(storage._get_stale_trial_ids(self.study._study_id))
         reclaimed = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

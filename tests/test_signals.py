@@ -105,3 +105,32 @@ def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trial
     assert processes_mentioning(str(tmp_path)) == []
     record = json.loads(next((study.parent / "probe" / "trials").glob("*/probe.json")).read_text())
     assert record["cvd"] in ("0", "1")
+
+
+def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(write_study,
+                                                                             fake_gpus):
+    import optuna
+
+    from sweep import config
+    from sweep.driver import open_storage, open_study
+
+    data = study_dict(study={"n_trials": 2, "heartbeat_interval": 1, "grace_period": 1})
+    study_file = write_study(data)
+    spec = config.load(study_file)
+    study = open_study(spec, open_storage(spec))
+    trial = study.ask(config.distributions(spec))
+    trial.set_user_attr("host", "elsewhere")
+    trial.set_user_attr("driver_pid", 1)
+    study._storage.record_heartbeat(trial._trial_id)
+    time.sleep(2.5)
+
+    from conftest import run_cli
+
+    assert run_cli("run", str(study_file)) == 0
+    trials = load_trials(study_file)
+    old = trials[trial.number]
+    assert old.state == optuna.trial.TrialState.FAIL
+    assert old.user_attrs["fail_reason"] == "driver on elsewhere died (no heartbeat)"
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == trial.number]
+    assert len(retry) == 1 and retry[0].params == old.params
+    assert len([t for t in trials if t.state.name == "COMPLETE"]) == 2
