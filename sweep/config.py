@@ -234,7 +234,8 @@ def load(path: str | Path) -> Spec:
 
 
 def _config_error(file: str, error: ValidationError) -> ConfigError:
-    first = error.errors()[0]
+    # With unions, pydantic reports every branch; the deepest location is the telling one.
+    first = max(error.errors(), key=lambda e: len(e["loc"]))
     loc = [str(p) for p in first["loc"] if not _is_union_tag(p)]
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def study_dict(**sections: Any) -> dict[str, Any]:
-    """A probe study (plain-python launcher); keyword sections are merged over the defaults."""
+    """A probe study (plain-python launcher); keyword sections are merged over the defaults
+    (`params` replaces them)."""
     base: dict[str, Any] = {
         "study": {"name": "probe", "direction": "minimize", "metric": "score", "n_trials": 4,
                   "sampler": {"type": "random", "seed": 0}, "heartbeat_interval": 2},
@@ -31,7 +32,7 @@ def study_dict(**sections: Any) -> dict[str, Any]:
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }
     for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
+        if key != "params" and isinstance(value, dict) and isinstance(base.get(key), dict):
             base[key] = {**base[key], **value}
         else:
             base[key] = value
@@ -45,7 +46,8 @@ def write_study(tmp_path: Path) -> Callable[..., Path]:
         if isinstance(data, str):
             path.write_text(data)
         else:
-            path.write_text(yaml.safe_dump(data if data is not None else study_dict(**kw)))
+            path.write_text(yaml.safe_dump(data if data is not None else study_dict(**kw),
+                                           sort_keys=False))
         return path
 
     return write

@@ -1,0 +1,167 @@
+"""study.yaml validation: good files load, every mistake is one line naming file and key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import PROBE, study_dict
+
+from sweep import config, launch
+from sweep.errors import ConfigError
+
+
+def test_the_example_study_loads_with_resolved_defaults(tmp_path, write_study):
+    spec = config.load(write_study())
+    assert spec.storage_url == f"sqlite:///{tmp_path / 'probe.db'}"
+    assert spec.output_dir == tmp_path / "probe"
+    assert spec.trainer.script == PROBE
+    assert spec.study.objective_directions == ["minimize"]
+    assert spec.study.objective_metrics == ["score"]
+    assert spec.gpus.ids == "all" and spec.gpus.trials_per_gpu == 1
+
+
+def test_relative_paths_are_relative_to_the_yaml(tmp_path, write_study):
+    (tmp_path / "train.py").write_text("")
+    spec = config.load(write_study(trainer={"script": "train.py"},
+                                   study={"output_dir": "out", "storage": "sqlite:///x.db"}))
+    assert spec.trainer.script == tmp_path / "train.py"
+    assert spec.output_dir == tmp_path / "out"
+
+
+def test_repo_studies_load():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parent.parent / "studies").glob("*.yaml")):
+        spec = config.load(path)
+        config.build_sampler(spec)
+        config.build_pruner(spec)
+
+
+def bad(**sections):
+    return study_dict(**sections)
+
+
+def without(section, key):
+    data = study_dict()
+    del data[section][key]
+    return data
+
+
+BAD_FILES = [
+    ("unknown top key", {**study_dict(), "extra": 1}, "extra", "unknown key"),
+    ("unknown study key", bad(study={"n_trail": 3}), "study.n_trail", "unknown key"),
+    ("wrong type", bad(study={"n_trials": "many"}), "study.n_trials", "integer"),
+    ("zero budget", bad(study={"n_trials": 0}), "study.n_trials", "greater than 0"),
+    ("misspelt direction", bad(study={"direction": "minimise"}), "study.direction", "minimize"),
+    ("path in name", bad(study={"name": "../etc"}), "study.name", "pattern"),
+    ("negative timeout", bad(study={"timeout": -5}), "study.timeout", "greater than 0"),
+    ("negative trial timeout", bad(trainer={"timeout": -1}), "trainer.timeout", "greater than 0"),
+    ("low above high", bad(params={"x": {"type": "float", "low": 2, "high": 1}}),
+     "params.x", "low (2.0) must not be above high (1.0)"),
+    ("log of zero", bad(params={"x": {"type": "float", "low": 0, "high": 1, "log": True}}),
+     "params.x", "log scale needs low > 0"),
+    ("unknown param type", bad(params={"x": {"type": "floaty", "low": 0, "high": 1}}),
+     "params.x", "floaty"),
+    ("empty choices", bad(params={"c": {"type": "categorical", "choices": []}}),
+     "params.c.choices", "at least 1"),
+    ("missing script", bad(trainer={"script": "nope.py"}), "trainer.script", "no such file"),
+    ("script and module", bad(trainer={"module": "a.b"}), "trainer", "exactly one"),
+    ("missing metric", without("study", "metric"), "study", "metric is required"),
+    ("both directions", bad(study={"directions": ["minimize", "maximize"]}), "study",
+     "either direction or directions"),
+    ("bad storage", bad(study={"storage": "not a url"}), "study.storage", "not a database URL"),
+    ("unknown database", bad(study={"storage": "nosuchdb://x/y"}), "study.storage",
+     "unknown database kind"),
+    ("sqlite folder missing", bad(study={"storage": "sqlite:////nonexistent/dir/x.db"}),
+     "study.storage", "folder does not exist"),
+    ("bad sampler", bad(study={"sampler": {"type": "annealing"}}), "study.sampler.type", "tpe"),
+    ("bad sampler kwarg", bad(study={"sampler": {"type": "tpe", "n_startup": 3}}),
+     "study.sampler.n_startup", "TPESampler has no argument 'n_startup'"),
+    ("bad pruner kwarg", bad(study={"pruner": {"type": "median", "warmup": 3}}),
+     "study.pruner.warmup", "MedianPruner has no argument 'warmup'"),
+    ("enqueue unknown param", bad(study={"enqueue": [{"z": 1}]}), "study.enqueue.0",
+     "not a searched param: z"),
+    ("bad mixed precision", bad(trainer={"accelerate": {"mixed_precision": "fp8"}}),
+     "trainer.accelerate.mixed_precision", "bf16"),
+    ("negative gpu id", bad(gpus={"ids": [-1]}), "gpus.ids", "greater than or equal to 0"),
+    ("bad param name", bad(params={"x y": {"type": "fixed", "value": 1}}), "params.x y",
+     "pattern"),
+    ("not a mapping", "- a\n- b\n", "", "must be a mapping"),
+    ("yaml syntax", "study:\n  name: [unclosed\n", "line 3", "YAML syntax error"),
+]
+
+
+@pytest.mark.parametrize(("case", "data", "key", "text"), BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_study_files_exit_2_with_one_line_naming_the_key(case, data, key, text, write_study,
+                                                            tmp_path, capsys, fake_gpus):
+    from sweep import cli
+
+    path = write_study(data)
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"sweep: error: {path}: {key}"), err
+    assert text in lines[0], err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing written
+
+
+def test_gpu_id_not_in_the_pool_is_a_usage_error(write_study, tmp_path, capsys, fake_gpus):
+    from sweep import cli
+
+    path = write_study(gpus={"ids": [0, 7]})
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "gpus.ids: [7] not in the pool (available: 0, 1)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_a_real_subprocess_shows_no_traceback_unless_debug(write_study, tmp_path):
+    path = write_study(study={"n_trials": -1})
+    run = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)],
+                         capture_output=True, text=True, env={"SWEEP_FAKE_GPUS": "1",
+                                                              "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "study.n_trials" in run.stderr
+    debug = subprocess.run([sys.executable, "-m", "sweep", "--debug", "run", str(path)],
+                           capture_output=True, text=True)
+    assert "Traceback" in debug.stderr
+
+
+def test_passwords_in_storage_urls_are_never_printed(write_study, capsys):
+    from sweep import cli
+
+    path = write_study(study={"storage": "nosuchdb://user:hunter2@db.example/x"})
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "***" in err
+
+
+def test_params_become_optuna_distributions(write_study):
+    spec = config.load(write_study(params={
+        "lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True},
+        "layers": {"type": "int", "low": 1, "high": 4, "step": 1},
+        "act": {"type": "categorical", "choices": ["relu", "gelu"]},
+        "epochs": {"type": "fixed", "value": 3},
+    }))
+    d = config.distributions(spec)
+    assert list(d) == ["lr", "layers", "act"]
+    assert d["lr"].log and d["lr"].low == 1e-5
+    assert d["layers"].high == 4 and d["layers"].step == 1
+    assert d["act"].choices == ("relu", "gelu")
+    assert spec.fixed == {"epochs": 3}
+
+
+def test_config_error_names_file_and_key(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        config.load(tmp_path / "missing.yaml")
+    assert str(e.value).startswith(f"{tmp_path / 'missing.yaml'}: cannot read")
+
+
+def test_accelerate_config_is_single_process_and_not_distributed():
+    data = yaml.safe_load(launch.ACCELERATE_CONFIG)
+    assert data["distributed_type"] == "NO" and data["num_processes"] == 1

@@ -1,0 +1,78 @@
+"""The pure argv/env builder of a trial."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweep import launch
+from sweep.config import TrainerSection
+
+PATHS = launch.TrialPaths(Path("/out/trials/7"))
+
+
+def test_accelerate_launch_is_pinned_and_ignores_the_users_default_config():
+    trainer = TrainerSection(script=Path("/t/train.py"), args=["--epochs", "5"],
+                             env={"WANDB_MODE": "offline", "SEED": 3},
+                             accelerate={"mixed_precision": "bf16"})
+    plan = launch.build_launch(trainer, 7, {"lr": 0.001, "layers": 2, "act": "gelu"}, 2, PATHS,
+                               Path("/out/accelerate_config.yaml"), python="/py")
+    assert plan.argv == [
+        "/py", "-m", "accelerate.commands.launch",
+        "--config_file", "/out/accelerate_config.yaml",
+        "--num_processes", "1", "--num_machines", "1", "--gpu_ids", "2",
+        "--mixed_precision", "bf16",
+        "/t/train.py", "--epochs", "5", "--lr", "0.001", "--layers", "2", "--act", "gelu",
+    ]
+    assert plan.env == {
+        "WANDB_MODE": "offline", "SEED": "3",
+        "CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "SWEEP_TRIAL_NUMBER": "7", "SWEEP_TRIAL_DIR": "/out/trials/7",
+        "SWEEP_PARAMS_FILE": "/out/trials/7/params.json",
+        "SWEEP_RESULT_FILE": "/out/trials/7/result.json",
+        "SWEEP_REPORT_FILE": "/out/trials/7/reports.jsonl",
+    }
+
+
+def test_module_entry_points_and_the_plain_python_launcher():
+    acc = launch.build_launch(TrainerSection(module="pkg.train"), 0, {}, 0, PATHS,
+                              Path("/c.yaml"), python="/py")
+    assert acc.argv[-2:] == ["--module", "pkg.train"]
+    plain = launch.build_launch(TrainerSection(module="pkg.train", launcher="python"), 0,
+                                {"x": 1}, 3, PATHS, Path("/c.yaml"), python="/py")
+    assert plain.argv == ["/py", "-m", "pkg.train", "--x", "1"]
+    assert plain.env["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("a b; rm -rf /", "a b; rm -rf /"),
+    (True, "true"), (False, "false"), (None, "null"),
+    (0.1, "0.1"), (1e-05, "1e-05"), (3, "3"),
+    ([1, 2], "[1, 2]"), ({"a": 1}, '{"a": 1}'),
+])
+def test_param_values_are_single_argv_elements(value, text):
+    assert launch.param_args({"p": value}) == ["--p", text]
+
+
+def test_command_line_can_be_pasted_into_a_shell():
+    trainer = TrainerSection(script=Path("/t/my train.py"), launcher="python")
+    plan = launch.build_launch(trainer, 1, {"name": "it's"}, 0, PATHS, Path("/c"),
+                               python=sys.executable)
+    words = shlex.split(plan.command_line())
+    assert words[-3:] == ["/t/my train.py", "--name", "it's"]
+    assert "CUDA_VISIBLE_DEVICES=0" in words
+
+
+def test_prepare_trial_dir_writes_params_and_command(tmp_path):
+    paths = launch.TrialPaths.of(tmp_path, 4)
+    plan = launch.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 4,
+                               {"lr": 0.5}, 1, paths, tmp_path / "c.yaml")
+    paths.dir.mkdir(parents=True)
+    paths.result.write_text("{}")  # from an earlier run with the same output_dir
+    launch.prepare_trial_dir(plan, {"lr": 0.5})
+    assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
+    assert "--lr 0.5" in paths.command.read_text()
+    assert not paths.result.exists()

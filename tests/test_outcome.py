@@ -1,0 +1,55 @@
+"""Judging a finished trial process (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep.outcome import judge, split_launcher_traceback
+
+ACCELERATE_TAIL = """some err
+ValueError: boom
+Traceback (most recent call last):
+  File "/venv/bin/accelerate", line 6, in <module>
+    sys.exit(main())
+  File "/venv/lib/python3.11/site-packages/accelerate/commands/launch.py", line 999, in simple_launcher
+    raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
+subprocess.CalledProcessError: Command '['/venv/bin/python3', '/tmp/t.py', '--lr', '0.1']' returned non-zero exit status 3.
+"""
+
+
+def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered():
+    stderr, code = split_launcher_traceback(ACCELERATE_TAIL)
+    assert code == 3
+    assert stderr.splitlines()[-1] == "ValueError: boom"
+    assert split_launcher_traceback("plain error\n") == ("plain error\n", None)
+
+
+@pytest.mark.parametrize(("exit_code", "stderr", "result", "stopped", "state", "reason"), [
+    (0, "", '{"m": 1.5}', None, "COMPLETE", None),
+    (1, ACCELERATE_TAIL, '{"m": 1}', None, "FAIL", "exit code 3: ValueError: boom"),
+    (2, "", None, None, "FAIL", "exit code 2: no stderr"),
+    (1, "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB\nmore\n", None, None,
+     "FAIL", "out of memory: RuntimeError: CUDA out of memory."),
+    (0, "", None, None, "FAIL", "no result file"),
+    (0, "", "{", None, "FAIL", "result file is not valid JSON"),
+    (0, "", '{"m": NaN}', None, "FAIL", "metric 'm' is not a finite number"),
+    (143, "", None, "timeout after 60 s", "FAIL", "timeout after 60 s"),
+    (143, "", None, "interrupted", "FAIL", "interrupted"),
+])
+def test_judge(exit_code, stderr, result, stopped, state, reason):
+    out = judge(exit_code, stderr, result, ["m"], stopped)
+    assert out.state == state
+    if reason is None:
+        assert out.fail_reason is None and out.values == [1.5]
+    else:
+        assert out.fail_reason.startswith(reason)
+
+
+def test_oom_is_flagged_for_the_retry_policy():
+    assert judge(1, "torch.OutOfMemoryError: x", None, ["m"]).oom
+    assert not judge(1, "ValueError", None, ["m"]).oom
+
+
+def test_long_lines_are_cut():
+    out = judge(1, "E" * 1000, None, ["m"])
+    assert len(out.fail_reason) < 250

@@ -1,0 +1,117 @@
+"""The GPU pool: NVML discovery (fake pynvml), the CUDA_VISIBLE_DEVICES boundary, leasing."""
+
+from __future__ import annotations
+
+import inspect
+
+import pynvml as real_pynvml
+import pytest
+
+from sweep import pool
+from sweep.errors import UsageError
+from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
+from sweep.testing import fake_pynvml
+from sweep.testing.fake_pynvml import FakeGpu
+
+GPUS = [GpuInfo(i, "H200", f"GPU-{i}aaa-{i}", 143_000.0) for i in range(4)]
+
+
+@pytest.mark.parametrize(("cvd", "expected"), [
+    (None, [0, 1, 2, 3]),
+    ("2,3", [2, 3]),
+    ("3,1", [3, 1]),
+    ("", []),
+    ("-1", []),
+    ("1,7,2", [1]),        # CUDA stops at the first invalid entry
+    ("GPU-2aaa", [2]),     # a UUID prefix
+    ("1, 1", [1]),
+])
+def test_cuda_visible_devices_bounds_the_pool(cvd, expected):
+    assert [d.index for d in pool.visible(GPUS, cvd)] == expected
+
+
+def test_fake_pool_needs_no_nvml(monkeypatch):
+    fake_pynvml.install(monkeypatch, None)
+    devices = pool.discover({"SWEEP_FAKE_GPUS": "3"})
+    assert [d.index for d in devices] == [0, 1, 2] and all(d.simulated for d in devices)
+    with pytest.raises(UsageError, match="whole number"):
+        pool.discover({"SWEEP_FAKE_GPUS": "two"})
+
+
+def test_discover_reads_nvml_within_cuda_visible_devices(monkeypatch):
+    gpus = [FakeGpu(name=f"NVIDIA H200 #{i}", uuid=f"GPU-{i}{i}{i}") for i in range(6)]
+    fake_pynvml.install(monkeypatch, gpus)
+    devices = pool.discover({"CUDA_VISIBLE_DEVICES": "2,5"})
+    assert [(d.index, d.name, d.uuid) for d in devices] == [
+        (2, "NVIDIA H200 #2", "GPU-222"), (5, "NVIDIA H200 #5", "GPU-555")]
+    assert devices[0].memory_total_mb == pytest.approx(141 * 1024)
+    assert len(pool.discover({})) == 6
+
+
+def test_no_driver_is_one_clear_error(monkeypatch):
+    fake_pynvml.install(monkeypatch, None)
+    with pytest.raises(NvmlUnavailable, match="NVML could not start"):
+        Nvml()
+    with pytest.raises(UsageError, match="SWEEP_FAKE_GPUS=N"):
+        pool.discover({})
+
+
+def test_nvml_figures_it_cannot_read_are_nan_not_invented(monkeypatch):
+    gpu = FakeGpu(util_gpu=55, memory_used=2 * 2**30, power_mw=None, energy_mj=None,
+                  processes=[(10, 2**30), (11, None)])
+    fake_pynvml.install(monkeypatch, [gpu])
+    nvml = Nvml()
+    r = nvml.read(0)
+    assert r.util_gpu == 55 and r.mem_used_mb == 2048
+    assert r.power_w != r.power_w  # NaN
+    assert nvml.energy_mj(0) is None
+    assert nvml.compute_processes(0) == {10: 1024.0, 11: None}
+    nvml.close()
+
+
+def test_fake_pynvml_matches_the_real_api():
+    for name in fake_pynvml.API:
+        real, fake = getattr(real_pynvml, name), getattr(fake_pynvml, name)
+        assert list(inspect.signature(fake).parameters) == list(
+            inspect.signature(real).parameters), name
+    for cls in ("NVMLError_LibraryNotFound", "NVMLError_Uninitialized", "NVMLError_NotSupported",
+                "NVMLError_NotFound", "NVMLError_DriverNotLoaded"):
+        real, fake = getattr(real_pynvml, cls), getattr(fake_pynvml, cls)
+        assert issubclass(fake, fake_pynvml.NVMLError)
+        assert fake().value == real().value, cls
+    assert type(fake_pynvml.NVMLError(12)) is fake_pynvml.NVMLError_LibraryNotFound
+    assert type(real_pynvml.NVMLError(12)) is real_pynvml.NVMLError_LibraryNotFound
+
+
+def test_select_checks_gpu_ids_against_the_pool():
+    devices = pool.fake_devices("3")
+    assert [d.index for d in pool.select(devices, [2, 0])] == [2, 0]
+    assert pool.select(devices, "all") == devices
+    with pytest.raises(UsageError, match=r"gpus.ids: \[5\] not in the pool"):
+        pool.select(devices, [0, 5])
+    with pytest.raises(UsageError, match="empty"):
+        pool.select([], "all")
+
+
+@pytest.mark.parametrize(("load", "capacity", "excluded", "expected"), [
+    ({0: 0, 1: 0}, 1, set(), 0),
+    ({0: 1, 1: 0}, 1, set(), 1),
+    ({0: 1, 1: 1}, 1, set(), None),
+    ({0: 1, 1: 0, 2: 0}, 2, {1}, 2),
+    ({0: 1, 1: 2}, 2, set(), 0),     # least loaded first
+    ({3: 0, 1: 0}, 1, set(), 1),     # lowest index on ties
+])
+def test_pick_device(load, capacity, excluded, expected):
+    assert pool.pick_device(load, capacity, excluded) == expected
+
+
+def test_pool_leases_and_releases():
+    p = pool.Pool(pool.fake_devices("2"), capacity=1)
+    assert p.slots == 2
+    assert p.lease(10) == 0 and p.lease(11) == 1
+    assert not p.has_free()
+    p.release(10)
+    assert p.lease(12) == 0
+    p.release(11)
+    p.quarantine(1, "full")
+    assert not p.has_free() and p.slots == 1

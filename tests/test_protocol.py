@@ -1,0 +1,92 @@
+"""The trial contract's files: result (atomic JSON), reports (JSON lines), stop requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from sweep import protocol
+from sweep.protocol import ResultError, parse_result
+
+
+def test_write_result_is_atomic_and_leaves_no_temp_files(tmp_path):
+    target = tmp_path / "result.json"
+    protocol.write_result({"val_loss": 0.5, "acc": 1}, target)
+    protocol.write_result({"val_loss": 0.25}, target)
+    assert json.loads(target.read_text()) == {"val_loss": 0.25}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_helpers_do_nothing_outside_a_sweep(monkeypatch, tmp_path):
+    monkeypatch.delenv("SWEEP_RESULT_FILE", raising=False)
+    monkeypatch.delenv("SWEEP_REPORT_FILE", raising=False)
+    monkeypatch.delenv("SWEEP_PARAMS_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    protocol.write_result({"a": 1})
+    protocol.report(0, 1.0)
+    assert protocol.params() == {}
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("text", "metrics", "reason"), [
+    ("{oops", ["m"], "result file is not valid JSON"),
+    ("[1, 2]", ["m"], "must hold a JSON object, not list"),
+    ('{"other": 1}', ["m"], "metric 'm' missing from the result file (keys: other)"),
+    ('{"m": "0.3"}', ["m"], "metric 'm' is not a number: '0.3'"),
+    ('{"m": true}', ["m"], "is not a number"),
+    ('{"m": NaN}', ["m"], "metric 'm' is not a finite number: nan"),
+    ('{"m": Infinity}', ["m"], "not a finite number: inf"),
+    ('{"a": 1}', ["a", "b"], "metric 'b' missing"),
+])
+def test_bad_results_have_their_own_reasons(text, metrics, reason):
+    with pytest.raises(ResultError) as e:
+        parse_result(text, metrics)
+    assert reason in str(e.value)
+
+
+def test_result_values_follow_metric_order_and_numeric_extras_are_kept():
+    values, extras = parse_result('{"acc": 0.9, "loss": 0.3, "n": 7, "tag": "x", "ok": true}',
+                                  ["loss", "acc"])
+    assert values == [0.3, 0.9]
+    assert extras == {"n": 7.0}
+
+
+def test_report_lines_partial_last_line_and_duplicates(tmp_path):
+    path = tmp_path / "reports.jsonl"
+    reader = protocol.ReportReader(path)
+    assert reader.read() == []
+    protocol.report(0, 1.5, path)
+    with open(path, "a") as f:
+        f.write('{"step": 1, "value": 1.0}\nnot json\n{"step": 0, "value": 9}\n{"step": 2, "va')
+    assert reader.read() == [(0, 1.5), (1, 1.0)]
+    with open(path, "a") as f:
+        f.write('lue": 0.5}\n{"step": 2, "value": 7}\n{"step": "3", "value": 1}\n')
+    assert reader.read() == [(2, 0.5)]
+    assert reader.read() == []
+
+
+def test_should_stop_turns_sigterm_into_a_flag(tmp_path):
+    code = (
+        "import os, signal, time\n"
+        "from sweep.protocol import should_stop\n"
+        "assert not should_stop()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(0.1)\n"
+        "print(should_stop())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_the_protocol_module_imports_no_heavy_dependency():
+    code = ("import sys, sweep.protocol\n"
+            "print(sorted(m for m in ('torch', 'optuna', 'accelerate', 'pandas') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert signal.SIGTERM and os.name
