@@ -105,11 +105,16 @@ class Monitor:
     _thread: threading.Thread | None = None
     latest: dict[int, GpuReading] = field(default_factory=dict)
 
-    def start(self) -> None:
+    def create_csv(self) -> None:
+        """Create the samples file with its header, unless an earlier run left one."""
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         if not self.csv_path.exists() or self.csv_path.stat().st_size == 0:
             with open(self.csv_path, "w", newline="") as f:
                 csv.writer(f).writerow(SAMPLE_COLUMNS)
+
+    def start(self) -> None:
+        """Start sampling every `interval` seconds in a daemon thread."""
+        self.create_csv()
         self._thread = threading.Thread(target=self._run, name="sweep-monitor", daemon=True)
         self._thread.start()
 

@@ -41,7 +41,9 @@ def study_dict(**sections: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def write_study(tmp_path: Path) -> Callable[..., Path]:
-    def write(data: dict[str, Any] | str | None = None, name: str = "study.yaml", **kw: Any) -> Path:
+    def write(
+        data: dict[str, Any] | str | None = None, name: str = "study.yaml", **kw: Any
+    ) -> Path:
         path = tmp_path / name
         if isinstance(data, str):
             path.write_text(data)

@@ -26,7 +26,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--fail_first", default="")
-    args, rest = p.parse_known_args()
+    args, _ = p.parse_known_args()
     trial_dir = Path(os.environ["SWEEP_TRIAL_DIR"])
     record = {
         "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),

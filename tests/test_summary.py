@@ -1,0 +1,101 @@
+"""The summary of a finished sweep, checked against storage; the analysis notebook runs on it."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pandas as pd
+import pytest
+from conftest import ROOT, load_trials, run_cli, study_dict
+
+from sweep import summary
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory):
+    """A small sweep on 2 simulated GPUs with one failed and one pruned trial."""
+    tmp = tmp_path_factory.mktemp("summary")
+    marker = tmp / "failed-once"
+    data = study_dict(
+        study={"n_trials": 5, "pruner": {"type": "threshold", "upper": 0.3},
+               "enqueue": [{"x": 0.3}, {"x": 0.35}, {"x": 0.99}]},
+        trainer={"args": ["--mode", "report", "--steps", "3", "--sleep", "0.15",
+                          "--fail_first", str(marker)]},
+    )
+    import yaml
+
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    old = os.environ.get("SWEEP_FAKE_GPUS")
+    os.environ["SWEEP_FAKE_GPUS"] = "2"
+    try:
+        assert run_cli("run", str(path)) == 0
+    finally:
+        if old is None:
+            del os.environ["SWEEP_FAKE_GPUS"]
+        else:
+            os.environ["SWEEP_FAKE_GPUS"] = old
+    return path
+
+
+def test_summary_csv_matches_storage_row_by_row(finished_study, capsys):
+    assert run_cli("summary", str(finished_study)) == 0
+    out = capsys.readouterr().out
+    assert "best 5" in out and "GPUs" in out
+    csv = pd.read_csv(finished_study.parent / "probe" / "summary.csv")
+    trials = load_trials(finished_study)
+    assert list(csv["number"]) == [t.number for t in trials]
+    required = ["number", "state", "value", "params_x", "gpu", "datetime_start", "duration_s",
+                "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "exit_code", "fail_reason"]
+    assert set(required) <= set(csv.columns)
+    states = set()
+    for t, (_, row) in zip(trials, csv.iterrows(), strict=True):
+        states.add(t.state.name)
+        assert row["state"] == t.state.name
+        assert row["gpu"] == t.user_attrs["gpu"]
+        assert row["params_x"] == pytest.approx(t.params["x"])
+        if t.value is None:
+            assert math.isnan(row["value"])
+        else:
+            assert row["value"] == pytest.approx(t.value)
+        assert row["duration_s"] == pytest.approx(t.duration.total_seconds(), abs=1e-3)
+        assert pd.Timestamp(row["datetime_start"]) == pd.Timestamp(t.datetime_start)
+        reason = t.user_attrs.get("fail_reason")
+        assert (row["fail_reason"] if isinstance(row["fail_reason"], str) else None) == reason
+        assert math.isnan(row["gpu_util_mean"])  # simulated pool: never invented
+    assert states == {"COMPLETE", "FAIL", "PRUNED"}
+
+
+def test_python_api_returns_trials_gpus_and_samples(finished_study):
+    s = summary.load(finished_study)
+    assert len(s.trials) == len(load_trials(finished_study))
+    assert list(s.gpus["gpu"]) == [0, 1]
+    assert (s.gpus["busy_fraction"] > 0).all() and (s.gpus["busy_fraction"] <= 1).all()
+    assert set(s.samples["gpu"]) == {0, 1}
+    held = s.samples[s.samples["trials"] != ""]
+    assert len(held) > 0
+
+
+def test_summary_of_a_study_never_run_is_one_line(write_study, capsys):
+    assert run_cli("summary", str(write_study())) == 2
+    assert "run the study first" in capsys.readouterr().err
+
+
+def test_the_analysis_notebook_runs_against_the_study(finished_study, monkeypatch):
+    import nbclient
+    import nbformat
+
+    monkeypatch.setenv("SWEEP_STUDY", str(finished_study))
+    notebook = ROOT / "notebooks" / "analysis.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3",
+        resources={"metadata": {"path": str(notebook.parent)}},
+    )
+    client.execute()
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 3
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
