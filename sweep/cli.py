@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from sweep import __version__
-from sweep.errors import SweepError
+from sweep.errors import SweepError, UsageError
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
     from sweep.progress import Progress
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(spec, open_storage(spec))
+    study = open_study(spec, _storage(spec, open_storage))
     lease = pool.Pool(devices, spec.gpus.trials_per_gpu)
     reader, nvml = _reader(devices)
     driver: Driver | None = None
@@ -56,6 +56,19 @@ def _run(args: argparse.Namespace) -> int:
     if result.exit_code == 0:
         console.print(f"summary: python -m sweep summary {args.study}", highlight=False)
     return result.exit_code
+
+
+def _storage(spec, open_storage):
+    """Open the study's storage; a database that cannot be reached is a usage error."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return open_storage(spec)
+    except SQLAlchemyError as e:
+        shown = make_url(spec.storage_url).render_as_string(hide_password=True)
+        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        raise UsageError(f"{spec.source}: study.storage: cannot open {shown}: {cause}") from None
 
 
 def _reader(devices: list) -> tuple[object, object]:

@@ -6,8 +6,10 @@ or the output directory; each mistake becomes one `ConfigError` line naming the 
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -358,13 +360,20 @@ def _grid_space(spec: Spec) -> dict[str, list[Any]]:
     return space
 
 
+SAMPLER_NEEDS = {"qmc": ["scipy"], "gp": ["scipy", "torch"], "cmaes": ["cmaes"]}
+
+
 def _construct(file: str, key: str, cls: type, kwargs: dict[str, Any]) -> Any:
+    from optuna.exceptions import ExperimentalWarning
+
     accepted = inspect.signature(cls).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         for k in kwargs:
             if k not in accepted:
                 raise ConfigError(file, f"{key}.{k}", f"{cls.__name__} has no argument {k!r}")
-    return cls(**kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return cls(**kwargs)
 
 
 def build_sampler(spec: Spec) -> Any:
@@ -380,6 +389,11 @@ def build_sampler(spec: Spec) -> Any:
         "gp": s.GPSampler, "nsga2": s.NSGAIISampler, "qmc": s.QMCSampler,
         "grid": s.GridSampler, "bruteforce": s.BruteForceSampler,
     }
+    missing = [m for m in SAMPLER_NEEDS.get(cfg.type, []) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(str(spec.source), "study.sampler.type",
+                          f"the {cfg.type} sampler needs {', '.join(missing)} "
+                          f"(pip install {' '.join(missing)})")
     if cfg.type == "grid":
         space = kwargs.pop("search_space", None) or _grid_space(spec)
         unknown = sorted(set(space) - set(spec.searched))

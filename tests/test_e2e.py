@@ -1,0 +1,113 @@
+"""Through the real `accelerate launch` (several seconds each): the handful that prove the seam."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import ROOT, processes_mentioning, spawn_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+MULTI_GPU_DEFAULT = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+num_processes: 4
+num_machines: 1
+gpu_ids: all
+mixed_precision: fp16
+"""
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """studies/ and trainers/ copied, and a user whose accelerate default is MULTI_GPU."""
+    for folder in ("studies", "trainers"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    hf_home = tmp_path / "hf"
+    (hf_home / "accelerate").mkdir(parents=True)
+    (hf_home / "accelerate" / "default_config.yaml").write_text(MULTI_GPU_DEFAULT)
+    return tmp_path, {"SWEEP_FAKE_GPUS": "2", "HF_HOME": str(hf_home)}
+
+
+def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(repo_copy):
+    root, env = repo_copy
+    study = root / "studies" / "quickstart.yaml"
+    data = yaml.safe_load(study.read_text())
+    data["study"]["n_trials"] = 3  # the README's full quickstart runs 8; same path, less time
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    first = spawn_cli("run", str(study), env=env)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    db = root / "studies" / "quickstart.db"
+    storage = f"sqlite:///{db}"
+    trials = optuna.load_study(study_name="quickstart", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert trials[0].params == {"lr": 0.01, "layers": 2, "act": "relu"}  # the enqueued baseline
+    for t in trials:
+        assert 0 < t.value < 5 and 0 <= t.user_attrs["val_acc"] <= 1
+        out_log = root / "studies" / "quickstart" / "trials" / str(t.number) / "stdout.log"
+        assert "epoch 0: val_loss=" in out_log.read_text()
+    assert (root / "studies" / "quickstart" / "trials" / "0" / "tb").is_dir()
+
+    again = spawn_cli("run", str(study), env=env)
+    again.communicate(timeout=120)
+    assert again.returncode == 0
+    assert len(optuna.load_study(study_name="quickstart", storage=storage).trials) == 3
+
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "optuna"), "trials", "--storage", storage,
+         "--study-name", "quickstart", "-f", "json"],
+        capture_output=True, text=True, check=True,
+    )
+    rows = json.loads(cli.stdout)
+    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+
+
+def test_accelerate_pins_the_device_and_the_trainers_failure_is_reported(write_study, tmp_path):
+    hf_home = tmp_path / "hf"
+    (hf_home / "accelerate").mkdir(parents=True)
+    (hf_home / "accelerate" / "default_config.yaml").write_text(MULTI_GPU_DEFAULT)
+    marker = tmp_path / "failed-once"
+    study = write_study(
+        study={"n_trials": 1},
+        trainer={"launcher": "accelerate", "args": ["--sleep", "0", "--fail_first", str(marker)],
+                 "accelerate": {"mixed_precision": "bf16"}},
+        gpus={"ids": [1]},
+    )
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "HF_HOME": str(hf_home)})
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    first, second = optuna.load_study(
+        study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
+    # accelerate turns the trainer's exit 3 into its own exit 1 plus a traceback: both undone
+    assert first.user_attrs["fail_reason"] == "exit code 3: ValueError: boom"
+    assert first.user_attrs["exit_code"] == 3
+    assert second.state.name == "COMPLETE"
+    record = json.loads((tmp_path / "probe" / "trials" / "1" / "probe.json").read_text())
+    assert record["cvd"] == "1"
+
+
+def test_sigint_through_accelerate_leaves_no_orphan_trainer(write_study, tmp_path):
+    study = write_study(study={"n_trials": 2},
+                        trainer={"launcher": "accelerate", "args": ["--sleep", "60"]})
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    trials = tmp_path / "probe" / "trials"
+    assert wait_until(lambda: len(list(trials.glob("*/probe_start.json"))) == 2, 120)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert processes_mentioning(str(tmp_path)) == []
+    states = {t.user_attrs["fail_reason"] for t in optuna.load_study(
+        study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}").trials}
+    assert states == {"interrupted"}
+
+
