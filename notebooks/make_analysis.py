@@ -41,7 +41,10 @@ if len(done) and len(value_cols) == 1:
     best = done[value_cols[0]].cummin() if s.spec.study.objective_directions[0] == "minimize" \\
         else done[value_cols[0]].cummax()
     ax.step(done["number"], best, where="post", label="best so far")
-ax.set_xlabel("trial"); ax.set_ylabel(metrics[0]); ax.legend(); ax.set_title("objective")
+ax.set_xlabel("trial")
+ax.set_ylabel(metrics[0])
+ax.set_title("objective")
+ax.legend()
 plt.show()"""),
     ("md", "## Trials on a time line per GPU"),
     ("code", """fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * max(1, t["gpu"].nunique())))
@@ -51,14 +54,15 @@ started = t.dropna(subset=["datetime_start", "gpu"])
 if len(started):
     t0 = started["datetime_start"].min()
     end = started["datetime_complete"].fillna(pd.Timestamp.now())
-    for (_, row), stop in zip(started.iterrows(), end):
+    for (_, row), stop in zip(started.iterrows(), end, strict=True):
         x = (row["datetime_start"] - t0).total_seconds()
         w = (stop - row["datetime_start"]).total_seconds()
         ax.barh(int(row["gpu"]), w, left=x, color=colours.get(row["state"], "grey"),
                 edgecolor="black", height=0.6)
         ax.text(x + w / 2, int(row["gpu"]), str(row["number"]), ha="center", va="center",
                 fontsize=8)
-ax.set_xlabel("seconds since the first trial"); ax.set_ylabel("GPU")
+ax.set_xlabel("seconds since the first trial")
+ax.set_ylabel("GPU")
 ax.set_yticks(sorted(started["gpu"].astype(int).unique()) if len(started) else [])
 ax.set_title("trials per GPU (green complete, orange pruned, red failed)")
 plt.show()"""),
@@ -69,7 +73,8 @@ ax.scatter(measured["gpu_util_mean"], measured[value_cols[0]])
 if measured.empty:
     ax.text(0.5, 0.5, "no utilisation measured\\n(simulated pool or no NVML)",
             ha="center", va="center", transform=ax.transAxes)
-ax.set_xlabel("mean GPU utilisation (%)"); ax.set_ylabel(metrics[0])
+ax.set_xlabel("mean GPU utilisation (%)")
+ax.set_ylabel(metrics[0])
 ax.set_title("utilisation vs objective")
 plt.show()"""),
 ]

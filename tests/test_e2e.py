@@ -45,7 +45,7 @@ def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(r
     study.write_text(yaml.safe_dump(data, sort_keys=False))
 
     first = spawn_cli("run", str(study), env=env)
-    out, err = first.communicate(timeout=300)
+    _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     db = root / "studies" / "quickstart.db"
     storage = f"sqlite:///{db}"

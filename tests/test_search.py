@@ -15,7 +15,8 @@ DISCRETE = {"a": {"type": "categorical", "choices": ["x", "y"]},
 
 
 def spec_with(write_study, params=None, **study):
-    return config.load(write_study(study_dict(study=study, **({"params": params} if params else {}))))
+    extra = {"params": params} if params else {}
+    return config.load(write_study(study_dict(study=study, **extra)))
 
 
 @pytest.mark.parametrize(("cfg", "cls", "attrs"), [
