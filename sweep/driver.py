@@ -23,6 +23,7 @@ import optuna
 import psutil
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sweep import config, launch, outcome
 from sweep.config import Spec
@@ -96,14 +97,22 @@ def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
     else:
         engine_kwargs["pool_pre_ping"] = True
     interval = spec.study.heartbeat_interval
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            spec.storage_url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=interval,
-            grace_period=spec.study.grace_period or 2 * interval,
-        )
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    spec.storage_url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=interval,
+                    grace_period=spec.study.grace_period or 2 * interval,
+                )
+        except (IntegrityError, ProgrammingError):
+            # Drivers on several hosts creating the schema at once: one wins, the rest retry.
+            if attempt == 2:
+                raise
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
 
 
 def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study:
