@@ -286,7 +286,18 @@ class Driver:
 
     def _budget_left(self) -> bool:
         trials = self.study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
-        return len(trials) < self.spec.study.n_trials
+        return len(trials) < self.spec.study.n_trials and self._grid_left()
+
+    def _grid_left(self) -> bool:
+        """False once every point of a grid was started (asking again would repeat one)."""
+        sampler = self.study.sampler
+        if not isinstance(sampler, optuna.samplers.GridSampler):
+            return True
+        started = {
+            t.system_attrs.get("grid_id") for t in self.study.get_trials(deepcopy=False)
+            if t.state != TrialState.WAITING
+        }
+        return len(started - {None}) < len(sampler._all_grids)
 
     # ---- starting -----------------------------------------------------------------------
 
@@ -387,10 +398,7 @@ class Driver:
             attrs["fail_reason"] = result.fail_reason
         for key, value in attrs.items():
             run.trial.set_user_attr(key, value)
-        if state == TrialState.COMPLETE:
-            self.study.tell(run.trial, result.values)
-        else:
-            self.study.tell(run.trial, state=state)
+        self._tell(run.trial, result.values if state == TrialState.COMPLETE else None, state)
         self._release(run)
         seconds = time.time() - run.process.started
         done = Finished(run.number, state.name, result.values, run.gpu, seconds,
@@ -440,10 +448,24 @@ class Driver:
             self.pool.quarantine(run.gpu, reason)
             self.events.message(f"GPU {run.gpu} taken out of the pool: {reason}")
 
+    def _tell(self, trial: optuna.Trial, values: list[float] | None, state: TrialState) -> None:
+        """`study.tell`, letting a sampler end the search as it would under optimize()."""
+        # GridSampler and BruteForceSampler call study.stop() once the space is exhausted;
+        # Optuna allows that only inside optimize(), so mark the tell as such.
+        local = self.study._thread_local
+        local.in_optimize_loop = True
+        try:
+            self.study.tell(trial, values, state=state, skip_if_finished=True)
+        finally:
+            local.in_optimize_loop = False
+        if self.study._stop_flag:
+            self.study._stop_flag = False
+            self._stop_starting("the sampler has searched its whole space")
+
     def _tell_failed(self, trial: optuna.Trial, reason: str) -> None:
         try:
             trial.set_user_attr("fail_reason", reason)
-            self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            self._tell(trial, None, TrialState.FAIL)
         except Exception as e:  # storage gone too: nothing more can be done from here
             log.error("could not tell trial %d: %s", trial.number, e)
 

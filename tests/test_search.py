@@ -129,3 +129,14 @@ def test_two_objectives_end_to_end_with_the_pareto_front_in_the_summary(write_st
         assert row["pareto"] != dominated
     assert run_cli("summary", str(path)) == 0
     assert "Pareto front" in capsys.readouterr().out
+
+
+def test_a_grid_ends_the_run_when_its_space_is_exhausted(write_study, fake_gpus):
+    study = write_study(
+        study={"n_trials": 10, "sampler": {"type": "grid"}},
+        params={"x": {"type": "categorical", "choices": [0.1, 0.5, 0.9]}},
+    )
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    assert sorted(t.params["x"] for t in trials) == [0.1, 0.5, 0.9]
+    assert all(t.state.name == "COMPLETE" for t in trials)

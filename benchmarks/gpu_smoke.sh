@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One run on a machine with a real NVIDIA GPU: real NVML, real pinning, real utilisation.
+#   - `sweep gpus` lists the GPUs NVML sees, and honours CUDA_VISIBLE_DEVICES;
+#   - a 3-trial sweep of benchmarks/gpu_burn.py through `accelerate launch`;
+#   - every trial COMPLETE on its pinned device with CUDA available, per-trial utilisation,
+#     memory and energy measured, samples in gpu_samples.csv with real figures.
+# Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
+#
+# The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
+# its needs. Carry them as wheels (see the device tool's README), here in the repo root:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl optuna alembic sqlalchemy colorlog mako greenlet pydantic pydantic-core \
+#     annotated-types typing-inspection
+# then run with carry [".whl"]:  bash benchmarks/gpu_smoke.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
+unset SWEEP_FAKE_GPUS
+work=$(mktemp -d)
+cp benchmarks/gpu_smoke.yaml benchmarks/gpu_burn.py "$work/"
+fail=0
+check() { if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fail=1; fi; }
+
+nvidia-smi -L || true
+python3 -m sweep gpus | tee "$work/gpus.txt"
+n=$(nvidia-smi -L | grep -c '^GPU')
+check "sweep gpus lists the $n NVML devices" "[ \$(grep -c NVIDIA $work/gpus.txt) -eq $n ]"
+CUDA_VISIBLE_DEVICES= python3 -m sweep gpus > "$work/none.txt" 2>&1
+check "CUDA_VISIBLE_DEVICES='' empties the pool" "! grep -q NVIDIA $work/none.txt"
+
+time python3 -m sweep run "$work/gpu_smoke.yaml" 2>&1 | tee "$work/run.log"
+python3 -m sweep summary "$work/gpu_smoke.yaml" | tee "$work/summary.txt"
+python3 - "$work" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import pandas as pd
+from sweep import summary
+work = Path(sys.argv[1])
+s = summary.load(work / "gpu_smoke.yaml")
+t = s.trials
+import optuna
+trials = optuna.load_study(study_name="gpu_smoke", storage=s.spec.storage_url).trials
+ok = True
+def check(name, cond):
+    global ok
+    print(("PASS " if cond else "FAIL ") + name)
+    ok &= bool(cond)
+check("3 trials COMPLETE", list(t["state"]) == ["COMPLETE"] * 3)
+for tr in trials:
+    a = tr.user_attrs
+    check(f"trial {tr.number}: trainer saw CUDA", a.get("cuda") == 1.0)
+    check(f"trial {tr.number}: one visible device, the leased one",
+          a.get("device_count") == 1.0 and a.get("visible") == float(a.get("gpu")))
+    check(f"trial {tr.number}: utilisation measured ({a.get('gpu_util_mean')})",
+          (a.get("gpu_util_mean") or 0) > 30)
+    check(f"trial {tr.number}: memory peak measured ({a.get('gpu_mem_peak_mb')})",
+          (a.get("gpu_mem_peak_mb") or 0) > 100)
+    check(f"trial {tr.number}: energy measured ({a.get('energy_j')})", (a.get("energy_j") or 0) > 0)
+    check(f"trial {tr.number}: intermediate values reported", len(tr.intermediate_values) > 0)
+check("samples carry real utilisation", s.samples["util_gpu"].notna().all())
+check("busy fraction in (0, 1]", ((s.gpus["busy_fraction"] > 0) & (s.gpus["busy_fraction"] <= 1)).all())
+print(s.gpus.to_string())
+sys.exit(0 if ok else 1)
+PY
+if [ -n "${OUT:-}" ]; then
+  cp "$work"/*.txt "$work"/run.log "$work/gpu_smoke/gpu_samples.csv" "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+fi
+[ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
+exit $fail
