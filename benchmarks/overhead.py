@@ -14,6 +14,7 @@ Usage: python benchmarks/overhead.py [--trials 24] [--gpus 4] [--sleep 1.0]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -47,7 +48,7 @@ def sweep_run(tmp: Path, trials: int, gpus: int, sleep: float) -> tuple[float, l
     gaps = []
     for device in {r["cvd"] for r in records}:
         mine = sorted((r for r in records if r["cvd"] == device), key=lambda r: r["start"])
-        gaps += [b["start"] - a["end"] for a, b in zip(mine, mine[1:], strict=False)]
+        gaps += [b["start"] - a["end"] for a, b in itertools.pairwise(mine)]
     return wall, gaps
 
 
