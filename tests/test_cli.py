@@ -60,3 +60,24 @@ def test_version_and_help():
                          text=True, check=True).stdout
     for verb in ("run", "summary", "gpus", "status"):
         assert verb in out
+
+
+def test_on_a_terminal_run_shows_a_live_table_of_budget_gpus_and_best(write_study, fake_gpus,
+                                                                      monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from sweep import cli
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "Console", lambda **kw: Console(
+        file=screen, force_terminal=True, width=120, **kw))
+    study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "1.5"]})
+    assert run_cli("run", str(study)) == 0
+    out = screen.getvalue()
+    assert "0/4 finished, 2 running" in out or "1/4 finished" in out
+    assert "best #" in out
+    for column in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
+        assert column in out
+    assert "x=0." in out

@@ -98,3 +98,32 @@ def test_busy_time_is_the_union_of_overlapping_trials():
     assert g1["busy_s"] == 5 and g1["busy_fraction"] == 0.25
     assert g1["idle_gpu_hours"] == pytest.approx(15 / 3600)
     assert math.isnan(g0["util_mean_busy"])
+
+
+def test_a_gpu_still_holding_a_trials_process_is_cleaned_then_quarantined(monkeypatch,
+                                                                         write_study, capsys):
+    import subprocess
+    import sys
+
+    from sweep import launch
+
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gpus = [FakeGpu(uuid="GPU-a", processes=[(leftover.pid, 2**30)]), FakeGpu(uuid="GPU-b")]
+    fake_pynvml.install(monkeypatch, gpus)
+    real_seen = launch.TrialProcess.seen_pids
+    monkeypatch.setattr(launch.TrialProcess, "seen_pids", property(
+        lambda self: real_seen.fget(self) | {leftover.pid}))
+    study = write_study(study={"n_trials": 4})
+    try:
+        assert run_cli("run", str(study)) == 0
+        assert leftover.wait(timeout=5) == -9  # the driver killed the trial's GPU process
+    finally:
+        leftover.kill()
+    err = capsys.readouterr().err
+    # the fake still lists the pid after the kill: the device leaves the pool, with a warning
+    assert "GPU 0 taken out of the pool" in err
+    trials = load_trials(study)
+    assert [t.user_attrs["gpu"] for t in trials].count(0) == 1
+    assert all(t.state.name == "COMPLETE" for t in trials)
