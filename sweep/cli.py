@@ -40,8 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     monitor = Monitor(
         reader, [d.index for d in devices], spec.output_dir / "gpu_samples.csv",
         spec.gpus.sample_interval,
-        pids_of=lambda n: driver.running[n].process.tree_pids()
-        if driver and n in driver.running else set(),
+        pids_of=lambda n: _trial_pids(driver, n),
     )
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -56,6 +55,12 @@ def _run(args: argparse.Namespace) -> int:
     if result.exit_code == 0:
         console.print(f"summary: python -m sweep summary {args.study}", highlight=False)
     return result.exit_code
+
+
+def _trial_pids(driver, number: int) -> set[int]:
+    """The process tree of a running trial (called from the monitor's thread)."""
+    run = driver.running.get(number) if driver is not None else None
+    return run.process.tree_pids() if run is not None else set()
 
 
 def _storage(spec, open_storage):

@@ -53,6 +53,7 @@ class Running:
     deadline: float | None
     stopped: str | None = None
     kill_at: float | None = None
+    killed: bool = False
     last_report: tuple[int, float] | None = None
 
     @property
@@ -244,7 +245,7 @@ class Driver:
         now = self.clock()
         times = [now + POLL_SECONDS]
         for r in self.running.values():
-            times += [t for t in (r.deadline, r.kill_at) if t is not None]
+            times += [t for t in (r.deadline, None if r.killed else r.kill_at) if t is not None]
         return max(0.0, min(times) - now)
 
     def _wake(self) -> None:
@@ -271,13 +272,12 @@ class Driver:
     def _interrupt(self) -> None:
         """First signal: stop every trial with its grace period. Second: kill at once."""
         self._stop_starting("interrupted")
-        now = self.clock()
         for r in self.running.values():
-            if self.signals > 1 and (r.kill_at is None or r.kill_at > now):
-                r.process.kill()
-                r.kill_at = now
-            elif r.stopped is None:
+            if r.stopped is None:
                 self._stop(r, outcome.INTERRUPTED)
+            if self.signals > 1 and not r.killed:
+                r.process.kill()
+                r.killed = True
 
     # ---- budget -------------------------------------------------------------------------
 
@@ -351,8 +351,9 @@ class Driver:
                 self._finish(run)
                 continue
             if run.kill_at is not None and now >= run.kill_at:
-                run.process.kill()
-                run.kill_at = now + 3600
+                if not run.killed:
+                    run.process.kill()
+                    run.killed = True
             elif run.deadline is not None and now >= run.deadline and run.stopped is None:
                 self._stop(run, f"timeout after {self.spec.trainer.timeout:g} s")
             elif run.stopped is None:
@@ -476,10 +477,11 @@ class Driver:
         for run in self.running.values():
             run.process.terminate()
         deadline = time.monotonic() + self.spec.trainer.grace_period
-        while time.monotonic() < deadline and any(r.process.running for r in self.running.values()):
-            time.sleep(0.05)
+        for run in self.running.values():
+            run.process.wait(max(0.0, deadline - time.monotonic()))
         for run in list(self.running.values()):
             run.process.kill()
+            run.process.wait(5)
             run.process.close()
             self.pool.release(run.number)
             if self.monitor is not None:

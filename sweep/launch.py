@@ -192,16 +192,22 @@ class TrialProcess:
         self.exit_code: int | None = None
         self._seen_pids: set[int] = {self.pid}
         self._on_exit = on_exit
+        self._done = threading.Event()
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _wait(self) -> None:
         code = self._popen.wait()
         self.exit_code = 128 - code if code < 0 else code
         self._on_exit()
+        self._done.set()  # after on_exit: once `running` is False, the callback has run
 
     @property
     def running(self) -> bool:
-        return self.exit_code is None
+        return not self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the process to end; True if it did."""
+        return self._done.wait(timeout)
 
     def tree_pids(self) -> set[int]:
         """The pids of the trial's live processes (also remembered for `seen_pids`)."""
