@@ -15,7 +15,6 @@ import signal
 import socket
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sweep import config, launch, outcome
 from sweep.config import Spec
-from sweep.errors import SweepError
+from sweep.errors import UsageError
 from sweep.monitor import Monitor
 from sweep.pool import Pool
 from sweep.protocol import ReportReader
@@ -129,7 +128,7 @@ def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study
     )
     stored = [d.name.lower() for d in study.directions]
     if stored != directions:
-        raise SweepError(
+        raise UsageError(
             f"{spec.source}: study.direction: study {spec.study.name!r} in storage optimises "
             f"{stored}, the file says {directions}; rename the study or fix the direction"
         )
@@ -163,14 +162,12 @@ class Driver:
         pool: Pool,
         monitor: Monitor | None = None,
         events: Events | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.spec = spec
         self.study = study
         self.pool = pool
         self.monitor = monitor
         self.events = events or Events()
-        self.clock = clock
         self.running: dict[int, Running] = {}
         self.finished: list[Finished] = []
         self.host = socket.gethostname()
@@ -181,6 +178,7 @@ class Driver:
         self.consecutive_failures = 0
         self.signals = 0
         self.stop_reason: str | None = None
+        self.gave_up = False  # too many failures in a row
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._last_beat = 0.0
@@ -195,7 +193,7 @@ class Driver:
         self.reclaim()
         for params in spec.study.enqueue:
             self.study.enqueue_trial(params, skip_if_exists=True)
-        run_deadline = self.clock() + spec.study.timeout if spec.study.timeout else None
+        run_deadline = time.monotonic() + spec.study.timeout if spec.study.timeout else None
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
@@ -205,7 +203,7 @@ class Driver:
             while True:
                 if self.signals:
                     self._interrupt()
-                if run_deadline is not None and self.clock() >= run_deadline:
+                if run_deadline is not None and time.monotonic() >= run_deadline:
                     self._stop_starting(f"study.timeout of {spec.study.timeout:g} s reached")
                 if self.stop_reason is None:
                     self._start_trials()
@@ -237,12 +235,12 @@ class Driver:
             summary += f", {elsewhere} running in other drivers"
         if self.signals:
             return RunResult(EXIT_INTERRUPTED, f"interrupted; {summary}", self.finished)
-        if self.stop_reason and self.stop_reason.startswith("stopped after"):
+        if self.gave_up:
             return RunResult(1, f"{self.stop_reason}; {summary}", self.finished)
         return RunResult(0, summary, self.finished)
 
     def _wait_seconds(self) -> float:
-        now = self.clock()
+        now = time.monotonic()
         times = [now + POLL_SECONDS]
         for r in self.running.values():
             times += [t for t in (r.deadline, None if r.killed else r.kill_at) if t is not None]
@@ -328,15 +326,15 @@ class Driver:
         timeout = self.spec.trainer.timeout
         run = Running(
             trial, params, gpu, proc, ReportReader(paths.reports), attempt, origin,
-            deadline=self.clock() + timeout if timeout else None,
+            deadline=time.monotonic() + timeout if timeout else None,
         )
         self.running[trial.number] = run
-        for key, value in {
-            "gpu": gpu, "host": self.host, "driver_pid": self.pid,
-            "driver_started": self.pid_started, "trainer_pid": proc.pid,
-            "trainer_started": proc.started, "attempt": attempt,
-        }.items():
-            trial.set_user_attr(key, value)
+        # `host` goes last: other drivers judge ownership by it, and read the rest with it.
+        self._record(trial, {
+            "driver_pid": self.pid, "driver_started": self.pid_started,
+            "trainer_pid": proc.pid, "trainer_started": proc.started,
+            "attempt": attempt, "gpu": gpu, "host": self.host,
+        })
         self._beat(trial)
         if self.monitor is not None:
             self.monitor.trial_started(trial.number, gpu)
@@ -345,7 +343,7 @@ class Driver:
     # ---- following ----------------------------------------------------------------------
 
     def _poll(self) -> None:
-        now = self.clock()
+        now = time.monotonic()
         for run in list(self.running.values()):
             if not run.process.running:
                 self._finish(run)
@@ -362,7 +360,7 @@ class Driver:
     def _stop(self, run: Running, reason: str) -> None:
         run.stopped = reason
         run.process.terminate()
-        run.kill_at = self.clock() + self.spec.trainer.grace_period
+        run.kill_at = time.monotonic() + self.spec.trainer.grace_period
 
     def _follow_reports(self, run: Running) -> None:
         if len(self.spec.study.objective_directions) > 1:
@@ -397,12 +395,12 @@ class Driver:
         state = TrialState.PRUNED if pruned else getattr(TrialState, result.state)
         if result.fail_reason and not pruned:
             attrs["fail_reason"] = result.fail_reason
-        for key, value in attrs.items():
-            run.trial.set_user_attr(key, value)
-        self._tell(run.trial, result.values if state == TrialState.COMPLETE else None, state)
+        if self._record(run.trial, attrs):
+            self._tell(run.trial, result.values if state == TrialState.COMPLETE else None, state)
         self._release(run)
         seconds = time.time() - run.process.started
-        done = Finished(run.number, state.name, result.values, run.gpu, seconds,
+        values = [run.last_report[1]] if pruned and run.last_report else result.values
+        done = Finished(run.number, state.name, values, run.gpu, seconds,
                         None if pruned else result.fail_reason)
         self.finished.append(done)
         self.events.finished(done)
@@ -418,6 +416,7 @@ class Driver:
         self.consecutive_failures += 1
         limit = self.spec.study.max_consecutive_failures
         if self.consecutive_failures >= limit:
+            self.gave_up = True
             self._stop_starting(
                 f"stopped after {limit} failed trials in a row (last: {result.fail_reason}); "
                 f"see {run.process.plan.paths.stderr}"
@@ -448,6 +447,16 @@ class Driver:
             reason = f"processes {sorted(left)} of trial {run.number} still hold it"
             self.pool.quarantine(run.gpu, reason)
             self.events.message(f"GPU {run.gpu} taken out of the pool: {reason}")
+
+    def _record(self, trial: optuna.Trial, attrs: dict[str, Any]) -> bool:
+        """Store user attributes; False if another driver already finished the trial."""
+        try:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.events.message(f"trial {trial.number} was already told by another driver")
+            return False
+        return True
 
     def _tell(self, trial: optuna.Trial, values: list[float] | None, state: TrialState) -> None:
         """`study.tell`, letting a sampler end the search as it would under optimize()."""
@@ -498,7 +507,7 @@ class Driver:
             storage.record_heartbeat(trial._trial_id)
 
     def _heartbeat(self) -> None:
-        now = self.clock()
+        now = time.monotonic()
         if now - self._last_beat < self.spec.study.heartbeat_interval:
             return
         self._last_beat = now
@@ -521,7 +530,7 @@ class Driver:
             if t.number in self.running:
                 continue
             a = t.user_attrs
-            same_host = a.get("host") == self.host
+            same_host = a.get("host") == self.host and "driver_pid" in a
             if same_host and not process_alive(a.get("driver_pid"), a.get("driver_started")):
                 reason = f"driver died (pid {a.get('driver_pid')} on {self.host})"
             elif t._trial_id in stale:

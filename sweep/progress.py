@@ -56,6 +56,8 @@ class Progress(Events):
     def finished(self, done: Finished) -> None:
         colour = {"COMPLETE": "green", "PRUNED": "yellow"}.get(done.state, "red")
         values = ", ".join(_fmt(v) for v in done.values or [])
+        if done.state == "PRUNED":
+            values = f"pruned at {values}"
         detail = values or (done.fail_reason or "")
         self.console.print(
             f"[{colour}]trial {done.number} {done.state}[/] on GPU {done.gpu} "

@@ -7,7 +7,7 @@ Trainer side (importable without torch, optuna or the rest of sweep):
     report(step=epoch, value=val_loss)              # one JSON line to $SWEEP_REPORT_FILE
     if should_stop(): ...                           # SIGTERM arrived (pruned, timeout, Ctrl-C)
 
-Driver side: `read_result` and `ReportReader` turn those files into values or one-line reasons.
+Driver side: `parse_result` and `ReportReader` turn those files into values or one-line reasons.
 """
 
 from __future__ import annotations
@@ -100,17 +100,11 @@ class ResultError(ValueError):
     """The result file cannot give the objective; `str(e)` is the trial's fail_reason."""
 
 
-def read_result(path: Path, metrics: list[str]) -> tuple[list[float], dict[str, float]]:
-    """Parse a result file into (objective values in `metrics` order, other numeric keys)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ResultError("no result file: nothing was written to $SWEEP_RESULT_FILE") from None
-    return parse_result(text, metrics)
-
-
 def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, float]]:
-    """The pure half of `read_result`."""
+    """A result file's text -> (objective values in `metrics` order, other numeric keys).
+
+    Raises ResultError with the trial's fail_reason when the objective cannot be read.
+    """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -225,3 +225,15 @@ def test_values_are_finite_and_durations_recorded(write_study, fake_gpus):
     for t in load_trials(study):
         assert math.isfinite(t.value) and t.duration.total_seconds() > 0
         assert t.user_attrs["exit_code"] == 0
+
+
+def test_a_direction_that_contradicts_the_stored_study_is_a_usage_error(write_study, fake_gpus,
+                                                                        capsys):
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    flipped = write_study(study_dict(study={"n_trials": 2, "direction": "maximize"}),
+                          name="flipped.yaml")
+    assert run_cli("run", str(flipped)) == 2
+    err = capsys.readouterr().err
+    assert "study.direction" in err and "['minimize']" in err
+    assert len(load_trials(study)) == 1
