@@ -98,6 +98,7 @@ def test_trials_per_gpu_shares_a_device(write_study, fake_gpus):
 
 FAULTS = [
     ("crash", "exit code 3: ValueError: boom"),
+    ("hang", "timeout after 1.5 s"),
     ("oom", "out of memory: torch.OutOfMemoryError: CUDA out of memory"),
     ("nan", "metric 'score' is not a finite number: nan"),
     ("badjson", "result file is not valid JSON"),
@@ -106,21 +107,34 @@ FAULTS = [
 
 
 @pytest.mark.parametrize(("mode", "reason"), FAULTS)
-def test_each_trial_fault_fails_the_trial_with_its_reason(write_study, fake_gpus, tmp_path,
-                                                         mode, reason):
+def test_each_trial_fault_fails_the_trial_and_the_sweep_reaches_its_budget(
+    write_study, fake_gpus, tmp_path, mode, reason
+):
     fake_gpus(1)
     study = write_study(
-        study={"n_trials": 2, "max_consecutive_failures": 2},
-        trainer={"args": ["--mode", mode, "--sleep", "0"]},
+        study={"n_trials": 2},
+        trainer={"timeout": 1.5, "args": ["--mode", mode, "--sleep", "0",
+                                          "--fault_once", str(tmp_path / "faulted")]},
     )
-    assert run_cli("run", str(study)) == 1  # stops after 2 failures in a row
+    assert run_cli("run", str(study)) == 0
+    faulty, *rest = load_trials(study)
+    assert faulty.state.name == "FAIL"
+    assert faulty.user_attrs["fail_reason"].startswith(reason), faulty.user_attrs["fail_reason"]
+    assert "\n" not in faulty.user_attrs["fail_reason"]
+    assert faulty.user_attrs["gpu"] == 0 and "exit_code" in faulty.user_attrs
+    assert [t.state.name for t in rest] == ["COMPLETE", "COMPLETE"]
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_too_many_failures_in_a_row_stop_the_run_with_an_error(write_study, fake_gpus,
+                                                               tmp_path, capsys):
+    study = write_study(study={"n_trials": 5, "max_consecutive_failures": 3},
+                        trainer={"args": ["--mode", "crash", "--sleep", "0"]})
+    assert run_cli("run", str(study)) == 1
     trials = load_trials(study)
-    assert len(trials) == 2
-    for t in trials:
-        assert t.state.name == "FAIL"
-        assert t.user_attrs["fail_reason"].startswith(reason), t.user_attrs["fail_reason"]
-        assert "\n" not in t.user_attrs["fail_reason"]
-        assert "gpu" in t.user_attrs
+    assert 3 <= len(trials) <= 4  # the second GPU may have started one more
+    assert all(t.state.name == "FAIL" for t in trials)
+    assert "stopped after 3 failed trials in a row" in capsys.readouterr().err
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -195,8 +209,10 @@ def test_median_pruner_stops_bad_trials_early_and_frees_their_gpu(write_study, f
         record = json.loads(
             (study.parent / "probe" / "trials" / str(t.number) / "probe_start.json").read_text())
         assert record["pid"]
-        # the trainer was stopped: it never wrote its end record
-        assert not (study.parent / "probe" / "trials" / str(t.number) / "probe.json").exists()
+        # the trainer was stopped: SIGTERM reached it, it ended early and never wrote its result
+        trial_dir = study.parent / "probe" / "trials" / str(t.number)
+        assert (trial_dir / "stopped_gracefully").exists()
+        assert not (trial_dir / "result.json").exists()
         assert t.duration.total_seconds() < 8 * 0.25
 
 

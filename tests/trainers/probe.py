@@ -1,7 +1,8 @@
 """A test trainer without torch: records where and when it ran, then behaves as --mode says.
 
-Modes: ok, crash, hang, stubborn (ignores SIGTERM), oom, nan, badjson, noresult, report,
-spawn (leaves a grandchild in its own session), slow_report (reports slowly; for pruning).
+Modes: ok, crash, hang, stubborn (ignores SIGTERM), oom, nan, badjson, noresult,
+report (reports each step; stops gracefully on SIGTERM), spawn (leaves a grandchild in its own
+session and hangs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from sweep.protocol import report, write_result
+from sweep.protocol import report, should_stop, write_result
 
 
 def main() -> int:
@@ -25,7 +26,8 @@ def main() -> int:
     p.add_argument("--mode", default="ok")
     p.add_argument("--sleep", type=float, default=0.3)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--fail_first", default="")
+    p.add_argument("--fail_first", default="", help="crash once: when this file is absent")
+    p.add_argument("--fault_once", default="", help="--mode only when this file is absent")
     args, _ = p.parse_known_args()
     trial_dir = Path(os.environ["SWEEP_TRIAL_DIR"])
     record = {
@@ -39,6 +41,11 @@ def main() -> int:
     if args.fail_first and not Path(args.fail_first).exists():
         Path(args.fail_first).write_text("failed once")
         mode = "crash"
+    if args.fault_once:
+        if Path(args.fault_once).exists():
+            mode = "ok"
+        else:
+            Path(args.fault_once).write_text(mode)
     score = (args.x - 0.3) ** 2 + args.y
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -49,10 +56,14 @@ def main() -> int:
         )
     if mode in ("hang", "stubborn", "spawn"):
         time.sleep(600)
-    if mode in ("report", "slow_report"):
+    if mode == "report":
+        should_stop()  # SIGTERM (pruned) now ends the loop: "save a checkpoint" and exit
         for step in range(args.steps):
             report(step, score * (step + 1))
             time.sleep(args.sleep)
+            if should_stop():
+                (trial_dir / "stopped_gracefully").write_text(str(step))
+                return 0
     else:
         time.sleep(args.sleep)
     record["end"] = time.time()
