@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -35,6 +35,8 @@ log = logging.getLogger("sweep")
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 EXIT_INTERRUPTED = 130
+# A trial's exit wakes the loop at once; this bounds how late reports, timeouts and
+# heartbeats are looked at.
 POLL_SECONDS = 0.5
 
 
@@ -62,7 +64,7 @@ class Running:
 
 @dataclass
 class Finished:
-    """What the driver told about one trial (for the progress display and tests)."""
+    """What the driver told about one trial (for the progress display)."""
 
     number: int
     state: str
@@ -72,11 +74,10 @@ class Finished:
     fail_reason: str | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
     exit_code: int
     message: str
-    finished: list[Finished] = field(default_factory=list)
 
 
 class Events:
@@ -169,7 +170,6 @@ class Driver:
         self.monitor = monitor
         self.events = events or Events()
         self.running: dict[int, Running] = {}
-        self.finished: list[Finished] = []
         self.host = socket.gethostname()
         me = psutil.Process()
         self.pid, self.pid_started = me.pid, me.create_time()
@@ -234,10 +234,10 @@ class Driver:
         if elsewhere:
             summary += f", {elsewhere} running in other drivers"
         if self.signals:
-            return RunResult(EXIT_INTERRUPTED, f"interrupted; {summary}", self.finished)
+            return RunResult(EXIT_INTERRUPTED, f"interrupted; {summary}")
         if self.gave_up:
-            return RunResult(1, f"{self.stop_reason}; {summary}", self.finished)
-        return RunResult(0, summary, self.finished)
+            return RunResult(1, f"{self.stop_reason}; {summary}")
+        return RunResult(0, summary)
 
     def _wait_seconds(self) -> float:
         now = time.monotonic()
@@ -402,7 +402,6 @@ class Driver:
         values = [run.last_report[1]] if pruned and run.last_report else result.values
         done = Finished(run.number, state.name, values, run.gpu, seconds,
                         None if pruned else result.fail_reason)
-        self.finished.append(done)
         self.events.finished(done)
         if state == TrialState.FAIL and run.stopped != outcome.INTERRUPTED:
             self._after_failure(run, result)

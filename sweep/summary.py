@@ -114,14 +114,21 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
 
 
 def read_samples(path: Path) -> pd.DataFrame:
-    """The monitor's samples (empty frame with the right columns if there are none yet)."""
+    """The monitor's samples (empty frame with the right columns if there are none yet).
+
+    `time` is naive local time, like Optuna's `datetime_start`, so the two can be compared.
+    """
     from sweep.monitor import SAMPLE_COLUMNS
 
     if not path.exists():
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
     samples = pd.read_csv(path, dtype={"trials": "string"}, on_bad_lines="skip")
     samples["trials"] = samples["trials"].fillna("")
-    samples["time"] = pd.to_datetime(samples["time"], unit="s", utc=True)
+    local = datetime.now().astimezone().tzinfo
+    samples["time"] = (
+        pd.to_datetime(samples["time"], unit="s", utc=True).dt.tz_convert(local)
+        .dt.tz_localize(None)
+    )
     return samples
 
 
