@@ -209,11 +209,11 @@ class Driver:
                     self._start_trials()
                 if not self.running:
                     break
+                self.events.tick(self)
                 if selector.select(self._wait_seconds()):
                     self._drain_wakeups()
                 self._poll()
                 self._heartbeat()
-                self.events.tick(self)
         finally:
             try:
                 self._abandon_all()

@@ -35,6 +35,7 @@ class Progress(Events):
         self.monitor = monitor
         self.live: Live | None = None
         self._last_render = 0.0
+        self._changed = True
         self.best: str = "-"
 
     def __enter__(self) -> Progress:
@@ -48,12 +49,14 @@ class Progress(Events):
             self.live.__exit__(None, None, None)
 
     def started(self, run: Running) -> None:
+        self._changed = True
         self.console.print(
             f"[cyan]trial {run.number}[/] started on GPU {run.gpu}: {_params(run.params)}",
             highlight=False,
         )
 
     def finished(self, done: Finished) -> None:
+        self._changed = True
         colour = {"COMPLETE": "green", "PRUNED": "yellow"}.get(done.state, "red")
         values = ", ".join(_fmt(v) for v in done.values or [])
         if done.state == "PRUNED":
@@ -69,9 +72,11 @@ class Progress(Events):
         self.console.print(f"[yellow]{text}[/]", highlight=False)
 
     def tick(self, driver: Driver) -> None:
-        if self.live is None or time.monotonic() - self._last_render < 0.5:
+        if self.live is None:
             return
-        self._last_render = time.monotonic()
+        if not self._changed and time.monotonic() - self._last_render < 0.5:
+            return
+        self._last_render, self._changed = time.monotonic(), False
         self.live.update(self.render(driver), refresh=True)
 
     def render(self, driver: Driver) -> Group:
