@@ -253,3 +253,14 @@ def test_a_direction_that_contradicts_the_stored_study_is_a_usage_error(write_st
     err = capsys.readouterr().err
     assert "study.direction" in err and "['minimize']" in err
     assert len(load_trials(study)) == 1
+
+
+def test_study_timeout_stops_starting_trials_and_lets_running_ones_finish(write_study,
+                                                                         fake_gpus, capsys):
+    study = write_study(study={"n_trials": 100, "timeout": 1.0},
+                        trainer={"args": ["--sleep", "0.8"]})
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    assert 2 <= len(trials) <= 6
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    assert "study.timeout of 1 s reached" in capsys.readouterr().err
