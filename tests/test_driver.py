@@ -213,7 +213,6 @@ def test_median_pruner_stops_bad_trials_early_and_frees_their_gpu(write_study, f
         trial_dir = study.parent / "probe" / "trials" / str(t.number)
         assert (trial_dir / "stopped_gracefully").exists()
         assert not (trial_dir / "result.json").exists()
-        assert t.duration.total_seconds() < 8 * 0.25
 
 
 def test_two_objectives_store_both_values(write_study, fake_gpus):
