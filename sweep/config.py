@@ -65,6 +65,7 @@ class FixedParam(_Model):
     value: Any
 
 
+PARAM_TYPES = ("float", "int", "categorical", "fixed")
 Param = Annotated[
     FloatParam | IntParam | CategoricalParam | FixedParam, Field(discriminator="type")
 ]
@@ -238,7 +239,7 @@ def load(path: str | Path) -> Spec:
 def _config_error(file: str, error: ValidationError) -> ConfigError:
     # With unions, pydantic reports every branch; the deepest location is the telling one.
     first = max(error.errors(), key=lambda e: len(e["loc"]))
-    loc = [str(p) for p in first["loc"] if not _is_union_tag(p)]
+    loc = _location(first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check the spelling; see the README's YAML reference)"
@@ -246,13 +247,17 @@ def _config_error(file: str, error: ValidationError) -> ConfigError:
         msg = "required key is missing"
     elif "input" in first and first["type"] not in ("value_error",):
         msg = f"{msg} (got {first['input']!r})"
-    return ConfigError(file, ".".join(loc), msg)
+    return ConfigError(file, loc, msg)
 
 
-def _is_union_tag(part: object) -> bool:
-    return (isinstance(part, str) and part in ("float", "int", "categorical", "fixed")) or (
-        isinstance(part, str) and part.startswith(("function-", "literal[", "list["))
-    )
+def _location(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the user's dotted key, without pydantic's union tags."""
+    parts = list(loc)
+    # params.<name>.<type tag>.<key>: the tag is the discriminator pydantic adds, not a key
+    if len(parts) > 2 and parts[0] == "params" and parts[2] in PARAM_TYPES:
+        del parts[2]
+    tags = ("function-", "literal[", "list[")
+    return ".".join(str(p) for p in parts if not (isinstance(p, str) and p.startswith(tags)))
 
 
 def _resolve(spec: Spec, path: Path) -> Spec:

@@ -35,6 +35,7 @@ log = logging.getLogger("sweep")
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 EXIT_INTERRUPTED = 130
+PRUNED = "pruned"  # the stop reason of a trial the pruner ended
 # A trial's exit wakes the loop at once; this bounds how late reports, timeouts and
 # heartbeats are looked at.
 POLL_SECONDS = 0.5
@@ -369,7 +370,7 @@ class Driver:
             run.trial.report(value, step)
             run.last_report = (step, value)
         if run.last_report is not None and run.trial.should_prune():
-            self._stop(run, "pruned")
+            self._stop(run, PRUNED)
 
     # ---- telling ------------------------------------------------------------------------
 
@@ -380,7 +381,7 @@ class Driver:
         paths = run.process.plan.paths
         if run.stopped is None:
             self._follow_reports(run)
-        pruned = run.stopped == "pruned"
+        pruned = run.stopped == PRUNED
         result = outcome.judge(
             run.process.exit_code,
             outcome.read_text(paths.stderr, tail_bytes=64_000) or "",

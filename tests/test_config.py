@@ -61,6 +61,8 @@ BAD_FILES = [
     ("negative trial timeout", bad(trainer={"timeout": -1}), "trainer.timeout", "greater than 0"),
     ("low above high", bad(params={"x": {"type": "float", "low": 2, "high": 1}}),
      "params.x", "low (2.0) must not be above high (1.0)"),
+    ("param named like a type", bad(params={"float": {"type": "int", "low": 3, "high": 1}}),
+     "params.float", "low (3) must not be above high (1)"),
     ("log of zero", bad(params={"x": {"type": "float", "low": 0, "high": 1, "log": True}}),
      "params.x", "log scale needs low > 0"),
     ("unknown param type", bad(params={"x": {"type": "floaty", "low": 0, "high": 1}}),
