@@ -13,108 +13,27 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from sweep import __version__
-from sweep.errors import SweepError, UsageError
+from sweep.errors import SweepError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweep import config, pool
+    from sweep import app, config, pool
 
     spec = config.load(args.study)
     devices = pool.select(pool.discover(), spec.gpus.ids, str(args.study))
     if args.dry_run:
-        return _dry_run(spec, devices)
-
-    import optuna
-
-    from sweep.driver import Driver, open_storage, open_study
-    from sweep.monitor import Monitor
-    from sweep.progress import Progress
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(spec, _storage(spec, open_storage))
-    lease = pool.Pool(devices, spec.gpus.trials_per_gpu)
-    reader, nvml = _reader(devices)
-    driver: Driver | None = None
-    monitor = Monitor(
-        reader, [d.index for d in devices], spec.output_dir / "gpu_samples.csv",
-        spec.gpus.sample_interval,
-        pids_of=lambda n: _trial_pids(driver, n),
-    )
+        print("\n".join(app.dry_run(spec, devices)))
+        return 0
     console = Console(stderr=True, soft_wrap=True)
-    try:
-        with Progress(console, monitor) as progress:
-            driver = Driver(spec, study, lease, monitor, progress)
-            result = driver.run()
-    finally:
-        if nvml is not None:
-            nvml.close()
+    result = app.run(spec, devices, console)
     style = "green" if result.exit_code == 0 else "red"
-    console.print(f"[{style}]{spec.study.name}: {result.message}[/]", highlight=False)
+    console.print(Text(f"{spec.study.name}: {result.message}", style=style))
     if result.exit_code == 0:
-        console.print(f"summary: python -m sweep summary {args.study}", highlight=False)
+        console.print(Text(f"summary: python -m sweep summary {args.study}"))
     return result.exit_code
-
-
-def _trial_pids(driver, number: int) -> set[int]:
-    """The process tree of a running trial (called from the monitor's thread)."""
-    run = driver.running.get(number) if driver is not None else None
-    return run.process.tree_pids() if run is not None else set()
-
-
-def _storage(spec, open_storage):
-    """Open the study's storage; a database that cannot be reached is a usage error."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        return open_storage(spec)
-    except SQLAlchemyError as e:
-        shown = make_url(spec.storage_url).render_as_string(hide_password=True)
-        cause = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-        raise UsageError(f"{spec.source}: study.storage: cannot open {shown}: {cause}") from None
-
-
-def _reader(devices: list) -> tuple[object, object]:
-    from sweep.monitor import NoReader
-    from sweep.nvml import Nvml, NvmlUnavailable
-
-    if not devices or devices[0].simulated:
-        return NoReader(), None
-    try:
-        nvml = Nvml()
-    except NvmlUnavailable:
-        return NoReader(), None
-    return nvml, nvml
-
-
-def _dry_run(spec, devices) -> int:
-    """Print the commands of the first trials, sampled in memory: storage is not touched."""
-    import optuna
-
-    from sweep import config, launch, pool
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        sampler=config.build_sampler(spec), directions=spec.study.objective_directions
-    )
-    for params in spec.study.enqueue:
-        study.enqueue_trial(params)
-    lease = pool.Pool(devices, spec.gpus.trials_per_gpu)
-    dists = config.distributions(spec)
-    n = min(lease.slots, spec.study.n_trials)
-    print(f"# dry run: the first {n} of {spec.study.n_trials} trials (params sampled in memory)")
-    for _ in range(n):
-        trial = study.ask(dists)
-        gpu = lease.lease(trial.number)
-        paths = launch.TrialPaths.of(spec.output_dir, trial.number)
-        plan = launch.build_launch(
-            spec.trainer, trial.number, {**trial.params, **spec.fixed}, gpu, paths,
-            spec.output_dir / "accelerate_config.yaml",
-        )
-        print(plan.command_line())
-    return 0
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -132,10 +51,11 @@ def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sweep import pool
+    from sweep.app import nvml_reader
     from sweep.monitor import NoReader
 
     devices = pool.discover()
-    reader, nvml = _reader(devices)
+    reader, nvml = nvml_reader(devices)
     table = Table(title="GPU pool" + (" (simulated)" if devices and devices[0].simulated else ""))
     for col in ("id", "name", "memory MB", "used MB", "util %", "state"):
         table.add_column(col)

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from sweep.errors import ConfigError
 
@@ -127,7 +134,8 @@ class StudySection(_Model):
     enqueue: list[dict[str, Any]] = []
     max_consecutive_failures: Annotated[int, Field(gt=0)] = 5
     heartbeat_interval: Annotated[int, Field(gt=0)] = 30
-    grace_period: Annotated[int, Field(gt=0)] | None = None
+    reclaim_after: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, validation_alias=AliasChoices("reclaim_after", "grace_period"))
 
     @model_validator(mode="after")
     def _objectives(self) -> StudySection:
@@ -148,7 +156,12 @@ class StudySection(_Model):
         return self
 
     @property
-    def objective_directions(self) -> list[str]:
+    def reclaim_seconds(self) -> int:
+        """How old a trial's last heartbeat may be before another driver reclaims it."""
+        return self.reclaim_after or 2 * self.heartbeat_interval
+
+    @property
+    def objective_directions(self) -> list[Direction]:
         return list(self.directions) if self.directions else [self.direction or "minimize"]
 
     @property
@@ -169,7 +182,8 @@ class TrainerSection(_Model):
     accelerate: AccelerateSettings = AccelerateSettings()
     launcher: Literal["accelerate", "python"] = "accelerate"
     timeout: Annotated[float, Field(gt=0)] | None = None
-    grace_period: Annotated[float, Field(ge=0)] = 5.0
+    stop_grace: Annotated[float, Field(
+        ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0
     max_retries: Annotated[int, Field(ge=0)] = 0
     retry_oom: bool = False
 
@@ -212,8 +226,12 @@ class Spec(_Model):
         return {k: v.value for k, v in self.params.items() if isinstance(v, FixedParam)}
 
 
-def load(path: str | Path) -> Spec:
-    """Read and validate a study file; raise `ConfigError` on the first problem found."""
+def load(path: str | Path, runnable: bool = True) -> Spec:
+    """Read and validate a study file; raise `ConfigError` on the first problem found.
+
+    `runnable=False` is for verbs that only read the study (status, summary): the trainer
+    script need not exist and the sampler's optional dependencies need not be installed.
+    """
     path = Path(path)
     file = str(path)
     try:
@@ -233,7 +251,7 @@ def load(path: str | Path) -> Spec:
         spec = Spec.model_validate(data)
     except ValidationError as e:
         raise _config_error(file, e) from None
-    return _resolve(spec, path)
+    return _resolve(spec, path, runnable)
 
 
 def _config_error(file: str, error: ValidationError) -> ConfigError:
@@ -260,7 +278,7 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in parts if not (isinstance(p, str) and p.startswith(tags)))
 
 
-def _resolve(spec: Spec, path: Path) -> Spec:
+def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     """Make paths absolute, fill defaults that depend on the file's place, check what exists."""
     file, base = str(path), path.resolve().parent
     study, trainer = spec.study, spec.trainer
@@ -270,7 +288,7 @@ def _resolve(spec: Spec, path: Path) -> Spec:
     script = None
     if trainer.script is not None:
         script = (base / trainer.script).resolve()
-        if not script.is_file():
+        if runnable and not script.is_file():
             raise ConfigError(file, "trainer.script", f"no such file: {script}")
     for i, params in enumerate(study.enqueue):
         unknown = sorted(set(params) - set(spec.searched))
@@ -288,6 +306,8 @@ def _resolve(spec: Spec, path: Path) -> Spec:
         }
     )
     for key, build in (("study.sampler", build_sampler), ("study.pruner", build_pruner)):
+        if not runnable:
+            break
         try:
             build(resolved)
         except ConfigError:
@@ -363,6 +383,15 @@ def _grid_space(spec: Spec) -> dict[str, list[Any]]:
                 f"grid needs a search_space for float param {name!r} (or give it a step)",
             )
     return space
+
+
+def grid_size(spec: Spec) -> int | None:
+    """How many points a grid sampler has (None for other samplers)."""
+    cfg = spec.study.sampler
+    if cfg.type != "grid":
+        return None
+    space = cfg.kwargs.get("search_space") or _grid_space(spec)
+    return math.prod(len(values) for values in space.values())
 
 
 SAMPLER_NEEDS = {"qmc": ["scipy"], "gp": ["scipy", "torch"], "cmaes": ["cmaes"]}

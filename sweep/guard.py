@@ -1,12 +1,16 @@
-"""Runs one trial's command and makes sure its processes die with the driver.
+"""Supervises one trial's process tree: the only code that stops a trial's processes.
 
-Started by the driver as `python guard.py FD GRACE -- ARGV...` in a new session, so the
-guard, the launcher and the trainer share one process group. The guard
-- becomes a child subreaper, so it waits for every descendant, not only the launcher (a trainer
-  still saving a checkpoint after `accelerate launch` died keeps the trial running);
-- watches FD, the read end of a pipe only the driver writes to: end of file means the driver is
-  gone (even by SIGKILL), and the guard stops the whole group (SIGTERM, GRACE s, SIGKILL);
-- exits with the command's exit code (128 + N when signal N killed it).
+Started by the driver as `python guard.py CONTROL STATUS GRACE -- ARGV...` in a new session.
+The guard
+- becomes a child subreaper, so every descendant that loses its parent comes back to it: a
+  child in its own session or process group (`setsid`, `setpgid(0, 0)`, a double fork) is still
+  found and stopped;
+- reads CONTROL, a pipe only the driver writes: `T` stops the tree (SIGTERM to every
+  descendant, GRACE s, then SIGKILL), `K` kills it at once, end of file (the driver is gone,
+  even by SIGKILL) stops it as `T` does;
+- writes `exit N` to STATUS as soon as the command exits, so the driver judges the trial then;
+  whatever the command left running is stopped as by `T`;
+- exits, once no descendant is left, with the command's exit code (128 + N for signal N).
 Standard library only: it must start in milliseconds.
 """
 
@@ -18,9 +22,69 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 PR_SET_CHILD_SUBREAPER = 36
+STOP, KILL = b"T", b"K"
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of `root`, read from /proc (parents before children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class Tree:
+    """The guard's descendants, and the one TERM -> grace -> KILL escalation of sweep."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.gone = threading.Event()  # set by the main loop once no child is left
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def signal_all(self, sig: int) -> None:
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM every descendant, wait `grace` s for them to go, then SIGKILL what is left.
+
+        A second stop while one is under way only shortens it (a kill, grace 0, goes through).
+        """
+        with self._lock:
+            if self._stopping and grace > 0:
+                return
+            self._stopping = True
+        if grace > 0:
+            self.signal_all(signal.SIGTERM)
+            if self.gone.wait(grace):
+                return
+        while not self.gone.is_set():
+            self.signal_all(signal.SIGKILL)
+            self.gone.wait(0.1)
+
+    def stop_in_background(self, grace: float) -> None:
+        threading.Thread(target=self.stop, args=(grace,), daemon=True).start()
 
 
 def _become_subreaper() -> None:
@@ -31,48 +95,64 @@ def _become_subreaper() -> None:
         pass
 
 
-def _stop_group_when_closed(fd: int, grace: float) -> None:
+def _follow_control(fd: int, tree: Tree) -> None:
     while True:
         try:
-            if not os.read(fd, 64):
-                break
+            data = os.read(fd, 64)
         except InterruptedError:
             continue
         except OSError:
-            break
-    group = os.getpgrp()
-    os.killpg(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(group, signal.SIGKILL)
+            data = b""
+        if not data:  # the driver is gone
+            tree.stop_in_background(tree.grace)
+            return
+        if KILL in data:
+            tree.stop_in_background(0)
+        elif STOP in data:
+            tree.stop_in_background(tree.grace)
+
+
+def _report(fd: int, code: int) -> None:
+    try:
+        os.write(fd, f"exit {code}\n".encode())
+    except OSError:
+        pass  # the driver is gone; the control pipe says so too
 
 
 def main(argv: list[str]) -> int:
-    fd, grace, sep, *command = argv
-    assert sep == "--" and command, "usage: guard.py FD GRACE -- ARGV..."
+    control, status, grace, sep, *command = argv
+    if sep != "--" or not command:
+        print("usage: guard.py CONTROL STATUS GRACE -- ARGV...", file=sys.stderr)
+        return 2
     # A handler, not SIG_IGN: the command must get default dispositions back at exec.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     _become_subreaper()
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    threading.Thread(
-        target=_stop_group_when_closed, args=(int(fd), float(grace)), daemon=True
-    ).start()
-    code = None
+    tree = Tree(float(grace))
+    status_fd = int(status)
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        print(f"sweep guard: cannot start {command[0]}: {e}", file=sys.stderr)
+        _report(status_fd, 127)
+        return 127
+    threading.Thread(target=_follow_control, args=(int(control), tree), daemon=True).start()
+    code = 1
     while True:
         try:
-            pid, status = os.wait()
+            pid, wait_status = os.wait()
         except ChildProcessError:
             break
         except InterruptedError:
             continue
         if pid == child.pid:
-            code = os.waitstatus_to_exitcode(status)
-            child.returncode = code
-    if code is None:
-        return 1
-    return 128 - code if code < 0 else code
+            child.returncode = os.waitstatus_to_exitcode(wait_status)
+            code = 128 - child.returncode if child.returncode < 0 else child.returncode
+            _report(status_fd, code)
+            if descendants(os.getpid()):
+                tree.stop_in_background(tree.grace)
+    tree.gone.set()
+    return code
 
 
 if __name__ == "__main__":

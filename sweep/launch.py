@@ -1,32 +1,22 @@
-"""A trial as a process: the command and environment (pure), and the one place that spawns it.
+"""A trial as a command: its argv, environment and files, decided from its inputs (pure).
 
 `build_launch` decides everything about a trial's process from its inputs and is unit-tested;
-`TrialProcess` only carries the decision out: it starts the command under `guard.py` in a new
-session and stops its whole process tree with SIGTERM, a grace period, then SIGKILL.
+`sweep.process` carries the decision out.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
-import signal
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from sweep import protocol
 from sweep.config import TrainerSection
-
-GUARD = Path(__file__).with_name("guard.py")
 
 # sweep's own accelerate config: one process, no distribution, so a user's
 # default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
@@ -161,92 +151,3 @@ def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:
         stale.unlink(missing_ok=True)
     paths.params.write_text(json.dumps(dict(params), indent=2) + "\n")
     paths.command.write_text("#!/bin/sh\n" + plan.command_line() + "\n")
-
-
-class TrialProcess:
-    """One running trial: its guard, launcher and trainer in one new process group.
-
-    `on_exit` is called from a waiter thread when the process ends (to wake the driver).
-    """
-
-    def __init__(
-        self, plan: LaunchPlan, grace: float, on_exit: Callable[[], None] = lambda: None
-    ) -> None:
-        self.plan = plan
-        read_end, self._lifeline = os.pipe()
-        try:
-            with open(plan.paths.stdout, "wb") as out, open(plan.paths.stderr, "wb") as err:
-                self._popen = subprocess.Popen(
-                    [sys.executable, str(GUARD), str(read_end), str(grace), "--", *plan.argv],
-                    env={**os.environ, **plan.env},
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, pass_fds=(read_end,),
-                )
-        except BaseException:
-            os.close(self._lifeline)
-            raise
-        finally:
-            os.close(read_end)
-        self.pid = self._popen.pid
-        self.started = time.time()
-        self.exit_code: int | None = None
-        self._seen_pids: set[int] = {self.pid}
-        self._on_exit = on_exit
-        self._done = threading.Event()
-        threading.Thread(target=self._wait, daemon=True).start()
-
-    def _wait(self) -> None:
-        code = self._popen.wait()
-        self.exit_code = 128 - code if code < 0 else code
-        self._on_exit()
-        self._done.set()  # after on_exit: once `running` is False, the callback has run
-
-    @property
-    def running(self) -> bool:
-        return not self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the process to end; True if it did."""
-        return self._done.wait(timeout)
-
-    def tree_pids(self) -> set[int]:
-        """The pids of the trial's live processes (also remembered for `seen_pids`)."""
-        try:
-            root = psutil.Process(self.pid)
-            pids = {self.pid, *(c.pid for c in root.children(recursive=True))}
-        except psutil.Error:
-            pids = set()
-        self._seen_pids |= pids
-        return pids
-
-    @property
-    def seen_pids(self) -> set[int]:
-        """Every pid ever seen in the trial's tree (to recognise its GPU processes)."""
-        return set(self._seen_pids)
-
-    def signal(self, sig: int) -> None:
-        """Send `sig` to the process group and to any descendant that left it."""
-        pids = self.tree_pids()
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in pids - {self.pid}:
-            try:
-                if os.getpgid(pid) != self.pid:
-                    os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def terminate(self) -> None:
-        self.signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def close(self) -> None:
-        """After the guard exited: kill any straggler of the group and close the lifeline."""
-        self.kill()
-        if self._lifeline >= 0:
-            os.close(self._lifeline)
-            self._lifeline = -1

@@ -11,12 +11,13 @@ import csv
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from sweep.nvml import GpuReading
+from sweep.pool import Pool
 
 SAMPLE_COLUMNS = [
     "time", "gpu", "trials", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb", "power_w",
@@ -86,24 +87,25 @@ def trial_memory_mb(processes: dict[int, float | None], pids: Iterable[int]) -> 
     return sum(used) if used else None  # type: ignore[arg-type]
 
 
-@dataclass
 class Monitor:
-    """A sampler thread over `devices`, writing `csv_path` every `interval` seconds.
+    """A sampler thread over the devices of `pool`, writing `csv_path` every `interval` s.
 
-    The driver calls `trial_started` / `trial_finished`; `pids_of(trial)` gives a trial's
-    process tree, to attribute per-process memory when NVML shows the pids.
+    Which trial holds which device comes from the pool (the one map of it), and so do the
+    trials' process trees. The driver calls `trial_started` / `trial_finished` around a trial.
     """
 
-    reader: Reader
-    devices: list[int]
-    csv_path: Path
-    interval: float = 1.0
-    pids_of: Callable[[int], set[int]] = lambda trial: set()
-    _usage: dict[int, TrialUsage] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    latest: dict[int, GpuReading] = field(default_factory=dict)
+    def __init__(
+        self, reader: Reader, pool: Pool, csv_path: Path, interval: float = 1.0
+    ) -> None:
+        self.reader = reader
+        self.pool = pool
+        self.csv_path = csv_path
+        self.interval = interval
+        self.latest: dict[int, GpuReading] = {}
+        self._usage: dict[int, TrialUsage] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def create_csv(self) -> None:
         """Create the samples file with its header, unless an earlier run left one."""
@@ -124,42 +126,40 @@ class Monitor:
             self._thread.join(timeout=10)
 
     def trial_started(self, trial: int, gpu: int) -> None:
+        usage = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
         with self._lock:
-            self._usage[trial] = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
+            self._usage[trial] = usage
 
-    def trial_finished(self, trial: int) -> dict[str, float]:
-        """Stop following `trial`; its aggregates (NaN where nothing was measured)."""
+    def trial_finished(self, trial: int, shared: bool) -> dict[str, float]:
+        """Stop following `trial`; its aggregates (NaN where nothing was measured).
+
+        `shared`: another trial held the device at some point (the pool's lease says), so the
+        device's energy is not this trial's alone and is not given.
+        """
         with self._lock:
             usage = self._usage.pop(trial, None)
         if usage is None:
             return {}
-        sharing = sum(1 for u in self._usage.values() if u.gpu == usage.gpu)
-        # A device's energy belongs to one trial only when no other trial shared it.
-        end = self.reader.energy_mj(usage.gpu) if sharing == 0 else None
-        return usage.stats(end)
+        return usage.stats(None if shared else self.reader.energy_mj(usage.gpu))
 
     def sample_once(self, now: float | None = None) -> list[list[object]]:
         """Take one sample of every device, update the trials' aggregates, append the rows."""
         now = time.time() if now is None else now
-        with self._lock:
-            holders: dict[int, list[int]] = {d: [] for d in self.devices}
-            for trial, usage in self._usage.items():
-                holders.setdefault(usage.gpu, []).append(trial)
         rows: list[list[object]] = []
-        for gpu in self.devices:
+        for gpu, leases in self.pool.holders().items():
             reading = self.reader.read(gpu)
             self.latest[gpu] = reading
-            trials = sorted(holders.get(gpu, []))
-            if trials:
-                processes = self.reader.compute_processes(gpu)
+            processes = self.reader.compute_processes(gpu) if leases else {}
+            for lease in leases:
+                pids = lease.process.tree_pids() if lease.process and processes else set()
+                mem = trial_memory_mb(processes, pids) if pids else None
                 with self._lock:
-                    for trial in trials:
-                        mem = trial_memory_mb(processes, self.pids_of(trial)) if processes else None
-                        if trial in self._usage:
-                            self._usage[trial].add(reading, mem)
+                    if lease.trial in self._usage:
+                        self._usage[lease.trial].add(reading, mem)
             rows.append([
-                round(now, 3), gpu, ";".join(map(str, trials)), reading.util_gpu,
-                reading.util_mem, reading.mem_used_mb, reading.mem_total_mb, reading.power_w,
+                round(now, 3), gpu, ";".join(str(t) for t in sorted(x.trial for x in leases)),
+                reading.util_gpu, reading.util_mem, reading.mem_used_mb, reading.mem_total_mb,
+                reading.power_w,
             ])
         with open(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerows(rows)

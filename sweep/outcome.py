@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +17,6 @@ _OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
     r"CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory",
 )
-INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -61,25 +62,33 @@ def judge(
     stderr: str,
     result_text: str | None,
     metrics: list[str],
-    stopped: str | None = None,
+    stop: str | None = None,
+    timeout: float | None = None,
+    last_report: tuple[int, float] | None = None,
 ) -> Outcome:
     """Decide a trial from what it left behind.
 
-    `exit_code` is the guard's (the launcher's); `stopped` is why the driver stopped it, if it
-    did ("interrupted", "timeout after 60 s"). Order matters: a stop the driver caused explains
-    the exit code; out-of-memory explains a crash; a crash explains a missing result.
+    `exit_code` is the command's; `stop` is why the driver stopped the trial, if it did
+    (`sweep.process.Stop`: "pruned", "timeout", "interrupted", "driver error"), and
+    `timeout` the limit that a "timeout" stop enforced. Order matters: a stop the driver caused
+    explains the exit (a pruned trial is PRUNED with its last reported value); a clean exit
+    with a valid result is COMPLETE, whatever stderr says; out-of-memory explains a crash; a
+    crash explains a missing result.
     """
     trainer_stderr, trainer_code = split_launcher_traceback(stderr)
     code = trainer_code if trainer_code is not None else exit_code
-    if stopped is not None:
-        return Outcome(FAIL, fail_reason=stopped, exit_code=code)
-    if _OOM.search(trainer_stderr):
-        line = next(
-            (ln.strip() for ln in reversed(trainer_stderr.splitlines()) if _OOM.search(ln)), ""
-        )
-        return Outcome(FAIL, fail_reason=f"out of memory: {last_line(line)}", exit_code=code,
-                       oom=True)
+    if stop == "pruned":
+        values = [last_report[1]] if last_report is not None else None
+        return Outcome(PRUNED, values=values, exit_code=code)
+    if stop == "timeout":
+        return Outcome(FAIL, fail_reason=f"timeout after {timeout or 0:g} s", exit_code=code)
+    if stop is not None:
+        return Outcome(FAIL, fail_reason=str(stop), exit_code=code)
     if code != 0:
+        oom = _oom_line(trainer_stderr)
+        if oom is not None:
+            return Outcome(FAIL, fail_reason=f"out of memory: {last_line(oom)}", exit_code=code,
+                           oom=True)
         detail = last_line(trainer_stderr) or "no stderr"
         return Outcome(FAIL, fail_reason=f"exit code {code}: {detail}", exit_code=code)
     if result_text is None:
@@ -93,13 +102,27 @@ def judge(
     return Outcome(COMPLETE, values=values, exit_code=code, extras=extras)
 
 
-def read_text(path: Path, tail_bytes: int | None = None) -> str | None:
-    """A file's text (only its last `tail_bytes` if given), or None if it does not exist."""
+def _oom_line(stderr: str) -> str | None:
+    """The last line of `stderr` that reports running out of device memory, if any."""
+    for line in reversed(stderr.splitlines()):
+        if _OOM.search(line):
+            return line.strip()
+    return None
+
+
+def read_text(path: Path, tail_bytes: int | None = None, limit: int = 1 << 20) -> str | None:
+    """A regular file's text (its last `tail_bytes`, else at most `limit` bytes), or None.
+
+    Never blocks: a FIFO, a device or a directory in the file's place reads as None.
+    """
     try:
-        with open(path, "rb") as f:
-            if tail_bytes is not None:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - tail_bytes))
-            return f.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if tail_bytes is not None:
+            f.seek(max(0, info.st_size - tail_bytes))
+        return f.read(tail_bytes or limit).decode("utf-8", errors="replace")

@@ -8,8 +8,10 @@ simulated devices named 0..N-1 (tests, laptops); everything else behaves the sam
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 from sweep.errors import UsageError
 from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
@@ -87,7 +89,7 @@ def select(devices: Sequence[Device], ids: str | Sequence[int], file: str = "") 
     """The devices of `gpus.ids` ("all" or a list of indices), which must all be in the pool."""
     if not devices:
         raise UsageError("the GPU pool is empty (CUDA_VISIBLE_DEVICES hides every device)")
-    if ids == "all":
+    if isinstance(ids, str):  # "all"
         return list(devices)
     by_index = {d.index: d for d in devices}
     missing = [i for i in ids if i not in by_index]
@@ -104,17 +106,34 @@ def pick_device(load: Mapping[int, int], capacity: int, excluded: set[int]) -> i
     return min(candidates)[1] if candidates else None
 
 
+class PidSource(Protocol):
+    """A trial's process tree, as the monitor needs it (`sweep.process.TrialProcess`)."""
+
+    def tree_pids(self) -> set[int]: ...
+
+
 @dataclass
+class Lease:
+    """One trial on one device. `shared` turns true once another trial held the device too."""
+
+    trial: int
+    device: int
+    shared: bool = False
+    process: PidSource | None = None
+
+
 class Pool:
-    """Leases devices to trials: at most `capacity` trials per device at a time."""
+    """The one map of which trial holds which device: at most `capacity` trials per device.
 
-    devices: list[Device]
-    capacity: int = 1
-    holders: dict[int, set[int]] = field(default_factory=dict)
-    quarantined: dict[int, str] = field(default_factory=dict)
+    The driver leases and releases; the monitor's thread reads `holders()`.
+    """
 
-    def __post_init__(self) -> None:
-        self.holders = {d.index: set() for d in self.devices}
+    def __init__(self, devices: list[Device], capacity: int = 1) -> None:
+        self.devices = devices
+        self.capacity = capacity
+        self.quarantined: dict[int, str] = {}
+        self._leases: dict[int, Lease] = {}
+        self._lock = threading.Lock()
 
     @property
     def slots(self) -> int:
@@ -124,21 +143,53 @@ class Pool:
     def has_free(self) -> bool:
         return self._pick() is not None
 
+    def free_device(self) -> int | None:
+        """The device the next lease would get (None: every usable device is full)."""
+        return self._pick()
+
     def _pick(self) -> int | None:
-        load = {i: len(trials) for i, trials in self.holders.items()}
+        load = {d.index: 0 for d in self.devices}
+        for lease in self._leases.values():
+            load[lease.device] += 1
         return pick_device(load, self.capacity, set(self.quarantined))
 
-    def lease(self, trial: int) -> int:
-        """Give `trial` a device; raises RuntimeError when none is free (check has_free)."""
-        index = self._pick()
-        if index is None:
-            raise RuntimeError("no free device")
-        self.holders[index].add(trial)
+    def lease(self, trial: int, device: int | None = None) -> int:
+        """Give `trial` a device (`device`, or the one `free_device` names); raises
+        RuntimeError when it has no room."""
+        with self._lock:
+            index = self._pick() if device is None else device
+            if index is None or sum(x.device == index for x in self._leases.values()) >= (
+                self.capacity
+            ):
+                raise RuntimeError("no free device")
+            lease = Lease(trial, index)
+            for other in self._leases.values():
+                if other.device == index:
+                    other.shared = lease.shared = True
+            self._leases[trial] = lease
         return index
 
-    def release(self, trial: int) -> None:
-        for trials in self.holders.values():
-            trials.discard(trial)
+    def attach(self, trial: int, process: PidSource) -> None:
+        """Name the process tree of `trial`, for the monitor's per-process memory."""
+        with self._lock:
+            if trial in self._leases:
+                self._leases[trial].process = process
+
+    def lease_of(self, trial: int) -> Lease | None:
+        return self._leases.get(trial)
+
+    def release(self, trial: int) -> Lease | None:
+        """Free the device of `trial`; its lease, or None if it held none."""
+        with self._lock:
+            return self._leases.pop(trial, None)
+
+    def holders(self) -> dict[int, list[Lease]]:
+        """Each device's leases now (a copy, safe to read from another thread)."""
+        with self._lock:
+            out: dict[int, list[Lease]] = {d.index: [] for d in self.devices}
+            for lease in self._leases.values():
+                out.setdefault(lease.device, []).append(lease)
+            return out
 
     def quarantine(self, index: int, reason: str) -> None:
         """Take a device out of the pool for the rest of the run."""

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from sweep.driver import Driver, Events, Finished, Running
+from sweep.events import Events, Finished, Started
 
 if TYPE_CHECKING:
+    from sweep.driver import Driver
     from sweep.monitor import Monitor
 
 
@@ -48,12 +50,12 @@ class Progress(Events):
         if self.live is not None:
             self.live.__exit__(None, None, None)
 
-    def started(self, run: Running) -> None:
+    def started(self, trial: Started) -> None:
         self._changed = True
-        self.console.print(
-            f"[cyan]trial {run.number}[/] started on GPU {run.gpu}: {_params(run.params)}",
-            highlight=False,
-        )
+        self.console.print(Text.assemble(
+            (f"trial {trial.number}", "cyan"),
+            f" started on GPU {trial.gpu}: {_params(trial.params)}",
+        ))
 
     def finished(self, done: Finished) -> None:
         self._changed = True
@@ -62,14 +64,13 @@ class Progress(Events):
         if done.state == "PRUNED":
             values = f"pruned at {values}"
         detail = values or (done.fail_reason or "")
-        self.console.print(
-            f"[{colour}]trial {done.number} {done.state}[/] on GPU {done.gpu} "
-            f"in {done.seconds:.1f} s: {detail}",
-            highlight=False,
-        )
+        self.console.print(Text.assemble(
+            (f"trial {done.number} {done.state}", colour),
+            f" on GPU {done.gpu} in {done.seconds:.1f} s: {detail}",
+        ))
 
     def message(self, text: str) -> None:
-        self.console.print(f"[yellow]{text}[/]", highlight=False)
+        self.console.print(Text(text, style="yellow"))
 
     def tick(self, driver: Driver) -> None:
         if self.live is None:
@@ -81,35 +82,34 @@ class Progress(Events):
 
     def render(self, driver: Driver) -> Group:
         """The live view: budget, best value, and each GPU with its trial and load."""
-        study, spec = driver.study, driver.spec
-        try:
-            best = study.best_trials if len(study.directions) > 1 else [study.best_trial]
-            self.best = "; ".join(
-                f"#{t.number} {', '.join(_fmt(v) for v in t.values)}" for t in best[:3]
-            )
-        except ValueError:
-            pass
-        head = (
-            f"[bold]{spec.study.name}[/]: {driver.count_finished()}/{spec.study.n_trials} "
-            f"finished, {len(driver.running)} running, best {self.best}"
+        spec = driver.spec
+        best = driver.store.best()
+        if best:
+            self.best = "; ".join(f"#{n} {', '.join(_fmt(v) for v in values)}"
+                                  for n, values in best)
+        counts = driver.store.counts()
+        head = Text.assemble(
+            (spec.study.name, "bold"),
+            f": {counts.finished}/{spec.study.n_trials} finished, {len(driver.running)} "
+            f"running, best {self.best}",
         )
         table = Table(box=None, pad_edge=False)
         for col in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
             table.add_column(col)
         now = time.time()
         for device in driver.pool.devices:
-            runs = [r for r in driver.running.values() if r.gpu == device.index]
+            runs = [r for r in driver.running.values() if r.device == device.index]
             reading = self.monitor.latest.get(device.index) if self.monitor else None
             util = _fmt(reading.util_gpu) if reading else "-"
             mem = _fmt(reading.mem_used_mb) if reading else "-"
             if device.index in driver.pool.quarantined:
                 table.add_row(str(device.index), "[red]out of pool[/]", "", util, mem, "")
-            for r in runs or [None]:
+            for r in runs or [None]:  # type: ignore[list-item]
                 if r is None:
                     table.add_row(str(device.index), "[dim]idle[/]", "", util, mem, "")
                 else:
                     table.add_row(
                         str(device.index), str(r.number), f"{now - r.process.started:.0f} s",
-                        util, mem, _params(r.params),
+                        util, mem, Text(_params(r.params)),
                     )
         return Group(head, table)

@@ -86,7 +86,7 @@ def should_stop() -> bool:
 
     The first call installs a SIGTERM handler, so call it once early (e.g. before training).
     After it, SIGTERM no longer kills the process: save a checkpoint and exit within the
-    grace period (`trainer.grace_period`), or the driver sends SIGKILL.
+    grace period (`trainer.stop_grace`), or the driver sends SIGKILL.
     """
     if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
         signal.signal(signal.SIGTERM, _on_sigterm)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweep import config
+from sweep import config, store
 from sweep.config import Spec
 from sweep.errors import UsageError
 
@@ -46,7 +46,7 @@ class Summary:
 
 def load(study_file: str | Path) -> Summary:
     """Read a study file's study and samples; raise UsageError if it has not run yet."""
-    spec = config.load(study_file)
+    spec = config.load(study_file, runnable=False)
     study = _load_study(spec)
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir / "gpu_samples.csv")
@@ -91,12 +91,15 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         else:
             row["value"] = values[0]
         row.update({f"params_{k}": v for k, v in t.params.items()})
+        owner = t.user_attrs.get(store.OWNER) or {}
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
+        if row["gpu"] is None:  # a running trial: its place is in the owner record
+            row["gpu"] = owner.get("gpu")
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
-        row["host"] = t.user_attrs.get("host")
+        row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:

@@ -11,23 +11,35 @@ from conftest import load_trials, run_cli
 from sweep import summary
 from sweep.monitor import Monitor, NoReader
 from sweep.nvml import Nvml
+from sweep.pool import Pool, fake_devices
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
+
+
+class Pids:
+    def __init__(self, pids: set[int]) -> None:
+        self.pids = pids
+
+    def tree_pids(self) -> set[int]:
+        return self.pids
 
 
 def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_path):
     gpus = [FakeGpu(uuid="GPU-a", energy_mj=1_000_000), FakeGpu(uuid="GPU-b", power_mw=None)]
     fake_pynvml.install(monkeypatch, gpus)
     nvml = Nvml()
-    monitor = Monitor(nvml, [0, 1], tmp_path / "samples.csv", pids_of=lambda t: {111, 112})
+    devices = Pool(fake_devices("2"))
+    monitor = Monitor(nvml, devices, tmp_path / "samples.csv")
     monitor.create_csv()  # no thread: the test samples by hand
+    devices.lease(7)
+    devices.attach(7, Pids({111, 112}))
     monitor.trial_started(7, 0)
     for t, (util, used) in enumerate([(10, 1), (90, 3), (50, 2)]):
         gpus[0].util_gpu = util
         gpus[0].processes = [(111, used * 2**30), (999, 5 * 2**30)]  # 999 is not the trial's
         monitor.sample_once(now=1000.0 + t)
     gpus[0].energy_mj = 1_250_000
-    stats = monitor.trial_finished(7)
+    stats = monitor.trial_finished(7, shared=False)
     assert stats["gpu_util_mean"] == pytest.approx(50)
     assert stats["gpu_util_max"] == 90
     assert stats["gpu_mem_peak_mb"] == pytest.approx(3 * 1024)
@@ -43,11 +55,13 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
 
 
 def test_without_nvml_figures_are_nan_but_holders_are_recorded(tmp_path):
-    monitor = Monitor(NoReader(), [0], tmp_path / "s.csv")
+    devices = Pool(fake_devices("1"))
+    monitor = Monitor(NoReader(), devices, tmp_path / "s.csv")
     monitor.create_csv()
+    devices.lease(3)
     monitor.trial_started(3, 0)
     monitor.sample_once(now=5.0)
-    stats = monitor.trial_finished(3)
+    stats = monitor.trial_finished(3, shared=False)
     assert all(math.isnan(v) for v in stats.values())
     samples = summary.read_samples(tmp_path / "s.csv")
     assert list(samples["trials"]) == ["3"] and samples["util_gpu"].isna().all()
@@ -105,15 +119,15 @@ def test_a_gpu_still_holding_a_trials_process_is_cleaned_then_quarantined(monkey
     import subprocess
     import sys
 
-    from sweep import launch
+    from sweep import process
 
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     gpus = [FakeGpu(uuid="GPU-a", processes=[(leftover.pid, 2**30)]), FakeGpu(uuid="GPU-b")]
     fake_pynvml.install(monkeypatch, gpus)
-    real_seen = launch.TrialProcess.seen_pids
-    monkeypatch.setattr(launch.TrialProcess, "seen_pids", property(
+    real_seen = process.TrialProcess.seen_pids
+    monkeypatch.setattr(process.TrialProcess, "seen_pids", property(
         lambda self: real_seen.fget(self) | {leftover.pid}))
     study = write_study(study={"n_trials": 4})
     try:

@@ -112,7 +112,7 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     import optuna
 
     from sweep import config
-    from sweep.driver import open_storage, open_study
+    from sweep.store import open_storage, open_study
 
     data = study_dict(study={"n_trials": 2, "heartbeat_interval": 1, "grace_period": 1})
     study_file = write_study(data)

@@ -30,6 +30,7 @@ class NVMLError(Exception):
     """As in pynvml: `NVMLError(code)` returns the matching subclass, `.value` is the code."""
 
     _valClassMapping: dict[int, type] = {}  # noqa: RUF012 (mirrors pynvml)
+    value: int
 
     def __new__(typ, value: int) -> NVMLError:
         if typ == NVMLError:

@@ -1,0 +1,133 @@
+"""A sweep put together: storage, pool, monitor and progress around the driver.
+
+`run` and `dry_run` are what `sweep run` does; the command line only parses and reports.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from sweep import config, launch
+from sweep.config import Spec
+from sweep.driver import Driver, RunResult
+from sweep.errors import UsageError
+from sweep.monitor import Monitor, NoReader, Reader
+from sweep.nvml import Nvml, NvmlUnavailable
+from sweep.pool import Device, Pool
+from sweep.progress import Progress
+from sweep.store import FINISHED, Owner, Store, open_storage, open_study
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def open_store(spec: Spec) -> Store:
+    """The study in its storage, opened by this process; an unreachable database is a usage
+    error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        study = open_study(spec, open_storage(spec))
+    except SQLAlchemyError as e:
+        raise UsageError(f"{spec.source}: study.storage: cannot open {_shown(spec)}: "
+                         f"{_cause(e)}") from None
+    return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
+                 grid=spec.study.sampler.type == "grid")
+
+
+def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
+    """What the monitor reads devices with: NVML, or nothing for a simulated pool."""
+    if not devices or devices[0].simulated:
+        return NoReader(), None
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable:
+        return NoReader(), None
+    return nvml, nvml
+
+
+def run(spec: Spec, devices: list[Device], console: Console | None = None) -> RunResult:
+    """Run or continue the study to its budget on `devices`, with live progress."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = open_store(spec)
+    lease = Pool(devices, spec.gpus.trials_per_gpu)
+    reader, nvml = nvml_reader(devices)
+    monitor = Monitor(reader, lease, spec.output_dir / "gpu_samples.csv",
+                      spec.gpus.sample_interval)
+    try:
+        with Progress(console, monitor) as progress:
+            return Driver(spec, store, lease, monitor, progress).run()
+    finally:
+        if nvml is not None:
+            nvml.close()
+
+
+def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
+    """The commands of the next trials `run` would start, sampled in memory from a copy of the
+    stored study (if there is one). Writes nothing, to storage or to disk."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        sampler=config.build_sampler(spec), directions=spec.study.objective_directions)
+    for trial in _stored_trials(spec):
+        study.add_trial(trial)
+    for params in spec.study.enqueue:
+        study.enqueue_trial(params, skip_if_exists=True)
+    trials = study.get_trials(deepcopy=False)
+    started = sum(1 for t in trials if t.state in FINISHED or t.state.name == "RUNNING")
+    lease = Pool(devices, spec.gpus.trials_per_gpu)
+    n = max(0, min(lease.slots, spec.study.n_trials - started))
+    lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
+             f"running in storage; params sampled in memory)"]
+    dists = config.distributions(spec)
+    for _ in range(n):
+        trial = study.ask(dists)
+        gpu = lease.lease(trial.number)
+        plan = launch.build_launch(
+            spec.trainer, trial.number, {**trial.params, **spec.fixed}, gpu,
+            launch.TrialPaths.of(spec.output_dir, trial.number),
+            spec.output_dir / "accelerate_config.yaml",
+        )
+        lines.append(plan.command_line())
+    return lines
+
+
+def _stored_trials(spec: Spec) -> list[Any]:
+    """The study's trials in storage, read without creating anything; [] if there are none."""
+    import optuna
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = make_url(spec.storage_url)
+    if url.get_backend_name() == "sqlite" and (
+        not url.database or not Path(url.database).exists()
+    ):
+        return []
+    try:
+        storage = optuna.storages.RDBStorage(spec.storage_url, skip_table_creation=True)
+        study = optuna.load_study(study_name=spec.study.name, storage=storage)
+    except KeyError:
+        return []
+    except SQLAlchemyError as e:
+        raise UsageError(f"{spec.source}: study.storage: cannot read {_shown(spec)}: "
+                         f"{_cause(e)}") from None
+    return study.get_trials(deepcopy=False)
+
+
+def _shown(spec: Spec) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(spec.storage_url).render_as_string(hide_password=True)
+
+
+def _cause(e: Exception) -> str:
+    return str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+

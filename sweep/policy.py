@@ -1,0 +1,123 @@
+"""The run's decisions, with no side effects: may another trial start, what follows a verdict,
+what a signal means, and the exit code.
+
+The driver feeds it counts from storage and verdicts from `outcome`, and carries out what it
+says. Everything here is decided from its arguments and its own small state, so it is tested
+in microseconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from sweep.config import Spec
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The study's trials as storage has them, every driver's included."""
+
+    finished: int  # COMPLETE or PRUNED
+    running: int
+    grid_started: int = 0  # distinct grid points started (grid sampler only)
+
+
+@dataclass(frozen=True)
+class Followup:
+    """What follows a verdict: run the same params again, and/or stop starting trials."""
+
+    retry: bool = False
+    give_up: str | None = None
+
+
+class OnSignal(enum.Enum):
+    STOP_ALL = "stop every trial with its grace period"
+    KILL_ALL = "kill every trial at once"
+
+
+@dataclass
+class Policy:
+    """Budget, `study.timeout`, failure streak, retries and signals of one run."""
+
+    n_trials: int
+    max_consecutive_failures: int = 5
+    max_retries: int = 0
+    retry_oom: bool = False
+    deadline: float | None = None  # when `study.timeout` ends, on the driver's clock
+    timeout: float | None = None
+    grid_size: int | None = None
+    streak: int = 0
+    signals: int = 0
+    stop_reason: str | None = None
+    gave_up: bool = False
+
+    @classmethod
+    def of(cls, spec: Spec, grid_size: int | None, now: float) -> Policy:
+        study, trainer = spec.study, spec.trainer
+        return cls(
+            n_trials=study.n_trials,
+            max_consecutive_failures=study.max_consecutive_failures,
+            max_retries=trainer.max_retries,
+            retry_oom=trainer.retry_oom,
+            deadline=now + study.timeout if study.timeout else None,
+            timeout=study.timeout,
+            grid_size=grid_size,
+        )
+
+    def stop_starting(self, reason: str) -> bool:
+        """No new trials from now on; True if this is the first reason given."""
+        if self.stop_reason is not None:
+            return False
+        self.stop_reason = reason
+        return True
+
+    def check_clock(self, now: float) -> str | None:
+        """The reason to stop starting trials if `study.timeout` has just run out."""
+        if self.deadline is not None and now >= self.deadline and self.stop_reason is None:
+            reason = f"study.timeout of {self.timeout:g} s reached"
+            self.stop_starting(reason)
+            return reason
+        return None
+
+    def room(self, counts: Counts) -> int:
+        """How many more trials may start now (0 once stopped, the budget or the grid met)."""
+        if self.stop_reason is not None:
+            return 0
+        left = self.n_trials - counts.finished - counts.running
+        if self.grid_size is not None:
+            left = min(left, self.grid_size - counts.grid_started)
+        return max(0, left)
+
+    def on_signal(self) -> OnSignal:
+        """Ctrl-C or SIGTERM: the first stops trials gently, any further one kills them."""
+        self.signals += 1
+        self.stop_starting("interrupted")
+        return OnSignal.STOP_ALL if self.signals == 1 else OnSignal.KILL_ALL
+
+    def after(
+        self, state: str, attempt: int, oom: bool = False, interrupted: bool = False,
+        fail_reason: str | None = None,
+    ) -> Followup:
+        """What follows a trial told `state` (COMPLETE, PRUNED or FAIL) on its `attempt`."""
+        if state != "FAIL":
+            self.streak = 0
+            return Followup()
+        if interrupted:
+            return Followup()
+        retry = attempt < self.max_retries and (self.retry_oom or not oom)
+        self.streak += 1
+        if self.streak < self.max_consecutive_failures:
+            return Followup(retry=retry)
+        reason = (f"stopped after {self.max_consecutive_failures} failed trials in a row "
+                  f"(last: {fail_reason})")
+        self.gave_up = True
+        self.stop_starting(reason)
+        return Followup(retry=retry, give_up=reason)
+
+    def exit_code(self) -> int:
+        if self.signals:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.gave_up else EXIT_OK

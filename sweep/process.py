@@ -1,0 +1,324 @@
+"""A running trial: its process (spawned under `guard.py`) and its stop escalation.
+
+`TrialProcess` is the one place that spawns a trial; `RunningTrial` carries what the driver
+knows of one trial while it runs and decides, from an injected clock, when to stop it. The
+TERM -> grace -> KILL escalation itself runs in the trial's guard, so it keeps its timing even
+while the driver is busy, and also when the driver is gone.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from sweep import guard
+from sweep.launch import LaunchPlan
+from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+
+GUARD = Path(guard.__file__)
+# How long past its grace period a guard may take to end the tree before the driver kills it.
+GUARD_MARGIN = 2.0
+
+
+class Stop(str, enum.Enum):
+    """Why the driver stopped a trial (the first reason wins)."""
+
+    PRUNED = "pruned"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    DRIVER_ERROR = "driver error"
+
+
+class Process(Protocol):
+    """What the driver needs of a trial's process (`TrialProcess`, or a fake in tests)."""
+
+    plan: LaunchPlan
+    pid: int
+    started: float
+
+    @property
+    def exit_code(self) -> int | None: ...  # the command's, once it exited
+    @property
+    def command_exited(self) -> bool: ...
+    @property
+    def ended(self) -> bool: ...  # the command and everything it started are gone
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def force_kill(self) -> None: ...
+    def tree_pids(self) -> set[int]: ...
+    @property
+    def seen_pids(self) -> set[int]: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def close(self) -> None: ...
+
+
+Spawn = Callable[[LaunchPlan, float, Callable[[], None]], Process]
+
+
+class TrialProcess:
+    """One trial's guard, launcher and trainer, in a new session.
+
+    `on_change` is called from a reader thread when the command exits and when the whole tree
+    has ended (to wake the driver).
+    """
+
+    def __init__(
+        self, plan: LaunchPlan, grace: float, on_change: Callable[[], None] = lambda: None
+    ) -> None:
+        self.plan = plan
+        control_r, self._control = os.pipe()
+        status_r, status_w = os.pipe()
+        argv = [sys.executable, str(GUARD), str(control_r), str(status_w), str(grace), "--"]
+        try:
+            with open(plan.paths.stdout, "wb") as out, open(plan.paths.stderr, "wb") as err:
+                self._popen = subprocess.Popen(
+                    [*argv, *plan.argv], env={**os.environ, **plan.env},
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, pass_fds=(control_r, status_w),
+                )
+        except BaseException:
+            os.close(self._control)
+            os.close(status_r)
+            raise
+        finally:
+            os.close(control_r)
+            os.close(status_w)
+        self.pid = self._popen.pid
+        self.started = time.time()
+        self._exit_code: int | None = None
+        self._exited = threading.Event()
+        self._ended = threading.Event()
+        self._seen_pids: set[int] = {self.pid}
+        self._on_change = on_change
+        threading.Thread(target=self._follow, args=(status_r,), daemon=True).start()
+
+    def _follow(self, status_fd: int) -> None:
+        with os.fdopen(status_fd, "rb", buffering=0) as status:
+            for line in status:
+                if line.startswith(b"exit ") and not self._exited.is_set():
+                    self._exit_code = int(line.split()[1])
+                    self._exited.set()
+                    self._on_change()
+        code = self._popen.wait()
+        if self._exit_code is None:  # the guard itself died (killed with the group)
+            self._exit_code = 128 - code if code < 0 else code
+        self._exited.set()
+        self._ended.set()
+        self._on_change()  # after both events: once `ended` is true, the callback has run
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    @property
+    def command_exited(self) -> bool:
+        return self._exited.is_set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the whole tree to end; True if it did."""
+        return self._ended.wait(timeout)
+
+    def _tell_guard(self, command: bytes) -> None:
+        try:
+            os.write(self._control, command)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """Ask the guard to stop the tree: SIGTERM, its grace period, SIGKILL."""
+        self._tell_guard(guard.STOP)
+
+    def kill(self) -> None:
+        """Ask the guard to SIGKILL the tree at once."""
+        self._tell_guard(guard.KILL)
+
+    def force_kill(self) -> None:
+        """SIGKILL the guard's group and every process of the tree seen, from here."""
+        pids = self.tree_pids() | self._seen_pids
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for pid in pids - {self.pid}:
+            _kill_if_ours(pid, self.plan.paths.dir)
+
+    def tree_pids(self) -> set[int]:
+        """The pids of the trial's live processes (also remembered in `seen_pids`)."""
+        try:
+            root = psutil.Process(self.pid)
+            pids = {self.pid, *(c.pid for c in root.children(recursive=True))}
+        except psutil.Error:
+            pids = set()
+        self._seen_pids |= pids
+        return pids
+
+    @property
+    def seen_pids(self) -> set[int]:
+        """Every pid ever seen in the trial's tree (to recognise its GPU processes)."""
+        return set(self._seen_pids)
+
+    def close(self) -> None:
+        """Close the control pipe: a guard still running stops its tree."""
+        if self._control >= 0:
+            os.close(self._control)
+            self._control = -1
+
+
+def _kill_if_ours(pid: int, trial_dir: Path) -> None:
+    """SIGKILL `pid` if it is still a process of the trial in `trial_dir` (pids are reused)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):
+            proc.kill()
+    except psutil.Error:
+        pass
+
+
+def kill_pids(pids: set[int]) -> None:
+    """SIGKILL each of `pids` that still runs."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def kill_leftovers(trial_dir: str | Path) -> list[int]:
+    """SIGKILL every process of this user that runs for the trial in `trial_dir`.
+
+    For trials of a dead driver: its guards stop their trees by themselves, unless they were
+    killed too. Returns the pids killed.
+    """
+    killed = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):
+                proc.kill()
+                killed.append(proc.pid)
+        except psutil.Error:
+            continue
+    return killed
+
+
+@dataclass
+class RunningTrial:
+    """What the driver knows of one trial from its start until its processes are gone.
+
+    Its life: running -> (stopped: a `Stop` reason, the guard escalates) -> command exited
+    (judged and told) -> ended (the tree is gone; the device may be leased again).
+    """
+
+    trial: Any  # optuna.Trial: reports and pruning go through it
+    number: int
+    params: dict[str, Any]
+    device: int
+    attempt: int
+    origin: int
+    process: Process
+    grace: float
+    deadline: float | None = None  # trainer.timeout, on the driver's clock
+    reports: ReportReader | None = None
+    stop_reason: Stop | None = None
+    last_report: tuple[int, float] | None = None
+    judged: bool = False
+    cleanup_at: float | None = None  # when to look again at a device its processes still held
+    _force_at: float | None = field(default=None, repr=False)
+
+    def stop(self, reason: Stop, now: float) -> None:
+        """Stop the trial (SIGTERM, grace, SIGKILL in its guard); the first reason is kept."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self._force_at is None and not self.process.ended:
+            self.process.stop()
+            self._force_at = now + self.grace + GUARD_MARGIN
+
+    def kill(self, now: float) -> None:
+        """SIGKILL the whole tree now (a second Ctrl-C)."""
+        if not self.process.ended:
+            self.process.kill()
+            self._force_at = min(self._force_at or math.inf, now + GUARD_MARGIN)
+
+    def tick(self, now: float) -> None:
+        """Act on the deadlines that passed: the trial's timeout, a guard that is late."""
+        if self.process.ended:
+            return
+        if (self.deadline is not None and now >= self.deadline
+                and self.stop_reason is None and not self.process.command_exited):
+            self.stop(Stop.TIMEOUT, now)
+        if self._force_at is not None and now >= self._force_at:
+            self.process.force_kill()
+            self._force_at = now + GUARD_MARGIN
+
+    def judged_now(self, now: float) -> None:
+        """The command exited and the trial was told; its leftovers get the guard's grace."""
+        self.judged = True
+        if self._force_at is None:
+            self._force_at = now + self.grace + GUARD_MARGIN
+
+    @property
+    def follows_reports(self) -> bool:
+        return self.reports is not None and self.stop_reason is None and not self.judged
+
+    def next_wakeup(self) -> float | None:
+        """When `tick` next has something to do (None: only an event can change this trial)."""
+        if self.process.ended:
+            return self.cleanup_at
+        times = [self._force_at]
+        if self.stop_reason is None and not self.process.command_exited:
+            times.append(self.deadline)
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
+
+
+
+class WallClock:
+    """The driver's clock: monotonic time, and a wait that a process event or a signal cuts
+    short (`wake` may be called from any thread or a signal handler)."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._r, selectors.EVENT_READ)
+        self.waits = 0
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, timeout: float | None) -> None:
+        """Sleep until `timeout` s have passed (None: until woken) or `wake` is called."""
+        self.waits += 1
+        if self._selector.select(None if timeout is None else max(0.0, timeout)):
+            try:
+                os.read(self._r, 4096)
+            except BlockingIOError:
+                pass
+
+    def wake(self) -> None:
+        try:
+            os.write(self._w, b"x")
+        except OSError:  # full (a wake is pending anyway) or closed
+            pass
+
+    def close(self) -> None:
+        self._selector.close()
+        os.close(self._r)
+        os.close(self._w)

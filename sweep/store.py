@@ -1,0 +1,414 @@
+"""Every read and write of the Optuna study: the only module of the run that speaks to Optuna.
+
+It names the user attributes sweep stores, records who owns a running trial (before its
+trainer starts), and finds the trials whose driver is gone. The few private Optuna APIs sweep
+needs are in the shim at the bottom, covered by a contract test against the installed Optuna.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import optuna
+import psutil
+from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from sweep import config
+from sweep.config import CategoricalParam, FloatParam, IntParam, Spec
+from sweep.errors import UsageError
+from sweep.policy import Counts
+
+log = logging.getLogger("sweep")
+
+# User attributes of a trial. OWNER is written right after the trial's first heartbeat and
+# before its trainer starts: {"host", "pid", "started" (the driver's), "gpu", "dir"}.
+OWNER = "owner"
+GPU, HOST, ATTEMPT, RETRY_OF = "gpu", "host", "attempt", "retry_of"
+EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
+METRICS = "metrics"  # a study attribute: the result keys the objective values come from
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The driver process that runs a trial."""
+
+    host: str
+    pid: int
+    started: float  # the process's start time (epoch s): pids are reused
+
+    @classmethod
+    def me(cls, host: str) -> Owner:
+        proc = psutil.Process()
+        return cls(host, proc.pid, proc.create_time())
+
+    @classmethod
+    def of(cls, attrs: Mapping[str, Any]) -> Owner | None:
+        """The owner recorded in a trial's user attributes (also sweep 0.1's loose ones)."""
+        rec = attrs.get(OWNER)
+        if isinstance(rec, dict) and "host" in rec and "pid" in rec:
+            return cls(str(rec["host"]), int(rec["pid"]), float(rec.get("started") or 0))
+        if "host" in attrs and "driver_pid" in attrs:
+            return cls(str(attrs["host"]), int(attrs["driver_pid"]),
+                       float(attrs.get("driver_started") or 0))
+        return None
+
+    def alive(self) -> bool:
+        """Whether this driver process still runs (on this host)."""
+        try:
+            proc = psutil.Process(self.pid)
+            return not self.started or abs(proc.create_time() - self.started) < 1.0
+        except psutil.Error:
+            return False
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A trial just asked and owned: its params (searched ones) and its place in retries."""
+
+    trial: optuna.Trial
+    number: int
+    params: dict[str, Any]
+    attempt: int
+    origin: int  # the trial number this one retries, or its own
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A RUNNING trial whose driver is gone."""
+
+    trial: optuna.trial.FrozenTrial
+    reason: str
+    trial_dir: str | None  # set when its driver ran on this host: leftovers may be killed
+
+
+def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage with heartbeats on (the driver records them for its trials)."""
+    engine_kwargs: dict[str, Any] = {}
+    if spec.storage_url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    spec.storage_url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=spec.study.heartbeat_interval,
+                    grace_period=spec.study.reclaim_seconds,
+                )
+        except (IntegrityError, ProgrammingError):
+            # Drivers on several hosts creating the schema at once: one wins, the rest retry.
+            if attempt == 2:
+                raise
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
+def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """Create the study, or load it; its directions and metrics must match the file."""
+    directions = spec.study.objective_directions
+    metrics = spec.study.objective_metrics
+    study = optuna.create_study(
+        storage=storage,
+        study_name=spec.study.name,
+        sampler=config.build_sampler(spec),
+        pruner=config.build_pruner(spec),
+        directions=directions,
+        load_if_exists=True,
+    )
+    stored = [d.name.lower() for d in study.directions]
+    if stored != directions:
+        raise UsageError(
+            f"{spec.source}: study.direction: study {spec.study.name!r} in storage optimises "
+            f"{stored}, the file says {directions}; rename the study or fix the direction"
+        )
+    key = "study.metrics" if len(metrics) > 1 else "study.metric"
+    stored_metrics = study.user_attrs.get(METRICS)
+    if stored_metrics is not None and stored_metrics != metrics:
+        raise UsageError(
+            f"{spec.source}: {key}: study {spec.study.name!r} in storage optimises "
+            f"{stored_metrics}, the file says {metrics}; rename the study or fix the metric"
+        )
+    if stored_metrics is None:
+        study.set_user_attr(METRICS, metrics)
+    if len(directions) > 1 and not study.metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metrics)
+    return study
+
+
+def suggest(trial: optuna.Trial, name: str, param: FloatParam | IntParam | CategoricalParam) -> Any:
+    """One searched param through Optuna's public suggest API."""
+    if isinstance(param, FloatParam):
+        return trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, IntParam):
+        return trial.suggest_int(name, param.low, param.high, step=param.step, log=param.log)
+    return trial.suggest_categorical(name, param.choices)
+
+
+class Store:
+    """One study in its storage, as one driver (`owner`) sees it."""
+
+    def __init__(
+        self, study: optuna.Study, owner: Owner, reclaim_after: float, grid: bool = False
+    ) -> None:
+        self.study = study
+        self.owner = owner
+        self.reclaim_after = reclaim_after
+        self.grid = grid
+
+    # ---- asking -----------------------------------------------------------------------
+
+    def enqueue(self, params: Sequence[dict[str, Any]]) -> None:
+        """Queue trials to run first; params already queued or run are not queued again."""
+        for p in params:
+            self.study.enqueue_trial(p, skip_if_exists=True)
+
+    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int) -> None:
+        """Queue the same params again, as attempt `attempt` of trial `origin`."""
+        self.study.enqueue_trial(
+            dict(params), user_attrs={RETRY_OF: origin, ATTEMPT: attempt}, skip_if_exists=False
+        )
+
+    def ask(
+        self,
+        searched: Mapping[str, FloatParam | IntParam | CategoricalParam],
+        gpu: int,
+        trial_dir: Callable[[int], str],
+    ) -> Asked:
+        """A new trial, owned on record (heartbeat, then owner) before its params are sampled.
+
+        If sampling fails, the trial is told FAIL and the error raised.
+        """
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for optimize(); sweep records them itself.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        self.beat(trial)
+        record = {"host": self.owner.host, "pid": self.owner.pid,
+                  "started": self.owner.started, "gpu": gpu, "dir": trial_dir(trial.number)}
+        trial.set_user_attr(OWNER, record)
+        try:
+            params = {name: suggest(trial, name, p) for name, p in searched.items()}
+        except Exception as e:
+            self.tell_failed(trial, f"could not sample the params: {e}".splitlines()[0])
+            raise
+        attrs = trial.user_attrs
+        return Asked(trial, trial.number, params, int(attrs.get(ATTEMPT, 0)),
+                     int(attrs.get(RETRY_OF, trial.number)))
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def counts(self) -> Counts:
+        """Finished and running trials of every driver (and grid points started)."""
+        trials = self.study.get_trials(deepcopy=False)
+        finished = sum(1 for t in trials if t.state in FINISHED)
+        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        grid = 0
+        if self.grid:
+            grid = len({t.system_attrs.get("grid_id") for t in trials
+                        if t.state != TrialState.WAITING} - {None})
+        return Counts(finished, running, grid)
+
+    def best(self, k: int = 3) -> list[tuple[int, list[float]]]:
+        """The best trial (or up to `k` of the Pareto front) as (number, values)."""
+        try:
+            if len(self.study.directions) > 1:
+                best = self.study.best_trials[:k]
+            else:
+                best = [self.study.best_trial]
+        except ValueError:
+            return []
+        return [(t.number, list(t.values)) for t in best]
+
+    # ---- following and telling ---------------------------------------------------------
+
+    def report(self, trial: optuna.Trial, step: int, value: float) -> bool:
+        """Store an intermediate value; False if Optuna refuses it (the step is skipped)."""
+        try:
+            trial.report(value, step)
+        except (ValueError, OverflowError, TypeError) as e:
+            log.debug("trial %d: report (%r, %r) refused: %s", trial.number, step, value, e)
+            return False
+        return True
+
+    def should_prune(self, trial: optuna.Trial) -> bool:
+        return bool(trial.should_prune())
+
+    def tell(
+        self, trial: optuna.Trial, state: str, values: list[float] | None,
+        attrs: Mapping[str, Any],
+    ) -> tuple[bool, bool]:
+        """Store `attrs`, then tell `state` (COMPLETE, PRUNED, FAIL).
+
+        Returns (told: False if another driver finished the trial first, whether the sampler
+        has now searched its whole space).
+        """
+        try:
+            for key, value in attrs.items():
+                if not (isinstance(value, float) and math.isnan(value)):
+                    trial.set_user_attr(key, value)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False, False
+        done = _tell_as_in_optimize(
+            self.study, trial, values if state == "COMPLETE" else None, TrialState[state]
+        )
+        return True, done
+
+    def tell_failed(self, trial: optuna.Trial, reason: str) -> None:
+        """Tell FAIL with `reason`, as far as the storage still can."""
+        try:
+            self.tell(trial, "FAIL", None, {FAIL_REASON: reason})
+        except Exception as e:  # storage gone too: nothing more can be done from here
+            log.error("could not tell trial %d: %s", trial.number, e)
+
+    # ---- owners, heartbeats and orphans -------------------------------------------------
+
+    def beat(self, trial: optuna.Trial) -> None:
+        storage = self.study._storage
+        if _heartbeat_enabled(storage):
+            storage.record_heartbeat(trial._trial_id)  # type: ignore[attr-defined]
+
+    def orphans(
+        self, mine: set[int], now: datetime | None = None
+    ) -> tuple[list[Orphan], float | None]:
+        """RUNNING trials (not in `mine`) whose driver is gone, and in how many seconds a
+        trial without an owner becomes one (None if there is none).
+
+        - on this host: the recorded driver no longer runs (a live one is never overruled,
+          even when its heartbeats are late);
+        - elsewhere: Optuna's heartbeat is older than `reclaim_after`;
+        - no owner on record (the driver died right after `ask`): started longer ago than
+          `reclaim_after`.
+        """
+        now = now or datetime.now()
+        stale = _stale_trial_ids(self.study)
+        found: list[Orphan] = []
+        wait: float | None = None
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.number in mine:
+                continue
+            owner = Owner.of(t.user_attrs)
+            trial_dir = None
+            if owner is not None and owner.host == self.owner.host:
+                if owner.alive():
+                    continue
+                reason = f"driver died (pid {owner.pid} on {owner.host})"
+                trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir")
+            elif t._trial_id in stale:
+                reason = f"driver on {owner.host if owner else '?'} died (no heartbeat)"
+            elif owner is None and t.datetime_start is not None:
+                age = (now - t.datetime_start).total_seconds()
+                if age < self.reclaim_after:
+                    left = self.reclaim_after - age
+                    wait = left if wait is None else min(wait, left)
+                    continue
+                reason = f"driver died before recording itself (no owner after {age:.0f} s)"
+            else:
+                continue
+            found.append(Orphan(t, reason, trial_dir))
+        return found, wait
+
+    def fail_orphan(self, orphan: Orphan) -> bool:
+        """Tell an orphan FAIL with its reason and queue its params again; False if another
+        driver got there first."""
+        t = orphan.trial
+        storage = self.study._storage
+        try:
+            storage.set_trial_user_attr(t._trial_id, FAIL_REASON, orphan.reason)
+            if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                return False
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        a = t.user_attrs
+        self.requeue(t.params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
+        return True
+
+
+class Heartbeat:
+    """Records the heartbeat of the driver's trials every `interval` s, in its own thread, so
+    a busy loop never makes a live trial look dead."""
+
+    def __init__(self, store: Store, interval: float) -> None:
+        self.store = store
+        self.interval = interval
+        self._trials: dict[int, optuna.Trial] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sweep-heartbeat", daemon=True)
+
+    def add(self, trial: optuna.Trial) -> None:
+        with self._lock:
+            self._trials[trial.number] = trial
+
+    def discard(self, number: int) -> None:
+        with self._lock:
+            self._trials.pop(number, None)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                trials = list(self._trials.values())
+            for trial in trials:
+                try:
+                    self.store.beat(trial)
+                except Exception as e:  # a storage hiccup: the next beat may go through
+                    log.warning("heartbeat of trial %d failed: %s", trial.number, e)
+
+
+# ---- the private Optuna APIs sweep relies on (see tests/test_store.py's contract test) ------
+
+
+def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return bool(is_heartbeat_enabled(storage))
+
+
+def _stale_trial_ids(study: optuna.Study) -> set[int]:
+    """Ids of RUNNING trials whose heartbeat is older than the storage's grace period."""
+    storage = study._storage
+    if not _heartbeat_enabled(storage):
+        return set()
+    return set(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
+
+
+def _tell_as_in_optimize(
+    study: optuna.Study, trial: optuna.Trial, values: list[float] | None, state: TrialState
+) -> bool:
+    """`study.tell`, letting a sampler end the search as it would under optimize().
+
+    GridSampler and BruteForceSampler call study.stop() once their space is exhausted; Optuna
+    allows that only inside optimize(). Returns True if the sampler asked to stop.
+    """
+    local = study._thread_local
+    local.in_optimize_loop = True
+    try:
+        study.tell(trial, values, state=state, skip_if_finished=True)
+    finally:
+        local.in_optimize_loop = False
+    if study._stop_flag:
+        study._stop_flag = False
+        return True
+    return False
