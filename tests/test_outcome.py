@@ -33,11 +33,15 @@ def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered():
     (0, "", None, None, "FAIL", "no result file"),
     (0, "", "{", None, "FAIL", "result file is not valid JSON"),
     (0, "", '{"m": NaN}', None, "FAIL", "metric 'm' is not a finite number"),
-    (143, "", None, "timeout after 60 s", "FAIL", "timeout after 60 s"),
+    (143, "", None, "timeout", "FAIL", "timeout after 60 s"),
+    (0, "", '{"m": 1.5}', "timeout", "FAIL", "timeout after 60 s"),
     (143, "", None, "interrupted", "FAIL", "interrupted"),
+    # issue 8, defect 3: a clean exit with a valid result is COMPLETE whatever stderr says
+    (0, "CUDA out of memory. Tried to allocate 2 GiB; retrying with batch 16\n", '{"m": 1.5}',
+     None, "COMPLETE", None),
 ])
 def test_judge(exit_code, stderr, result, stopped, state, reason):
-    out = judge(exit_code, stderr, result, ["m"], stopped)
+    out = judge(exit_code, stderr, result, ["m"], stopped, timeout=60)
     assert out.state == state
     if reason is None:
         assert out.fail_reason is None and out.values == [1.5]
@@ -53,3 +57,11 @@ def test_oom_is_flagged_for_the_retry_policy():
 def test_long_lines_are_cut():
     out = judge(1, "E" * 1000, None, ["m"])
     assert len(out.fail_reason) < 250
+
+
+def test_a_pruned_trial_is_pruned_with_its_last_report_whatever_its_exit():
+    for code in (0, 143, 137):
+        out = judge(code, "Traceback ...\nKeyboardInterrupt", None, ["m"], "pruned",
+                    last_report=(3, 0.25))
+        assert (out.state, out.values, out.fail_reason) == ("PRUNED", [0.25], None)
+    assert not judge(0, "CUDA out of memory", '{"m": 1}', ["m"]).oom

@@ -67,7 +67,7 @@ def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert 8 <= len(complete) <= 8 + 3  # both may start the last free slots at once
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    pids = {t.user_attrs["driver_pid"] for t in complete}
+    pids = {t.user_attrs["owner"]["pid"] for t in complete}
     assert len(pids) == 2, "both drivers ran trials"
     assert len({t.number for t in trials}) == len(trials)
 

@@ -1,0 +1,245 @@
+"""The driver's loop with fake processes and a fake clock: budget, retries, failure streaks,
+pruning, grid exhaustion, timeouts, signals and leftovers, each in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from conftest import study_dict
+
+from sweep import config
+from sweep.driver import Driver
+from sweep.monitor import Monitor, NoReader
+from sweep.pool import Pool, fake_devices
+from sweep.store import Owner, Store
+from sweep.testing.fakes import FakeClock, FakeSpawn, Script
+
+TrialScript = Callable[[dict[str, Any]], Script]
+
+
+class Sweep:
+    """A driver on fakes, and what it did."""
+
+    def __init__(self, tmp_path: Path, script: TrialScript, gpus: int = 2,
+                 reader: Any = None, **sections: Any) -> None:
+        path = tmp_path / "study.yaml"
+        path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
+        self.spec = config.load(path)
+        study = optuna.create_study(
+            sampler=config.build_sampler(self.spec), pruner=config.build_pruner(self.spec),
+            directions=self.spec.study.objective_directions,
+        )
+        self.store = Store(study, Owner("test-host", os.getpid(), 0.0),
+                           self.spec.study.reclaim_seconds,
+                           grid=self.spec.study.sampler.type == "grid")
+        self.clock = FakeClock()
+        self.spawn = FakeSpawn(self.clock, script)
+        self.pool = Pool(fake_devices(str(gpus)), self.spec.gpus.trials_per_gpu)
+        monitor = None
+        if reader is not None:
+            monitor = Monitor(reader, self.pool, tmp_path / "samples.csv", 3600)
+        self.driver = Driver(self.spec, self.store, self.pool, monitor,
+                             spawn=self.spawn, clock=self.clock)
+
+    def run(self) -> int:
+        return self.driver.run().exit_code
+
+    @property
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.store.study.get_trials(deepcopy=False)
+
+    def states(self) -> list[str]:
+        return [t.state.name for t in self.trials]
+
+
+def ok(params: dict[str, Any]) -> Script:
+    return Script(runs=1.0, result={"score": params["x"]})
+
+
+def test_the_budget_is_met_exactly_with_every_device_busy(tmp_path):
+    s = Sweep(tmp_path, ok, gpus=2, study={"n_trials": 5})
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE"] * 5
+    assert s.spawn.most_at_once() == 2
+    assert s.clock.t == pytest.approx(3.0)  # 2 + 2 + 1 trials of 1 s, no gap between them
+    assert [t.value for t in s.trials] == [t.params["x"] for t in s.trials]
+
+
+def test_a_stubborn_trainer_in_its_grace_period_wakes_the_loop_a_few_times(tmp_path):
+    """Defect 2 of issue 8: the loop span on select(0) while a stopped trial wound down."""
+    s = Sweep(tmp_path, lambda p: Script(runs=1000, ignores_term=True), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 1, "heartbeat_interval": 30},
+              trainer={"timeout": 1.0, "grace_period": 20.0})
+    assert s.run() == 1
+    [trial] = s.trials
+    assert trial.user_attrs["fail_reason"] == "timeout after 1 s"
+    assert s.clock.t == pytest.approx(21.0)
+    assert s.spawn.processes[0].signals == ["TERM"]  # the guard escalates, not the driver
+    # start, reports polled for 1 s, the timeout, one heartbeat look, the end
+    assert s.clock.waits <= 6, s.clock.waits
+
+
+def test_a_failed_trial_is_retried_with_its_params_then_the_budget_continues(tmp_path):
+    failed: set[float] = set()
+
+    def once(params: dict[str, Any]) -> Script:
+        if not failed:
+            failed.add(params["x"])
+            return Script(code=3, result=None, stderr="ValueError: boom\n")
+        return ok(params)
+
+    s = Sweep(tmp_path, once, gpus=1, study={"n_trials": 2}, trainer={"max_retries": 1})
+    assert s.run() == 0
+    first, retry, third = s.trials
+    assert first.state.name == "FAIL"
+    assert first.user_attrs["fail_reason"] == "exit code 3: ValueError: boom"
+    assert retry.params == first.params and retry.state.name == "COMPLETE"
+    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["attempt"] == 1
+    assert third.state.name == "COMPLETE" and third.user_attrs["attempt"] == 0
+
+
+def test_out_of_memory_is_not_retried_and_a_failure_streak_stops_the_run(tmp_path):
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+    s = Sweep(tmp_path, lambda p: Script(code=1, result=None, stderr=oom), gpus=1,
+              study={"n_trials": 10, "max_consecutive_failures": 3},
+              trainer={"max_retries": 2})
+    assert s.run() == 1
+    assert s.states() == ["FAIL"] * 3
+    assert all(t.user_attrs["fail_reason"].startswith("out of memory") for t in s.trials)
+    assert not any("retry_of" in t.user_attrs for t in s.trials)
+    assert "stopped after 3 failed trials in a row" in s.driver.policy.stop_reason
+
+
+def test_out_of_memory_in_stderr_does_not_overrule_a_clean_exit_with_a_result(tmp_path):
+    """Defect 3 of issue 8: a trainer that caught OOM and retried was told FAIL."""
+    caught = "CUDA out of memory; retrying with batch size 16\n"
+    s = Sweep(tmp_path, lambda p: Script(stderr=caught, result={"score": 0.2}), gpus=1,
+              study={"n_trials": 1})
+    assert s.run() == 0
+    [trial] = s.trials
+    assert trial.state.name == "COMPLETE" and trial.value == 0.2
+
+
+def test_a_detached_child_neither_delays_the_verdict_nor_frees_the_device_early(tmp_path):
+    """Defect 4 of issue 8: a child left behind kept the trial RUNNING and its GPU leased."""
+    s = Sweep(tmp_path, lambda p: Script(runs=0.1, leftover=60.0, result={"score": 1.0}),
+              gpus=1, study={"n_trials": 2}, trainer={"grace_period": 3.0, "timeout": 2.0})
+    told_at: dict[int, float] = {}
+    events = s.driver.events
+    events.finished = lambda done: told_at.setdefault(done.number, s.clock.t)  # type: ignore
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE"]  # the valid result is kept
+    assert told_at[0] == pytest.approx(0.1)  # judged when the command exited
+    first, second = s.spawn.processes
+    assert first.ended_at == pytest.approx(3.1)  # the guard's grace for the leftover
+    assert second.started >= first.ended_at  # the device was leased again only then
+
+
+def test_pruned_trials_are_stopped_and_told_pruned_with_their_last_value(tmp_path):
+    def reporting(params: dict[str, Any]) -> Script:
+        bad = params["x"] > 0.5
+        steps = [(0.2 * (i + 1), i, (10.0 if bad else 1.0) + i) for i in range(5)]
+        return Script(runs=1.2, reports=steps, result={"score": steps[-1][2]})
+
+    s = Sweep(tmp_path, reporting, gpus=1,
+              study={"n_trials": 4, "enqueue": [{"x": 0.1}, {"x": 0.2}, {"x": 0.9}, {"x": 0.8}],
+                     "pruner": {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 0}})
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE", "PRUNED", "PRUNED"]
+    for t in s.trials[2:]:
+        assert t.value == 10.0 and t.intermediate_values == {0: 10.0}
+    assert all(p.signals == ["TERM"] for p in s.spawn.processes[2:])
+    assert s.clock.t < 2 * 1.2 + 2 * 0.5  # the pruned ones ended early
+
+
+def test_a_grid_ends_when_every_point_was_started(tmp_path):
+    s = Sweep(tmp_path, ok, gpus=2,
+              study={"n_trials": 10, "sampler": {"type": "grid"}},
+              params={"x": {"type": "categorical", "choices": [0.1, 0.2, 0.3]}})
+    assert s.run() == 0
+    assert sorted(t.params["x"] for t in s.trials) == [0.1, 0.2, 0.3]
+
+
+def test_study_timeout_starts_nothing_after_it_and_lets_running_trials_finish(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=0.8), gpus=2,
+              study={"n_trials": 100, "timeout": 1.0})
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE"] * 4  # two at 0, two at 0.8
+    assert s.driver.policy.stop_reason == "study.timeout of 1 s reached"
+
+
+def test_first_signal_stops_every_trial_gently_and_a_second_kills(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=100, ignores_term=True), gpus=2,
+              study={"n_trials": 4}, trainer={"grace_period": 30.0})
+    s.clock.at(1.0, lambda: s.driver._on_signal(2, None))
+    s.clock.at(2.0, lambda: s.driver._on_signal(2, None))
+    assert s.run() == 130
+    assert s.states() == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in s.trials} == {"interrupted"}
+    assert all(p.signals == ["TERM", "KILL"] for p in s.spawn.processes)
+    assert s.clock.t == pytest.approx(2.0)
+
+
+def test_a_driver_error_tells_every_trial_it_asked(tmp_path):
+    calls = []
+
+    def breaks_on_third(params: dict[str, Any]) -> Script:
+        calls.append(params)
+        if len(calls) == 3:
+            raise OSError("no more processes")
+        return Script(runs=5)
+
+    s = Sweep(tmp_path, breaks_on_third, gpus=3, study={"n_trials": 4})
+    with pytest.raises(OSError, match="no more processes"):
+        s.run()
+    states = {t.number: (t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials}
+    assert states[2] == ("FAIL", "could not start the trial: no more processes")
+    assert states[0] == states[1] == ("FAIL", "driver error")
+    assert all(p.signals == ["TERM"] and p.ended for p in s.spawn.processes)
+
+
+class LeftoverReader(NoReader):
+    """NVML that shows the first trial's process on device 0 until `until`."""
+
+    def __init__(self, spawn: FakeSpawn, until: float) -> None:
+        self.spawn, self.until = spawn, until
+
+    def compute_processes(self, index: int) -> dict[int, float | None]:
+        first = self.spawn.processes[0]
+        return {first.pid: 1.0} if index == 0 and first.clock.t < self.until else {}
+
+
+@pytest.mark.parametrize(("stuck_for", "quarantined"), [(0.5, False), (5.0, True)])
+def test_a_gpu_held_after_a_trial_is_cleaned_without_stalling_the_loop(
+    tmp_path, monkeypatch, stuck_for, quarantined
+):
+    """Defect 5 of issue 8: cleaning a GPU slept a second inside the loop."""
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("the loop slept"))
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=2, study={"n_trials": 3},
+              reader=NoReader())
+    s.driver.monitor.reader = LeftoverReader(s.spawn, 1.0 + stuck_for)  # type: ignore[union-attr]
+    assert s.run() == 0
+    first, second, third = s.spawn.processes
+    assert second.started == 0.0 and third.started == pytest.approx(1.0)
+    assert s.trials[2].user_attrs["gpu"] == 1  # device 0 was still being cleaned
+    assert (0 in s.pool.quarantined) is quarantined
+    assert s.clock.t == pytest.approx(2.0)  # the third trial ran on device 1 meanwhile
+
+
+def test_energy_is_not_given_to_a_trial_that_shared_its_device_midway(tmp_path):
+    """Defect 6 of issue 8: sharing was looked at only when the trial ended."""
+    pool = Pool(fake_devices("1"), capacity=2)
+    pool.lease(1)
+    pool.lease(2)
+    assert pool.release(2).shared  # type: ignore[union-attr]
+    lease = pool.release(1)
+    assert lease is not None and lease.shared  # alone at its start and its end, shared between
+    pool.lease(3)
+    assert not pool.release(3).shared  # type: ignore[union-attr]

@@ -1,0 +1,106 @@
+"""A trial's real process under its guard: the verdict comes when the command exits, and
+nothing the command started outlives the trial, whatever it did to hide."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_until
+
+from sweep.launch import LaunchPlan, TrialPaths
+from sweep.process import TrialProcess
+from sweep.protocol import TRIAL_DIR_ENV
+
+# The command starts a child that hides (its own session, or its own process group) and
+# ignores SIGTERM; the child writes its pid to child.pid; then the command exits or sleeps.
+HIDE = {
+    "setsid": "subprocess.Popen(sleeper, start_new_session=True)",
+    "setpgid": "subprocess.Popen(sleeper, process_group=0)",
+    "double fork": "subprocess.Popen([sys.executable, '-c', "
+                   "'import subprocess,sys; subprocess.Popen(sys.argv[1:], "
+                   "start_new_session=True)', *sleeper])",
+}
+
+
+def start(tmp_path: Path, hide: str, then: str, grace: float = 1.0) -> TrialProcess:
+    paths = TrialPaths(tmp_path / "trial")
+    paths.dir.mkdir()
+    code = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        sleeper = [sys.executable, "-c",
+                   "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)", {str(paths.dir / "child.pid")!r}]
+        {HIDE[hide]}
+        while not os.path.exists(sleeper[-1]):
+            time.sleep(0.01)
+        {then}
+    """)
+    plan = LaunchPlan([sys.executable, "-c", code], {TRIAL_DIR_ENV: str(paths.dir)}, paths)
+    return TrialProcess(plan, grace)
+
+
+def child_pid(proc: TrialProcess) -> int:
+    pid_file = proc.plan.paths.dir / "child.pid"
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10)
+    return int(pid_file.read_text())
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("hide", sorted(HIDE))
+def test_the_verdict_comes_when_the_command_exits_and_leftovers_get_the_grace(tmp_path, hide):
+    """Defect 4 of issue 8: a detached child kept the trial running and its GPU leased."""
+    proc = start(tmp_path, hide, "sys.exit(0)", grace=1.0)
+    child = child_pid(proc)
+    assert wait_until(lambda: proc.command_exited, 10)
+    exited = time.monotonic()
+    assert proc.exit_code == 0
+    assert not gone(child) and not proc.ended  # the device stays leased meanwhile
+    assert proc.wait(10), "the guard did not end the leftover"
+    assert 0.5 < time.monotonic() - exited < 5  # SIGTERM ignored: SIGKILL after the grace
+    assert gone(child)
+    proc.close()
+
+
+@pytest.mark.parametrize("hide", sorted(HIDE))
+def test_when_the_driver_dies_every_descendant_is_stopped(tmp_path, hide):
+    proc = start(tmp_path, hide, "time.sleep(120)", grace=0.5)
+    child = child_pid(proc)
+    proc.close()  # the lifeline's write end: as if the driver were killed
+    assert wait_until(lambda: gone(child) and gone(proc.pid), 5)
+    assert proc.wait(5)
+
+
+def test_a_stubborn_command_is_killed_after_its_grace_period(tmp_path):
+    proc = start(tmp_path, "setsid",
+                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)", grace=1.0)
+    child = child_pid(proc)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    proc.stop()
+    assert proc.wait(10)
+    assert 0.9 <= time.monotonic() - t0 < 5
+    assert proc.exit_code == 128 + 9
+    assert gone(child)
+    proc.close()
+
+
+def test_a_command_that_cannot_start_is_exit_127(tmp_path):
+    paths = TrialPaths(tmp_path)
+    plan = LaunchPlan([str(tmp_path / "missing")], {}, paths)
+    proc = TrialProcess(plan, 1.0)
+    assert proc.wait(10) and proc.exit_code == 127
+    assert "cannot start" in paths.stderr.read_text()
+    assert os.path.exists(paths.stdout)
+    proc.close()

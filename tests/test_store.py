@@ -1,0 +1,146 @@
+"""The store against real SQLite storage: ownership on record before the trainer starts, the
+rules that find a dead driver's trials, and the private Optuna APIs it relies on."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import study_dict
+from optuna.trial import TrialState
+
+from sweep import config, store
+from sweep.store import Owner, Store, open_storage, open_study
+
+HOST = "this-host"
+
+
+def make_store(tmp_path: Path, owner: Owner | None = None, **sections) -> Store:
+    path = tmp_path / "study.yaml"
+    data = study_dict(study={"heartbeat_interval": 1, "reclaim_after": 2, **sections})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = config.load(path)
+    study = open_study(spec, open_storage(spec))
+    return Store(study, owner or Owner.me(HOST), spec.study.reclaim_seconds)
+
+
+def dead_owner() -> Owner:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return Owner(HOST, proc.pid, time.time())
+
+
+def searched(store_: Store) -> dict:
+    return {"x": config.FloatParam(type="float", low=0.0, high=1.0)}
+
+
+def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
+    """The shim's contract: fails first when an Optuna upgrade moves one of them."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    s = make_store(tmp_path)
+    study = s.study
+    assert is_heartbeat_enabled(study._storage)
+    assert isinstance(study._study_id, int)
+    trial = study.ask()
+    assert isinstance(trial._trial_id, int)
+    assert study.get_trials(deepcopy=False)[0]._trial_id == trial._trial_id
+    study._storage.record_heartbeat(trial._trial_id)
+    assert study._storage._get_stale_trial_ids(study._study_id) == []
+    assert "in_optimize_loop" in vars(study._thread_local) or hasattr(
+        study._thread_local, "in_optimize_loop")
+    assert study._stop_flag is False
+    # a sampler's stop() under ask/tell is allowed once marked as in optimize()
+    study._thread_local.in_optimize_loop = True
+    study.stop()
+    study._thread_local.in_optimize_loop = False
+    assert study._stop_flag is True
+    assert list(inspect.signature(optuna.Trial.__init__).parameters)[1:] == ["study", "trial_id"]
+
+
+def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
+    s = make_store(tmp_path)
+    seen: dict = {}
+
+    def trial_dir(number: int) -> str:
+        frozen = s.study.get_trials(deepcopy=False)[number]
+        seen["owner_before_params"] = (store.OWNER in frozen.user_attrs, dict(frozen.params))
+        return f"/trials/{number}"
+
+    asked = s.ask(searched(s), gpu=3, trial_dir=trial_dir)
+    frozen = s.study.get_trials(deepcopy=False)[asked.number]
+    assert seen["owner_before_params"] == (False, {})
+    owner = frozen.user_attrs[store.OWNER]
+    assert owner == {"host": HOST, "pid": os.getpid(), "started": s.owner.started, "gpu": 3,
+                     "dir": "/trials/0"}
+    assert 0 <= asked.params["x"] <= 1 and (asked.attempt, asked.origin) == (0, 0)
+    assert s.orphans(set())[0] == []  # a live driver's trial is nobody's orphan
+
+
+def test_a_trial_cut_right_after_ask_is_reclaimed_once_the_grace_has_passed(tmp_path):
+    """Defect 1 of issue 8: no owner and no heartbeat left a RUNNING trial forever."""
+    s = make_store(tmp_path)
+    orphan = s.study.ask()  # the driver died before its first heartbeat
+    found, wait = s.orphans(set())
+    assert found == [] and wait is not None and 0 < wait <= 2
+    later = datetime.now() + timedelta(seconds=2.5)
+    found, wait = s.orphans(set(), now=later)
+    assert [o.trial.number for o in found] == [orphan.number] and wait is None
+    assert "no owner" in found[0].reason
+    assert s.fail_orphan(found[0])
+    assert not s.fail_orphan(found[0])  # told once only
+    states = [t.state for t in s.study.get_trials(deepcopy=False)]
+    assert states == [TrialState.FAIL, TrialState.WAITING]
+
+
+def test_a_dead_driver_on_this_host_is_reclaimed_at_once_a_live_one_never(tmp_path):
+    dead = make_store(tmp_path, owner=dead_owner())
+    cut = dead.ask(searched(dead), gpu=0, trial_dir=lambda n: f"/d/{n}")
+    live = Store(dead.study, Owner(HOST, os.getpid(), 0.0), 2)  # pid alive, heartbeats late
+    mine = live.ask(searched(live), gpu=1, trial_dir=lambda n: f"/d/{n}")
+    time.sleep(2.5)  # both heartbeats are now stale
+    me = Store(dead.study, Owner.me(HOST), 2)
+    found, _ = me.orphans(set())
+    assert [(o.trial.number, o.trial_dir) for o in found] == [(cut.number, f"/d/{cut.number}")]
+    assert found[0].reason.startswith("driver died (pid")
+    assert mine.number not in [o.trial.number for o in found]
+
+
+def test_another_hosts_trial_is_reclaimed_when_its_heartbeat_is_stale(tmp_path):
+    other = make_store(tmp_path, owner=Owner("elsewhere", 1, 0.0))
+    theirs = other.ask(searched(other), gpu=0, trial_dir=str)
+    me = Store(other.study, Owner.me(HOST), 2)
+    assert me.orphans(set())[0] == []
+    time.sleep(3.2)  # SQLite's clock for heartbeats counts whole seconds
+    found, _ = me.orphans(set())
+    assert [o.trial.number for o in found] == [theirs.number]
+    assert found[0].reason == "driver on elsewhere died (no heartbeat)"
+    assert found[0].trial_dir is None  # another host's processes are not ours to kill
+
+
+def test_a_trial_whose_params_cannot_be_sampled_is_told_fail(tmp_path):
+    s = make_store(tmp_path)
+    s.study.enqueue_trial({"x": "abc"})
+    with pytest.raises(ValueError):
+        s.ask(searched(s), gpu=0, trial_dir=str)
+    [trial] = s.study.get_trials(deepcopy=False)
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fail_reason"].startswith("could not sample the params")
+
+
+def test_a_changed_metric_is_refused_like_a_changed_direction(tmp_path):
+    make_store(tmp_path)
+    path = tmp_path / "study.yaml"
+    data = study_dict(study={"metric": "other"})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = config.load(path)
+    with pytest.raises(store.UsageError, match=r"study\.metric: .*\['score'\].*\['other'\]"):
+        open_study(spec, open_storage(spec))
