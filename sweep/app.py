@@ -13,10 +13,11 @@ from rich.console import Console
 
 from sweep import config, launch
 from sweep.config import Spec
-from sweep.driver import Driver, RunResult
+from sweep.driver import Driver
 from sweep.errors import UsageError
 from sweep.monitor import Monitor, NoReader, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
+from sweep.policy import RunResult
 from sweep.pool import Device, Pool
 from sweep.progress import Progress
 from sweep.store import FINISHED, Owner, Store, open_storage, open_study
@@ -91,11 +92,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     for _ in range(n):
         trial = study.ask(dists)
         gpu = lease.lease(trial.number)
-        plan = launch.build_launch(
-            spec.trainer, trial.number, {**trial.params, **spec.fixed}, gpu,
-            launch.TrialPaths.of(spec.output_dir, trial.number),
-            spec.output_dir / "accelerate_config.yaml",
-        )
+        plan = launch.plan_trial(spec, trial.number, {**trial.params, **spec.fixed}, gpu)
         lines.append(plan.command_line())
     return lines
 

@@ -9,38 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from sweep import config, launch, outcome, store
+from sweep import config, launch, outcome, process
 from sweep.config import Spec
 from sweep.events import Events, Finished, Started
 from sweep.monitor import Monitor
-from sweep.policy import EXIT_FAILED, EXIT_INTERRUPTED, Counts, OnSignal, Policy
+from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Pool
-from sweep.process import (
-    GUARD_MARGIN,
-    RunningTrial,
-    Spawn,
-    Stop,
-    TrialProcess,
-    WallClock,
-    kill_leftovers,
-    kill_pids,
-)
+from sweep.process import RunningTrial, Stop
 from sweep.protocol import ReportReader
 from sweep.store import Heartbeat, Store
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int
-    message: str
 
 
 class Driver:
@@ -48,17 +30,17 @@ class Driver:
 
     def __init__(
         self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
-        events: Events | None = None, spawn: Spawn = TrialProcess, clock: Any = None,
+        events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
+        clock: Any = None,
     ) -> None:
         self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
         self.events = events or Events()
         self.spawn = spawn
-        self.clock = clock or WallClock()
+        self.clock = clock or process.WallClock()
         self._own_clock = clock is None
         self.policy = Policy.of(spec, config.grid_size(spec), self.clock.now())
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
         self.running: dict[int, RunningTrial] = {}
-        self.accelerate_config = spec.output_dir / "accelerate_config.yaml"
         self._signals = 0
         self._counts: Counts | None = None
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
@@ -67,22 +49,20 @@ class Driver:
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
-        self.spec.output_dir.mkdir(parents=True, exist_ok=True)
-        self.accelerate_config.write_text(launch.ACCELERATE_CONFIG)
+        launch.prepare_output_dir(self.spec.output_dir)
         self.store.enqueue(self.spec.study.enqueue)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with self.heartbeat, _sampling(self.monitor):
-                self._loop()
+            with process.signals_to(self._on_signal), self.heartbeat, (
+                self.monitor or contextlib.nullcontext()
+            ):
+                try:
+                    self._loop()
+                finally:
+                    self._abandon()
         finally:
-            try:
-                self._abandon()
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-                if self._own_clock:
-                    self.clock.close()
-        return self._result()
+            if self._own_clock:
+                self.clock.close()
+        return self.policy.result(self.store.counts())
 
     def _loop(self) -> None:
         while True:
@@ -142,14 +122,11 @@ class Driver:
     def _start_one(self, now: float) -> None:
         spec, device = self.spec, self.pool.free_device()
         assert device is not None
-        asked = self.store.ask(
-            spec.searched, device, lambda n: str(launch.TrialPaths.of(spec.output_dir, n).dir))
+        asked = self.store.ask(spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
         self._counts = None
         self.pool.lease(asked.number, device)
         params = {**asked.params, **spec.fixed}
-        paths = launch.TrialPaths.of(spec.output_dir, asked.number)
-        plan = launch.build_launch(
-            spec.trainer, asked.number, params, device, paths, self.accelerate_config)
+        plan = launch.plan_trial(spec, asked.number, params, device)
         try:
             launch.prepare_trial_dir(plan, params)
             proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake)
@@ -159,16 +136,15 @@ class Driver:
             raise
         self.pool.attach(asked.number, proc)
         self.heartbeat.add(asked.trial)
-        timeout = spec.trainer.timeout
-        run = RunningTrial(
+        single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
+        reports = ReportReader(plan.paths.reports) if single else None
+        deadline = now + spec.trainer.timeout if spec.trainer.timeout else None
+        self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline=now + timeout if timeout else None,
-            reports=ReportReader(paths.reports) if len(spec.study.objective_metrics) == 1 else None,
-        )
-        self.running[run.number] = run
+            spec.trainer.stop_grace, deadline, reports)
         if self.monitor is not None:
-            self.monitor.trial_started(run.number, device)
-        self.events.started(Started(run.number, device, params, proc.started))
+            self.monitor.trial_started(asked.number, device)
+        self.events.started(Started(asked.number, device, params, proc.started))
 
     # ---- following ----------------------------------------------------------------------
 
@@ -197,21 +173,16 @@ class Driver:
             self._follow_reports(run, now)
         run.judged_now(now)
         paths = run.process.plan.paths
-        verdict = outcome.judge(
-            run.process.exit_code, outcome.read_text(paths.stderr, tail_bytes=64_000) or "",
-            outcome.read_text(paths.result), self.spec.study.objective_metrics,
+        verdict = outcome.judge_files(
+            paths.stderr, paths.result, run.process.exit_code, self.spec.study.objective_metrics,
             stop=run.stop_reason.value if run.stop_reason else None,
             timeout=self.spec.trainer.timeout, last_report=run.last_report,
         )
         lease = self.pool.lease_of(run.number)
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
-        attrs = {store.GPU: run.device, store.HOST: self.store.owner.host,
-                 store.ATTEMPT: run.attempt, store.EXIT_CODE: verdict.exit_code,
-                 **verdict.extras, **usage}
-        if verdict.fail_reason:
-            attrs[store.FAIL_REASON] = verdict.fail_reason
-        told, exhausted = self.store.tell(run.trial, verdict.state, verdict.values, attrs)
+        told, exhausted = self.store.tell_verdict(
+            run.trial, verdict, run.device, run.attempt, usage)
         self.heartbeat.discard(run.number)
         self._counts = None
         if not told:
@@ -221,26 +192,20 @@ class Driver:
         self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
                                       time.time() - run.process.started, verdict.fail_reason))
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
-                                   run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason)
+                                   run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
+                                   see=str(paths.stderr))
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
-        if follow.give_up and self.policy.stop_reason == follow.give_up:
-            self.policy.stop_reason = f"{follow.give_up}; see {paths.stderr}"
 
     def _end(self, run: RunningTrial, now: float) -> None:
-        """The trial's processes are gone: free its device once none of them holds memory on
-        it; a process that survives SIGKILL for a second takes the device out of the pool."""
+        """The trial's processes are gone: free its device once none holds memory on it."""
         held = set(self.monitor.reader.compute_processes(run.device)) if self.monitor else set()
-        left = held & run.process.seen_pids
-        if left and run.cleanup_at is None:
-            kill_pids(left)
-            run.cleanup_at = now + 1.0
+        clear = run.clear_device(held, now)
+        if clear is None:
             return
-        if left and now < (run.cleanup_at or 0):
-            return
-        if left:
-            reason = f"processes {sorted(left)} of trial {run.number} still hold it"
+        if not clear:
+            reason = f"processes of trial {run.number} still hold it after SIGKILL"
             self.pool.quarantine(run.device, reason)
             self.events.message(f"GPU {run.device} taken out of the pool: {reason}")
         del self.running[run.number]
@@ -254,7 +219,7 @@ class Driver:
         orphans, self._orphan_wait = self.store.orphans(set(self.running))
         for orphan in orphans:
             if orphan.trial_dir:
-                kill_leftovers(orphan.trial_dir)
+                process.kill_leftovers(orphan.trial_dir)
             if self.store.fail_orphan(orphan):
                 self._counts = None
                 self.events.message(
@@ -262,43 +227,10 @@ class Driver:
 
     def _abandon(self) -> None:
         """On the way out with trials still running (a driver error): stop and tell them."""
-        if not self.running:
-            return
-        now = self.clock.now()
-        for run in self.running.values():
-            run.stop(Stop.DRIVER_ERROR, now)
-        deadline = time.monotonic() + self.spec.trainer.stop_grace + GUARD_MARGIN
-        for run in self.running.values():
-            run.process.wait(max(0.0, deadline - time.monotonic()))
-        for run in self.running.values():
-            if not run.process.ended:
-                run.process.force_kill()
-                run.process.wait(5)
-            run.process.close()
+        runs = list(self.running.values())
+        process.stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
+        for run in runs:
             self.pool.release(run.number)
             if not run.judged:
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value)
         self.running.clear()
-
-    def _result(self) -> RunResult:
-        counts = self.store.counts()
-        text = f"{counts.finished}/{self.spec.study.n_trials} trials finished"
-        if counts.running:
-            text += f", {counts.running} running in other drivers"
-        code = self.policy.exit_code()
-        if code == EXIT_INTERRUPTED:
-            text = f"interrupted; {text}"
-        elif code == EXIT_FAILED:
-            text = f"{self.policy.stop_reason}; {text}"
-        return RunResult(code, text)
-
-
-@contextlib.contextmanager
-def _sampling(monitor: Monitor | None) -> Iterator[None]:
-    if monitor is not None:
-        monitor.start()
-    try:
-        yield
-    finally:
-        if monitor is not None:
-            monitor.stop()

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep.config import TrainerSection
+from sweep.config import Spec, TrainerSection
 
+ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
 # sweep's own accelerate config: one process, no distribution, so a user's
 # default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
 ACCELERATE_CONFIG = """\
@@ -141,6 +142,23 @@ def build_launch(
         protocol.REPORT_ENV: str(paths.reports),
     })
     return LaunchPlan(argv, env, paths)
+
+
+def trial_dir(spec: Spec, number: int) -> Path:
+    return TrialPaths.of(spec.output_dir, number).dir
+
+
+def plan_trial(spec: Spec, number: int, params: Mapping[str, Any], device: int) -> LaunchPlan:
+    """`build_launch` for trial `number` of `spec`, with its files under `output_dir`."""
+    return build_launch(spec.trainer, number, params, device,
+                        TrialPaths.of(spec.output_dir, number),
+                        spec.output_dir / ACCELERATE_CONFIG_NAME)
+
+
+def prepare_output_dir(output_dir: Path) -> None:
+    """Create `output_dir` with sweep's own accelerate config in it."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
 
 
 def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:

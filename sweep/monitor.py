@@ -125,6 +125,13 @@ class Monitor:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def __enter__(self) -> Monitor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def trial_started(self, trial: int, gpu: int) -> None:
         usage = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
         with self._lock:

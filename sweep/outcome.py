@@ -7,6 +7,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sweep.protocol import ResultError, parse_result
 
@@ -100,6 +101,14 @@ def judge(
     except ResultError as e:
         return Outcome(FAIL, fail_reason=str(e), exit_code=code)
     return Outcome(COMPLETE, values=values, exit_code=code, extras=extras)
+
+
+def judge_files(
+    stderr: Path, result: Path, exit_code: int | None, metrics: list[str], **how: Any
+) -> Outcome:
+    """`judge` a trial from its files: the tail of its stderr and its result file."""
+    return judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", read_text(result),
+                 metrics, **how)
 
 
 def _oom_line(stderr: str) -> str | None:

@@ -26,6 +26,12 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Followup:
     """What follows a verdict: run the same params again, and/or stop starting trials."""
 
@@ -99,9 +105,10 @@ class Policy:
 
     def after(
         self, state: str, attempt: int, oom: bool = False, interrupted: bool = False,
-        fail_reason: str | None = None,
+        fail_reason: str | None = None, see: str = "",
     ) -> Followup:
-        """What follows a trial told `state` (COMPLETE, PRUNED or FAIL) on its `attempt`."""
+        """What follows a trial told `state` (COMPLETE, PRUNED or FAIL) on its `attempt`;
+        `see` names where the user should look if the run gives up."""
         if state != "FAIL":
             self.streak = 0
             return Followup()
@@ -112,7 +119,7 @@ class Policy:
         if self.streak < self.max_consecutive_failures:
             return Followup(retry=retry)
         reason = (f"stopped after {self.max_consecutive_failures} failed trials in a row "
-                  f"(last: {fail_reason})")
+                  f"(last: {fail_reason})" + (f"; see {see}" if see else ""))
         self.gave_up = True
         self.stop_starting(reason)
         return Followup(retry=retry, give_up=reason)
@@ -121,3 +128,15 @@ class Policy:
         if self.signals:
             return EXIT_INTERRUPTED
         return EXIT_FAILED if self.gave_up else EXIT_OK
+
+    def result(self, counts: Counts) -> RunResult:
+        """The exit code, and the run's last line."""
+        text = f"{counts.finished}/{self.n_trials} trials finished"
+        if counts.running:
+            text += f", {counts.running} running in other drivers"
+        code = self.exit_code()
+        if code == EXIT_INTERRUPTED:
+            text = f"interrupted; {text}"
+        elif code == EXIT_FAILED:
+            text = f"{self.stop_reason}; {text}"
+        return RunResult(code, text)

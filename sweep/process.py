@@ -8,6 +8,7 @@ while the driver is busy, and also when the driver is gone.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -272,6 +273,18 @@ class RunningTrial:
         if self._force_at is None:
             self._force_at = now + self.grace + GUARD_MARGIN
 
+    def clear_device(self, held: set[int], now: float) -> bool | None:
+        """After the tree ended: is the device free of the trial's processes? `held` are the
+        pids NVML shows on it. True: free; None: some were SIGKILLed, look again at
+        `cleanup_at`; False: they survived a second after SIGKILL (the device is unusable)."""
+        left = held & self.process.seen_pids
+        if not left:
+            return True
+        if self.cleanup_at is None:
+            kill_pids(left)
+            self.cleanup_at = now + 1.0
+        return None if now < self.cleanup_at else False
+
     @property
     def follows_reports(self) -> bool:
         return self.reports is not None and self.stop_reason is None and not self.judged
@@ -286,6 +299,17 @@ class RunningTrial:
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
+
+
+@contextlib.contextmanager
+def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Route SIGINT and SIGTERM to `handler` inside the block; restore the old ones after."""
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class WallClock:
@@ -322,3 +346,20 @@ class WallClock:
         self._selector.close()
         os.close(self._r)
         os.close(self._w)
+
+
+def stop_all(runs: list[RunningTrial], reason: Stop, grace: float, now: float) -> None:
+    """Stop every trial and wait until their trees are gone (SIGKILL after grace + margin).
+
+    Blocking: for the way out of a driver that cannot go on.
+    """
+    for run in runs:
+        run.stop(reason, now)
+    deadline = time.monotonic() + grace + GUARD_MARGIN
+    for run in runs:
+        run.process.wait(max(0.0, deadline - time.monotonic()))
+    for run in runs:
+        if not run.process.ended:
+            run.process.force_kill()
+            run.process.wait(5)
+        run.process.close()

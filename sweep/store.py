@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 from sweep import config
 from sweep.config import CategoricalParam, FloatParam, IntParam, Spec
 from sweep.errors import UsageError
+from sweep.outcome import Outcome
 from sweep.policy import Counts
 
 log = logging.getLogger("sweep")
@@ -267,6 +268,17 @@ class Store:
             self.study, trial, values if state == "COMPLETE" else None, TrialState[state]
         )
         return True, done
+
+    def tell_verdict(
+        self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
+        usage: Mapping[str, float],
+    ) -> tuple[bool, bool]:
+        """Tell a judged trial with the attributes sweep stores (see `tell`)."""
+        attrs = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
+                 EXIT_CODE: verdict.exit_code, **verdict.extras, **usage}
+        if verdict.fail_reason:
+            attrs[FAIL_REASON] = verdict.fail_reason
+        return self.tell(trial, verdict.state, verdict.values, attrs)
 
     def tell_failed(self, trial: optuna.Trial, reason: str) -> None:
         """Tell FAIL with `reason`, as far as the storage still can."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import run_cli
+from conftest import run_cli, study_dict
 
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
@@ -48,8 +48,43 @@ def test_status_counts_states(write_study, fake_gpus, capsys):
     assert "COMPLETE" in capsys.readouterr().out
 
 
+def test_read_only_verbs_need_neither_the_script_nor_the_samplers_packages(
+    write_study, fake_gpus, capsys, monkeypatch
+):
+    """Issue 8, defect 6: status and summary failed with exit 2 on a missing trainer script."""
+    import importlib.util
+
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    gone = write_study(study_dict(trainer={"script": "moved_away.py"},
+                                  study={"n_trials": 1, "sampler": {"type": "qmc"}}))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "scipy" else real_find_spec(name, *a))
+    capsys.readouterr()
+    assert run_cli("status", str(gone)) == 0
+    assert "COMPLETE" in capsys.readouterr().out
+    assert run_cli("summary", str(gone)) == 0
+    assert run_cli("run", str(gone)) == 2
+    assert "trainer.script" in capsys.readouterr().err
+
+
+def test_dry_run_continues_the_stored_study(write_study, fake_gpus, capsys, tmp_path):
+    """Issue 8, defect 6: --dry-run sampled from an empty study, ignoring what had run."""
+    study = write_study(study={"n_trials": 3})
+    assert run_cli("run", str(study)) == 0
+    db = (tmp_path / "probe.db").read_bytes()
+    bigger = write_study(study_dict(study={"n_trials": 4}))
+    capsys.readouterr()
+    assert run_cli("run", str(bigger), "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# dry run: the next 1 of 4 trials (3 done")
+    assert len(out) == 2 and "SWEEP_TRIAL_NUMBER=3 " in out[1]
+    assert (tmp_path / "probe.db").read_bytes() == db  # nothing written
+
+
 def test_the_driver_does_not_import_torch_or_accelerate():
-    code = ("import sys, sweep.cli, sweep.driver, sweep.monitor, sweep.progress, sweep.pool\n"
+    code = ("import sys, sweep.cli, sweep.app, sweep.driver, sweep.monitor, sweep.progress\n"
             "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

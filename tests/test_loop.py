@@ -226,7 +226,7 @@ def test_a_gpu_held_after_a_trial_is_cleaned_without_stalling_the_loop(
               reader=NoReader())
     s.driver.monitor.reader = LeftoverReader(s.spawn, 1.0 + stuck_for)  # type: ignore[union-attr]
     assert s.run() == 0
-    first, second, third = s.spawn.processes
+    _, second, third = s.spawn.processes
     assert second.started == 0.0 and third.started == pytest.approx(1.0)
     assert s.trials[2].user_attrs["gpu"] == 1  # device 0 was still being cleaned
     assert (0 in s.pool.quarantined) is quarantined

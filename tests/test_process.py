@@ -35,7 +35,8 @@ def start(tmp_path: Path, hide: str, then: str, grace: float = 1.0) -> TrialProc
         import os, signal, subprocess, sys, time
         sleeper = [sys.executable, "-c",
                    "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)", {str(paths.dir / "child.pid")!r}]
+                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)",
+                   {str(paths.dir / "child.pid")!r}]
         {HIDE[hide]}
         while not os.path.exists(sleeper[-1]):
             time.sleep(0.01)

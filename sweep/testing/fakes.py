@@ -9,6 +9,7 @@ as they do for real trials.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -97,7 +98,7 @@ class FakeProcess:
         self.signals: list[str] = []
         self._stopping = False
         for when, step, value in script.reports:
-            clock.at(self.started + when, lambda s=step, v=value: self._report(s, v))
+            clock.at(self.started + when, functools.partial(self._report, step, value))
         clock.at(self.started + script.runs, self._finish)
 
     def _report(self, step: int, value: float) -> None:

@@ -1,0 +1,64 @@
+"""The driver killed with SIGKILL at random moments, twenty times, each kill followed by a
+rerun: no trial is ever left RUNNING, every rerun meets the budget exactly, and no process of
+a trial outlives a kill by 5 s."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+
+ROUNDS = 20
+PER_ROUND = 3  # trials added to the budget each round, so every kill finds work left
+
+
+def started(study) -> int:
+    return len(list((study.parent / "probe" / "trials").glob("*/probe_start.json")))
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_rerun_never_leaves_a_trial_running(write_study,
+                                                                           tmp_path):
+    rng = random.Random(int(os.environ.get("SWEEP_STRESS_SEED", "8")))
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    log = []
+    for round_ in range(ROUNDS):
+        budget = PER_ROUND * (round_ + 1)
+        study = write_study(study_dict(
+            study={"n_trials": budget, "heartbeat_interval": 1, "reclaim_after": 2},
+            trainer={"args": ["--sleep", "0.2"], "grace_period": 0.5},
+        ))
+        before = started(study)
+        # just after start (seconds), or once the k-th trial of the round started (the last
+        # one included)
+        if round_ % 2 == 0:
+            moment = ("after", rng.uniform(0.0, 1.5))
+        else:
+            moment = ("trial", rng.randint(1, PER_ROUND))
+        driver = spawn_cli("run", str(study), env=env)
+        if moment[0] == "after":
+            time.sleep(moment[1])
+        else:
+            target = before + moment[1]
+            wait_until(lambda s=study, n=target: started(s) >= n, 30)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.communicate(timeout=10)
+        assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5), (
+            f"round {round_} ({moment}): trial processes outlived the kill by 5 s")
+
+        rerun = spawn_cli("run", str(study), env=env)
+        _, err = rerun.communicate(timeout=120)
+        assert rerun.returncode == 0, err
+        trials = load_trials(study)
+        running = [t.number for t in trials if t.state.name == "RUNNING"]
+        finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+        log.append((round_, moment, len(trials), len(finished)))
+        assert not running, f"round {round_} ({moment}): left RUNNING: {running}"
+        assert len(finished) == budget, (round_, moment, err)
+        assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
+    cut = [t for t in load_trials(study) if t.state.name == "FAIL"]
+    assert all(t.user_attrs["fail_reason"].startswith("driver died") for t in cut), log
