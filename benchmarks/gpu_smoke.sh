@@ -3,16 +3,18 @@
 #   - `sweep gpus` lists the GPUs NVML sees, and honours CUDA_VISIBLE_DEVICES;
 #   - a 3-trial sweep of benchmarks/gpu_burn.py through `accelerate launch`;
 #   - every trial COMPLETE on its pinned device with CUDA available, per-trial utilisation,
-#     memory and energy measured, samples in gpu_samples.csv with real figures.
+#     memory and energy measured, samples in gpu_samples.csv with real figures;
+#   - trials that leave a detached child holding GPU memory (benchmarks/gpu_leftover.py): both
+#     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool.
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
 # its needs. Carry them as wheels (see the device tool's README), here in the repo root:
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl optuna alembic sqlalchemy colorlog mako greenlet pydantic pydantic-core \
-#     annotated-types typing-inspection
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl optuna==5.0.0 alembic sqlalchemy==2.1.9 colorlog \
+#     mako pydantic pydantic-core annotated-types typing-inspection typing-extensions cmaes
 # then run with carry [".whl"]:  bash benchmarks/gpu_smoke.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +71,34 @@ check("busy fraction in (0, 1]", ((s.gpus["busy_fraction"] > 0) & (s.gpus["busy_
 print(s.gpus.to_string())
 sys.exit(0 if ok else 1)
 PY
+
+cp benchmarks/gpu_leftover.yaml benchmarks/gpu_leftover.py "$work/"
+time python3 -m sweep run "$work/gpu_leftover.yaml" 2>&1 | tee "$work/leftover.log"
+sleep 1
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee "$work/apps.txt"
+check "nothing left on the GPU after the leftover sweep" "[ ! -s $work/apps.txt ]"
+check "no GPU taken out of the pool" "! grep -q 'taken out of the pool' $work/leftover.log"
+check "no leftover child alive" "! pgrep -f child_holding"
+python3 - "$work" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import optuna
+work = Path(sys.argv[1])
+trials = optuna.load_study(study_name="gpu_leftover",
+                           storage=f"sqlite:///{work}/gpu_leftover.db").trials
+ok = True
+for t in trials:
+    cond = t.state.name == "COMPLETE" and t.user_attrs.get("child_ready") == 1.0
+    print(("PASS " if cond else "FAIL ") + f"leftover trial {t.number} COMPLETE with its child "
+          f"holding the GPU ({t.state.name}, {t.user_attrs})")
+    ok &= cond
+if len(trials) == 2:
+    gap = (trials[1].datetime_start - trials[0].datetime_complete).total_seconds()
+    print(f"device handed over {gap:.1f} s after trial 0 was told (its child had 3 s of grace)")
+sys.exit(0 if ok else 1)
+PY
 if [ -n "${OUT:-}" ]; then
-  cp "$work"/*.txt "$work"/run.log "$work/gpu_smoke/gpu_samples.csv" "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+  cp "$work"/*.txt "$work"/*.log "$work/gpu_smoke/gpu_samples.csv" "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
 fi
 [ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
 exit $fail
