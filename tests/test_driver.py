@@ -126,6 +126,23 @@ def test_each_trial_fault_fails_the_trial_and_the_sweep_reaches_its_budget(
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.parametrize("mode", ["detach", "oomcaught"])
+def test_a_valid_result_counts_whatever_the_trainer_leaves_behind(write_study, fake_gpus,
+                                                                 tmp_path, mode):
+    """Issue 8, defects 3 and 4: a detached child kept the trial RUNNING until the timeout
+    threw its result away; an out-of-memory line caught by the trainer failed the trial."""
+    fake_gpus(1)
+    study = write_study(study={"n_trials": 2},
+                        trainer={"args": ["--mode", mode, "--sleep", "0"], "timeout": 20,
+                                 "grace_period": 0.5})
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    first, second = trials
+    assert second.datetime_start >= first.datetime_complete
+    assert processes_mentioning(str(tmp_path)) == []
+
+
 def test_too_many_failures_in_a_row_stop_the_run_with_an_error(write_study, fake_gpus,
                                                                tmp_path, capsys):
     study = write_study(study={"n_trials": 5, "max_consecutive_failures": 3},

@@ -2,7 +2,8 @@
 
 Modes: ok, crash, hang, stubborn (ignores SIGTERM), oom, nan, badjson, noresult,
 report (reports each step; stops gracefully on SIGTERM), spawn (leaves a grandchild in its own
-session and hangs).
+session and hangs), detach (leaves such a grandchild and exits 0 with its result), oomcaught
+(prints a CUDA out-of-memory line, then succeeds).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main() -> int:
     score = (args.x - 0.3) ** 2 + args.y
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if mode == "spawn":
+    if mode in ("spawn", "detach"):
         subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", str(trial_dir)],
             start_new_session=True,
@@ -71,6 +72,9 @@ def main() -> int:
     if mode == "crash":
         print("Traceback (most recent call last):\nValueError: boom", file=sys.stderr)
         return 3
+    if mode == "oomcaught":
+        print("CUDA out of memory. Tried to allocate 2.00 GiB; retrying with batch 16",
+              file=sys.stderr)
     if mode == "oom":
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
               file=sys.stderr)
