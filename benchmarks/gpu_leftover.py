@@ -30,7 +30,8 @@ def main() -> None:
     deadline = time.time() + 60
     while not os.path.exists(marker) and time.time() < deadline:
         time.sleep(0.1)
-    write_result({"loss": float(x.sum().item()) / 2**28, "child_ready": float(os.path.exists(marker))})
+    ready = float(os.path.exists(marker))
+    write_result({"loss": float(x.sum().item()) / 2**28, "child_ready": ready})
 
 
 if __name__ == "__main__":
