@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+import os
 import socket
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -14,29 +14,32 @@ from rich.console import Console
 from sweep import config, launch
 from sweep.config import Spec
 from sweep.driver import Driver
-from sweep.errors import UsageError
 from sweep.monitor import Monitor, NoReader, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
 from sweep.policy import RunResult
 from sweep.pool import Device, Pool
 from sweep.progress import Progress
-from sweep.store import FINISHED, Owner, Store, open_storage, open_study
+from sweep.store import FINISHED, Owner, Store, open_storage, open_study, read_study, unreachable
+
+HOST_ENV = "SWEEP_HOST"
 
 
 def host_name() -> str:
-    return socket.gethostname()
+    """The host a driver records and judges ownership by: `$SWEEP_HOST`, else the hostname
+    (containers that share one; tests that simulate several hosts on one machine)."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
 
 
-def open_store(spec: Spec) -> Store:
+def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     """The study in its storage, opened by this process; an unreachable database is a usage
-    error."""
+    error. What changed since earlier runs, and may, is added to `notes`."""
+    import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        study = open_study(spec, open_storage(spec))
-    except SQLAlchemyError as e:
-        raise UsageError(f"{spec.source}: study.storage: cannot open {_shown(spec)}: "
-                         f"{_cause(e)}") from None
+        study = open_study(spec, open_storage(spec), notes)
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        raise unreachable(spec, e) from None
     return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
                  grid=spec.study.sampler.type == "grid")
 
@@ -57,13 +60,16 @@ def run(spec: Spec, devices: list[Device], console: Console | None = None) -> Ru
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_store(spec)
+    notes: list[str] = []
+    store = open_store(spec, notes)
     lease = Pool(devices, spec.gpus.trials_per_gpu)
     reader, nvml = nvml_reader(devices)
     monitor = Monitor(reader, lease, spec.output_dir / "gpu_samples.csv",
                       spec.gpus.sample_interval)
     try:
         with Progress(console, monitor) as progress:
+            for note in notes:
+                progress.message(note)
             return Driver(spec, store, lease, monitor, progress).run()
     finally:
         if nvml is not None:
@@ -99,32 +105,5 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
 
 def _stored_trials(spec: Spec) -> list[Any]:
     """The study's trials in storage, read without creating anything; [] if there are none."""
-    import optuna
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
-
-    url = make_url(spec.storage_url)
-    if url.get_backend_name() == "sqlite" and (
-        not url.database or not Path(url.database).exists()
-    ):
-        return []
-    try:
-        storage = optuna.storages.RDBStorage(spec.storage_url, skip_table_creation=True)
-        study = optuna.load_study(study_name=spec.study.name, storage=storage)
-    except KeyError:
-        return []
-    except SQLAlchemyError as e:
-        raise UsageError(f"{spec.source}: study.storage: cannot read {_shown(spec)}: "
-                         f"{_cause(e)}") from None
-    return study.get_trials(deepcopy=False)
-
-
-def _shown(spec: Spec) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(spec.storage_url).render_as_string(hide_password=True)
-
-
-def _cause(e: Exception) -> str:
-    return str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-
+    study = read_study(spec)
+    return [] if study is None else study.get_trials(deepcopy=False)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import math
+import os
+import re
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from sweep import yamlfile
 from sweep.errors import ConfigError
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
@@ -239,14 +241,12 @@ def load(path: str | Path, runnable: bool = True) -> Spec:
     except OSError as e:
         raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "YAML"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(file, where, f"YAML syntax error: {problem}") from None
+        data = yamlfile.load(text)
+    except yamlfile.YamlError as e:
+        raise ConfigError(file, f"line {e.line}" if e.line else "", e.problem) from None
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the study file must be a mapping with study/trainer/params")
+    _refuse_nul(file, data, "")
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:
@@ -264,8 +264,25 @@ def _config_error(file: str, error: ValidationError) -> ConfigError:
     elif first["type"] == "missing":
         msg = "required key is missing"
     elif "input" in first and first["type"] not in ("value_error",):
-        msg = f"{msg} (got {first['input']!r})"
+        msg = f"{msg} (got {short(repr(first['input']))})"
     return ConfigError(file, loc, msg)
+
+
+def short(text: str, width: int = 60) -> str:
+    """`text` cut to `width` characters: error messages never echo unbounded input."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _refuse_nul(file: str, value: Any, key: str) -> None:
+    """No string of the file may hold a NUL byte: no argv, environment or path can."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ConfigError(file, key, "contains a NUL byte, which no command line, environment "
+                                     "variable or path can carry")
+    items = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list) else ())
+    for k, v in items:
+        _refuse_nul(file, k, key)
+        _refuse_nul(file, v, f"{key}.{short(str(k), 40)}" if key else short(str(k), 40))
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -285,6 +302,13 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     storage = study.storage or f"sqlite:///{base / (study.name + '.db')}"
     check_storage_url(file, storage, base)
     output_dir = base / (study.output_dir or study.name)
+    if runnable:
+        _check_output_dir(file, output_dir)
+    for name in trainer.env:
+        if not ENV_NAME.match(name):
+            raise ConfigError(file, f"trainer.env.{short(name, 40)}",
+                              "not an environment variable name (letters, digits and _, "
+                              "not starting with a digit)")
     script = None
     if trainer.script is not None:
         script = (base / trainer.script).resolve()
@@ -296,6 +320,10 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
             raise ConfigError(
                 file, f"study.enqueue.{i}", f"not a searched param: {', '.join(unknown)}"
             )
+        for name, value in params.items():
+            problem = outside(spec.searched[name], value)
+            if problem:
+                raise ConfigError(file, f"study.enqueue.{i}.{name}", problem)
     if study.pruner.type != "none" and study.directions is not None:
         raise ConfigError(file, "study.pruner", "Optuna cannot prune multi-objective studies")
     resolved = spec.model_copy(
@@ -317,6 +345,80 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     return resolved
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_output_dir(file: str, output_dir: Path) -> None:
+    """`output_dir` is a folder, or can be created as one (checked, not created)."""
+    if output_dir.exists():
+        if not output_dir.is_dir():
+            raise ConfigError(file, "study.output_dir", f"not a folder: {output_dir}")
+        if not os.access(output_dir, os.W_OK | os.X_OK):
+            raise ConfigError(file, "study.output_dir", f"cannot write in {output_dir}")
+        return
+    ancestor = output_dir.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(file, "study.output_dir",
+                          f"cannot create {output_dir}: {ancestor} is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(file, "study.output_dir",
+                          f"cannot create {output_dir}: no permission to write in {ancestor}")
+
+
+def outside(param: FloatParam | IntParam | CategoricalParam, value: Any) -> str | None:
+    """Why `value` cannot be a value of `param` (None if it can)."""
+    shown = short(repr(value), 40)
+    if isinstance(param, CategoricalParam):
+        if not any(type(c) is type(value) and c == value for c in param.choices):
+            return f"{shown} is not one of the choices {short(repr(param.choices), 80)}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{shown} is not a number"
+    if isinstance(param, IntParam) and value != int(value):
+        return f"{shown} is not a whole number"
+    if not param.low <= value <= param.high:
+        return f"{shown} is outside [{param.low}, {param.high}]"
+    return None
+
+
+def shown_url(url: str) -> str:
+    """A storage URL as it may be printed: no password, nor secrets in its query string."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<storage URL>"
+    secret = {k: "***" for k in parsed.query if SECRET_KEYS.search(k)}
+    shown = parsed.update_query_dict(secret).render_as_string(hide_password=True)
+    return shown.replace("%2A%2A%2A", "***")
+
+
+def redact(text: str, url: str) -> str:
+    """`text` with the secrets of `url` (password, secret query values) blanked out."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return text
+    secrets = [parsed.password] if parsed.password else []
+    for key, value in parsed.query.items():
+        if SECRET_KEYS.search(key):
+            secrets += [value] if isinstance(value, str) else list(value)
+    for secret in secrets:
+        if secret:
+            text = text.replace(str(secret), "***")
+    return text
+
+
+SECRET_KEYS = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
+
+
 def check_storage_url(file: str, url: str, base: Path) -> None:
     """Refuse a storage URL SQLAlchemy cannot use, without connecting or creating anything."""
     from sqlalchemy.engine import make_url
@@ -329,7 +431,7 @@ def check_storage_url(file: str, url: str, base: Path) -> None:
             file, "study.storage", "not a database URL (e.g. sqlite:///sweep.db or "
             "postgresql://user@host/db)"
         ) from None
-    shown = parsed.render_as_string(hide_password=True)
+    shown = shown_url(url)
     try:
         dialect = parsed.get_dialect()
         dialect.import_dbapi()

@@ -46,6 +46,7 @@ class Driver:
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
         self._orphan_wait: float | None = None
         self._announced = False
+        self._prunes = spec.study.pruner.type != "none"
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
@@ -103,7 +104,7 @@ class Driver:
         for run in self.running.values():
             times.append(run.next_wakeup() or math.inf)
             if run.follows_reports:
-                times.append(now + POLL_SECONDS)
+                times.append(now if run.reports and run.reports.more else now + POLL_SECONDS)
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
@@ -158,24 +159,31 @@ class Driver:
             if run.process.ended:
                 self._end(run, now)
 
-    def _follow_reports(self, run: RunningTrial, now: float) -> None:
+    def _follow_reports(self, run: RunningTrial, now: float, rest: bool = False) -> None:
+        """New report lines (a bounded batch; all of them once the command exited): each to
+        the pruner while the trial runs, else only the latest is stored. A bad line stops the
+        trial."""
         assert run.reports is not None
-        fresh = False
-        for step, value in run.reports.read():
+        fresh = run.reports.read_rest() if rest else run.reports.read()
+        prune = self._prunes and not rest
+        for step, value in fresh if prune else fresh[-1:]:
             if self.store.report(run.trial, step, value):
-                run.last_report, fresh = (step, value), True
-        if fresh and self.store.should_prune(run.trial):
+                run.last_report = (step, value)
+        if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
+        if run.reports.error is not None:
+            run.stop(Stop.BAD_REPORT, now)
 
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
-            self._follow_reports(run, now)
+            self._follow_reports(run, now, rest=True)
         run.judged_now(now)
         paths = run.process.plan.paths
         verdict = outcome.judge_files(
             paths.stderr, paths.result, run.process.exit_code, self.spec.study.objective_metrics,
-            stop=run.stop_reason.value if run.stop_reason else None,
+            stop=run.reports.error if run.stop_reason is Stop.BAD_REPORT and run.reports
+            else run.stop_reason.value if run.stop_reason else None,
             timeout=self.spec.trainer.timeout, last_report=run.last_report,
         )
         lease = self.pool.lease_of(run.number)

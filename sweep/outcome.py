@@ -107,8 +107,14 @@ def judge_files(
     stderr: Path, result: Path, exit_code: int | None, metrics: list[str], **how: Any
 ) -> Outcome:
     """`judge` a trial from its files: the tail of its stderr and its result file."""
-    return judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", read_text(result),
-                 metrics, **how)
+    verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", read_text(result),
+                    metrics, **how)
+    if verdict.state == FAIL and verdict.fail_reason and verdict.fail_reason.startswith(
+        "no result file"
+    ) and os.path.lexists(result):
+        return Outcome(FAIL, fail_reason="the result file is not a regular file (a FIFO, a "
+                       "device or a folder?)", exit_code=verdict.exit_code)
+    return verdict
 
 
 def _oom_line(stderr: str) -> str | None:

@@ -88,6 +88,9 @@ def discover(env: Mapping[str, str] | None = None) -> list[Device]:
 def select(devices: Sequence[Device], ids: str | Sequence[int], file: str = "") -> list[Device]:
     """The devices of `gpus.ids` ("all" or a list of indices), which must all be in the pool."""
     if not devices:
+        if FAKE_ENV in os.environ:
+            raise UsageError(f"{FAKE_ENV}={os.environ[FAKE_ENV]} simulates no device; set it to "
+                             "the number of devices to simulate")
         raise UsageError("the GPU pool is empty (CUDA_VISIBLE_DEVICES hides every device)")
     if isinstance(ids, str):  # "all"
         return list(devices)

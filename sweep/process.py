@@ -41,6 +41,7 @@ class Stop(str, enum.Enum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     DRIVER_ERROR = "driver error"
+    BAD_REPORT = "bad report"
 
 
 class Process(Protocol):

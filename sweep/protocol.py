@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,74 +101,149 @@ class ResultError(ValueError):
     """The result file cannot give the objective; `str(e)` is the trial's fail_reason."""
 
 
+MAX_STEP = 2**31 - 1  # what every Optuna storage keeps as a step
+MAX_EXTRAS = 64  # other numeric keys of a result kept with the trial
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a finite float, or None (booleans, strings, NaN, inf, too large)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, float]]:
     """A result file's text -> (objective values in `metrics` order, other numeric keys).
 
-    Raises ResultError with the trial's fail_reason when the objective cannot be read.
+    Raises ResultError with the trial's fail_reason when the objective cannot be read. Other
+    keys are kept only when they are finite numbers (at most MAX_EXTRAS of them).
     """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ResultError(f"result file is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ResultError(f"result file is not valid JSON ({_short(str(e))})") from None
     if not isinstance(data, dict):
         raise ResultError(f"result file must hold a JSON object, not {type(data).__name__}")
     values = []
     for name in metrics:
         if name not in data:
-            keys = ", ".join(sorted(map(str, data))) or "none"
+            keys = _short(", ".join(sorted(map(str, data))) or "none")
             raise ResultError(f"metric {name!r} missing from the result file (keys: {keys})")
         value = data[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ResultError(f"metric {name!r} is not a number: {value!r}")
-        if not math.isfinite(value):
-            raise ResultError(f"metric {name!r} is not a finite number: {value}")
-        values.append(float(value))
-    extras = {
-        k: float(v) for k, v in data.items()
-        if k not in metrics and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+            raise ResultError(f"metric {name!r} is not a number: {_short(repr(value))}")
+        number = _number(value)
+        if number is None:
+            raise ResultError(f"metric {name!r} is not a finite number: {_short(str(value))}")
+        values.append(number)
+    extras: dict[str, float] = {}
+    for key, value in data.items():
+        number = _number(value)
+        if key not in metrics and number is not None and len(extras) < MAX_EXTRAS:
+            extras[str(key)] = number
     return values, extras
 
 
-def parse_report_lines(text: str) -> list[tuple[int, float]]:
-    """The (step, value) pairs of the complete lines of `text`.
+def _short(text: str, width: int = 80) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
-    A trailing line without its newline is not read yet; malformed lines are skipped.
-    """
-    reports: list[tuple[int, float]] = []
-    for line in text[: text.rfind("\n") + 1].splitlines():
-        try:
-            item = json.loads(line)
-            step, value = item["step"], item["value"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-        is_step = isinstance(step, int) and not isinstance(step, bool)
-        if is_step and isinstance(value, (int, float)) and math.isfinite(value):
-            reports.append((step, float(value)))
-    return reports
+
+class ReportError(ValueError):
+    """A report line sweep cannot use; `str(e)` is the trial's fail_reason."""
+
+
+def parse_report_line(line: str, number: int) -> tuple[int, float]:
+    """One line of the report file -> (step, value); ReportError says what is wrong."""
+    where = f"report line {number}"
+    try:
+        item = json.loads(line)
+    except ValueError:
+        raise ReportError(f"{where} is not JSON: {_short(line.strip(), 60)}") from None
+    if not isinstance(item, dict) or "step" not in item or "value" not in item:
+        raise ReportError(f'{where} must be {{"step": N, "value": X}}: {_short(line.strip(), 60)}')
+    step, value = item["step"], item["value"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise ReportError(f"{where}: step must be a whole number from 0 to {MAX_STEP} "
+                          f"(got {_short(repr(step), 40)})")
+    finite = _number(value)
+    if finite is None:
+        raise ReportError(f"{where}: value must be a finite number (got {_short(repr(value), 40)})")
+    return step, finite
+
+
+CHUNK = 1 << 18  # bytes of the report file read at most per pass
 
 
 class ReportReader:
-    """Follows one trial's report file: each `read()` returns the new, not yet seen steps."""
+    """Follows one trial's report file: each `read()` returns new steps, at most `batch` lines.
 
-    def __init__(self, path: Path) -> None:
+    Steps already seen are ignored; a trailing line without its newline waits. The first bad
+    line stops the reading and sets `error` (the trial's fail_reason). Never blocks: a report
+    file that is not a regular file is an error.
+    """
+
+    def __init__(self, path: Path, batch: int = 100) -> None:
         self.path = path
+        self.batch = batch
+        self.error: str | None = None
+        self.more = False  # complete lines were left for the next read
         self._offset = 0
+        self._lines = 0
         self._seen: set[int] = set()
 
     def read(self) -> list[tuple[int, float]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
+        self.more = False
+        if self.error is not None:
             return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        reports = parse_report_lines(complete.decode("utf-8", errors="replace"))
+        chunk = self._chunk(CHUNK)
+        if chunk is None:
+            return []
+        *lines, _incomplete = chunk.split(b"\n")
+        if not lines and len(chunk) == CHUNK:
+            self.error = f"report line {self._lines + 1} is longer than {CHUNK} bytes"
+            return []
+        self.more = len(lines) > self.batch or len(chunk) == CHUNK
         fresh = []
-        for step, value in reports:
+        for raw in lines[: self.batch]:
+            self._offset += len(raw) + 1
+            self._lines += 1
+            try:
+                step, value = parse_report_line(raw.decode("utf-8", "replace"), self._lines)
+            except ReportError as e:
+                self.error, self.more = str(e), False
+                break
             if step not in self._seen:
                 self._seen.add(step)
                 fresh.append((step, value))
         return fresh
+
+    def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
+        """Every new step left (up to `limit` bytes), for a trial whose command exited."""
+        fresh: list[tuple[int, float]] = []
+        start = self._offset
+        while self._offset - start < limit:
+            fresh += self.read()
+            if not self.more:
+                break
+        return fresh
+
+    def _chunk(self, size: int) -> bytes | None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.error = f"cannot read the report file ({e.strerror})"
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.error = "the report file is not a regular file"
+                return None
+            f.seek(self._offset)
+            return f.read(size)

@@ -15,10 +15,16 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import optuna
 import psutil
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+)
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
@@ -35,6 +41,7 @@ log = logging.getLogger("sweep")
 OWNER = "owner"
 GPU, HOST, ATTEMPT, RETRY_OF = "gpu", "host", "attempt", "retry_of"
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
+METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -117,8 +124,45 @@ def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
     raise AssertionError("unreachable")
 
 
-def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study:
-    """Create the study, or load it; its directions and metrics must match the file."""
+def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError:
+    """The one line for a storage that cannot be used: no secret of its URL is shown."""
+    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__:
+        error = error.__cause__  # type: ignore[assignment]
+    cause = (str(getattr(error, "orig", None) or error).strip() or type(error).__name__)
+    cause = cause.splitlines()[0]
+    return UsageError(f"{spec.source}: study.storage: cannot {doing} "
+                      f"{config.shown_url(spec.storage_url)}: "
+                      f"{config.redact(config.short(cause, 200), spec.storage_url)}")
+
+
+def read_study(spec: Spec) -> optuna.Study | None:
+    """The stored study, read without creating anything (no file, no table); None if there is
+    none yet."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = make_url(spec.storage_url)
+    if url.get_backend_name() == "sqlite" and (
+        not url.database or not Path(url.database).exists()
+    ):
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        storage = optuna.storages.RDBStorage(spec.storage_url, skip_table_creation=True)
+        return optuna.load_study(study_name=spec.study.name, storage=storage)
+    except KeyError:
+        return None
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        if "no such table" in str(e.__cause__ or e) or "does not exist" in str(e.__cause__ or e):
+            return None
+        raise unreachable(spec, e, "read") from None
+
+
+def open_study(
+    spec: Spec, storage: optuna.storages.BaseStorage, notes: list[str] | None = None
+) -> optuna.Study:
+    """Create the study, or load it; its directions, metrics and param types must match the
+    file (UsageError before anything is written). Refinements are added to `notes`."""
     directions = spec.study.objective_directions
     metrics = spec.study.objective_metrics
     study = optuna.create_study(
@@ -142,6 +186,9 @@ def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study
             f"{spec.source}: {key}: study {spec.study.name!r} in storage optimises "
             f"{stored_metrics}, the file says {metrics}; rename the study or fix the metric"
         )
+    said = check_params(spec, study)
+    if notes is not None:
+        notes += said
     if stored_metrics is None:
         study.set_user_attr(METRICS, metrics)
     if len(directions) > 1 and not study.metric_names:
@@ -149,6 +196,43 @@ def open_study(spec: Spec, storage: optuna.storages.BaseStorage) -> optuna.Study
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(metrics)
     return study
+
+
+def _kind(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return f"categorical {config.short(repr(list(dist.choices)), 60)}"
+    kind = "float" if isinstance(dist, FloatDistribution) else "int"
+    return f"{kind}{' (log)' if getattr(dist, 'log', False) else ''}"
+
+
+def check_params(spec: Spec, study: optuna.Study) -> list[str]:
+    """Compare the file's params with those the stored trials used.
+
+    A param whose type (float, int, categorical), log scale or choices changed is a
+    UsageError: Optuna cannot mix the two. A changed range or a new param is a refinement:
+    returned as one line each, to be said to the user.
+    """
+    stored: dict[str, BaseDistribution] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            stored.setdefault(name, dist)
+    notes = []
+    for name, dist in config.distributions(spec).items():
+        old = stored.get(name)
+        if old is None:
+            if stored:
+                notes.append(f"params.{name}: new in this run (earlier trials did not have it)")
+            continue
+        if _kind(old) != _kind(dist):
+            raise UsageError(
+                f"{spec.source}: params.{name}: the stored study searched it as {_kind(old)}, "
+                f"the file says {_kind(dist)}; a param's type, log scale and choices cannot "
+                "change: rename the param or the study")
+        if old != dist:
+            low, high = getattr(old, "low", None), getattr(old, "high", None)
+            notes.append(f"params.{name}: range changed from [{low}, {high}] to "
+                         f"[{getattr(dist, 'low', None)}, {getattr(dist, 'high', None)}]")
+    return notes
 
 
 def suggest(trial: optuna.Trial, name: str, param: FloatParam | IntParam | CategoricalParam) -> Any:
@@ -275,7 +359,8 @@ class Store:
     ) -> tuple[bool, bool]:
         """Tell a judged trial with the attributes sweep stores (see `tell`)."""
         attrs = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
-                 EXIT_CODE: verdict.exit_code, **verdict.extras, **usage}
+                 EXIT_CODE: verdict.exit_code, **usage,
+                 **{METRIC_PREFIX + k: v for k, v in verdict.extras.items()}}
         if verdict.fail_reason:
             attrs[FAIL_REASON] = verdict.fail_reason
         return self.tell(trial, verdict.state, verdict.values, attrs)

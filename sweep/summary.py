@@ -54,20 +54,11 @@ def load(study_file: str | Path) -> Summary:
 
 
 def _load_study(spec: Spec) -> Any:
-    import optuna
-    from sqlalchemy.engine import make_url
-
-    url = make_url(spec.storage_url)
-    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-        raise UsageError(f"{spec.source}: no storage yet at {url.database}; run the study first")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=spec.study.name, storage=spec.storage_url)
-    except KeyError:
-        raise UsageError(
-            f"{spec.source}: no study named {spec.study.name!r} in "
-            f"{url.render_as_string(hide_password=True)}; run it first"
-        ) from None
+    study = store.read_study(spec)
+    if study is None:
+        raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
+                         f"{config.shown_url(spec.storage_url)} yet; run the study first")
+    return study
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float:
@@ -159,6 +150,8 @@ def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     if trials.empty or trials["datetime_start"].isna().all():
         return pd.DataFrame(columns=columns)
     started = trials.dropna(subset=["datetime_start", "gpu"])
+    if started.empty:
+        return pd.DataFrame(columns=columns)
     now = pd.Timestamp(datetime.now())
     ends = started["datetime_complete"].fillna(now)
     wall = (ends.max() - started["datetime_start"].min()).total_seconds()
@@ -213,12 +206,13 @@ def render(summary: Summary, top: int = 5) -> Any:
 
 def _table(frame: pd.DataFrame, title: str) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     for col in frame.columns:
-        table.add_column(str(col), justify="right")
+        table.add_column(Text(str(col)), justify="right")
     for _, row in frame.iterrows():
-        table.add_row(*(_cell(v) for v in row))
+        table.add_row(*(Text(_cell(v)) for v in row))  # values as they are, never markup
     return table
 
 

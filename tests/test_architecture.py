@@ -8,7 +8,7 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events"},
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile"},
     {"config"},
     {"launch", "outcome", "policy", "pool"},
     {"process", "monitor", "store"},

@@ -34,8 +34,8 @@ def test_three_gpus_run_in_parallel_without_sharing_a_device(write_study, fake_g
         assert r["cvd"] == str(trial.user_attrs["gpu"])
         assert r["order"] == "PCI_BUS_ID"
         assert trial.value == pytest.approx((r["params"]["x"] - 0.3) ** 2)
-        assert trial.user_attrs["size"] == pytest.approx(r["params"]["x"] * 10)
-        assert "label" not in trial.user_attrs  # non-numeric result keys are not stored
+        assert trial.user_attrs["metric_size"] == pytest.approx(r["params"]["x"] * 10)
+        assert "metric_label" not in trial.user_attrs  # non-numeric result keys are not stored
     for a in records:
         for b in records:
             if a is not b and a["cvd"] == b["cvd"]:

@@ -62,12 +62,62 @@ def test_report_lines_partial_last_line_and_duplicates(tmp_path):
     assert reader.read() == []
     protocol.report(0, 1.5, path)
     with open(path, "a") as f:
-        f.write('{"step": 1, "value": 1.0}\nnot json\n{"step": 0, "value": 9}\n{"step": 2, "va')
+        f.write('{"step": 1, "value": 1.0}\n{"step": 0, "value": 9}\n{"step": 2, "va')
     assert reader.read() == [(0, 1.5), (1, 1.0)]
     with open(path, "a") as f:
-        f.write('lue": 0.5}\n{"step": 2, "value": 7}\n{"step": "3", "value": 1}\n')
+        f.write('lue": 0.5}\n{"step": 2, "value": 7}\n')
     assert reader.read() == [(2, 0.5)]
+    assert reader.read() == [] and reader.error is None
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("not json", "report line 2 is not JSON: not json"),
+    ('{"step": 1}', 'report line 2 must be {"step": N, "value": X}'),
+    ('{"step": -1, "value": 0.9}', "report line 2: step must be a whole number from 0 to"),
+    ('{"step": 99999999999999999999, "value": 0.9}', "(got 99999999999999999999)"),
+    ('{"step": "3", "value": 1}', "(got '3')"),
+    ('{"step": 1.5, "value": 1}', "(got 1.5)"),
+    ('{"step": 1, "value": ' + "9" * 400 + "}", "value must be a finite number (got 9999"),
+    ('{"step": 1, "value": NaN}', "value must be a finite number (got nan)"),
+    ('{"step": 1, "value": "x"}', "value must be a finite number (got 'x')"),
+])
+def test_a_bad_report_line_stops_reading_with_a_one_line_reason(tmp_path, line, reason):
+    path = tmp_path / "reports.jsonl"
+    path.write_text('{"step": 0, "value": 1}\n' + line + '\n{"step": 5, "value": 1}\n')
+    reader = protocol.ReportReader(path)
+    assert reader.read() == [(0, 1.0)]
+    assert reader.error is not None and reason in reader.error
+    assert len(reader.error) < 200 and "\n" not in reader.error
     assert reader.read() == []
+
+
+def test_reports_are_read_in_bounded_batches_and_never_block(tmp_path):
+    path = tmp_path / "reports.jsonl"
+    path.write_text("".join(f'{{"step": {i}, "value": 1}}\n' for i in range(250)))
+    reader = protocol.ReportReader(path, batch=100)
+    assert len(reader.read()) == 100 and reader.more
+    assert len(reader.read()) == 100 and reader.more
+    assert len(reader.read()) == 50 and not reader.more
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    reader = protocol.ReportReader(fifo)
+    assert reader.read() == [] and reader.error == "the report file is not a regular file"
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('{"m": ' + "9" * 400 + "}", "metric 'm' is not a finite number: 999"),
+    ('{"m": ' + "9" * 5000 + "}", "result file is not valid JSON"),
+])
+def test_huge_numbers_in_a_result_are_a_reason_not_a_crash(text, reason):
+    with pytest.raises(ResultError) as e:
+        parse_result(text, ["m"])
+    assert str(e.value).startswith(reason) and len(str(e.value)) < 200
+
+
+def test_result_keys_that_are_not_finite_numbers_are_not_kept():
+    _, extras = parse_result('{"m": 1, "big": ' + "9" * 400 + ', "n": 2, "inf": Infinity}',
+                             ["m"])
+    assert extras == {"n": 2.0}
 
 
 def test_should_stop_turns_sigterm_into_a_flag(tmp_path):

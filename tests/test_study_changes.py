@@ -1,0 +1,142 @@
+"""The study file and the stored study agree, or nothing runs: exit 2, one line naming the key,
+storage and output_dir untouched, no trial created (issue 9, part 2)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from conftest import load_trials, run_cli, study_dict
+
+FLOAT_X = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+
+
+def snapshot(tmp_path: Path) -> dict[str, tuple[int, int]]:
+    """Every file under tmp_path but the study files: size and mtime."""
+    return {str(p.relative_to(tmp_path)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".yaml"}
+
+
+def edit(**sections: Any) -> dict[str, Any]:
+    return study_dict(**sections)
+
+
+def raw(text: str) -> Callable[[dict[str, Any]], str]:
+    return lambda base: text
+
+
+CHANGES: list[tuple[str, Any, str]] = [
+    ("float to categorical",
+     edit(params={"x": {"type": "categorical", "choices": [0.1, 0.2]}}), "params.x"),
+    ("float to int", edit(params={"x": {"type": "int", "low": 0, "high": 1}}), "params.x"),
+    ("float to log float", edit(params={"x": {"type": "float", "low": 0.1, "high": 1.0,
+                                              "log": True}}), "params.x"),
+    ("metric changed", edit(study={"metric": "size"}), "study.metric"),
+    ("direction changed", edit(study={"direction": "maximize"}), "study.direction"),
+    ("enqueue of the wrong type", edit(study={"enqueue": [{"x": "abc"}]}),
+     "study.enqueue.0.x: 'abc' is not a number"),
+    ("enqueue out of range", edit(study={"enqueue": [{"x": 7}]}),
+     "study.enqueue.0.x: 7 is outside [0.0, 1.0]"),
+    ("enqueue not a choice", edit(params={"c": {"type": "categorical", "choices": ["a"]},
+                                          **FLOAT_X},
+                                  study={"enqueue": [{"x": 0.5, "c": "b"}]}),
+     "study.enqueue.0.c: 'b' is not one of the choices"),
+    ("duplicate key", "study: {name: probe}\nstudy: {name: other}\n",
+     "line 2: duplicate key 'study' (first on line 1)"),
+    ("alias bomb as a fixed value", "BOMB", "expands to more than"),
+    ("output_dir is a file", edit(study={"output_dir": "afile"}), "study.output_dir: not a folder"),
+    ("output_dir under a file", edit(study={"output_dir": "afile/sub"}),
+     "study.output_dir: cannot create"),
+    ("env key that is a command", edit(trainer={"env": {"X;touch pwned;Y": "1"}}),
+     "trainer.env.X;touch pwned;Y: not an environment variable name"),
+    ("env key with =", edit(trainer={"env": {"A=B": "1"}}), "trainer.env.A=B"),
+    ("NUL in args", edit(trainer={"args": ["--a\x00b"]}), "trainer.args.0: contains a NUL byte"),
+    ("NUL in a choice", edit(params={"x": {"type": "categorical", "choices": ["a\x00"]}}),
+     "params.x.choices.0: contains a NUL byte"),
+]
+
+
+def bomb() -> str:
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    body = "\n".join(f"  {line}" for line in lines)
+    base = yaml.safe_dump(study_dict(params={**FLOAT_X, "big": {"type": "fixed", "value": 0}}),
+                          sort_keys=False)
+    return "anchors:\n" + body + "\n" + base.replace("value: 0", "value: *i")
+
+
+@pytest.mark.parametrize(("case", "change", "key"), CHANGES, ids=[c[0] for c in CHANGES])
+def test_an_edited_study_file_is_refused_and_nothing_is_written(write_study, fake_gpus,
+                                                                tmp_path, capsys, case,
+                                                                change, key):
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    (tmp_path / "afile").write_text("not a folder")
+    before = snapshot(tmp_path)
+    text = bomb() if change == "BOMB" else (
+        change if isinstance(change, str) else yaml.safe_dump(change, sort_keys=False))
+    edited = write_study(text, name="edited.yaml")
+    capsys.readouterr()
+    assert run_cli("run", str(edited)) == 2
+    err = capsys.readouterr().err
+    assert key in err and err.count("\n") == 1 and len(err) < 400, err
+    assert snapshot(tmp_path) == before
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["COMPLETE"]
+
+
+def test_a_wider_range_and_a_new_param_are_allowed_and_said(write_study, fake_gpus, capsys):
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    refined = write_study(edit(study={"n_trials": 2},
+                               params={"x": {"type": "float", "low": 0.0, "high": 2.0},
+                                       "y": {"type": "float", "low": 0.0, "high": 0.1}}))
+    capsys.readouterr()
+    assert run_cli("run", str(refined)) == 0
+    err = capsys.readouterr().err
+    assert "params.x: range changed from [0.0, 1.0] to [0.0, 2.0]" in err
+    assert "params.y: new in this run" in err
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE", "COMPLETE"]
+
+
+def test_a_password_in_the_query_string_is_never_printed(write_study, fake_gpus, capsys):
+    study = write_study(study={
+        "storage": "postgresql://sweep@127.0.0.1:1/db?password=hunter2&sslmode=disable"})
+    assert run_cli("run", str(study)) == 2
+    err = capsys.readouterr().err
+    assert "study.storage" in err and "hunter2" not in err and "password=***" in err
+
+
+def test_no_simulated_gpu_says_so(write_study, fake_gpus, capsys):
+    fake_gpus(0)
+    assert run_cli("run", str(write_study())) == 2
+    err = capsys.readouterr().err
+    assert "SWEEP_FAKE_GPUS=0 simulates no device" in err and "CUDA_VISIBLE" not in err
+
+
+def test_status_and_summary_of_trials_running_without_a_gpu_yet(write_study, fake_gpus,
+                                                                 capsys):
+    study = write_study()
+    storage = f"sqlite:///{study.parent / 'probe.db'}"
+    optuna.create_study(study_name="probe", storage=storage).ask()  # no owner, no gpu
+    assert run_cli("status", str(study)) == 0
+    assert "RUNNING" in capsys.readouterr().out
+    assert run_cli("summary", str(study)) == 0
+
+
+def test_an_unreachable_database_is_exit_2_in_every_verb(write_study, capsys):
+    study = write_study(study={"storage": "postgresql://u:pw@127.0.0.1:1/db"})
+    os.environ["SWEEP_FAKE_GPUS"] = "1"
+    try:
+        for verb in ("run", "status", "summary"):
+            assert run_cli(verb, str(study)) == 2, verb
+            err = capsys.readouterr().err
+            assert "study.storage: cannot" in err and ":pw@" not in err, err
+    finally:
+        del os.environ["SWEEP_FAKE_GPUS"]

@@ -1,0 +1,116 @@
+"""Whatever a trainer writes is data: the worst it gets is its own FAIL with a one-line reason,
+while its neighbour on the other GPU completes and the driver exits 0 (issue 9, part 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import load_trials, processes_mentioning, run_cli, spawn_cli
+
+HOSTILE = Path(__file__).parent / "trainers" / "hostile.py"
+
+CASES = [
+    ("step_negative", "report line 1: step must be a whole number from 0 to 2147483647 (got -1)"),
+    ("step_huge", "report line 1: step must be a whole number from 0 to 2147483647 "
+                  "(got 99999999999999999999)"),
+    ("value_huge", "report line 1: value must be a finite number (got 9999"),
+    ("metric_huge", "metric 'score' is not a finite number: 9999"),
+    ("metric_5000_digits", "result file is not valid JSON (Exceeds the limit"),
+    ("brackets", "exit code 1: error reading [/data/train]"),
+    ("markup", "exit code 1: [red]x[/red] failed"),
+    ("result_fifo", "the result file is not a regular file"),
+    ("report_fifo", "the report file is not a regular file"),
+]
+
+
+def hostile_study(write_study, case: str, **study):
+    return write_study(
+        study={"n_trials": 2, "enqueue": [{"x": 0.1}, {"x": 0.5}], **study},
+        trainer={"script": str(HOSTILE), "args": ["--case", case], "grace_period": 1.0},
+    )
+
+
+@pytest.mark.parametrize(("case", "reason"), CASES)
+def test_a_hostile_output_fails_only_its_own_trial(write_study, fake_gpus, tmp_path, capsys,
+                                                   case, reason):
+    study = hostile_study(write_study, case)
+    assert run_cli("run", str(study)) == 0
+    hostile, neighbour, *rest = load_trials(study)
+    assert hostile.state.name == "FAIL"
+    assert hostile.user_attrs["fail_reason"].startswith(reason), hostile.user_attrs
+    assert len(hostile.user_attrs["fail_reason"]) < 250
+    assert neighbour.state.name == "COMPLETE" and neighbour.value == 0.5
+    assert reason in capsys.readouterr().err  # printed as it is, brackets included
+    assert [t.state.name for t in rest] == ["COMPLETE"]  # the budget is still met
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_result_keys_named_like_sweeps_attributes_stay_in_their_namespace(write_study,
+                                                                          fake_gpus):
+    study = hostile_study(write_study, "own_attributes")
+    assert run_cli("run", str(study)) == 0
+    trial = load_trials(study)[0]
+    assert trial.state.name == "COMPLETE"
+    assert trial.user_attrs["gpu"] in (0, 1) and trial.user_attrs["exit_code"] == 0
+    assert trial.user_attrs["attempt"] == 0 and "retry_of" not in trial.user_attrs
+    assert trial.user_attrs["owner"]["pid"] != 99 and "fail_reason" not in trial.user_attrs
+    assert trial.user_attrs["metric_gpu"] == 99 and trial.user_attrs["metric_owner"] == 99
+
+
+@pytest.mark.parametrize("pruner", [{"type": "none"}, {"type": "median"}])
+def test_a_flood_of_report_lines_is_read_in_bounded_batches(write_study, fake_gpus, pruner):
+    study = hostile_study(write_study, "flood", pruner=pruner)
+    assert run_cli("run", str(study)) == 0
+    flooded = load_trials(study)[0]
+    assert flooded.state.name == "COMPLETE"
+    steps = flooded.intermediate_values
+    assert max(steps) == 19_999  # the last one is always kept
+    if pruner["type"] == "none":  # only the latest step of each pass is stored
+        assert len(steps) < 20
+    else:  # the pruner sees every step read while the trial ran, a batch per pass
+        assert steps[19_999] == pytest.approx(1 / 20_000)
+
+
+def test_brackets_in_a_categorical_choice_are_shown_as_they_are(write_study, fake_gpus, capsys):
+    study = write_study(study={"n_trials": 1, "max_consecutive_failures": 1},
+                        params={"x": {"type": "categorical", "choices": ["[/data/b]"]}})
+    assert run_cli("run", str(study)) == 1  # the probe cannot parse x: its own failure
+    err = capsys.readouterr().err
+    assert "x=[/data/b]" in err and "invalid float value: '[/data/b]'" in err
+
+
+@pytest.mark.slow
+def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(write_study,
+                                                                               tmp_path):
+    """Two drivers on one study as two hosts, heartbeats every second: while each is busy
+    storing thousands of report lines, neither takes the other's live trial for dead."""
+    study = write_study(
+        study={"n_trials": 4, "heartbeat_interval": 1, "reclaim_after": 2,
+               "pruner": {"type": "median", "n_startup_trials": 1000}},
+        trainer={"script": str(HOSTILE), "args": ["--case", "flood_slow"]},
+    )
+    drivers = [spawn_cli("run", str(study),
+                         env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": f"host-{i}"})
+               for i in range(2)]
+    outputs = [d.communicate(timeout=180) for d in drivers]
+    for d, (_, err) in zip(drivers, outputs, strict=True):
+        assert d.returncode == 0, err
+        assert "no heartbeat" not in err and "driver died" not in err, err
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert {t.user_attrs["host"] for t in trials} == {"host-0", "host-1"}
+    counts = [len(t.intermediate_values) for t in trials]
+    assert all(n > 300 for n in counts), counts  # the drivers were busy storing them
+
+
+def test_the_summary_shows_brackets_in_params_as_they_are(write_study, fake_gpus, capsys,
+                                                          monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    study = write_study(study={"n_trials": 1},
+                        params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                                "tag": {"type": "categorical", "choices": ["[red]/data[/red]"]}})
+    assert run_cli("run", str(study)) == 0
+    capsys.readouterr()
+    assert run_cli("summary", str(study)) == 0
+    assert "[red]/data[/red]" in capsys.readouterr().out

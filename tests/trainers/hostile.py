@@ -1,0 +1,72 @@
+"""A trainer that misbehaves as `--case` says when its x is below 0.15, and behaves (sleeps a
+second, then writes a good result) otherwise: the neighbour that must not be harmed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--x", type=float, default=0.5)
+    p.add_argument("--case", default="")
+    args, _ = p.parse_known_args()
+    result = Path(os.environ["SWEEP_RESULT_FILE"])
+    reports = Path(os.environ["SWEEP_REPORT_FILE"])
+    if args.case == "flood_slow":  # every trial: report lines for 6 s, as fast as it can
+        t0, step = time.time(), 0
+        with open(reports, "a") as f:
+            while time.time() - t0 < 6:
+                for _ in range(100):
+                    f.write(json.dumps({"step": step, "value": 1.0}) + "\n")
+                    step += 1
+                f.flush()
+                time.sleep(0.01)
+        result.write_text(json.dumps({"score": args.x}))
+        return 0
+    if args.x >= 0.15:
+        time.sleep(1.5)
+        result.write_text(json.dumps({"score": args.x}))
+        return 0
+    case = args.case
+    lines = {
+        "step_negative": '{"step": -1, "value": 0.9}',
+        "step_huge": '{"step": 99999999999999999999, "value": 0.9}',
+        "value_huge": '{"step": 1, "value": ' + "9" * 400 + "}",
+    }
+    if case in lines:
+        reports.write_text(lines[case] + "\n")
+        time.sleep(30)  # the driver stops it
+    elif case == "metric_huge":
+        result.write_text('{"score": ' + "9" * 400 + "}")
+    elif case == "metric_5000_digits":
+        result.write_text('{"score": ' + "9" * 5000 + "}")
+    elif case in ("brackets", "markup"):
+        line = "error reading [/data/train]" if case == "brackets" else "[red]x[/red] failed"
+        print(line, file=sys.stderr)
+        return 1
+    elif case == "result_fifo":
+        os.mkfifo(result)
+    elif case == "report_fifo":
+        os.mkfifo(reports)
+        time.sleep(30)
+    elif case == "own_attributes":
+        result.write_text(json.dumps({"score": 1.0, "gpu": 99, "exit_code": 99, "attempt": 99,
+                                      "retry_of": 99, "owner": 99, "fail_reason": 99}))
+    elif case == "flood":
+        with open(reports, "a") as f:
+            for step in range(20_000):
+                f.write(json.dumps({"step": step, "value": 1.0 / (step + 1)}) + "\n")
+        result.write_text(json.dumps({"score": 0.0}))
+    else:
+        raise SystemExit(f"unknown case {case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
