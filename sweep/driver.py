@@ -182,8 +182,7 @@ class Driver:
         paths = run.process.plan.paths
         verdict = outcome.judge_files(
             paths.stderr, paths.result, run.process.exit_code, self.spec.study.objective_metrics,
-            stop=run.reports.error if run.stop_reason is Stop.BAD_REPORT and run.reports
-            else run.stop_reason.value if run.stop_reason else None,
+            stop=self._stop_text(run),
             timeout=self.spec.trainer.timeout, last_report=run.last_report,
         )
         lease = self.pool.lease_of(run.number)
@@ -205,6 +204,15 @@ class Driver:
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
+
+    @staticmethod
+    def _stop_text(run: RunningTrial) -> str | None:
+        """What `outcome.judge` is told of how the trial was stopped."""
+        if run.stop_reason is Stop.BAD_REPORT and run.reports is not None:
+            return run.reports.error
+        if run.stop_reason is None and run.process.lost:
+            return "its guard process was killed (by the trainer?); what was left was stopped"
+        return run.stop_reason.value if run.stop_reason else None
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its device once none holds memory on it."""
@@ -240,5 +248,6 @@ class Driver:
         for run in runs:
             self.pool.release(run.number)
             if not run.judged:
-                self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value)
+                self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
+                                       run.device, run.attempt)
         self.running.clear()

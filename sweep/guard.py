@@ -1,7 +1,7 @@
 """Supervises one trial's process tree: the only code that stops a trial's processes.
 
-Started by the driver as `python guard.py CONTROL STATUS GRACE -- ARGV...` in a new session.
-The guard
+Started by the driver as `python guard.py CONTROL STATUS GRACE -- ARGV...` in a new session;
+the command runs in a process group of its own inside it. The guard
 - becomes a child subreaper, so every descendant that loses its parent comes back to it: a
   child in its own session or process group (`setsid`, `setpgid(0, 0)`, a double fork) is still
   found and stopped;
@@ -131,7 +131,8 @@ def main(argv: list[str]) -> int:
     tree = Tree(float(grace))
     status_fd = int(status)
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        # A process group of its own: a trainer that signals its group cannot hit the guard.
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
     except OSError as e:
         print(f"sweep guard: cannot start {command[0]}: {e}", file=sys.stderr)
         _report(status_fd, 127)

@@ -49,11 +49,16 @@ def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     return "\n".join(lines[:-1]), int(match.group(1))
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def last_line(text: str, width: int = 200) -> str:
-    """The last non-blank line of `text`, stripped and cut to `width` characters."""
+    """The last non-blank line of `text`, stripped and cut to `width` characters, without
+    terminal escapes or control characters (it is stored, and printed)."""
     for line in reversed(text.splitlines()):
-        if line.strip():
-            line = line.strip()
+        line = _CONTROL.sub("?", _ANSI.sub("", line)).strip()
+        if line:
             return line if len(line) <= width else line[: width - 1] + "…"
     return ""
 
@@ -134,10 +139,11 @@ def read_text(path: Path, tail_bytes: int | None = None, limit: int = 1 << 20) -
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder, a FIFO, a device
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
         if tail_bytes is not None:
             f.seek(max(0, info.st_size - tail_bytes))
         return f.read(tail_bytes or limit).decode("utf-8", errors="replace")

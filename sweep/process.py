@@ -57,6 +57,7 @@ class Process(Protocol):
     def command_exited(self) -> bool: ...
     @property
     def ended(self) -> bool: ...  # the command and everything it started are gone
+    lost: bool  # the guard was killed before the command exited
     def stop(self) -> None: ...
     def kill(self) -> None: ...
     def force_kill(self) -> None: ...
@@ -105,6 +106,7 @@ class TrialProcess:
         self._ended = threading.Event()
         self._seen_pids: set[int] = {self.pid}
         self._on_change = on_change
+        self.lost = False  # the guard died before the command exited (it was killed)
         threading.Thread(target=self._follow, args=(status_r,), daemon=True).start()
 
     def _follow(self, status_fd: int) -> None:
@@ -115,7 +117,9 @@ class TrialProcess:
                     self._exited.set()
                     self._on_change()
         code = self._popen.wait()
-        if self._exit_code is None:  # the guard itself died (killed with the group)
+        if self._exit_code is None:  # the guard died first: stop what it leaves behind
+            self.lost = True
+            kill_leftovers(self.plan.paths.dir)
             self._exit_code = 128 - code if code < 0 else code
         self._exited.set()
         self._ended.set()
@@ -152,14 +156,12 @@ class TrialProcess:
         self._tell_guard(guard.KILL)
 
     def force_kill(self) -> None:
-        """SIGKILL the guard's group and every process of the tree seen, from here."""
-        pids = self.tree_pids() | self._seen_pids
+        """SIGKILL the guard and every process that runs for this trial, from here."""
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        for pid in pids - {self.pid}:
-            _kill_if_ours(pid, self.plan.paths.dir)
+        kill_leftovers(self.plan.paths.dir)
 
     def tree_pids(self) -> set[int]:
         """The pids of the trial's live processes (also remembered in `seen_pids`)."""
@@ -181,16 +183,6 @@ class TrialProcess:
         if self._control >= 0:
             os.close(self._control)
             self._control = -1
-
-
-def _kill_if_ours(pid: int, trial_dir: Path) -> None:
-    """SIGKILL `pid` if it is still a process of the trial in `trial_dir` (pids are reused)."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):
-            proc.kill()
-    except psutil.Error:
-        pass
 
 
 def kill_pids(pids: set[int]) -> None:

@@ -365,10 +365,15 @@ class Store:
             attrs[FAIL_REASON] = verdict.fail_reason
         return self.tell(trial, verdict.state, verdict.values, attrs)
 
-    def tell_failed(self, trial: optuna.Trial, reason: str) -> None:
-        """Tell FAIL with `reason`, as far as the storage still can."""
+    def tell_failed(
+        self, trial: optuna.Trial, reason: str, gpu: int | None = None, attempt: int | None = None
+    ) -> None:
+        """Tell FAIL with `reason` (and where it ran), as far as the storage still can."""
+        attrs: dict[str, Any] = {FAIL_REASON: reason, HOST: self.owner.host}
+        if gpu is not None:
+            attrs.update({GPU: gpu, ATTEMPT: attempt or 0})
         try:
-            self.tell(trial, "FAIL", None, {FAIL_REASON: reason})
+            self.tell(trial, "FAIL", None, attrs)
         except Exception as e:  # storage gone too: nothing more can be done from here
             log.error("could not tell trial %d: %s", trial.number, e)
 
@@ -424,8 +429,13 @@ class Store:
         driver got there first."""
         t = orphan.trial
         storage = self.study._storage
+        owner = t.user_attrs.get(OWNER) or {}
+        attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
+                 ATTEMPT: t.user_attrs.get(ATTEMPT, 0)}
         try:
-            storage.set_trial_user_attr(t._trial_id, FAIL_REASON, orphan.reason)
+            for key, value in attrs.items():
+                if value is not None:
+                    storage.set_trial_user_attr(t._trial_id, key, value)
             if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 return False
         except optuna.exceptions.UpdateFinishedTrialError:

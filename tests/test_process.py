@@ -105,3 +105,29 @@ def test_a_command_that_cannot_start_is_exit_127(tmp_path):
     assert "cannot start" in paths.stderr.read_text()
     assert os.path.exists(paths.stdout)
     proc.close()
+
+
+def test_a_command_that_kills_its_own_process_group_cannot_kill_its_guard(tmp_path):
+    proc = start(tmp_path, "setsid", "os.killpg(0, signal.SIGKILL)", grace=0.5)
+    child = child_pid(proc)
+    assert proc.wait(10)
+    assert proc.exit_code == 128 + 9 and not proc.lost  # the guard saw it and reported it
+    assert gone(child)  # and stopped what the command left
+    proc.close()
+
+
+def test_a_killed_guard_leaves_nothing_of_the_trial_behind(tmp_path):
+    proc = start(tmp_path, "setsid", "os.kill(os.getppid(), signal.SIGKILL); time.sleep(120)")
+    child = child_pid(proc)
+    assert proc.wait(10)
+    assert proc.lost  # the driver says so in the trial's fail_reason
+    assert wait_until(lambda: gone(child), 5)
+    assert not [p for p in psutil.process_iter() if _runs_for(p, proc.plan.paths.dir)]
+    proc.close()
+
+
+def _runs_for(proc: psutil.Process, trial_dir: Path) -> bool:
+    try:
+        return proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir)
+    except psutil.Error:
+        return False

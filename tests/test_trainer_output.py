@@ -20,6 +20,9 @@ CASES = [
     ("brackets", "exit code 1: error reading [/data/train]"),
     ("markup", "exit code 1: [red]x[/red] failed"),
     ("result_fifo", "the result file is not a regular file"),
+    ("result_dir", "the result file is not a regular file"),
+    ("kill_own_group", "exit code 137"),
+    ("kill_guard", "its guard process was killed (by the trainer?)"),
     ("report_fifo", "the report file is not a regular file"),
 ]
 

@@ -95,6 +95,7 @@ class FakeProcess:
         self.command_exited = False
         self.ended = False
         self.ended_at: float | None = None
+        self.lost = False
         self.signals: list[str] = []
         self._stopping = False
         for when, step, value in script.reports:

@@ -1,4 +1,4 @@
-"""A trainer that misbehaves as `--case` says when its x is below 0.15, and behaves (sleeps a
+"""A trainer that misbehaves as `--case` says when its x is 0.1, and behaves (sleeps a
 second, then writes a good result) otherwise: the neighbour that must not be harmed."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +31,7 @@ def main() -> int:
                 time.sleep(0.01)
         result.write_text(json.dumps({"score": args.x}))
         return 0
-    if args.x >= 0.15:
+    if args.x != 0.1:
         time.sleep(1.5)
         result.write_text(json.dumps({"score": args.x}))
         return 0
@@ -52,6 +54,16 @@ def main() -> int:
         return 1
     elif case == "result_fifo":
         os.mkfifo(result)
+    elif case == "result_dir":
+        result.mkdir()
+    elif case in ("kill_own_group", "kill_guard"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         start_new_session=True)
+        result.write_text(json.dumps({"score": 1.0}))
+        if case == "kill_own_group":
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getppid(), signal.SIGKILL)  # with `launcher: python`, the guard
+        time.sleep(120)
     elif case == "report_fifo":
         os.mkfifo(reports)
         time.sleep(30)
