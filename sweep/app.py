@@ -1,33 +1,39 @@
 """A sweep put together: storage, pool, monitor and progress around the driver.
 
-`run` and `dry_run` are what `sweep run` does; the command line only parses and reports.
+`run`, `dry_run`, `trial_log` and `rerun` are what the verbs do; the command line only parses
+and reports. `run_file` is `sweep.run` from Python.
 """
 
 from __future__ import annotations
 
-import os
-import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from sweep import config, launch
+from sweep import config, launch, pool
 from sweep.config import Spec
 from sweep.driver import Driver
+from sweep.errors import SweepError, UsageError
 from sweep.monitor import Monitor, NoReader, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
-from sweep.policy import RunResult
+from sweep.policy import EXIT_INTERRUPTED, RunResult
 from sweep.pool import Device, Pool
 from sweep.progress import Progress
-from sweep.store import FINISHED, Owner, Store, open_storage, open_study, read_study, unreachable
-
-HOST_ENV = "SWEEP_HOST"
-
-
-def host_name() -> str:
-    """The host a driver records and judges ownership by: `$SWEEP_HOST`, else the hostname
-    (containers that share one; tests that simulate several hosts on one machine)."""
-    return os.environ.get(HOST_ENV) or socket.gethostname()
+from sweep.store import (
+    FINISHED,
+    RERUN_OF,
+    Owner,
+    Store,
+    host_name,
+    open_storage,
+    open_study,
+    read_study,
+    sample,
+    unreachable,
+)
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
@@ -41,7 +47,8 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
         raise unreachable(spec, e) from None
     return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
-                 grid=spec.study.sampler.type == "grid")
+                 grid=spec.study.sampler.type == "grid",
+                 sampler_for=lambda number: config.build_sampler(spec, number))
 
 
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
@@ -57,6 +64,32 @@ def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
 
 def run(spec: Spec, devices: list[Device], console: Console | None = None) -> RunResult:
     """Run or continue the study to its budget on `devices`, with live progress."""
+    return execute(spec, devices, console)[0]
+
+
+def run_file(
+    path: str | Path, *, n_trials: int | None = None, gpus: list[int] | None = None,
+    storage: str | None = None, console: Console | None = None,
+) -> Any:
+    """`sweep.run`: run a study file in this process and return its `optuna.Study`.
+
+    Ctrl-C (KeyboardInterrupt in a notebook) stops the trials as SIGINT does on the command
+    line, then raises KeyboardInterrupt; a run that gives up raises SweepError.
+    """
+    spec = config.load(path, n_trials=n_trials, gpus=gpus, storage=storage)
+    devices = pool.select(pool.discover(), spec.gpus.ids, str(path))
+    result, study = execute(spec, devices, console)
+    if result.exit_code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt(result.message)
+    if result.exit_code != 0:
+        raise SweepError(result.message)
+    return study
+
+
+def execute(
+    spec: Spec, devices: list[Device], console: Console | None = None
+) -> tuple[RunResult, Any]:
+    """`run`, returning the `optuna.Study` too."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -70,7 +103,7 @@ def run(spec: Spec, devices: list[Device], console: Console | None = None) -> Ru
         with Progress(console, monitor) as progress:
             for note in notes:
                 progress.message(note)
-            return Driver(spec, store, lease, monitor, progress).run()
+            return Driver(spec, store, lease, monitor, progress).run(), store.study
     finally:
         if nvml is not None:
             nvml.close()
@@ -94,11 +127,11 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     n = max(0, min(lease.slots, spec.study.n_trials - started))
     lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
              f"running in storage; params sampled in memory)"]
-    dists = config.distributions(spec)
     for _ in range(n):
-        trial = study.ask(dists)
+        trial = study.ask()
+        params = sample(study, trial, spec.searched, lambda n: config.build_sampler(spec, n))
         gpu = lease.lease(trial.number)
-        plan = launch.plan_trial(spec, trial.number, {**trial.params, **spec.fixed}, gpu)
+        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu)
         lines.append(plan.command_line())
     return lines
 
@@ -107,3 +140,54 @@ def _stored_trials(spec: Spec) -> list[Any]:
     """The study's trials in storage, read without creating anything; [] if there are none."""
     study = read_study(spec)
     return [] if study is None else study.get_trials(deepcopy=False)
+
+
+def trial_log(
+    path: str | Path, number: int, stderr: bool = False, follow: bool = False,
+    storage: str | None = None, poll: float = 0.5,
+) -> Iterator[str]:
+    """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
+    comes, until the trial is finished."""
+    spec = config.load(path, runnable=False, storage=storage)
+    paths = launch.TrialPaths.of(spec.output_dir, number)
+    log = paths.stderr if stderr else paths.stdout
+    if not log.exists():
+        raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")
+    offset = 0
+    while True:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        offset += len(data)
+        if data:
+            yield data.decode("utf-8", errors="replace")
+        if not follow or _finished(spec, number):
+            return
+        time.sleep(poll)
+
+
+def _finished(spec: Spec, number: int) -> bool:
+    study = read_study(spec)
+    if study is None:
+        return True
+    trials = study.get_trials(deepcopy=False)
+    return number >= len(trials) or trials[number].state.is_finished()
+
+
+def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
+    """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
+    spec = config.load(path, runnable=False, storage=storage)
+    study = read_study(spec)
+    trials = study.get_trials(deepcopy=False) if study is not None else []
+    if number < 0 or number >= len(trials):
+        raise UsageError(f"{path}: no trial {number} in study {spec.study.name!r}")
+    old = trials[number]
+    if not old.params and spec.searched:
+        raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
+    study.enqueue_trial(dict(old.params), user_attrs={RERUN_OF: number},  # type: ignore[union-attr]
+                        skip_if_exists=False)
+    done = sum(1 for t in trials if t.state in FINISHED)
+    note = ("it runs first at the next `sweep run`" if done < spec.study.n_trials else
+            f"the budget of {spec.study.n_trials} is met: `sweep run {path} --n-trials "
+            f"{done + 1}` runs it")
+    return f"queued trial {number}'s params again; {note}"

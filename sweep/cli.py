@@ -21,10 +21,20 @@ from sweep import __version__
 from sweep.errors import SweepError
 
 
+def _gpu_list(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of GPU indices: {text!r}") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"not a list of GPU indices: {text!r}")
+    return ids
+
+
 def _run(args: argparse.Namespace) -> int:
     from sweep import app, config, pool
 
-    spec = config.load(args.study)
+    spec = config.load(args.study, n_trials=args.n_trials, gpus=args.gpus, storage=args.storage)
     devices = pool.select(pool.discover(), spec.gpus.ids, str(args.study))
     if args.dry_run:
         print("\n".join(app.dry_run(spec, devices)))
@@ -41,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 def _summary(args: argparse.Namespace) -> int:
     from sweep import summary
 
-    s = summary.load(args.study)
+    s = summary.load(args.study, storage=args.storage)
     path = s.save(Path(args.csv) if args.csv else None)
     console = Console()
     console.print(summary.render(s, args.top))
@@ -85,18 +95,34 @@ def _num(value: float) -> str:
 def _status(args: argparse.Namespace) -> int:
     from sweep import summary
 
-    s = summary.load(args.study)
-    t = s.trials
+    now = summary.status(args.study, storage=args.storage)
     console = Console()
-    if t.empty:
+    if not now.counts:
         console.print("no trials yet")
         return 0
-    console.print(t["state"].value_counts().to_string(), highlight=False)
-    running = t[t["state"] == "RUNNING"]
-    for _, row in running.iterrows():
-        console.print(
-            f"trial {row['number']} RUNNING on GPU {row['gpu']} ({row['host']})", highlight=False
-        )
+    console.print(Text(", ".join(f"{n} {s}" for s, n in sorted(now.counts.items()))))
+    for row in now.running.itertuples():
+        last = "" if row.last_step is None or row.last_step != row.last_step else (
+            f", step {int(row.last_step)}: {row.last_value:.4g}")
+        gone = "" if row.driver != "gone" else " (its driver is gone: the next run reclaims it)"
+        console.print(Text(f"trial {row.number} RUNNING on GPU {row.gpu} ({row.host}) for "
+                           f"{row.elapsed_s:.0f} s{last}{gone}"))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from sweep import app
+
+    for chunk in app.trial_log(args.study, args.number, args.stderr, args.follow, args.storage):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    return 0
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    from sweep import app
+
+    print(app.rerun(args.study, args.number, args.storage))
     return 0
 
 
@@ -111,7 +137,10 @@ def parser() -> argparse.ArgumentParser:
     run = verbs.add_parser("run", help="run (or continue) a study to its budget")
     run.add_argument("study", help="the study YAML file")
     run.add_argument("--dry-run", action="store_true",
-                     help="print the commands of the first trials and exit; writes nothing")
+                     help="print the commands of the next trials and exit; writes nothing")
+    run.add_argument("--n-trials", type=int, metavar="N", help="override study.n_trials")
+    run.add_argument("--gpus", type=_gpu_list, metavar="I,J",
+                     help="override gpus.ids, e.g. 0,1")
     run.set_defaults(func=_run)
 
     summ = verbs.add_parser("summary", help="trials versus GPU use: table and summary.csv")
@@ -126,9 +155,25 @@ def parser() -> argparse.ArgumentParser:
     status = verbs.add_parser("status", help="trial counts by state and what is running")
     status.add_argument("study", help="the study YAML file")
     status.set_defaults(func=_status)
-    for sub in (run, summ, gpus, status):
+
+    logs = verbs.add_parser("logs", help="print a trial's output")
+    logs.add_argument("study", help="the study YAML file")
+    logs.add_argument("number", type=int, help="the trial number")
+    logs.add_argument("--stderr", action="store_true", help="its stderr (default stdout)")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep printing while the trial runs")
+    logs.set_defaults(func=_logs)
+
+    rerun = verbs.add_parser("rerun", help="queue a trial's params again as a new trial")
+    rerun.add_argument("study", help="the study YAML file")
+    rerun.add_argument("number", type=int, help="the trial number to run again")
+    rerun.set_defaults(func=_rerun)
+    for sub in (run, summ, gpus, status, logs, rerun):
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks and debug logs")
+    for sub in (run, summ, status, logs, rerun):
+        sub.add_argument("--storage", metavar="URL",
+                         help="override study.storage (also $SWEEP_STORAGE)")
     return p
 
 

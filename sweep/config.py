@@ -6,6 +6,7 @@ or the output directory; each mistake becomes one `ConfigError` line naming the 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import math
@@ -36,7 +37,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FloatParam(_Model):
+Prefix = Literal["--", "-", ""]
+
+
+class _Passed(_Model):
+    """How a param reaches the script's command line (with `trainer.pass_params: args`)."""
+
+    arg: Annotated[str, Field(min_length=1)] | None = None  # the flag, e.g. --learning-rate
+    prefix: Prefix | None = None  # else trainer.prefix; "" passes name=value (Hydra style)
+
+
+class FloatParam(_Passed):
     type: Literal["float"]
     low: float
     high: float
@@ -49,7 +60,7 @@ class FloatParam(_Model):
         return self
 
 
-class IntParam(_Model):
+class IntParam(_Passed):
     type: Literal["int"]
     low: int
     high: int
@@ -62,22 +73,46 @@ class IntParam(_Model):
         return self
 
 
-class CategoricalParam(_Model):
+class CategoricalParam(_Passed):
     type: Literal["categorical"]
     choices: Annotated[list[str | bool | int | float | None], Field(min_length=1)]
 
+    @model_validator(mode="after")
+    def _no_yaml_booleans_among_strings(self) -> CategoricalParam:
+        kinds = {type(c) for c in self.choices}
+        if bool in kinds and str in kinds:
+            raise ValueError(
+                "choices mix booleans and strings: YAML reads unquoted no/yes/on/off/true/false "
+                "as booleans; quote them, e.g. ['no', bf16]")
+        return self
 
-class FixedParam(_Model):
+
+class BoolParam(_Passed):
+    """true or false. With `flag: true` the script gets `--name` when true and nothing when
+    false (argparse's store_true); else `--name true` / `--name false`."""
+
+    type: Literal["bool"]
+    flag: bool = False
+
+    @property
+    def choices(self) -> list[bool]:
+        return [True, False]
+
+
+class FixedParam(_Passed):
     """Passed to every trial as it is, never searched."""
 
     type: Literal["fixed"]
     value: Any
+    flag: bool = False  # for a boolean value: pass `--name` when true, nothing when false
 
 
-PARAM_TYPES = ("float", "int", "categorical", "fixed")
+PARAM_TYPES = ("float", "int", "categorical", "bool", "fixed")
 Param = Annotated[
-    FloatParam | IntParam | CategoricalParam | FixedParam, Field(discriminator="type")
+    FloatParam | IntParam | CategoricalParam | BoolParam | FixedParam,
+    Field(discriminator="type"),
 ]
+Searched = FloatParam | IntParam | CategoricalParam | BoolParam
 
 
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
@@ -176,10 +211,42 @@ class AccelerateSettings(_Model):
     dynamo_backend: str | None = None
 
 
+class ResultSection(_Model):
+    """Where a trial's metrics come from, if not `$SWEEP_RESULT_FILE`: a JSON file the script
+    writes anyway, or regular expressions over its standard output (last match wins)."""
+
+    file: Annotated[str, Field(min_length=1)] | None = None
+    stdout: Annotated[str, Field(min_length=1)] | Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ResultSection:
+        if (self.file is None) == (self.stdout is None):
+            raise ValueError("give exactly one of file or stdout")
+        for pattern in self.patterns:
+            try:
+                compiled = re.compile(pattern, re.MULTILINE)
+            except re.error as e:
+                raise ValueError(f"not a regular expression ({e}): {short(pattern)}") from None
+            if not compiled.groupindex:
+                raise ValueError("a stdout pattern needs named groups, e.g. "
+                                 f"'loss: (?P<loss>[0-9.]+)': {short(pattern)}")
+        return self
+
+    @property
+    def patterns(self) -> list[str]:
+        if self.stdout is None:
+            return []
+        return [self.stdout] if isinstance(self.stdout, str) else list(self.stdout)
+
+
 class TrainerSection(_Model):
     script: Path | None = None
     module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] | None = None
     args: list[str] = []
+    result: ResultSection | None = None
+    pass_params: Literal["args", "env", "file"] = "args"
+    prefix: Prefix = "--"
     env: dict[str, str | int | float | bool] = {}
     accelerate: AccelerateSettings = AccelerateSettings()
     launcher: Literal["accelerate", "python"] = "accelerate"
@@ -220,7 +287,7 @@ class Spec(_Model):
         return Path(str(self.study.output_dir))
 
     @property
-    def searched(self) -> dict[str, FloatParam | IntParam | CategoricalParam]:
+    def searched(self) -> dict[str, Searched]:
         return {k: v for k, v in self.params.items() if not isinstance(v, FixedParam)}
 
     @property
@@ -228,11 +295,19 @@ class Spec(_Model):
         return {k: v.value for k, v in self.params.items() if isinstance(v, FixedParam)}
 
 
-def load(path: str | Path, runnable: bool = True) -> Spec:
+STORAGE_ENV = "SWEEP_STORAGE"
+
+
+def load(
+    path: str | Path, runnable: bool = True, *, n_trials: int | None = None,
+    gpus: list[int] | None = None, storage: str | None = None,
+) -> Spec:
     """Read and validate a study file; raise `ConfigError` on the first problem found.
 
     `runnable=False` is for verbs that only read the study (status, summary): the trainer
     script need not exist and the sampler's optional dependencies need not be installed.
+    `n_trials`, `gpus` and `storage` override the file (the command line's --n-trials,
+    --gpus, --storage); `$SWEEP_STORAGE` overrides the file's storage too.
     """
     path = Path(path)
     file = str(path)
@@ -247,6 +322,14 @@ def load(path: str | Path, runnable: bool = True) -> Spec:
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the study file must be a mapping with study/trainer/params")
     _refuse_nul(file, data, "")
+    storage = storage or os.environ.get(STORAGE_ENV)
+    if isinstance(data.get("study"), dict):
+        if n_trials is not None:
+            data["study"]["n_trials"] = n_trials
+        if storage:
+            data["study"]["storage"] = storage
+    if gpus is not None:
+        data["gpus"] = {**(data.get("gpus") or {}), "ids": list(gpus)}
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:
@@ -304,6 +387,12 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     output_dir = base / (study.output_dir or study.name)
     if runnable:
         _check_output_dir(file, output_dir)
+    for i, arg in enumerate(trainer.args):
+        _check_places(file, f"trainer.args.{i}", arg)
+    for name, value in trainer.env.items():
+        _check_places(file, f"trainer.env.{short(name, 40)}", str(value))
+    if trainer.result is not None and trainer.result.file is not None:
+        _check_places(file, "trainer.result.file", trainer.result.file)
     for name in trainer.env:
         if not ENV_NAME.match(name):
             raise ConfigError(file, f"trainer.env.{short(name, 40)}",
@@ -346,6 +435,20 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLACES = ("trial_dir", "trial_number", "study_dir", "output_dir")
+
+
+def _check_places(file: str, key: str, text: str) -> None:
+    """`text` uses only known placeholders, and doubles its literal braces."""
+    try:
+        text.format_map({name: "" for name in PLACES})
+    except KeyError as e:
+        raise ConfigError(file, key, f"unknown placeholder {{{e.args[0]}}}: use "
+                          f"{', '.join('{' + p + '}' for p in PLACES)}, and double a literal "
+                          "brace ({{ }})") from None
+    except (ValueError, IndexError) as e:
+        raise ConfigError(file, key, f"a brace that is no placeholder ({e}): double a literal "
+                          "brace ({{ }})") from None
 
 
 def _check_output_dir(file: str, output_dir: Path) -> None:
@@ -367,10 +470,10 @@ def _check_output_dir(file: str, output_dir: Path) -> None:
                           f"cannot create {output_dir}: no permission to write in {ancestor}")
 
 
-def outside(param: FloatParam | IntParam | CategoricalParam, value: Any) -> str | None:
+def outside(param: Searched, value: Any) -> str | None:
     """Why `value` cannot be a value of `param` (None if it can)."""
     shown = short(repr(value), 40)
-    if isinstance(param, CategoricalParam):
+    if isinstance(param, (CategoricalParam, BoolParam)):
         if not any(type(c) is type(value) and c == value for c in param.choices):
             return f"{shown} is not one of the choices {short(repr(param.choices), 80)}"
         return None
@@ -472,7 +575,7 @@ def distributions(spec: Spec) -> dict[str, Any]:
 def _grid_space(spec: Spec) -> dict[str, list[Any]]:
     space: dict[str, list[Any]] = {}
     for name, p in spec.searched.items():
-        if isinstance(p, CategoricalParam):
+        if isinstance(p, (CategoricalParam, BoolParam)):
             space[name] = list(p.choices)
         elif isinstance(p, IntParam):
             space[name] = list(range(p.low, p.high + 1, p.step))
@@ -512,14 +615,30 @@ def _construct(file: str, key: str, cls: type, kwargs: dict[str, Any]) -> Any:
         return cls(**kwargs)
 
 
-def build_sampler(spec: Spec) -> Any:
-    """The Optuna sampler of `study.sampler`; TPE keeps Optuna's default constant liar."""
+# Samplers whose only memory between trials is their random generator: given a seed, each
+# trial gets one of its own, derived from the seed and the trial number. A rerun (a fresh
+# process) then continues with new points instead of replaying the first run's, and a trial's
+# params stay reproducible. QMC, grid and brute force keep the study's seed: their sequence or
+# their choice of unvisited points is what the seed fixes.
+PER_TRIAL_SEED = ("random", "tpe", "gp", "cmaes", "nsga2")
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of trial `number` in a study seeded with `seed` (stable across processes)."""
+    digest = hashlib.sha256(f"sweep:{seed}:{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def build_sampler(spec: Spec, trial: int | None = None) -> Any:
+    """The Optuna sampler of `study.sampler` (for trial number `trial`, with its own seed
+    where `PER_TRIAL_SEED` says so); TPE keeps Optuna's default constant liar."""
     import optuna.samplers as s
 
     cfg = spec.study.sampler
     kwargs = cfg.kwargs
     if cfg.seed is not None:
-        kwargs["seed"] = cfg.seed
+        per_trial = trial is not None and cfg.type in PER_TRIAL_SEED
+        kwargs["seed"] = cfg.seed if trial is None or not per_trial else trial_seed(cfg.seed, trial)
     classes = {
         "tpe": s.TPESampler, "random": s.RandomSampler, "cmaes": s.CmaEsSampler,
         "gp": s.GPSampler, "nsga2": s.NSGAIISampler, "qmc": s.QMCSampler,

@@ -180,8 +180,11 @@ class Driver:
             self._follow_reports(run, now, rest=True)
         run.judged_now(now)
         paths = run.process.plan.paths
+        source = self.spec.trainer.result
         verdict = outcome.judge_files(
-            paths.stderr, paths.result, run.process.exit_code, self.spec.study.objective_metrics,
+            paths.stderr, run.process.plan.result, run.process.exit_code,
+            self.spec.study.objective_metrics, stdout=paths.stdout,
+            patterns=source.patterns if source else (),
             stop=self._stop_text(run),
             timeout=self.spec.trainer.timeout, last_report=run.last_report,
         )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -74,6 +76,7 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     paths: TrialPaths
+    result: Path  # the JSON file the metrics are read from (paths.result unless trainer.result)
 
     def command_line(self) -> str:
         """The exact command, as a shell line a user can paste to rerun the trial by hand."""
@@ -94,12 +97,51 @@ def format_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def param_args(params: Mapping[str, Any]) -> list[str]:
-    """`--name value` pairs, one argv element each, in the order given."""
+def param_args(
+    params: Mapping[str, Any], passing: Mapping[str, Any] | None = None, prefix: str = "--"
+) -> list[str]:
+    """The params as the script's argv, in the order given.
+
+    `--name value` (two elements) by default; a param's `arg` names its flag; prefix "" gives
+    `name=value` (one element, Hydra style); a `flag` param gives `--name` when true and
+    nothing when false.
+    """
     out: list[str] = []
     for name, value in params.items():
-        out += [f"--{name}", format_value(value)]
+        how = (passing or {}).get(name)
+        own = how.prefix if how is not None and how.prefix is not None else prefix
+        key = how.arg if how is not None and how.arg else f"{own}{name}"
+        if getattr(how, "flag", False):
+            out += [key] if value is True else []
+        elif own == "":
+            out.append(f"{key}={format_value(value)}")
+        else:
+            out += [key, format_value(value)]
     return out
+
+
+_VAR = re.compile(r"\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
+    """`text` with its placeholders filled ({trial_dir}, ...; `{{` is a brace), then, given
+    `env`, `$NAME` / `${NAME}` of it expanded (`$$` is a dollar; unknown names stay)."""
+    text = text.format_map(places)
+    if env is None:
+        return text
+
+    def var(m: re.Match[str]) -> str:
+        if m.group(1) == "$":
+            return "$"
+        name = m.group(2) or m.group(3)
+        return env.get(name, m.group(0))
+
+    return _VAR.sub(var, text)
+
+
+def env_name(param: str) -> str:
+    """The variable that carries `param` with `pass_params: env`: SWEEP_PARAM_<NAME>."""
+    return "SWEEP_PARAM_" + re.sub(r"[^A-Za-z0-9_]", "_", param).upper()
 
 
 def build_launch(
@@ -110,10 +152,35 @@ def build_launch(
     paths: TrialPaths,
     accelerate_config: Path,
     python: str = sys.executable,
+    passing: Mapping[str, Any] | None = None,
+    places: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python)."""
+    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python).
+
+    `passing` holds each param's `arg`/`prefix`/`flag`; `places` the placeholders of args,
+    env and the result file besides {trial_dir} and {trial_number}; `environ` the driver's
+    environment, for `$VAR` in args.
+    """
+    places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number)}
+    env = {k: fill(str(v), places) for k, v in trainer.env.items()}
+    env.update({
+        "CUDA_VISIBLE_DEVICES": str(device),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        protocol.TRIAL_NUMBER_ENV: str(number),
+        protocol.TRIAL_DIR_ENV: str(paths.dir),
+        protocol.PARAMS_ENV: str(paths.params),
+        protocol.RESULT_ENV: str(paths.result),
+        protocol.REPORT_ENV: str(paths.reports),
+    })
+    if trainer.pass_params == "env":
+        env.update({env_name(k): format_value(v) for k, v in params.items()})
+    trial_env = {**(environ if environ is not None else os.environ), **env}
+    args = [fill(a, places, trial_env) for a in trainer.args]
+    if trainer.pass_params == "args":
+        args += param_args(params, passing, trainer.prefix)
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
-    tail = [*entry, *trainer.args, *param_args(params)]
+    tail = [*entry, *args]
     if trainer.launcher == "accelerate":
         settings = [
             "--config_file", str(accelerate_config),
@@ -131,17 +198,10 @@ def build_launch(
         argv = [python, "-m", "accelerate.commands.launch", *settings, *tail]
     else:
         argv = [python, *tail]
-    env = {k: str(v) for k, v in trainer.env.items()}
-    env.update({
-        "CUDA_VISIBLE_DEVICES": str(device),
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        protocol.TRIAL_NUMBER_ENV: str(number),
-        protocol.TRIAL_DIR_ENV: str(paths.dir),
-        protocol.PARAMS_ENV: str(paths.params),
-        protocol.RESULT_ENV: str(paths.result),
-        protocol.REPORT_ENV: str(paths.reports),
-    })
-    return LaunchPlan(argv, env, paths)
+    result = paths.result
+    if trainer.result is not None and trainer.result.file is not None:
+        result = Path(fill(trainer.result.file, places)).absolute()
+    return LaunchPlan(argv, env, paths, result)
 
 
 def trial_dir(spec: Spec, number: int) -> Path:
@@ -152,7 +212,13 @@ def plan_trial(spec: Spec, number: int, params: Mapping[str, Any], device: int) 
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir`."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number),
-                        spec.output_dir / ACCELERATE_CONFIG_NAME)
+                        spec.output_dir / ACCELERATE_CONFIG_NAME,
+                        passing=spec.params, places=spec_places(spec))
+
+
+def spec_places(spec: Spec) -> dict[str, str]:
+    """The placeholders every trial of `spec` shares."""
+    return {"study_dir": str(spec.source.parent), "output_dir": str(spec.output_dir)}
 
 
 def prepare_output_dir(output_dir: Path) -> None:

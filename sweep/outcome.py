@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep.protocol import ResultError, parse_result
+from sweep.protocol import ResultError, parse_result, parse_stdout
 
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
+NO_RESULT = "no result: the trainer exited 0 but wrote no result"
 
 _LAUNCHER_FAILURE = re.compile(r"returned non-zero exit status (-?\d+)\.?\s*$")
 _OOM = re.compile(
@@ -98,9 +101,7 @@ def judge(
         detail = last_line(trainer_stderr) or "no stderr"
         return Outcome(FAIL, fail_reason=f"exit code {code}: {detail}", exit_code=code)
     if result_text is None:
-        return Outcome(FAIL, exit_code=code, fail_reason=(
-            "no result file: the trainer exited 0 but wrote nothing to $SWEEP_RESULT_FILE"
-        ))
+        return Outcome(FAIL, exit_code=code, fail_reason=NO_RESULT)
     try:
         values, extras = parse_result(result_text, metrics)
     except ResultError as e:
@@ -109,16 +110,33 @@ def judge(
 
 
 def judge_files(
-    stderr: Path, result: Path, exit_code: int | None, metrics: list[str], **how: Any
+    stderr: Path, result: Path, exit_code: int | None, metrics: list[str],
+    stdout: Path | None = None, patterns: Sequence[str] = (), **how: Any,
 ) -> Outcome:
-    """`judge` a trial from its files: the tail of its stderr and its result file."""
-    verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", read_text(result),
+    """`judge` a trial from its files: the tail of its stderr, and its metrics from the result
+    file, or from `patterns` over its stdout. A missing result says where sweep looked and
+    quotes the trainer's last line of output."""
+    out = read_text(stdout, tail_bytes=4 << 20) if stdout is not None else None
+    if patterns:
+        found = parse_stdout(out or "", list(patterns))
+        result_text = json.dumps(found) if found else None
+        where = f"no line of {stdout} matched {' or '.join(repr(p) for p in patterns)}"
+    else:
+        result_text = read_text(result)
+        where = f"nothing at {result}"
+        if os.path.lexists(result) and result_text is None:
+            where = f"the result file {result} is not a regular file (a FIFO? a folder?)"
+    verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", result_text,
                     metrics, **how)
-    if verdict.state == FAIL and verdict.fail_reason and verdict.fail_reason.startswith(
-        "no result file"
-    ) and os.path.lexists(result):
-        return Outcome(FAIL, fail_reason="the result file is not a regular file (a FIFO, a "
-                       "device or a folder?)", exit_code=verdict.exit_code)
+    if verdict.fail_reason == NO_RESULT:
+        said = last_line(out or "", 120)
+        reason = f"no result: {where}" + (f"; last line of stdout: {said}" if said else
+                                           "; stdout is empty")
+        return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
+    if patterns and verdict.fail_reason and "missing from the result file" in verdict.fail_reason:
+        reason = verdict.fail_reason.replace("missing from the result file (keys:",
+                                             "not found in stdout (groups found:")
+        return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     return verdict
 
 

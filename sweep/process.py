@@ -296,7 +296,12 @@ class RunningTrial:
 
 @contextlib.contextmanager
 def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Route SIGINT and SIGTERM to `handler` inside the block; restore the old ones after."""
+    """Route SIGINT and SIGTERM to `handler` inside the block; restore the old ones after.
+
+    Outside the main thread (where Python cannot catch signals) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield

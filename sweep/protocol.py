@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import stat
 import tempfile
@@ -132,10 +133,10 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
         raise ResultError(f"result file must hold a JSON object, not {type(data).__name__}")
     values = []
     for name in metrics:
-        if name not in data:
+        value = lookup(data, name)
+        if value is _MISSING:
             keys = _short(", ".join(sorted(map(str, data))) or "none")
             raise ResultError(f"metric {name!r} missing from the result file (keys: {keys})")
-        value = data[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ResultError(f"metric {name!r} is not a number: {_short(repr(value))}")
         number = _number(value)
@@ -148,6 +149,36 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
         if key not in metrics and number is not None and len(extras) < MAX_EXTRAS:
             extras[str(key)] = number
     return values, extras
+
+
+_MISSING = object()
+
+
+def lookup(data: dict[str, Any], name: str) -> Any:
+    """`data[name]`, or for a dotted name (`eval.accuracy`) the nested value; else _MISSING."""
+    if name in data:
+        return data[name]
+    node: Any = data
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def parse_stdout(text: str, patterns: list[str]) -> dict[str, float]:
+    """The named groups of `patterns` over a trainer's output, as numbers: last match wins."""
+    found: dict[str, float] = {}
+    for pattern in patterns:
+        for match in re.finditer(pattern, text, re.MULTILINE):
+            for key, raw in match.groupdict().items():
+                try:
+                    number = float(raw) if raw is not None else math.nan
+                except ValueError:
+                    continue
+                if math.isfinite(number):
+                    found[key] = number
+    return found
 
 
 def _short(text: str, width: int = 80) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 import warnings
@@ -29,7 +31,7 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from sweep import config
-from sweep.config import CategoricalParam, FloatParam, IntParam, Spec
+from sweep.config import FloatParam, IntParam, Searched, Spec
 from sweep.errors import UsageError
 from sweep.outcome import Outcome
 from sweep.policy import Counts
@@ -39,11 +41,20 @@ log = logging.getLogger("sweep")
 # User attributes of a trial. OWNER is written right after the trial's first heartbeat and
 # before its trainer starts: {"host", "pid", "started" (the driver's), "gpu", "dir"}.
 OWNER = "owner"
-GPU, HOST, ATTEMPT, RETRY_OF = "gpu", "host", "attempt", "retry_of"
+GPU, HOST, ATTEMPT, RETRY_OF, RERUN_OF = "gpu", "host", "attempt", "retry_of", "rerun_of"
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+HOST_ENV = "SWEEP_HOST"
+
+
+def host_name() -> str:
+    """The host a driver records and judges ownership by: `$SWEEP_HOST`, else the hostname
+    (containers that share one; tests that simulate several hosts on one machine)."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -235,7 +246,7 @@ def check_params(spec: Spec, study: optuna.Study) -> list[str]:
     return notes
 
 
-def suggest(trial: optuna.Trial, name: str, param: FloatParam | IntParam | CategoricalParam) -> Any:
+def suggest(trial: optuna.Trial, name: str, param: Searched) -> Any:
     """One searched param through Optuna's public suggest API."""
     if isinstance(param, FloatParam):
         return trial.suggest_float(name, param.low, param.high, step=param.step, log=param.log)
@@ -244,16 +255,29 @@ def suggest(trial: optuna.Trial, name: str, param: FloatParam | IntParam | Categ
     return trial.suggest_categorical(name, param.choices)
 
 
+def sample(
+    study: optuna.Study, trial: optuna.Trial,
+    searched: Mapping[str, Searched],
+    sampler_for: Callable[[int], Any] | None = None,
+) -> dict[str, Any]:
+    """The params of a trial just asked, sampled by `sampler_for(trial.number)` if given."""
+    if sampler_for is not None:
+        study.sampler = sampler_for(trial.number)
+    return {name: suggest(trial, name, p) for name, p in searched.items()}
+
+
 class Store:
     """One study in its storage, as one driver (`owner`) sees it."""
 
     def __init__(
-        self, study: optuna.Study, owner: Owner, reclaim_after: float, grid: bool = False
+        self, study: optuna.Study, owner: Owner, reclaim_after: float, grid: bool = False,
+        sampler_for: Callable[[int], Any] | None = None,
     ) -> None:
         self.study = study
         self.owner = owner
         self.reclaim_after = reclaim_after
         self.grid = grid
+        self.sampler_for = sampler_for  # trial number -> the sampler that samples it
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -270,7 +294,7 @@ class Store:
 
     def ask(
         self,
-        searched: Mapping[str, FloatParam | IntParam | CategoricalParam],
+        searched: Mapping[str, Searched],
         gpu: int,
         trial_dir: Callable[[int], str],
     ) -> Asked:
@@ -287,7 +311,7 @@ class Store:
                   "started": self.owner.started, "gpu": gpu, "dir": trial_dir(trial.number)}
         trial.set_user_attr(OWNER, record)
         try:
-            params = {name: suggest(trial, name, p) for name, p in searched.items()}
+            params = sample(self.study, trial, searched, self.sampler_for)
         except Exception as e:
             self.tell_failed(trial, f"could not sample the params: {e}".splitlines()[0])
             raise

@@ -23,7 +23,7 @@ from sweep.errors import UsageError
 
 ATTR_COLUMNS = [
     "gpu", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of",
+    "energy_j", "attempt", "retry_of", "rerun_of",
 ]
 
 
@@ -44,9 +44,18 @@ class Summary:
         return path
 
 
-def load(study_file: str | Path) -> Summary:
+@dataclass
+class Status:
+    """Trial counts by state; one row per running trial (`number, gpu, host, elapsed_s,
+    last_step, last_value, driver`, where driver is "alive", "gone" or "elsewhere")."""
+
+    counts: dict[str, int]
+    running: pd.DataFrame
+
+
+def load(study_file: str | Path, storage: str | None = None) -> Summary:
     """Read a study file's study and samples; raise UsageError if it has not run yet."""
-    spec = config.load(study_file, runnable=False)
+    spec = config.load(study_file, runnable=False, storage=storage)
     study = _load_study(spec)
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir / "gpu_samples.csv")
@@ -59,6 +68,32 @@ def _load_study(spec: Spec) -> Any:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
                          f"{config.shown_url(spec.storage_url)} yet; run the study first")
     return study
+
+
+def status(study_file: str | Path, storage: str | None = None) -> Status:
+    """The study's state now: counts, and each running trial's place, age and last report."""
+    spec = config.load(study_file, runnable=False, storage=storage)
+    study = _load_study(spec)
+    counts: dict[str, int] = {}
+    rows = []
+    now = datetime.now()
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        if t.state.name != "RUNNING":
+            continue
+        record = t.user_attrs.get(store.OWNER) or {}
+        owner = store.Owner.of(t.user_attrs)
+        here = owner is not None and owner.host == store.host_name()
+        last = max(t.intermediate_values) if t.intermediate_values else None
+        rows.append({
+            "number": t.number, "gpu": record.get("gpu"), "host": record.get("host"),
+            "elapsed_s": _seconds(t.datetime_start, now),
+            "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
+            if last is not None else math.nan,
+            "driver": ("alive" if owner.alive() else "gone") if here and owner else "elsewhere",
+        })
+    columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver"]
+    return Status(counts, pd.DataFrame(rows, columns=columns))
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float:
@@ -91,6 +126,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
         row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
+        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(store.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -98,7 +134,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     params = [c for c in frame.columns if c.startswith("params_")]
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
              *params, "gpu", "datetime_start", "datetime_complete", "duration_s",
-             *[c for c in ATTR_COLUMNS if c != "gpu"], "host"]
+             *[c for c in ATTR_COLUMNS if c != "gpu"], "host",
+             *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX))]
     frame = frame[order]
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")

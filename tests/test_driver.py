@@ -102,7 +102,7 @@ FAULTS = [
     ("oom", "out of memory: torch.OutOfMemoryError: CUDA out of memory"),
     ("nan", "metric 'score' is not a finite number: nan"),
     ("badjson", "result file is not valid JSON"),
-    ("noresult", "no result file"),
+    ("noresult", "no result: nothing at "),
 ]
 
 

@@ -30,7 +30,7 @@ def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered():
     (2, "", None, None, "FAIL", "exit code 2: no stderr"),
     (1, "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB\nmore\n", None, None,
      "FAIL", "out of memory: RuntimeError: CUDA out of memory."),
-    (0, "", None, None, "FAIL", "no result file"),
+    (0, "", None, None, "FAIL", "no result: the trainer exited 0"),
     (0, "", "{", None, "FAIL", "result file is not valid JSON"),
     (0, "", '{"m": NaN}', None, "FAIL", "metric 'm' is not a finite number"),
     (143, "", None, "timeout", "FAIL", "timeout after 60 s"),

@@ -42,7 +42,8 @@ def start(tmp_path: Path, hide: str, then: str, grace: float = 1.0) -> TrialProc
             time.sleep(0.01)
         {then}
     """)
-    plan = LaunchPlan([sys.executable, "-c", code], {TRIAL_DIR_ENV: str(paths.dir)}, paths)
+    plan = LaunchPlan([sys.executable, "-c", code], {TRIAL_DIR_ENV: str(paths.dir)}, paths,
+                      paths.result)
     return TrialProcess(plan, grace)
 
 
@@ -99,7 +100,7 @@ def test_a_stubborn_command_is_killed_after_its_grace_period(tmp_path):
 
 def test_a_command_that_cannot_start_is_exit_127(tmp_path):
     paths = TrialPaths(tmp_path)
-    plan = LaunchPlan([str(tmp_path / "missing")], {}, paths)
+    plan = LaunchPlan([str(tmp_path / "missing")], {}, paths, paths.result)
     proc = TrialProcess(plan, 1.0)
     assert proc.wait(10) and proc.exit_code == 127
     assert "cannot start" in paths.stderr.read_text()
