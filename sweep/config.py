@@ -13,6 +13,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -438,17 +439,41 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLACES = ("trial_dir", "trial_number", "study_dir", "output_dir")
 
 
+_TOKEN = re.compile(
+    r"\{\{|\}\}|\$\$|\$\{(?P<braced>[A-Za-z_]\w*)\}|\$(?P<bare>[A-Za-z_]\w*)"
+    r"|\{(?P<place>[^{}]*)\}"
+)
+
+
+def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
+    """`text` with its placeholders filled ({trial_dir}, ...; `{{` and `}}` are braces) and,
+    given `env`, `$NAME` / `${NAME}` of it expanded (`$$` is a dollar; unknown names stay).
+
+    An unknown placeholder raises KeyError."""
+
+    def one(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        if m.group("place") is not None:
+            return places[m.group("place")]
+        if env is None:
+            return token
+        if token == "$$":
+            return "$"
+        return env.get(m.group("braced") or m.group("bare"), token)
+
+    return _TOKEN.sub(one, text)
+
+
 def _check_places(file: str, key: str, text: str) -> None:
-    """`text` uses only known placeholders, and doubles its literal braces."""
+    """`text` uses only known placeholders."""
     try:
-        text.format_map({name: "" for name in PLACES})
+        fill(text, {name: "" for name in PLACES})
     except KeyError as e:
         raise ConfigError(file, key, f"unknown placeholder {{{e.args[0]}}}: use "
-                          f"{', '.join('{' + p + '}' for p in PLACES)}, and double a literal "
-                          "brace ({{ }})") from None
-    except (ValueError, IndexError) as e:
-        raise ConfigError(file, key, f"a brace that is no placeholder ({e}): double a literal "
-                          "brace ({{ }})") from None
+                          f"{', '.join('{' + p + '}' for p in PLACES)}; a literal brace is "
+                          "doubled ({{ }})") from None
 
 
 def _check_output_dir(file: str, output_dir: Path) -> None:

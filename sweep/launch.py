@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep.config import Spec, TrainerSection
+from sweep.config import Spec, TrainerSection, fill
 
 ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
 # sweep's own accelerate config: one process, no distribution, so a user's
@@ -118,25 +118,6 @@ def param_args(
         else:
             out += [key, format_value(value)]
     return out
-
-
-_VAR = re.compile(r"\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
-    """`text` with its placeholders filled ({trial_dir}, ...; `{{` is a brace), then, given
-    `env`, `$NAME` / `${NAME}` of it expanded (`$$` is a dollar; unknown names stay)."""
-    text = text.format_map(places)
-    if env is None:
-        return text
-
-    def var(m: re.Match[str]) -> str:
-        if m.group(1) == "$":
-            return "$"
-        name = m.group(2) or m.group(3)
-        return env.get(name, m.group(0))
-
-    return _VAR.sub(var, text)
 
 
 def env_name(param: str) -> str:

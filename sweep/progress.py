@@ -54,7 +54,8 @@ class Progress(Events):
         self._changed = True
         self.console.print(Text.assemble(
             (f"trial {trial.number}", "cyan"),
-            f" started on GPU {trial.gpu}: {_params(trial.params)}",
+            f" started on GPU {trial.gpu}: "
+            f"{_params(trial.params, max(60, self.console.width - 30))}",
         ))
 
     def finished(self, done: Finished) -> None:
@@ -110,6 +111,6 @@ class Progress(Events):
                 else:
                     table.add_row(
                         str(device.index), str(r.number), f"{now - r.process.started:.0f} s",
-                        util, mem, Text(_params(r.params)),
+                        util, mem, Text(_params(r.params, max(40, self.console.width - 40))),
                     )
         return Group(head, table)

@@ -23,7 +23,7 @@ from sweep.errors import UsageError
 
 ATTR_COLUMNS = [
     "gpu", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of", "rerun_of",
+    "energy_j", "attempt", "retry_of",
 ]
 
 
@@ -126,6 +126,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
         row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
+        row["rerun_of"] = t.user_attrs.get(store.RERUN_OF)
         row.update({k: v for k, v in t.user_attrs.items() if k.startswith(store.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -134,7 +135,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     params = [c for c in frame.columns if c.startswith("params_")]
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
              *params, "gpu", "datetime_start", "datetime_complete", "duration_s",
-             *[c for c in ATTR_COLUMNS if c != "gpu"], "host",
+             *[c for c in ATTR_COLUMNS if c != "gpu"], "host", "rerun_of",
              *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX))]
     frame = frame[order]
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
@@ -234,11 +235,16 @@ def render(summary: Summary, top: int = 5) -> Any:
         ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials yet"
     )
     best = best_rows(summary, top)
+    if best.empty and not t.empty:  # nothing finished well: say why the trials failed
+        failed = t[t["state"] == "FAIL"].tail(top)
+        shown = _table(failed[["number", "gpu", "duration_s", "fail_reason"]],
+                       f"no COMPLETE trial yet; the last {len(failed)} failures")
+        return Group(head, shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
-    show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
+    show = [c for c in best.columns if c.startswith(("number", "value", "params_", "metric_"))]
     show += ["gpu", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
-    best_table = _table(best[show] if not best.empty else best, title)
-    return Group(head, best_table, _table(summary.gpus, "GPUs"))
+    shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
+    return Group(head, _table(shown_best, title), _table(summary.gpus, "GPUs"))
 
 
 def _table(frame: pd.DataFrame, title: str) -> Any:
@@ -246,8 +252,9 @@ def _table(frame: pd.DataFrame, title: str) -> Any:
     from rich.text import Text
 
     table = Table(title=title, title_justify="left")
-    for col in frame.columns:
-        table.add_column(Text(str(col)), justify="right")
+    for col in frame.columns:  # values wrap rather than being cut to "0.000…"
+        table.add_column(Text(str(col).removeprefix("params_")), justify="right",
+                         overflow="fold")
     for _, row in frame.iterrows():
         table.add_row(*(Text(_cell(v)) for v in row))  # values as they are, never markup
     return table

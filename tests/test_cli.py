@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
-from conftest import run_cli, study_dict
+import pytest
+from conftest import load_trials, run_cli, study_dict
 
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
@@ -116,3 +118,77 @@ def test_on_a_terminal_run_shows_a_live_table_of_budget_gpus_and_best(write_stud
     for column in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
         assert column in out
     assert "x=0." in out
+
+
+def test_command_line_overrides_and_sweep_storage(write_study, fake_gpus, tmp_path,
+                                                  monkeypatch):
+    fake_gpus(3)
+    study = write_study(study={"n_trials": 1})
+    other = tmp_path / "elsewhere.db"
+    assert run_cli("run", str(study), "--n-trials", "3", "--gpus", "2",
+                   "--storage", f"sqlite:///{other}") == 0
+    assert not (tmp_path / "probe.db").exists()
+    import optuna
+
+    trials = optuna.load_study(study_name="probe", storage=f"sqlite:///{other}").trials
+    assert len(trials) == 3 and {t.user_attrs["gpu"] for t in trials} == {2}
+    monkeypatch.setenv("SWEEP_STORAGE", f"sqlite:///{other}")
+    assert run_cli("run", str(study), "--n-trials", "4") == 0
+    assert len(optuna.load_study(study_name="probe", storage=f"sqlite:///{other}").trials) == 4
+    assert run_cli("status", str(study)) == 0  # status reads the same storage
+
+
+def test_logs_and_rerun_of_a_trial(write_study, fake_gpus, tmp_path, capsys):
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    (tmp_path / "probe" / "trials" / "1" / "stdout.log").write_text("epoch 1\nepoch 2\n")
+    capsys.readouterr()
+    assert run_cli("logs", str(study), "1") == 0
+    assert capsys.readouterr().out == "epoch 1\nepoch 2\n"
+    assert run_cli("logs", str(study), "1", "--stderr", "--follow") == 0  # finished: returns
+    assert run_cli("logs", str(study), "9") == 2
+    capsys.readouterr()
+    assert run_cli("rerun", str(study), "0") == 0
+    assert "the budget of 2 is met" in capsys.readouterr().out
+    assert run_cli("run", str(study), "--n-trials", "3") == 0
+    first, _, again = load_trials(study)
+    assert again.params == first.params and again.user_attrs["rerun_of"] == 0
+    assert (tmp_path / "probe" / "trials" / "2" / "params.json").exists()
+    assert run_cli("rerun", str(study), "7") == 2
+
+
+def test_status_shows_running_trials_with_their_age_and_last_value(write_study, fake_gpus,
+                                                                   capsys):
+    import optuna
+
+    study = write_study()
+    storage = f"sqlite:///{study.parent / 'probe.db'}"
+    s = optuna.create_study(study_name="probe", storage=storage)
+    trial = s.ask()
+    trial.set_user_attr("owner", {"host": socket.gethostname(), "pid": 999_999_999,
+                                  "started": 0, "gpu": 1, "dir": "/x"})
+    trial.report(0.25, 3)
+    assert run_cli("status", str(study)) == 0
+    out = capsys.readouterr().out
+    assert "1 RUNNING" in out and "trial 0 RUNNING on GPU 1" in out
+    assert "step 3: 0.25" in out and "its driver is gone" in out
+
+
+def test_the_summary_shows_every_metric_and_why_nothing_completed(write_study, fake_gpus,
+                                                                 capsys, tmp_path):
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    import pandas as pd
+
+    assert run_cli("summary", str(study)) == 0
+    frame = pd.read_csv(tmp_path / "probe" / "summary.csv")
+    assert "metric_size" in frame.columns
+    assert list(frame["metric_size"]) == pytest.approx(list(frame["params_x"] * 10))
+    failing = write_study(study_dict(study={"name": "broken", "n_trials": 2},
+                                     trainer={"args": ["--mode", "crash", "--sleep", "0"]}),
+                          name="broken.yaml")
+    assert run_cli("run", str(failing)) == 1  # five failures in a row
+    capsys.readouterr()
+    assert run_cli("summary", str(failing)) == 0
+    out = capsys.readouterr().out
+    assert "no COMPLETE trial yet" in out and "ValueError: boom" in out

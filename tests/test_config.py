@@ -93,6 +93,23 @@ BAD_FILES = [
      "pattern"),
     ("not a mapping", "- a\n- b\n", "", "must be a mapping"),
     ("yaml syntax", "study:\n  name: [unclosed\n", "line 3", "YAML syntax error"),
+    ("yaml booleans among strings",
+     bad(params={"mp": {"type": "categorical", "choices": [False, "bf16"]}}), "params.mp",
+     "quote them, e.g. ['no', bf16]"),
+    ("unknown placeholder", bad(trainer={"args": ["--out", "{trail_dir}/x"]}),
+     "trainer.args.1", "unknown placeholder {trail_dir}"),
+    ("JSON arg without doubled braces", bad(trainer={"args": ['{"a": 1}']}),
+     "trainer.args.0", "a literal brace is doubled"),
+    ("result from two sources", bad(trainer={"result": {"file": "a.json", "stdout": "x"}}),
+     "trainer.result", "give exactly one of file or stdout"),
+    ("stdout pattern without a group", bad(trainer={"result": {"stdout": "loss: [0-9.]+"}}),
+     "trainer.result", "needs named groups"),
+    ("stdout pattern that is no regex", bad(trainer={"result": {"stdout": "(?P<loss>[0-9"}}),
+     "trainer.result", "not a regular expression"),
+    ("unknown way to pass params", bad(trainer={"pass_params": "stdin"}),
+     "trainer.pass_params", "'args', 'env' or 'file'"),
+    ("flag on a float", bad(params={"x": {"type": "float", "low": 0, "high": 1, "flag": True}}),
+     "params.x.flag", "unknown key"),
 ]
 
 

@@ -76,3 +76,64 @@ def test_prepare_trial_dir_writes_params_and_command(tmp_path):
     assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
     assert "--lr 0.5" in paths.command.read_text()
     assert not paths.result.exists()
+
+
+def _param(**kw):
+    from sweep.config import Spec
+
+    return Spec.model_validate({
+        "study": {"name": "s", "metric": "m", "n_trials": 1},
+        "trainer": {"script": "t.py"}, "params": {"p": kw},
+    }).params["p"]
+
+
+@pytest.mark.parametrize(("how", "value", "prefix", "argv"), [
+    ({"type": "float", "low": 0, "high": 1}, 0.5, "--", ["--p", "0.5"]),
+    ({"type": "float", "low": 0, "high": 1, "arg": "--learning-rate"}, 0.5, "--",
+     ["--learning-rate", "0.5"]),
+    ({"type": "float", "low": 0, "high": 1}, 0.5, "-", ["-p", "0.5"]),
+    ({"type": "float", "low": 0, "high": 1}, 0.5, "", ["p=0.5"]),  # Hydra style
+    ({"type": "float", "low": 0, "high": 1, "prefix": ""}, 0.5, "--", ["p=0.5"]),
+    ({"type": "float", "low": 0, "high": 1, "arg": "model.lr", "prefix": ""}, 0.5, "--",
+     ["model.lr=0.5"]),
+    ({"type": "bool"}, True, "--", ["--p", "true"]),
+    ({"type": "bool", "flag": True}, True, "--", ["--p"]),
+    ({"type": "bool", "flag": True}, False, "--", []),
+    ({"type": "bool", "flag": True, "arg": "--use-amp"}, True, "--", ["--use-amp"]),
+    ({"type": "fixed", "value": True, "flag": True, "arg": "--no-shuffle"}, True, "--",
+     ["--no-shuffle"]),
+])
+def test_params_reach_the_script_the_way_it_expects(how, value, prefix, argv):
+    assert launch.param_args({"p": value}, {"p": _param(**how)}, prefix) == argv
+
+
+def test_placeholders_and_variables_in_args_env_and_the_result_file(tmp_path):
+    trainer = TrainerSection(
+        script=Path("/t/train.py"), launcher="python",
+        args=["--out", "{trial_dir}/hf", "--n", "{trial_number}", "--data", "{study_dir}/d",
+              "--log", "$SWEEP_TRIAL_DIR/x", "--cuda", "${CUDA_VISIBLE_DEVICES}", "--cost",
+              "$$5", "--unknown", "$NOT_SET", "--json", "{{\"a\": 1}}"],
+        env={"OUT": "{output_dir}/o"}, result={"file": "{trial_dir}/hf/all_results.json"})
+    plan = launch.build_launch(trainer, 7, {}, 3, PATHS, Path("/a.yaml"), python="/py",
+                               places={"study_dir": "/s", "output_dir": "/out"}, environ={})
+    assert plan.argv[2:] == [
+        "--out", "/out/trials/7/hf", "--n", "7", "--data", "/s/d",
+        "--log", "/out/trials/7/x", "--cuda", "3", "--cost", "$5",
+        "--unknown", "$NOT_SET", "--json", '{"a": 1}',
+    ]
+    assert plan.env["OUT"] == "/out/o"
+    assert plan.result == Path("/out/trials/7/hf/all_results.json")
+
+
+@pytest.mark.parametrize("mode", ["env", "file"])
+def test_params_by_environment_or_file_leave_argv_alone(mode):
+    trainer = TrainerSection(script=Path("/t/train.py"), launcher="python", pass_params=mode,
+                             args=["--epochs", "1"])
+    plan = launch.build_launch(trainer, 1, {"lr": 0.1, "model.depth": 4}, 0, PATHS,
+                               Path("/a.yaml"), python="/py")
+    assert plan.argv == ["/py", "/t/train.py", "--epochs", "1"]
+    assert plan.env["SWEEP_PARAMS_FILE"] == "/out/trials/7/params.json"
+    if mode == "env":
+        assert plan.env["SWEEP_PARAM_LR"] == "0.1" and plan.env["SWEEP_PARAM_MODEL_DEPTH"] == "4"
+    else:
+        assert not [k for k in plan.env if k.startswith("SWEEP_PARAM_")]
