@@ -280,3 +280,33 @@ def test_study_timeout_stops_starting_trials_and_lets_running_ones_finish(write_
     assert 2 <= len(trials) <= 6
     assert all(t.state.name == "COMPLETE" for t in trials)
     assert "study.timeout of 1 s reached" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["env", "file"])
+def test_params_by_environment_or_file(write_study, fake_gpus, tmp_path, mode):
+    script = tmp_path / "reads_params.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "assert sys.argv[1:] == ['--fixed', '1'], sys.argv\n"
+        "p = json.load(open(os.environ['SWEEP_PARAMS_FILE']))\n"
+        "x = float(os.environ['SWEEP_PARAM_X']) if 'SWEEP_PARAM_X' in os.environ else p['x']\n"
+        "assert x == p['x']\n"
+        "print(f'score={x}')\n")
+    study = write_study(study={"n_trials": 2},
+                        trainer={"script": str(script), "pass_params": mode,
+                                 "args": ["--fixed", "1"],
+                                 "result": {"stdout": "score=(?P<score>[0-9.e-]+)"}})
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
+    assert [t.value for t in trials] == [t.params["x"] for t in trials]
+
+
+def test_no_result_says_where_sweep_looked_and_quotes_the_output(write_study, fake_gpus):
+    study = write_study(study={"n_trials": 1, "max_consecutive_failures": 1},
+                        trainer={"args": ["--mode", "noresult", "--sleep", "0"],
+                                 "result": {"stdout": "loss=(?P<score>[0-9.]+)"}})
+    assert run_cli("run", str(study)) == 1
+    reason = load_trials(study)[0].user_attrs["fail_reason"]
+    assert reason.startswith("no result: no line of ") and "stdout.log matched" in reason
+    assert reason.endswith("stdout is empty")

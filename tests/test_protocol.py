@@ -140,3 +140,12 @@ def test_the_protocol_module_imports_no_heavy_dependency():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert signal.SIGTERM and os.name
+
+
+def test_a_dotted_metric_reads_a_nested_key_and_stdout_patterns_keep_the_last_match():
+    values, _ = parse_result('{"eval": {"accuracy": 0.9, "loss": 0.3}, "eval.loss": 7}',
+                             ["eval.accuracy", "eval.loss"])
+    assert values == [0.9, 7.0]  # a flat key with the dotted name wins
+    text = "epoch 1 loss: 0.9 acc: 50\nepoch 2 loss: 0.4 acc: 70\nloss: nan\n"
+    assert protocol.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\d+)"]) == {
+        "loss": 0.4, "acc": 70.0}
