@@ -17,6 +17,7 @@ from sweep import config, launch, pool
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
+from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import Monitor, NoReader, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
 from sweep.policy import EXIT_INTERRUPTED, RunResult
@@ -95,7 +96,8 @@ def execute(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     notes: list[str] = []
     store = open_store(spec, notes)
-    lease = Pool(devices, spec.gpus.trials_per_gpu)
+    slots = HostSlots(lock_dir(host_name()), spec.gpus.trials_per_gpu)
+    lease = Pool(devices, spec.gpus.trials_per_gpu, host=slots)
     reader, nvml = nvml_reader(devices)
     monitor = Monitor(reader, lease, spec.output_dir / "gpu_samples.csv",
                       spec.gpus.sample_interval)

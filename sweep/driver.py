@@ -70,11 +70,19 @@ class Driver:
             now = self.clock.now()
             self._react(now)
             self._start_trials(now)
-            if not self.running and (self.policy.stop_reason or self._orphan_wait is None):
+            if not self.running and not self._waiting():
                 return
             self.events.tick(self)
             self.clock.wait(self._next_wakeup(now))
             self._supervise(self.clock.now())
+
+    def _waiting(self) -> bool:
+        """Nothing runs, but the run is not over: a trial whose owner is unknown may become
+        ours to reclaim, or other sweeps of this host hold the devices the budget needs."""
+        if self.policy.stop_reason:
+            return False
+        return self._orphan_wait is not None or (
+            self.pool.blocked and self.policy.room(self._budget()) > 0)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -99,6 +107,8 @@ class Driver:
 
     def _next_wakeup(self, now: float) -> float:
         times = [self._next_look]
+        if self.pool.blocked:  # other sweeps of this host hold the devices: look again soon
+            times.append(now + POLL_SECONDS)
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
         for run in self.running.values():
@@ -112,8 +122,11 @@ class Driver:
     def _start_trials(self, now: float) -> None:
         if self.pool.slots == 0 and self.policy.stop_starting("no GPU left in the pool"):
             self.policy.gave_up = True
-        while self.pool.has_free() and self.policy.room(self._budget()) > 0:
-            self._start_one(now)
+        try:
+            while self.policy.room(self._budget()) > 0 and self.pool.has_free():
+                self._start_one(now)
+        finally:
+            self.pool.unreserve()
 
     def _budget(self) -> Counts:
         if self._counts is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sweep.errors import UsageError
+from sweep.hostlock import HostSlots, Slot
 from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
 
 FAKE_ENV = "SWEEP_FAKE_GPUS"
@@ -123,20 +124,29 @@ class Lease:
     device: int
     shared: bool = False
     process: PidSource | None = None
+    slot: Slot | None = None  # the host-wide slot, when the pool has a HostSlots
 
 
 class Pool:
-    """The one map of which trial holds which device: at most `capacity` trials per device.
+    """The one map of which trial holds which device: at most `capacity` trials per device,
+    counting, when `host` is given, the trials of every other sweep on this host.
 
-    The driver leases and releases; the monitor's thread reads `holders()`.
+    The driver leases and releases; the monitor's thread reads `holders()`. A device is
+    chosen least loaded first (host-wide), lowest index on ties: spread, then stack.
     """
 
-    def __init__(self, devices: list[Device], capacity: int = 1) -> None:
+    def __init__(
+        self, devices: list[Device], capacity: int = 1, host: HostSlots | None = None
+    ) -> None:
         self.devices = devices
         self.capacity = capacity
+        self.host = host
         self.quarantined: dict[int, str] = {}
+        self.blocked = False  # room here, but other sweeps of this host hold the slots
         self._leases: dict[int, Lease] = {}
+        self._reserved: tuple[int, Slot | None] | None = None
         self._lock = threading.Lock()
+        self._keys = {d.index: d.uuid or f"sim{d.index}" for d in devices}
 
     @property
     def slots(self) -> int:
@@ -144,33 +154,63 @@ class Pool:
         return self.capacity * (len(self.devices) - len(self.quarantined))
 
     def has_free(self) -> bool:
-        return self._pick() is not None
+        """Whether a device has room now; its slot is then held for the next `lease`."""
+        return self._reserve() is not None
 
     def free_device(self) -> int | None:
-        """The device the next lease would get (None: every usable device is full)."""
-        return self._pick()
+        """The device the next lease gets (None: every usable device is full)."""
+        return self._reserve()
 
-    def _pick(self) -> int | None:
+    def _reserve(self) -> int | None:
+        if self._reserved is not None:
+            return self._reserved[0]
         load = {d.index: 0 for d in self.devices}
         for lease in self._leases.values():
             load[lease.device] += 1
-        return pick_device(load, self.capacity, set(self.quarantined))
+        room = [i for i, n in load.items() if n < self.capacity and i not in self.quarantined]
+        if self.host is None:
+            index = pick_device(load, self.capacity, set(self.quarantined))
+            self._reserved = None if index is None else (index, None)
+            return index
+        host = self.host
+        for index in sorted(room, key=lambda i: (host.held(self._keys[i]), i)):
+            slot = host.take(self._keys[index])
+            if slot is not None:
+                self._reserved, self.blocked = (index, slot), False
+                return index
+        self.blocked = bool(room)
+        return None
+
+    def unreserve(self) -> None:
+        """Give back a slot `has_free` held that no lease took."""
+        if self._reserved is not None:
+            if self._reserved[1] is not None:
+                self._reserved[1].release()
+            self._reserved = None
 
     def lease(self, trial: int, device: int | None = None) -> int:
-        """Give `trial` a device (`device`, or the one `free_device` names); raises
-        RuntimeError when it has no room."""
+        """Give `trial` the device `free_device` named (or `device`, which must have room);
+        raises RuntimeError when it has none."""
         with self._lock:
-            index = self._pick() if device is None else device
-            if index is None or sum(x.device == index for x in self._leases.values()) >= (
+            if device is None:
+                device = self._reserve()
+            if device is None or sum(x.device == device for x in self._leases.values()) >= (
                 self.capacity
             ):
                 raise RuntimeError("no free device")
-            lease = Lease(trial, index)
+            slot = None
+            if self._reserved is not None and self._reserved[0] == device:
+                slot, self._reserved = self._reserved[1], None
+            elif self.host is not None:
+                slot = self.host.take(self._keys[device])
+                if slot is None:
+                    raise RuntimeError(f"device {device} is full on this host")
+            lease = Lease(trial, device, slot=slot)
             for other in self._leases.values():
-                if other.device == index:
+                if other.device == device:
                     other.shared = lease.shared = True
             self._leases[trial] = lease
-        return index
+        return device
 
     def attach(self, trial: int, process: PidSource) -> None:
         """Name the process tree of `trial`, for the monitor's per-process memory."""
@@ -182,9 +222,12 @@ class Pool:
         return self._leases.get(trial)
 
     def release(self, trial: int) -> Lease | None:
-        """Free the device of `trial`; its lease, or None if it held none."""
+        """Free the device of `trial` (its host slot too); its lease, or None."""
         with self._lock:
-            return self._leases.pop(trial, None)
+            lease = self._leases.pop(trial, None)
+        if lease is not None and lease.slot is not None:
+            lease.slot.release()
+        return lease
 
     def holders(self) -> dict[int, list[Lease]]:
         """Each device's leases now (a copy, safe to read from another thread)."""

@@ -39,6 +39,14 @@ def study_dict(**sections: Any) -> dict[str, Any]:
     return base
 
 
+@pytest.fixture(autouse=True)
+def own_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's sweeps lease devices among themselves only (not with other tests)."""
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("SWEEP_LOCK_DIR", str(locks))
+    return locks
+
+
 @pytest.fixture
 def write_study(tmp_path: Path) -> Callable[..., Path]:
     def write(

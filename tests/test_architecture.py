@@ -8,7 +8,7 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile"},
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock"},
     {"config"},
     {"launch", "outcome", "policy", "pool"},
     {"process", "monitor", "store"},

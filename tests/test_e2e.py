@@ -53,7 +53,7 @@ def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(r
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert trials[0].params == {"lr": 0.01, "layers": 2, "act": "relu"}  # the enqueued baseline
     for t in trials:
-        assert 0 < t.value < 5 and 0 <= t.user_attrs["val_acc"] <= 1
+        assert 0 < t.value < 5 and 0 <= t.user_attrs["metric_val_acc"] <= 1
         out_log = root / "studies" / "quickstart" / "trials" / str(t.number) / "stdout.log"
         assert "epoch 0: val_loss=" in out_log.read_text()
     assert (root / "studies" / "quickstart" / "trials" / "0" / "tb").is_dir()

@@ -1,0 +1,84 @@
+"""Device slots shared by every sweep on one host: one `flock`ed file per slot.
+
+A device with `capacity` slots has the files `<key>.0.lock` ... `<key>.<capacity-1>.lock` in
+`<lock dir>/<host>/`; a driver holds a slot while it holds the lock. The kernel drops the lock
+when the driver's process ends, even by SIGKILL, so a dead sweep frees its devices at once,
+and the lock is taken before the trial's processes exist (NVML could not show them yet).
+The lock dir is `$SWEEP_LOCK_DIR`, else `/tmp/sweep-locks` (shared by every user: a lock file
+another user created is locked through a read-only descriptor).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from pathlib import Path
+
+LOCK_DIR_ENV = "SWEEP_LOCK_DIR"
+DEFAULT_DIR = Path("/tmp/sweep-locks")
+
+
+def lock_dir(host: str) -> Path:
+    """The folder of this host's slot files, created world-writable (sticky) if missing."""
+    base = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR)
+    folder = base / re.sub(r"[^A-Za-z0-9._-]", "_", host)
+    for path in (base, folder):
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.chmod(0o1777)
+            except OSError:
+                pass
+    return folder
+
+
+class Slot:
+    """A held slot; `release()` (or the process's end) frees it."""
+
+    def __init__(self, fd: int, key: str) -> None:
+        self.fd, self.key = fd, key
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class HostSlots:
+    """`capacity` slots per device key, shared with every other sweep of this host."""
+
+    def __init__(self, folder: Path, capacity: int) -> None:
+        self.folder, self.capacity = folder, capacity
+
+    def _open(self, key: str, slot: int) -> int:
+        path = self.folder / f"{key}.{slot}.lock"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:  # another user's lock file: a read-only descriptor locks too
+            return os.open(path, os.O_RDONLY)
+
+    def take(self, key: str) -> Slot | None:
+        """A free slot of device `key`, now held; None when every slot is held."""
+        for slot in range(self.capacity):
+            fd = self._open(key, slot)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return Slot(fd, key)
+        return None
+
+    def held(self, key: str) -> int:
+        """How many slots of `key` are held now, by any sweep of this host (this one too)."""
+        taken = 0
+        for slot in range(self.capacity):
+            fd = self._open(key, slot)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                taken += 1
+            finally:
+                os.close(fd)  # closing drops a lock taken here
+        return taken

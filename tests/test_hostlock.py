@@ -1,0 +1,76 @@
+"""Device slots shared by the sweeps of one host: flocked files, freed when a driver dies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+from conftest import load_trials, spawn_cli, study_dict, wait_until
+
+from sweep.hostlock import HostSlots
+from sweep.pool import Pool, fake_devices
+
+
+def test_slots_are_shared_by_every_holder_on_the_host(tmp_path):
+    a, b = HostSlots(tmp_path, 2), HostSlots(tmp_path, 2)
+    first, second = a.take("gpu0"), b.take("gpu0")
+    assert first and second and b.take("gpu0") is None
+    assert a.held("gpu0") == b.held("gpu0") == 2
+    first.release()
+    assert a.held("gpu0") == 1 and b.take("gpu0") is not None
+
+
+def test_a_pool_leases_least_loaded_first_across_sweeps(tmp_path):
+    mine = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))
+    theirs = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))
+    assert [theirs.lease(t) for t in range(3)] == [0, 1, 2]  # spread
+    assert [mine.lease(t) for t in range(3)] == [0, 1, 2]  # then stack
+    assert not mine.has_free() and mine.blocked  # room here, none on the host
+    theirs.release(1)
+    assert mine.has_free() and mine.free_device() == 1
+    mine.unreserve()
+    assert theirs.lease(9) == 1
+
+
+def test_the_slots_of_a_killed_driver_free_within_a_second(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from sweep.hostlock import HostSlots
+        slot = HostSlots(Path({str(tmp_path)!r}), 1).take("gpu0")
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    slots = HostSlots(tmp_path, 1)
+    assert slots.take("gpu0") is None
+    holder.kill()
+    killed = time.monotonic()
+    assert wait_until(lambda: slots.held("gpu0") == 0, 1.0)
+    assert time.monotonic() - killed < 1.0
+
+
+def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path):
+    """Issue 11: two sweeps started together put pairs of trials on the same device."""
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    studies = [write_study(study_dict(study={"name": name, "n_trials": 4},
+                                      trainer={"args": ["--sleep", "0.4"]}),
+                           name=f"{name}.yaml") for name in ("a", "b")]
+    drivers = [spawn_cli("run", str(s), env=env) for s in studies]
+    for d in drivers:
+        _, err = d.communicate(timeout=120)
+        assert d.returncode == 0, err
+    runs = []
+    for name, study in zip(("a", "b"), studies, strict=True):
+        assert [t.state.name for t in load_trials(study, name)] == ["COMPLETE"] * 4
+        for f in (tmp_path / name / "trials").glob("*/probe.json"):
+            record = json.loads(f.read_text())
+            runs.append((record["cvd"], record["start"], record["end"], name))
+    for cvd, start, end, name in runs:
+        for cvd2, start2, end2, name2 in runs:
+            if (cvd, start, name) != (cvd2, start2, name2) and cvd == cvd2:
+                assert end <= start2 or end2 <= start, (cvd, name, name2)
+    assert {name for *_, name in runs} == {"a", "b"}
