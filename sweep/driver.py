@@ -111,10 +111,7 @@ class Driver:
             times.append(now + POLL_SECONDS)
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
-        for run in self.running.values():
-            times.append(run.next_wakeup() or math.inf)
-            if run.follows_reports:
-                times.append(now if run.reports and run.reports.more else now + POLL_SECONDS)
+        times += [run.next_wakeup(now, POLL_SECONDS) or math.inf for run in self.running.values()]
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
@@ -198,7 +195,7 @@ class Driver:
             paths.stderr, run.process.plan.result, run.process.exit_code,
             self.spec.study.objective_metrics, stdout=paths.stdout,
             patterns=source.patterns if source else (),
-            stop=self._stop_text(run),
+            stop=run.stop_text(),
             timeout=self.spec.trainer.timeout, last_report=run.last_report,
         )
         lease = self.pool.lease_of(run.number)
@@ -220,15 +217,6 @@ class Driver:
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
-
-    @staticmethod
-    def _stop_text(run: RunningTrial) -> str | None:
-        """What `outcome.judge` is told of how the trial was stopped."""
-        if run.stop_reason is Stop.BAD_REPORT and run.reports is not None:
-            return run.reports.error
-        if run.stop_reason is None and run.process.lost:
-            return "its guard process was killed (by the trainer?); what was left was stopped"
-        return run.stop_reason.value if run.stop_reason else None
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its device once none holds memory on it."""

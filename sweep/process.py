@@ -282,11 +282,22 @@ class RunningTrial:
     def follows_reports(self) -> bool:
         return self.reports is not None and self.stop_reason is None and not self.judged
 
-    def next_wakeup(self) -> float | None:
-        """When `tick` next has something to do (None: only an event can change this trial)."""
+    def stop_text(self) -> str | None:
+        """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""
+        if self.stop_reason is Stop.BAD_REPORT and self.reports is not None:
+            return self.reports.error
+        if self.stop_reason is None and self.process.lost:
+            return "its guard process was killed (by the trainer?); what was left was stopped"
+        return self.stop_reason.value if self.stop_reason else None
+
+    def next_wakeup(self, now: float = 0.0, poll: float | None = None) -> float | None:
+        """When the driver next has something to do for this trial: `tick`'s deadlines, and
+        its reports every `poll` s (at once while lines wait). None: only an event can."""
         if self.process.ended:
             return self.cleanup_at
         times = [self._force_at]
+        if self.follows_reports and poll is not None:
+            times.append(now if self.reports is not None and self.reports.more else now + poll)
         if self.stop_reason is None and not self.process.command_exited:
             times.append(self.deadline)
         known = [t for t in times if t is not None]
