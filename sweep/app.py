@@ -94,6 +94,11 @@ def execute(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:  # the one real test that output_dir can be made, before storage is touched
+        launch.prepare_output_dir(spec.output_dir)
+    except OSError as e:
+        raise UsageError(f"{spec.source}: study.output_dir: cannot create {spec.output_dir}: "
+                         f"{e.strerror or e}") from None
     notes: list[str] = []
     store = open_store(spec, notes)
     slots = HostSlots(lock_dir(host_name()), spec.gpus.trials_per_gpu)

@@ -12,6 +12,7 @@ import inspect
 import math
 import os
 import re
+import stat
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -80,6 +81,11 @@ class CategoricalParam(_Passed):
 
     @model_validator(mode="after")
     def _no_yaml_booleans_among_strings(self) -> CategoricalParam:
+        for i, a in enumerate(self.choices):
+            for b in self.choices[i + 1:]:
+                if a == b:
+                    raise ValueError(f"choices {a!r} and {b!r} are the same to Optuna "
+                                     "(true == 1 == 1.0); keep one")
         kinds = {type(c) for c in self.choices}
         if bool in kinds and str in kinds:
             raise ValueError(
@@ -312,10 +318,7 @@ def load(
     """
     path = Path(path)
     file = str(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
+    text = _read_study_file(file, path)
     try:
         data = yamlfile.load(text)
     except yamlfile.YamlError as e:
@@ -323,6 +326,12 @@ def load(
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the study file must be a mapping with study/trainer/params")
     _refuse_nul(file, data, "")
+    if isinstance(data.get("params"), dict):
+        for name in data["params"]:
+            if not isinstance(name, str):
+                raise ConfigError(file, f"params.{name!r}", "a param name must be text; YAML "
+                                  "reads unquoted on/off/yes/no/true/false and numbers as "
+                                  "such: quote it")
     storage = storage or os.environ.get(STORAGE_ENV)
     if isinstance(data.get("study"), dict):
         if n_trials is not None:
@@ -336,6 +345,27 @@ def load(
     except ValidationError as e:
         raise _config_error(file, e) from None
     return _resolve(spec, path, runnable)
+
+
+MAX_FILE = 1 << 20  # a study file is a few kB
+
+
+def _read_study_file(file: str, path: Path) -> str:
+    """The text of a regular, UTF-8 file of at most MAX_FILE bytes (never blocks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(file, "", "the study file is not a regular file")
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise ConfigError(file, "", f"the study file is larger than {MAX_FILE} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, "", f"the study file is not UTF-8 text (byte {e.start})") from None
 
 
 def _config_error(file: str, error: ValidationError) -> ConfigError:
@@ -394,6 +424,13 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         _check_places(file, f"trainer.env.{short(name, 40)}", str(value))
     if trainer.result is not None and trainer.result.file is not None:
         _check_places(file, "trainer.result.file", trainer.result.file)
+    if trainer.result is not None and trainer.result.patterns:
+        groups = {g for p in trainer.result.patterns for g in re.compile(p).groupindex}
+        for metric in study.objective_metrics:
+            if metric not in groups:
+                raise ConfigError(file, "trainer.result.stdout",
+                                  f"no named group for the metric {metric!r}: add "
+                                  f"(?P<{metric}>...) to a pattern")
     for name in trainer.env:
         if not ENV_NAME.match(name):
             raise ConfigError(file, f"trainer.env.{short(name, 40)}",
@@ -518,7 +555,8 @@ def shown_url(url: str) -> str:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018
+    except (ArgumentError, ValueError):
         return "<storage URL>"
     secret = {k: "***" for k in parsed.query if SECRET_KEYS.search(k)}
     shown = parsed.update_query_dict(secret).render_as_string(hide_password=True)
@@ -532,7 +570,8 @@ def redact(text: str, url: str) -> str:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018
+    except (ArgumentError, ValueError):
         return text
     secrets = [parsed.password] if parsed.password else []
     for key, value in parsed.query.items():
@@ -554,7 +593,8 @@ def check_storage_url(file: str, url: str, base: Path) -> None:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018 (a port that is no number raises here)
+    except (ArgumentError, ValueError):
         raise ConfigError(
             file, "study.storage", "not a database URL (e.g. sqlite:///sweep.db or "
             "postgresql://user@host/db)"

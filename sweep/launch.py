@@ -120,6 +120,11 @@ def param_args(
     return out
 
 
+def _env_text(value: Any) -> str:
+    """An env value from the study file as text; YAML's booleans as `true` / `false`."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def env_name(param: str) -> str:
     """The variable that carries `param` with `pass_params: env`: SWEEP_PARAM_<NAME>."""
     return "SWEEP_PARAM_" + re.sub(r"[^A-Za-z0-9_]", "_", param).upper()
@@ -144,7 +149,7 @@ def build_launch(
     environment, for `$VAR` in args.
     """
     places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number)}
-    env = {k: fill(str(v), places) for k, v in trainer.env.items()}
+    env = {k: fill(_env_text(v), places) for k, v in trainer.env.items()}
     env.update({
         "CUDA_VISIBLE_DEVICES": str(device),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

@@ -117,10 +117,12 @@ def judge_files(
     file, or from `patterns` over its stdout. A missing result says where sweep looked and
     quotes the trainer's last line of output."""
     out = read_text(stdout, tail_bytes=4 << 20) if stdout is not None else None
+    rejected: dict[str, str] = {}
     if patterns:
-        found = parse_stdout(out or "", list(patterns))
+        found = parse_stdout(out or "", list(patterns), rejected)
         result_text = json.dumps(found) if found else None
-        where = f"no line of {stdout} matched {' or '.join(repr(p) for p in patterns)}"
+        shown = " or ".join("'" + p + "'" for p in patterns)
+        where = f"no line of {stdout} matched {shown}"
     else:
         result_text = read_text(result)
         where = f"nothing at {result}"
@@ -128,6 +130,11 @@ def judge_files(
             where = f"the result file {result} is not a regular file (a FIFO? a folder?)"
     verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", result_text,
                     metrics, **how)
+    missing = [m for m in metrics if m in rejected and verdict.state == FAIL]
+    if patterns and missing:
+        return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
+            f"metric {missing[0]!r} matched in stdout but is not a finite number: "
+            f"{rejected[missing[0]]!r}"))
     if verdict.fail_reason == NO_RESULT:
         said = last_line(out or "", 120)
         reason = f"no result: {where}" + (f"; last line of stdout: {said}" if said else

@@ -124,11 +124,11 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
     keys are kept only when they are finite numbers (at most MAX_EXTRAS of them).
     """
     try:
-        data = json.loads(text)
+        data = _loads(text)
     except json.JSONDecodeError as e:
         raise ResultError(f"result file is not valid JSON ({e.msg} at line {e.lineno})") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise ResultError(f"result file is not valid JSON ({_short(str(e))})") from None
+    except RecursionError:
+        raise ResultError("result file is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ResultError(f"result file must hold a JSON object, not {type(data).__name__}")
     values = []
@@ -166,19 +166,50 @@ def lookup(data: dict[str, Any], name: str) -> Any:
     return node
 
 
-def parse_stdout(text: str, patterns: list[str]) -> dict[str, float]:
-    """The named groups of `patterns` over a trainer's output, as numbers: last match wins."""
+LINE_TAIL = 2048  # characters of each output line the patterns see (its end)
+
+
+def parse_stdout(
+    text: str, patterns: list[str], rejected: dict[str, str] | None = None
+) -> dict[str, float]:
+    """The named groups of `patterns` over a trainer's output, as numbers; last match wins.
+
+    Patterns match within one line (`\\r` ends a line too: progress bars), against its last
+    LINE_TAIL characters, so a pattern's cost stays bounded on any output. A group that
+    matched text that is no finite number goes to `rejected` (the last such text).
+    """
+    compiled = [re.compile(p) for p in patterns]
     found: dict[str, float] = {}
-    for pattern in patterns:
-        for match in re.finditer(pattern, text, re.MULTILINE):
+    for line in re.split(r"[\r\n]", text):
+        if not line:
+            continue
+        line = line[-LINE_TAIL:]
+        for pattern in compiled:
+            match = pattern.search(line)
+            if match is None:
+                continue
             for key, raw in match.groupdict().items():
-                try:
-                    number = float(raw) if raw is not None else math.nan
-                except ValueError:
-                    continue
-                if math.isfinite(number):
+                number = _number(_float(raw)) if raw is not None else None
+                if number is not None:
                     found[key] = number
+                    if rejected is not None:
+                        rejected.pop(key, None)
+                elif raw is not None and rejected is not None:
+                    rejected[key] = _short(raw, 40)
     return found
+
+
+def _float(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, with integers too long for Python's int() read as infinity (they are no
+    finite metric) instead of an error for the whole document."""
+    return json.loads(text, parse_int=lambda s: int(s) if len(s) < 4000 else math.inf)
 
 
 def _short(text: str, width: int = 80) -> str:
@@ -193,8 +224,8 @@ def parse_report_line(line: str, number: int) -> tuple[int, float]:
     """One line of the report file -> (step, value); ReportError says what is wrong."""
     where = f"report line {number}"
     try:
-        item = json.loads(line)
-    except ValueError:
+        item = _loads(line)
+    except (ValueError, RecursionError):
         raise ReportError(f"{where} is not JSON: {_short(line.strip(), 60)}") from None
     if not isinstance(item, dict) or "step" not in item or "value" not in item:
         raise ReportError(f'{where} must be {{"step": N, "value": X}}: {_short(line.strip(), 60)}')
@@ -272,9 +303,10 @@ class ReportReader:
         except OSError as e:
             self.error = f"cannot read the report file ({e.strerror})"
             return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device, a folder
+            os.close(fd)
+            self.error = "the report file is not a regular file"
+            return None
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                self.error = "the report file is not a regular file"
-                return None
             f.seek(self._offset)
             return f.read(size)

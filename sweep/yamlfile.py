@@ -59,7 +59,10 @@ def expanded_size(root: yaml.Node) -> int:
 
 def load(text: str) -> Any:
     """Parse one YAML document safely; YamlError says where and what is wrong."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)
+    except yaml.YAMLError as e:  # e.g. a NUL byte: the reader refuses it at once
+        raise YamlError(0, f"YAML error: {str(e).splitlines()[0]}") from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -140,3 +140,42 @@ def test_an_unreachable_database_is_exit_2_in_every_verb(write_study, capsys):
             assert "study.storage: cannot" in err and ":pw@" not in err, err
     finally:
         del os.environ["SWEEP_FAKE_GPUS"]
+
+
+@pytest.mark.parametrize(("case", "content", "key"), [
+    ("a NUL byte", b"study: {name: ab}\x00\n", "YAML error: unacceptable character"),
+    ("not UTF-8", b"\xff\xfestudy: {}\n", "not UTF-8 text"),
+    ("a port that is no number",
+     yaml.safe_dump(edit(study={"storage": "postgresql://u:pw@h:x/db"})).encode(),
+     "study.storage: not a database URL"),
+    ("choices equal to Optuna",
+     yaml.safe_dump(edit(params={"mp": {"type": "categorical", "choices": [True, 1]}})).encode(),
+     "choices True and 1 are the same to Optuna"),
+    ("a param named on", b"params:\n  on: {type: float, low: 0, high: 1}\n",
+     "params.True: a param name must be text"),
+    ("a metric no pattern captures",
+     yaml.safe_dump(edit(trainer={"result": {"stdout": "acc (?P<acc>[0-9.]+)"}})).encode(),
+     "trainer.result.stdout: no named group for the metric 'score'"),
+])
+def test_unreadable_or_ambiguous_study_files_are_exit_2(write_study, fake_gpus, tmp_path,
+                                                         capsys, case, content, key):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    assert run_cli("run", str(path)) == 2
+    err = capsys.readouterr().err
+    assert key in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "locks"] or sorted(
+        p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_study_file_that_is_a_fifo_or_an_output_dir_that_cannot_be_made(write_study,
+                                                                           fake_gpus, tmp_path,
+                                                                           capsys):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    assert run_cli("run", str(fifo)) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    study = write_study(study={"output_dir": "/proc/sweep-cannot"})
+    assert run_cli("run", str(study)) == 2
+    assert "study.output_dir: cannot create /proc/sweep-cannot" in capsys.readouterr().err
+    assert not (tmp_path / "probe.db").exists()  # the study was not created

@@ -16,11 +16,14 @@ CASES = [
                   "(got 99999999999999999999)"),
     ("value_huge", "report line 1: value must be a finite number (got 9999"),
     ("metric_huge", "metric 'score' is not a finite number: 9999"),
-    ("metric_5000_digits", "result file is not valid JSON (Exceeds the limit"),
+    ("metric_5000_digits", "metric 'score' is not a finite number: inf"),
     ("brackets", "exit code 1: error reading [/data/train]"),
     ("markup", "exit code 1: [red]x[/red] failed"),
     ("result_fifo", "no result: the result file "),
     ("result_dir", "no result: the result file "),
+    ("report_dir", "the report file is not a regular file"),
+    ("result_nested", "result file is nested too deeply to read"),
+    ("report_nested", "report line 1 is not JSON"),
     ("kill_own_group", "exit code 137"),
     ("kill_guard", "its guard process was killed (by the trainer?)"),
     ("report_fifo", "the report file is not a regular file"),
@@ -117,3 +120,32 @@ def test_the_summary_shows_brackets_in_params_as_they_are(write_study, fake_gpus
     capsys.readouterr()
     assert run_cli("summary", str(study)) == 0
     assert "[red]/data[/red]" in capsys.readouterr().out
+
+
+def test_a_valid_result_with_a_huge_number_in_another_key_completes(write_study, fake_gpus):
+    study = hostile_study(write_study, "huge_other_key")
+    assert run_cli("run", str(study)) == 0
+    trial = load_trials(study)[0]
+    assert trial.state.name == "COMPLETE" and "metric_b" not in trial.user_attrs
+
+
+@pytest.mark.parametrize(("case", "pattern", "state", "reason"), [
+    ("progress_bar", ".*val_loss: (?P<score>[0-9.]+)", "COMPLETE", None),
+    ("percent", r"acc: (?P<score>\S+)", "FAIL",
+     "metric 'score' matched in stdout but is not a finite number: '97.5%'"),
+])
+def test_stdout_patterns_on_progress_bars_and_text_that_is_no_number(
+    write_study, fake_gpus, case, pattern, state, reason
+):
+    study = write_study(
+        study={"n_trials": 1, "enqueue": [{"x": 0.1}], "max_consecutive_failures": 1},
+        trainer={"script": str(HOSTILE), "args": ["--case", case],
+                 "result": {"stdout": pattern}})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    driver.communicate(timeout=120)  # a pattern's cost is bounded: no hang on 10 MB of \r
+    trial = load_trials(study)[0]
+    assert trial.state.name == state
+    if reason:
+        assert trial.user_attrs["fail_reason"] == reason
+    else:
+        assert trial.value == 0.25

@@ -56,6 +56,22 @@ def main() -> int:
         os.mkfifo(result)
     elif case == "result_dir":
         result.mkdir()
+    elif case == "report_dir":
+        reports.mkdir()
+        time.sleep(30)
+    elif case == "result_nested":
+        result.write_text('{"score": 0.5, "d": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif case == "report_nested":
+        reports.write_text('{"step": 0, "value": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+        time.sleep(30)
+    elif case == "huge_other_key":
+        result.write_text('{"score": 1.0, "b": ' + "9" * 5000 + "}")
+    elif case == "progress_bar":
+        for i in range(200_000):
+            sys.stdout.write(f"\r 50%|#####| {i}/200000 [00:01<00:01, 1000.00it/s]")
+        print("\nfinal val_loss: 0.25")
+    elif case == "percent":
+        print("acc: 97.5%")
     elif case in ("kill_own_group", "kill_guard"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                          start_new_session=True)
