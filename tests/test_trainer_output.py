@@ -87,25 +87,27 @@ def test_brackets_in_a_categorical_choice_are_shown_as_they_are(write_study, fak
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("hosts", [("host-0", "host-1"), ("one", "one")])
 def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(write_study,
-                                                                               tmp_path):
-    """Two drivers on one study as two hosts, heartbeats every second: while each is busy
-    storing thousands of report lines, neither takes the other's live trial for dead."""
+                                                                               tmp_path, hosts):
+    """Two drivers on one study, as two hosts (heartbeats alone say who is alive) and on one
+    host, heartbeats every second: while each is busy storing thousands of report lines,
+    neither takes the other's live trial for dead."""
     study = write_study(
         study={"n_trials": 4, "heartbeat_interval": 1, "reclaim_after": 2,
                "pruner": {"type": "median", "n_startup_trials": 1000}},
         trainer={"script": str(HOSTILE), "args": ["--case", "flood_slow"]},
     )
-    drivers = [spawn_cli("run", str(study),
-                         env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": f"host-{i}"})
-               for i in range(2)]
+    drivers = [spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": host})
+               for host in hosts]
     outputs = [d.communicate(timeout=180) for d in drivers]
     for d, (_, err) in zip(drivers, outputs, strict=True):
         assert d.returncode == 0, err
         assert "no heartbeat" not in err and "driver died" not in err, err
     trials = load_trials(study)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 4
-    assert {t.user_attrs["host"] for t in trials} == {"host-0", "host-1"}
+    assert {t.user_attrs["host"] for t in trials} == set(hosts)
+    assert len({t.user_attrs["owner"]["pid"] for t in trials}) == 2  # both drivers ran trials
     counts = [len(t.intermediate_values) for t in trials]
     assert all(n > 300 for n in counts), counts  # the drivers were busy storing them
 
