@@ -49,7 +49,8 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
         raise unreachable(spec, e) from None
     return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
                  grid=spec.study.sampler.type == "grid",
-                 sampler_for=lambda number: config.build_sampler(spec, number))
+                 sampler_for=(lambda number: config.build_sampler(spec, number))
+                 if config.reseeds(spec) else None)
 
 
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
@@ -136,7 +137,8 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
              f"running in storage; params sampled in memory)"]
     for _ in range(n):
         trial = study.ask()
-        params = sample(study, trial, spec.searched, lambda n: config.build_sampler(spec, n))
+        params = sample(study, trial, spec.searched,
+                        (lambda n: config.build_sampler(spec, n)) if config.reseeds(spec) else None)
         gpu = lease.lease(trial.number)
         plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu)
         lines.append(plan.command_line())
@@ -160,6 +162,7 @@ def trial_log(
     log = paths.stderr if stderr else paths.stdout
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")
+    study = read_study(spec) if follow else None
     offset = 0
     while True:
         with open(log, "rb") as f:
@@ -168,15 +171,12 @@ def trial_log(
         offset += len(data)
         if data:
             yield data.decode("utf-8", errors="replace")
-        if not follow or _finished(spec, number):
+        if study is None or _finished(study, number):
             return
         time.sleep(poll)
 
 
-def _finished(spec: Spec, number: int) -> bool:
-    study = read_study(spec)
-    if study is None:
-        return True
+def _finished(study: Any, number: int) -> bool:
     trials = study.get_trials(deepcopy=False)
     return number >= len(trials) or trials[number].state.is_finished()
 

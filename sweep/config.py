@@ -688,6 +688,11 @@ def _construct(file: str, key: str, cls: type, kwargs: dict[str, Any]) -> Any:
 PER_TRIAL_SEED = ("random", "tpe", "gp", "cmaes", "nsga2")
 
 
+def reseeds(spec: Spec) -> bool:
+    """Whether each trial of `spec` gets a sampler seeded of its own (see PER_TRIAL_SEED)."""
+    return spec.study.sampler.seed is not None and spec.study.sampler.type in PER_TRIAL_SEED
+
+
 def trial_seed(seed: int, number: int) -> int:
     """The seed of trial `number` in a study seeded with `seed` (stable across processes)."""
     digest = hashlib.sha256(f"sweep:{seed}:{number}".encode()).digest()

@@ -111,19 +111,26 @@ class Driver:
             times.append(now + POLL_SECONDS)
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
-        times += [run.next_wakeup(now, POLL_SECONDS) or math.inf for run in self.running.values()]
+        for run in self.running.values():
+            due = run.next_wakeup(now, POLL_SECONDS)
+            times.append(math.inf if due is None else due)
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
 
     def _start_trials(self, now: float) -> None:
-        if self.pool.slots == 0 and self.policy.stop_starting("no GPU left in the pool"):
-            self.policy.gave_up = True
+        if self.pool.slots == 0:
+            self.policy.give_up("no GPU left in the pool")
         try:
             while self.policy.room(self._budget()) > 0 and self.pool.has_free():
                 self._start_one(now)
         finally:
             self.pool.unreserve()
+
+    def counts(self) -> Counts:
+        """The study's trials by state, as last read (storage is read again when they change,
+        and every heartbeat interval)."""
+        return self._budget()
 
     def _budget(self) -> Counts:
         if self._counts is None:
@@ -135,12 +142,14 @@ class Driver:
         assert device is not None
         asked = self.store.ask(spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
         self._counts = None
-        self.pool.lease(asked.number, device)
         params = {**asked.params, **spec.fixed}
-        plan = launch.plan_trial(spec, asked.number, params, device)
         try:
+            self.pool.lease(asked.number, device)
+            plan = launch.plan_trial(spec, asked.number, params, device)
             launch.prepare_trial_dir(plan, params)
-            proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake)
+            lease = self.pool.lease_of(asked.number)
+            hold = (lease.slot.fd,) if lease is not None and lease.slot is not None else ()
+            proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake, hold=hold)
         except BaseException as e:
             self.pool.release(asked.number)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
@@ -188,7 +197,6 @@ class Driver:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
             self._follow_reports(run, now, rest=True)
-        run.judged_now(now)
         paths = run.process.plan.paths
         source = self.spec.trainer.result
         verdict = outcome.judge_files(
@@ -203,6 +211,7 @@ class Driver:
             run.number, shared=lease is None or lease.shared)
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage)
+        run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         self._counts = None
         if not told:
@@ -220,7 +229,7 @@ class Driver:
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its device once none holds memory on it."""
-        held = set(self.monitor.reader.compute_processes(run.device)) if self.monitor else set()
+        held = self.monitor.processes_on(run.device) if self.monitor else set()
         clear = run.clear_device(held, now)
         if clear is None:
             return

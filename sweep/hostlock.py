@@ -67,11 +67,17 @@ class HostSlots:
             except BlockingIOError:
                 os.close(fd)
                 continue
+            except BaseException:
+                os.close(fd)
+                raise
             return Slot(fd, key)
         return None
 
     def held(self, key: str) -> int:
-        """How many slots of `key` are held now, by any sweep of this host (this one too)."""
+        """How many slots of `key` are held now, by any sweep of this host (this one too).
+
+        It probes each free slot by taking it for an instant: another sweep's `take` in that
+        instant finds it held and tries again at its next look (half a second later)."""
         taken = 0
         for slot in range(self.capacity):
             fd = self._open(key, slot)

@@ -8,6 +8,7 @@ which device when, and every figure is NaN.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import threading
 import time
@@ -18,6 +19,8 @@ from typing import Protocol
 
 from sweep.nvml import GpuReading
 from sweep.pool import Pool
+
+log = logging.getLogger("sweep")
 
 SAMPLE_COLUMNS = [
     "time", "gpu", "trials", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb", "power_w",
@@ -132,6 +135,10 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def processes_on(self, gpu: int) -> set[int]:
+        """The pids NVML shows on device `gpu` now (empty without NVML)."""
+        return set(self.reader.compute_processes(gpu))
+
     def trial_started(self, trial: int, gpu: int) -> None:
         usage = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
         with self._lock:
@@ -177,6 +184,6 @@ class Monitor:
             started = time.monotonic()
             try:
                 self.sample_once()
-            except OSError:
-                pass
+            except Exception as e:  # a sample lost; the next one may go through
+                log.warning("GPU sample failed: %s", e)
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

@@ -88,12 +88,18 @@ class Nvml:
         except self._nv.NVMLError:
             return None
 
+    def _try_on(self, fn: Any, index: int) -> Any:
+        """`fn(handle of device index)`, or None if NVML cannot (a device lost from the bus)."""
+        try:
+            return fn(self._handle(index))
+        except self._nv.NVMLError:
+            return None
+
     def read(self, index: int) -> GpuReading:
         """Utilisation, memory and power of one device; NaN for what it cannot report."""
-        h = self._handle(index)
-        util = self._try(self._nv.nvmlDeviceGetUtilizationRates, h)
-        mem = self._try(self._nv.nvmlDeviceGetMemoryInfo, h)
-        power = self._try(self._nv.nvmlDeviceGetPowerUsage, h)
+        util = self._try_on(self._nv.nvmlDeviceGetUtilizationRates, index)
+        mem = self._try_on(self._nv.nvmlDeviceGetMemoryInfo, index)
+        power = self._try_on(self._nv.nvmlDeviceGetPowerUsage, index)
         return GpuReading(
             util_gpu=float(util.gpu) if util is not None else NAN,
             util_mem=float(util.memory) if util is not None else NAN,
@@ -104,12 +110,12 @@ class Nvml:
 
     def energy_mj(self, index: int) -> float | None:
         """Energy the device used since the driver loaded (mJ), or None if not supported."""
-        value = self._try(self._nv.nvmlDeviceGetTotalEnergyConsumption, self._handle(index))
+        value = self._try_on(self._nv.nvmlDeviceGetTotalEnergyConsumption, index)
         return float(value) if value is not None else None
 
     def compute_processes(self, index: int) -> dict[int, float | None]:
         """pid -> used memory (MB, None when hidden) of the compute processes on a device."""
-        procs = self._try(self._nv.nvmlDeviceGetComputeRunningProcesses, self._handle(index))
+        procs = self._try_on(self._nv.nvmlDeviceGetComputeRunningProcesses, index)
         out: dict[int, float | None] = {}
         for p in procs or []:
             used = getattr(p, "usedGpuMemory", None)

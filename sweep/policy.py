@@ -80,6 +80,11 @@ class Policy:
         self.stop_reason = reason
         return True
 
+    def give_up(self, reason: str) -> None:
+        """Stop starting trials, and end the run as failed (exit 1)."""
+        self.gave_up = True
+        self.stop_starting(reason)
+
     def check_clock(self, now: float) -> str | None:
         """The reason to stop starting trials if `study.timeout` has just run out."""
         if self.deadline is not None and now >= self.deadline and self.stop_reason is None:
@@ -120,8 +125,7 @@ class Policy:
             return Followup(retry=retry)
         reason = (f"stopped after {self.max_consecutive_failures} failed trials in a row "
                   f"(last: {fail_reason})" + (f"; see {see}" if see else ""))
-        self.gave_up = True
-        self.stop_starting(reason)
+        self.give_up(reason)
         return Followup(retry=retry, give_up=reason)
 
     def exit_code(self) -> int:

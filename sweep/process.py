@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,7 +68,7 @@ class Process(Protocol):
     def close(self) -> None: ...
 
 
-Spawn = Callable[[LaunchPlan, float, Callable[[], None]], Process]
+Spawn = Callable[..., Process]  # (plan, grace, on_change, hold=(fds...)) -> Process
 
 
 class TrialProcess:
@@ -79,8 +79,11 @@ class TrialProcess:
     """
 
     def __init__(
-        self, plan: LaunchPlan, grace: float, on_change: Callable[[], None] = lambda: None
+        self, plan: LaunchPlan, grace: float, on_change: Callable[[], None] = lambda: None,
+        hold: Sequence[int] = (),
     ) -> None:
+        """`hold`: descriptors the guard keeps open while the tree lives (the device's
+        host-wide slot lock, so it outlives a killed driver until the trial is gone)."""
         self.plan = plan
         control_r, self._control = os.pipe()
         status_r, status_w = os.pipe()
@@ -90,7 +93,7 @@ class TrialProcess:
                 self._popen = subprocess.Popen(
                     [*argv, *plan.argv], env={**os.environ, **plan.env},
                     stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, pass_fds=(control_r, status_w),
+                    start_new_session=True, pass_fds=(control_r, status_w, *hold),
                 )
         except BaseException:
             os.close(self._control)
@@ -123,7 +126,7 @@ class TrialProcess:
             self._exit_code = 128 - code if code < 0 else code
         self._exited.set()
         self._ended.set()
-        self._on_change()  # after both events: once `ended` is true, the callback has run
+        self._on_change()  # after the events, so the woken loop sees them
 
     @property
     def exit_code(self) -> int | None:
@@ -331,6 +334,8 @@ class WallClock:
         os.set_blocking(self._w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._r, selectors.EVENT_READ)
+        self._closing = threading.Lock()  # a reader thread may wake it as the run ends
+        self._closed = False
         self.waits = 0
 
     def now(self) -> float:
@@ -346,15 +351,24 @@ class WallClock:
                 pass
 
     def wake(self) -> None:
-        try:
-            os.write(self._w, b"x")
-        except OSError:  # full (a wake is pending anyway) or closed
-            pass
+        """Cut the current or next wait short. Safe from any thread, also after `close`, but
+        not from a signal handler while `close` runs (the handlers are gone by then)."""
+        if self._closed:
+            return
+        with self._closing:
+            if self._closed:
+                return
+            try:
+                os.write(self._w, b"x")
+            except OSError:  # full: a wake is pending anyway
+                pass
 
     def close(self) -> None:
-        self._selector.close()
-        os.close(self._r)
-        os.close(self._w)
+        with self._closing:
+            self._closed = True
+            self._selector.close()
+            os.close(self._r)
+            os.close(self._w)
 
 
 def stop_all(runs: list[RunningTrial], reason: Stop, grace: float, now: float) -> None:

@@ -84,11 +84,14 @@ class Progress(Events):
     def render(self, driver: Driver) -> Group:
         """The live view: budget, best value, and each GPU with its trial and load."""
         spec = driver.spec
-        best = driver.store.best()
+        try:
+            best = driver.store.best()
+        except Exception:  # a storage hiccup costs one refresh of the view, not the run
+            best = []
         if best:
             self.best = "; ".join(f"#{n} {', '.join(_fmt(v) for v in values)}"
                                   for n, values in best)
-        counts = driver.store.counts()
+        counts = driver.counts()
         head = Text.assemble(
             (spec.study.name, "bold"),
             f": {counts.finished}/{spec.study.n_trials} finished, {len(driver.running)} "

@@ -306,14 +306,14 @@ class Store:
             # Optuna warns that heartbeats are meant for optimize(); sweep records them itself.
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             trial = self.study.ask()
-        self.beat(trial)
-        record = {"host": self.owner.host, "pid": self.owner.pid,
-                  "started": self.owner.started, "gpu": gpu, "dir": trial_dir(trial.number)}
-        trial.set_user_attr(OWNER, record)
         try:
+            self.beat(trial)
+            record = {"host": self.owner.host, "pid": self.owner.pid,
+                      "started": self.owner.started, "gpu": gpu, "dir": trial_dir(trial.number)}
+            trial.set_user_attr(OWNER, record)
             params = sample(self.study, trial, searched, self.sampler_for)
         except Exception as e:
-            self.tell_failed(trial, f"could not sample the params: {e}".splitlines()[0])
+            self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
         attrs = trial.user_attrs
         return Asked(trial, trial.number, params, int(attrs.get(ATTEMPT, 0)),

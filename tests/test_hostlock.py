@@ -74,3 +74,19 @@ def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path):
             if (cvd, start, name) != (cvd2, start2, name2) and cvd == cvd2:
                 assert end <= start2 or end2 <= start, (cvd, name, name2)
     assert {name for *_, name in runs} == {"a", "b"}
+
+
+def test_a_killed_drivers_slot_is_held_until_its_trial_is_gone(write_study, own_lock_dir):
+    """The guard keeps the device's slot: no other sweep gets a GPU whose memory a stopping
+    trainer of a dead driver still holds."""
+    study = write_study(study={"n_trials": 1}, trainer={"args": ["--mode", "stubborn"],
+                                                        "grace_period": 2.0})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    trials = study.parent / "probe" / "trials"
+    assert wait_until(lambda: list(trials.glob("*/probe_start.json")), 30)
+    slots = HostSlots(next(own_lock_dir.iterdir()), 1)
+    driver.kill()
+    driver.wait()
+    time.sleep(0.5)
+    assert slots.held("sim0") == 1  # the stubborn trainer is in its grace period
+    assert wait_until(lambda: slots.held("sim0") == 0, 10)  # then the slot frees

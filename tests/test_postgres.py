@@ -57,8 +57,8 @@ def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):
     a = write_study(data, name="a.yaml")
     data["study"]["output_dir"] = "host-b"
     b = write_study(data, name="b.yaml")
-    env = {"SWEEP_FAKE_GPUS": "2"}
-    drivers = [spawn_cli("run", str(a), env=env), spawn_cli("run", str(b), env=env)]
+    drivers = [spawn_cli("run", str(path), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": host})
+               for path, host in ((a, "host-a"), (b, "host-b"))]  # two hosts, two pools
     for d in drivers:
         _, err = d.communicate(timeout=180)
         assert d.returncode == 0, err

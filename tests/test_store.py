@@ -133,7 +133,7 @@ def test_a_trial_whose_params_cannot_be_sampled_is_told_fail(tmp_path):
         s.ask(searched(s), gpu=0, trial_dir=str)
     [trial] = s.study.get_trials(deepcopy=False)
     assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["fail_reason"].startswith("could not sample the params")
+    assert trial.user_attrs["fail_reason"].startswith("could not start the trial: ")
 
 
 def test_a_changed_metric_is_refused_like_a_changed_direction(tmp_path):

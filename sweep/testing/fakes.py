@@ -175,7 +175,8 @@ class FakeSpawn:
         self.processes: list[FakeProcess] = []
 
     def __call__(
-        self, plan: LaunchPlan, grace: float, on_change: Callable[[], None]
+        self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+        hold: tuple[int, ...] = (),
     ) -> FakeProcess:
         params = json.loads(Path(plan.env[PARAMS_ENV]).read_text())
         proc = FakeProcess(plan, grace, self.clock, self.script(params), on_change)
