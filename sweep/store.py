@@ -28,7 +28,7 @@ from optuna.distributions import (
     FloatDistribution,
 )
 from optuna.trial import TrialState
-from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from sweep import config
 from sweep.config import FloatParam, IntParam, Searched, Spec
@@ -117,7 +117,7 @@ def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
         engine_kwargs["pool_pre_ping"] = True
-    for attempt in range(3):
+    for attempt in range(5):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -127,11 +127,14 @@ def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
                     heartbeat_interval=spec.study.heartbeat_interval,
                     grace_period=spec.study.reclaim_seconds,
                 )
-        except (IntegrityError, ProgrammingError):
-            # Drivers on several hosts creating the schema at once: one wins, the rest retry.
-            if attempt == 2:
+        except (IntegrityError, ProgrammingError, OperationalError,
+                optuna.exceptions.StorageInternalError) as e:
+            # Drivers starting at once on a new database all create the schema: one wins,
+            # the others fail ("already exists", "database is locked") and try again.
+            if attempt == 4 or (isinstance(e, (OperationalError, optuna.exceptions.
+                                               StorageInternalError)) and not _racing(e)):
                 raise
-            time.sleep(0.5 + attempt)
+            time.sleep(0.2 + 0.4 * attempt)
     raise AssertionError("unreachable")
 
 
@@ -167,6 +170,11 @@ def read_study(spec: Spec) -> optuna.Study | None:
         if "no such table" in str(e.__cause__ or e) or "does not exist" in str(e.__cause__ or e):
             return None
         raise unreachable(spec, e, "read") from None
+
+
+def _racing(error: Exception) -> bool:
+    text = f"{error} {error.__cause__}"
+    return "already exists" in text or "database is locked" in text
 
 
 def open_study(
