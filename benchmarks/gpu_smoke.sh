@@ -57,9 +57,9 @@ def check(name, cond):
 check("3 trials COMPLETE", list(t["state"]) == ["COMPLETE"] * 3)
 for tr in trials:
     a = tr.user_attrs
-    check(f"trial {tr.number}: trainer saw CUDA", a.get("cuda") == 1.0)
+    check(f"trial {tr.number}: trainer saw CUDA", a.get("metric_cuda") == 1.0)
     check(f"trial {tr.number}: one visible device, the leased one",
-          a.get("device_count") == 1.0 and a.get("visible") == float(a.get("gpu")))
+          a.get("metric_device_count") == 1.0 and a.get("metric_visible") == float(a.get("gpu")))
     check(f"trial {tr.number}: utilisation measured ({a.get('gpu_util_mean')})",
           (a.get("gpu_util_mean") or 0) > 30)
     check(f"trial {tr.number}: memory peak measured ({a.get('gpu_mem_peak_mb')})",
@@ -88,7 +88,7 @@ trials = optuna.load_study(study_name="gpu_leftover",
                            storage=f"sqlite:///{work}/gpu_leftover.db").trials
 ok = True
 for t in trials:
-    cond = t.state.name == "COMPLETE" and t.user_attrs.get("child_ready") == 1.0
+    cond = t.state.name == "COMPLETE" and t.user_attrs.get("metric_child_ready") == 1.0
     print(("PASS " if cond else "FAIL ") + f"leftover trial {t.number} COMPLETE with its child "
           f"holding the GPU ({t.state.name}, {t.user_attrs})")
     ok &= cond
