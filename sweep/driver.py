@@ -12,7 +12,7 @@ import math
 import time
 from typing import Any
 
-from sweep import config, launch, outcome, process
+from sweep import config, launch, process
 from sweep.config import Spec
 from sweep.events import Events, Finished, Started
 from sweep.monitor import Monitor
@@ -197,15 +197,9 @@ class Driver:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
             self._follow_reports(run, now, rest=True)
-        paths = run.process.plan.paths
-        source = self.spec.trainer.result
-        verdict = outcome.judge_files(
-            paths.stderr, run.process.plan.result, run.process.exit_code,
-            self.spec.study.objective_metrics, stdout=paths.stdout,
-            patterns=source.patterns if source else (),
-            stop=run.stop_text(),
-            timeout=self.spec.trainer.timeout, last_report=run.last_report,
-        )
+        trainer = self.spec.trainer
+        verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
+                              trainer.result.patterns if trainer.result else [])
         lease = self.pool.lease_of(run.number)
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
@@ -222,7 +216,7 @@ class Driver:
                                       time.time() - run.process.started, verdict.fail_reason))
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
-                                   see=str(paths.stderr))
+                                   see=str(run.process.plan.paths.stderr))
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)

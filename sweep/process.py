@@ -27,6 +27,7 @@ import psutil
 
 from sweep import guard
 from sweep.launch import LaunchPlan
+from sweep.outcome import Outcome, judge_files
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 
 GUARD = Path(guard.__file__)
@@ -284,6 +285,13 @@ class RunningTrial:
     @property
     def follows_reports(self) -> bool:
         return self.reports is not None and self.stop_reason is None and not self.judged
+
+    def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str]) -> Outcome:
+        """`outcome.judge` of this trial's files, exit code, stop and last report."""
+        paths = self.process.plan.paths
+        return judge_files(paths.stderr, self.process.plan.result, self.process.exit_code,
+                           metrics, stdout=paths.stdout, patterns=patterns,
+                           stop=self.stop_text(), timeout=timeout, last_report=self.last_report)
 
     def stop_text(self) -> str | None:
         """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""
