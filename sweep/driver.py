@@ -140,7 +140,12 @@ class Driver:
     def _start_one(self, now: float) -> None:
         spec, device = self.spec, self.pool.free_device()
         assert device is not None
-        asked = self.store.ask(spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
+        with self.store.budget_lock():  # other drivers of the study may have spent it
+            self._counts = None
+            if self.policy.room(self._budget()) <= 0:
+                return
+            asked = self.store.ask(
+                spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
         self._counts = None
         params = {**asked.params, **spec.fixed}
         try:

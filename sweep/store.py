@@ -7,6 +7,9 @@ needs are in the shim at the bottom, covered by a contract test against the inst
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import logging
 import math
 import os
@@ -14,7 +17,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 
 import optuna
 import psutil
+import sqlalchemy
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -327,6 +331,37 @@ class Store:
         return Asked(trial, trial.number, params, int(attrs.get(ATTEMPT, 0)),
                      int(attrs.get(RETRY_OF, trial.number)))
 
+    @contextlib.contextmanager
+    def budget_lock(self) -> Iterator[None]:
+        """Held by one driver of the study at a time, around "is there budget left?" and the
+        `ask` that spends it, so drivers never start more than `n_trials` between them.
+
+        A PostgreSQL advisory lock (any host), or an flock on `<file>.lock` beside a SQLite
+        file (one host, or a shared disk with working locks); nothing for other storages.
+        """
+        backend = _backend(self.study)
+        if backend is None:
+            yield
+            return
+        kind, target = backend
+        if kind == "sqlite":
+            with open(f"{target}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        key = int.from_bytes(hashlib.sha256(
+            f"sweep:{self.study.study_name}".encode()).digest()[:8], "big", signed=True)
+        with target.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                conn.commit()
+
     # ---- reading ----------------------------------------------------------------------
 
     def counts(self) -> Counts:
@@ -517,6 +552,21 @@ class Heartbeat:
 
 
 # ---- the private Optuna APIs sweep relies on (see tests/test_store.py's contract test) ------
+
+
+def _backend(study: optuna.Study) -> tuple[str, Any] | None:
+    """("sqlite", the database file) or ("postgresql", the storage's SQLAlchemy engine)."""
+    storage = study._storage
+    rdb = getattr(storage, "_backend", storage)  # _CachedStorage wraps the RDBStorage
+    engine = getattr(rdb, "engine", None)
+    if engine is None:
+        return None
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return "sqlite", url.database
+    if url.get_backend_name() == "postgresql":
+        return "postgresql", engine
+    return None
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:

@@ -85,3 +85,12 @@ def test_a_bad_postgres_password_is_not_printed(write_study, capsys):
     err = capsys.readouterr().err
     assert "s3cret" not in err and err.count("\n") == 1
     assert "study.storage: cannot open postgresql://u:***@127.0.0.1:1/none" in err
+
+
+@pytest.mark.slow
+def test_three_drivers_on_one_postgres_study_spend_exactly_its_budget(postgres_url,
+                                                                      write_study):
+    from test_budget import check_exact, three_drivers_at_once
+
+    three_drivers_at_once(write_study, storage=postgres_url, name="three")
+    check_exact(optuna.load_study(study_name="three", storage=postgres_url).trials)

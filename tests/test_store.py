@@ -64,6 +64,8 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     study._thread_local.in_optimize_loop = False
     assert study._stop_flag is True
     assert list(inspect.signature(optuna.Trial.__init__).parameters)[1:] == ["study", "trial_id"]
+    # the budget lock finds the database behind Optuna's cached storage
+    assert study._storage._backend.engine.url.get_backend_name() == "sqlite"
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):

@@ -1,0 +1,95 @@
+"""Several drivers on one study spend exactly its budget: the check and the ask that spends
+it happen under one lock every driver of the study shares (issue 12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import load_trials, spawn_cli, study_dict
+
+from sweep import config
+from sweep.store import Owner, Store, open_storage, open_study
+
+
+def three_drivers_at_once(write_study, storage: str | None = None, name: str = "shared") -> Any:
+    """Three drivers (three hosts, 2 simulated GPUs each: 6 slots) on a budget of 7."""
+    sections = {"n_trials": 7, "name": name}
+    if storage:
+        sections["storage"] = storage
+    study = write_study(study_dict(study=sections, trainer={"args": ["--sleep", "0.3"]}))
+    drivers = [spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": f"h{i}"})
+               for i in range(3)]
+    for d in drivers:
+        _, err = d.communicate(timeout=180)
+        assert d.returncode == 0, err
+    return study
+
+
+def check_exact(trials: list) -> None:
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 7, [t.state.name for t in trials]
+    assert len({t.user_attrs["host"] for t in trials}) >= 2  # the drivers shared the work
+    assert len({t.params["x"] for t in trials}) == 7  # no params twice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(3))
+def test_three_drivers_on_one_sqlite_study_spend_exactly_its_budget(write_study, attempt):
+    study = three_drivers_at_once(write_study)
+    check_exact(load_trials(study, "shared"))
+
+
+def test_the_budget_lock_serialises_drivers_of_one_study(write_study):
+    import threading
+    import time
+
+    spec = config.load(write_study())
+    study = open_study(spec, open_storage(spec))
+    a = Store(study, Owner("a", 1, 0), 60)
+    b = Store(study, Owner("b", 2, 0), 60)
+    order = []
+
+    def hold(store: Store, name: str) -> None:
+        with store.budget_lock():
+            order.append(f"{name} in")
+            time.sleep(0.2)
+            order.append(f"{name} out")
+
+    first = threading.Thread(target=hold, args=(a, "a"))
+    first.start()
+    time.sleep(0.05)
+    hold(b, "b")
+    first.join()
+    assert order == ["a in", "a out", "b in", "b out"]
+
+
+def test_the_window_between_the_budget_check_and_the_ask_is_closed(write_study, fake_gpus,
+                                                                   monkeypatch):
+    """Three drivers in threads of one process, each asking slowly (0.2 s inside `ask`):
+    without the lock, drivers that saw "one left" at the same moment all started it."""
+    import threading
+    import time
+
+    from sweep.driver import Driver
+    from sweep.pool import Pool, fake_devices
+
+    real_ask = Store.ask
+
+    def slow_ask(self, *args, **kwargs):
+        time.sleep(0.2)
+        return real_ask(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "ask", slow_ask)
+    spec = config.load(write_study(study={"n_trials": 5},
+                                   trainer={"args": ["--sleep", "0.2"]}))
+    drivers = []
+    for host in ("a", "b", "c"):
+        store = Store(open_study(spec, open_storage(spec)), Owner(host, 1, 0), 60)
+        drivers.append(Driver(spec, store, Pool(fake_devices("2"))))
+    threads = [threading.Thread(target=d.run) for d in drivers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    trials = load_trials(spec.source)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 5  # exactly the budget
