@@ -294,9 +294,13 @@ class Store:
     # ---- asking -----------------------------------------------------------------------
 
     def enqueue(self, params: Sequence[dict[str, Any]]) -> None:
-        """Queue trials to run first; params already queued or run are not queued again."""
-        for p in params:
-            self.study.enqueue_trial(p, skip_if_exists=True)
+        """Queue trials to run first; params already queued or run are not queued again
+        (under the budget lock: drivers starting together queue each of them once)."""
+        if not params:
+            return
+        with self.budget_lock():
+            for p in params:
+                self.study.enqueue_trial(p, skip_if_exists=True)
 
     def requeue(self, params: Mapping[str, Any], origin: int, attempt: int) -> None:
         """Queue the same params again, as attempt `attempt` of trial `origin`."""

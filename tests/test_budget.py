@@ -93,3 +93,50 @@ def test_the_window_between_the_budget_check_and_the_ask_is_closed(write_study, 
         t.join(120)
     trials = load_trials(spec.source)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 5  # exactly the budget
+
+
+@pytest.mark.slow
+def test_drivers_starting_together_run_each_enqueued_trial_and_grid_point_once(write_study):
+    study = write_study(study_dict(
+        study={"n_trials": 6, "name": "shared", "enqueue": [{"x": 0.25}, {"x": 0.5}]},
+        trainer={"args": ["--sleep", "0.3"]}))
+    grid = write_study(study_dict(
+        study={"n_trials": 20, "name": "grid", "sampler": {"type": "grid"}},
+        trainer={"args": ["--sleep", "0.2"]},
+        params={"x": {"type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4, 0.5]}}),
+        name="grid.yaml")
+    drivers = [spawn_cli("run", str(path), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": f"h{i}"})
+               for path in (study, grid) for i in range(3)]
+    for d in drivers:
+        _, err = d.communicate(timeout=180)
+        assert d.returncode == 0, err
+    xs = [t.params["x"] for t in load_trials(study, "shared")]
+    assert len(xs) == 6 and xs.count(0.25) == 1 and xs.count(0.5) == 1
+    points = [t.params["x"] for t in load_trials(grid, "grid")]
+    assert sorted(points) == [0.1, 0.2, 0.3, 0.4, 0.5]  # every point once, none twice
+
+
+def test_drivers_queueing_the_same_baseline_at_once_queue_it_once(write_study, monkeypatch):
+    """The window between Optuna's "already queued?" and the queueing, forced open."""
+    import threading
+    import time
+
+    import optuna
+
+    real = optuna.Study._should_skip_enqueue
+
+    def slow(self, params):
+        skip = real(self, params)
+        time.sleep(0.2)
+        return skip
+
+    monkeypatch.setattr(optuna.Study, "_should_skip_enqueue", slow)
+    spec = config.load(write_study())
+    stores = [Store(open_study(spec, open_storage(spec)), Owner(h, 1, 0), 60) for h in "abc"]
+    threads = [threading.Thread(target=s.enqueue, args=([{"x": 0.25}],)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    waiting = stores[0].study.get_trials(deepcopy=False)
+    assert len(waiting) == 1 and waiting[0].state.name == "WAITING"
