@@ -75,16 +75,27 @@ def monitor_cost(samples: int = 300) -> float:
 
     from sweep.monitor import Monitor
     from sweep.nvml import Nvml
+    from sweep.pool import Pool, fake_devices
     from sweep.testing import fake_pynvml
+
+    class Pids:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def tree_pids(self) -> set[int]:
+            return {self.pid}
 
     mp = pytest.MonkeyPatch()
     gpus = [fake_pynvml.FakeGpu(util_gpu=50, processes=[(10 + i, 2**30)]) for i in range(8)]
     fake_pynvml.install(mp, gpus)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            m = Monitor(Nvml(), list(range(8)), Path(tmp) / "s.csv", pids_of=lambda t: {10 + t})
+            pool = Pool(fake_devices("8"))
+            m = Monitor(Nvml(), pool, Path(tmp) / "s.csv")
             m.create_csv()
             for i in range(8):
+                pool.lease(i)
+                pool.attach(i, Pids(10 + i))
                 m.trial_started(i, i)
             t0 = time.thread_time()
             for _ in range(samples):
