@@ -344,14 +344,12 @@ class WallClock:
         self._selector.register(self._r, selectors.EVENT_READ)
         self._closing = threading.Lock()  # a reader thread may wake it as the run ends
         self._closed = False
-        self.waits = 0
 
     def now(self) -> float:
         return time.monotonic()
 
     def wait(self, timeout: float | None) -> None:
         """Sleep until `timeout` s have passed (None: until woken) or `wake` is called."""
-        self.waits += 1
         if self._selector.select(None if timeout is None else max(0.0, timeout)):
             try:
                 os.read(self._r, 4096)
