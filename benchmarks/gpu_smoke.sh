@@ -98,7 +98,7 @@ if len(trials) == 2:
 sys.exit(0 if ok else 1)
 PY
 if [ -n "${OUT:-}" ]; then
-  cp "$work"/*.txt "$work"/*.log "$work/gpu_smoke/gpu_samples.csv" "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+  cp "$work"/*.txt "$work"/*.log "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
 fi
 [ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
 exit $fail

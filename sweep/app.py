@@ -18,7 +18,7 @@ from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
-from sweep.monitor import Monitor, NoReader, Reader
+from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
 from sweep.policy import EXIT_INTERRUPTED, RunResult
 from sweep.pool import Device, Pool
@@ -33,6 +33,7 @@ from sweep.store import (
     open_study,
     read_study,
     sample,
+    storage_errors,
     unreachable,
 )
 
@@ -40,12 +41,9 @@ from sweep.store import (
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     """The study in its storage, opened by this process; an unreachable database is a usage
     error. What changed since earlier runs, and may, is added to `notes`."""
-    import optuna
-    from sqlalchemy.exc import SQLAlchemyError
-
     try:
         study = open_study(spec, open_storage(spec), notes)
-    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+    except storage_errors() as e:
         raise unreachable(spec, e) from None
     return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
                  grid=spec.study.sampler.type == "grid",
@@ -105,8 +103,9 @@ def execute(
     slots = HostSlots(lock_dir(host_name()), spec.gpus.trials_per_gpu)
     lease = Pool(devices, spec.gpus.trials_per_gpu, host=slots)
     reader, nvml = nvml_reader(devices)
-    monitor = Monitor(reader, lease, spec.output_dir / "gpu_samples.csv",
-                      spec.gpus.sample_interval)
+    own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+    monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
+                      host=store.owner.host)
     try:
         with Progress(console, monitor) as progress:
             for note in notes:

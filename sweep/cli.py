@@ -1,4 +1,4 @@
-"""The command line: `sweep run | summary | gpus | status`.
+"""The command line: `sweep run | summary | status | logs | rerun | gpus | storage-proxy`.
 
 Every error a user can cause is one line on stderr and exit code 2 (1 for a failed run, 130
 when interrupted); the traceback is shown only with `--debug`.
@@ -126,6 +126,18 @@ def _rerun(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_proxy(args: argparse.Namespace) -> int:
+    import os
+
+    from sweep import config, proxy
+    from sweep.errors import UsageError
+
+    url = args.storage or os.environ.get(config.STORAGE_ENV)
+    if not url:
+        raise UsageError("storage-proxy: give --storage URL (or set $SWEEP_STORAGE)")
+    return proxy.serve(url, args.host, args.port, args.threads)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sweep", description="Optuna sweeps where every trial gets its own GPU."
@@ -168,10 +180,17 @@ def parser() -> argparse.ArgumentParser:
     rerun.add_argument("study", help="the study YAML file")
     rerun.add_argument("number", type=int, help="the trial number to run again")
     rerun.set_defaults(func=_rerun)
-    for sub in (run, summ, gpus, status, logs, rerun):
+    prox = verbs.add_parser(
+        "storage-proxy", help="serve a database to many drivers (they use grpc://host:port)")
+    prox.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    prox.add_argument("--port", type=int, default=13000, help="port (default 13000; 0: any)")
+    prox.add_argument("--threads", type=int, default=64,
+                      help="server threads (default 64; about two per driver is plenty)")
+    prox.set_defaults(func=_storage_proxy)
+    for sub in (run, summ, gpus, status, logs, rerun, prox):
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks and debug logs")
-    for sub in (run, summ, status, logs, rerun):
+    for sub in (run, summ, status, logs, rerun, prox):
         sub.add_argument("--storage", metavar="URL",
                          help="override study.storage (also $SWEEP_STORAGE)")
     return p

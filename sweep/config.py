@@ -586,11 +586,59 @@ def redact(text: str, url: str) -> str:
 SECRET_KEYS = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
 
 
+JOURNAL, GRPC = "journal://", "grpc://"
+
+
+def storage_kind(url: str) -> str:
+    """"journal" (Optuna's JournalStorage on a file), "grpc" (Optuna's gRPC storage proxy)
+    or "rdb" (a database through SQLAlchemy)."""
+    if url.startswith(JOURNAL):
+        return "journal"
+    if url.startswith(GRPC):
+        return "grpc"
+    return "rdb"
+
+
+def journal_path(url: str) -> Path:
+    """The file of a `journal:///path` URL."""
+    return Path(url.removeprefix(JOURNAL))
+
+
+def grpc_address(url: str) -> tuple[str, int]:
+    """(host, port) of a `grpc://host:port` URL (ValueError if it has neither)."""
+    rest = url.removeprefix(GRPC).rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(url)
+    return host.strip("[]"), int(port)
+
+
 def check_storage_url(file: str, url: str, base: Path) -> None:
-    """Refuse a storage URL SQLAlchemy cannot use, without connecting or creating anything."""
+    """Refuse a storage URL sweep cannot use, without connecting or creating anything."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+    kind = storage_kind(url)
+    if kind == "journal":
+        path = journal_path(url)
+        if not path.is_absolute() or path.name in ("", ".", ".."):
+            raise ConfigError(file, "study.storage", "a journal storage needs an absolute "
+                              "file path: journal:///shared/path/study.log")
+        if not path.parent.is_dir():
+            raise ConfigError(file, "study.storage", f"folder does not exist: {path.parent}")
+        return
+    if kind == "grpc":
+        try:
+            grpc_address(url)
+        except ValueError:
+            raise ConfigError(file, "study.storage", "a gRPC storage proxy URL is "
+                              "grpc://host:port (see `sweep storage-proxy`)") from None
+        try:
+            import grpc  # noqa: F401
+        except ImportError:
+            raise ConfigError(file, "study.storage", "no grpcio for grpc:// "
+                              "(pip install 'sweep[grpc]')") from None
+        return
     try:
         parsed = make_url(url)
         parsed.port  # noqa: B018 (a port that is no number raises here)

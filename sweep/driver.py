@@ -40,6 +40,7 @@ class Driver:
         self._own_clock = clock is None
         self.policy = Policy.of(spec, config.grid_size(spec), self.clock.now())
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
+        self.own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
         self.running: dict[int, RunningTrial] = {}
         self._signals = 0
         self._counts: Counts | None = None
@@ -50,7 +51,7 @@ class Driver:
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
-        launch.prepare_output_dir(self.spec.output_dir)
+        launch.prepare_output_dir(self.spec.output_dir, self.own)
         self.store.enqueue(self.spec.study.enqueue)
         try:
             with process.signals_to(self._on_signal), self.heartbeat, (
@@ -150,7 +151,7 @@ class Driver:
         params = {**asked.params, **spec.fixed}
         try:
             self.pool.lease(asked.number, device)
-            plan = launch.plan_trial(spec, asked.number, params, device)
+            plan = launch.plan_trial(spec, asked.number, params, device, self.own)
             launch.prepare_trial_dir(plan, params)
             lease = self.pool.lease_of(asked.number)
             hold = (lease.slot.fd,) if lease is not None and lease.slot is not None else ()

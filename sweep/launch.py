@@ -194,11 +194,21 @@ def trial_dir(spec: Spec, number: int) -> Path:
     return TrialPaths.of(spec.output_dir, number).dir
 
 
-def plan_trial(spec: Spec, number: int, params: Mapping[str, Any], device: int) -> LaunchPlan:
-    """`build_launch` for trial `number` of `spec`, with its files under `output_dir`."""
+def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
+    """The files of one driver process (its accelerate config, its GPU samples): drivers on
+    several hosts may share `output_dir` on a cluster filesystem."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
+    return output_dir / "drivers" / f"{safe}.{pid}"
+
+
+def plan_trial(
+    spec: Spec, number: int, params: Mapping[str, Any], device: int, own: Path | None = None
+) -> LaunchPlan:
+    """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and the
+    accelerate config of the driver's folder `own` (`driver_dir`; default `output_dir`)."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number),
-                        spec.output_dir / ACCELERATE_CONFIG_NAME,
+                        (own or spec.output_dir) / ACCELERATE_CONFIG_NAME,
                         passing=spec.params, places=spec_places(spec))
 
 
@@ -207,10 +217,12 @@ def spec_places(spec: Spec) -> dict[str, str]:
     return {"study_dir": str(spec.source.parent), "output_dir": str(spec.output_dir)}
 
 
-def prepare_output_dir(output_dir: Path) -> None:
-    """Create `output_dir` with sweep's own accelerate config in it."""
+def prepare_output_dir(output_dir: Path, own: Path | None = None) -> None:
+    """Create `output_dir`, and the driver's folder `own` with sweep's accelerate config."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
+    own = own or output_dir
+    own.mkdir(parents=True, exist_ok=True)
+    (own / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
 
 
 def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Samples every device of the pool while a sweep runs, tagged with the trials holding it.
 
-Samples are appended to `<output_dir>/gpu_samples.csv` as they are taken (a crash loses at
-most one interval). On a simulated pool there is no NVML: the rows still say which trial held
-which device when, and every figure is NaN.
+Samples are appended to the driver's own `<output_dir>/drivers/<host>.<pid>/gpu_samples.csv`
+as they are taken (a crash loses at most one interval). On a simulated pool there is no NVML:
+the rows still say which trial held which device when, and every figure is NaN.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from sweep.pool import Pool
 
 log = logging.getLogger("sweep")
 
+SAMPLES_NAME = "gpu_samples.csv"
 SAMPLE_COLUMNS = [
-    "time", "gpu", "trials", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb", "power_w",
+    "time", "host", "gpu", "trials", "util_gpu", "util_mem", "mem_used_mb", "mem_total_mb",
+    "power_w",
 ]
 
 
@@ -98,9 +100,11 @@ class Monitor:
     """
 
     def __init__(
-        self, reader: Reader, pool: Pool, csv_path: Path, interval: float = 1.0
+        self, reader: Reader, pool: Pool, csv_path: Path, interval: float = 1.0,
+        host: str = "",
     ) -> None:
         self.reader = reader
+        self.host = host
         self.pool = pool
         self.csv_path = csv_path
         self.interval = interval
@@ -171,7 +175,8 @@ class Monitor:
                     if lease.trial in self._usage:
                         self._usage[lease.trial].add(reading, mem)
             rows.append([
-                round(now, 3), gpu, ";".join(str(t) for t in sorted(x.trial for x in leases)),
+                round(now, 3), self.host, gpu,
+                ";".join(str(t) for t in sorted(x.trial for x in leases)),
                 reading.util_gpu, reading.util_mem, reading.mem_used_mb, reading.mem_total_mb,
                 reading.power_w,
             ])

@@ -34,7 +34,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweep import config
+from sweep import config, grpclock
 from sweep.config import FloatParam, IntParam, Searched, Spec
 from sweep.errors import UsageError
 from sweep.outcome import Outcome
@@ -47,6 +47,7 @@ log = logging.getLogger("sweep")
 OWNER = "owner"
 GPU, HOST, ATTEMPT, RETRY_OF, RERUN_OF = "gpu", "host", "attempt", "retry_of", "rerun_of"
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
+BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -114,8 +115,15 @@ class Orphan:
     trial_dir: str | None  # set when its driver ran on this host: leftovers may be killed
 
 
-def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage with heartbeats on (the driver records them for its trials)."""
+def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
+    """The study's storage: a database with Optuna's heartbeats on (the driver records them
+    for its trials), a journal file, or a gRPC storage proxy (neither has heartbeats: sweep
+    writes its own, see `Store.orphans`)."""
+    kind = config.storage_kind(spec.storage_url)
+    if kind == "journal":
+        return _journal(spec.storage_url)
+    if kind == "grpc":
+        return _grpc_proxy(spec)
     engine_kwargs: dict[str, Any] = {}
     if spec.storage_url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": 60}
@@ -142,11 +150,50 @@ def open_storage(spec: Spec) -> optuna.storages.RDBStorage:
     raise AssertionError("unreachable")
 
 
+def _journal(url: str) -> optuna.storages.BaseStorage:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(config.journal_path(url))))
+
+
+def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
+    import grpc
+
+    host, port = config.grpc_address(spec.storage_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
+    try:
+        proxy.wait_server_ready(timeout=wait)
+    except (grpc.FutureTimeoutError, ConnectionError):
+        proxy.close()
+        raise ConnectionError(f"no storage proxy answers on {host}:{port} "
+                              "(start one with `sweep storage-proxy`)") from None
+    return proxy
+
+
+def storage_errors() -> tuple[type[Exception], ...]:
+    """What opening or reading a storage raises when the storage, not the code, is at fault."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    errors: tuple[type[Exception], ...] = (
+        OSError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
+    try:
+        import grpc
+    except ImportError:
+        return errors
+    return (*errors, grpc.RpcError)
+
+
 def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError:
     """The one line for a storage that cannot be used: no secret of its URL is shown."""
     if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__:
         error = error.__cause__  # type: ignore[assignment]
-    cause = (str(getattr(error, "orig", None) or error).strip() or type(error).__name__)
+    details = getattr(error, "details", None)  # a grpc.RpcError
+    if callable(details) and details():
+        cause = str(details())
+    else:
+        cause = str(getattr(error, "orig", None) or error).strip() or type(error).__name__
     cause = cause.splitlines()[0]
     return UsageError(f"{spec.source}: study.storage: cannot {doing} "
                       f"{config.shown_url(spec.storage_url)}: "
@@ -159,12 +206,23 @@ def read_study(spec: Spec) -> optuna.Study | None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    kind = config.storage_kind(spec.storage_url)
+    if kind != "rdb":
+        if kind == "journal" and not config.journal_path(spec.storage_url).exists():
+            return None
+        try:
+            storage = open_storage(spec)
+            return optuna.load_study(study_name=spec.study.name, storage=storage)
+        except KeyError:
+            return None
+        except storage_errors() as e:
+            raise unreachable(spec, e, "read") from None
     url = make_url(spec.storage_url)
     if url.get_backend_name() == "sqlite" and (
         not url.database or not Path(url.database).exists()
     ):
         return None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         storage = optuna.storages.RDBStorage(spec.storage_url, skip_table_creation=True)
         return optuna.load_study(study_name=spec.study.name, storage=storage)
@@ -284,12 +342,17 @@ class Store:
     def __init__(
         self, study: optuna.Study, owner: Owner, reclaim_after: float, grid: bool = False,
         sampler_for: Callable[[int], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.study = study
         self.owner = owner
         self.reclaim_after = reclaim_after
         self.grid = grid
         self.sampler_for = sampler_for  # trial number -> the sampler that samples it
+        self.clock = clock
+        self._channel: Any = None  # to the storage proxy's lock, opened on first use
+        self._optuna_beats = _heartbeat_enabled(study._storage)
+        self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -340,21 +403,30 @@ class Store:
         """Held by one driver of the study at a time, around "is there budget left?" and the
         `ask` that spends it, so drivers never start more than `n_trials` between them.
 
-        A PostgreSQL advisory lock (any host), or an flock on `<file>.lock` beside a SQLite
-        file (one host, or a shared disk with working locks); nothing for other storages.
+        A PostgreSQL advisory lock (any host); an flock on `<file>.lock` beside a SQLite file
+        or `<file>.budget.lock` beside a journal (one host, or a shared disk with working
+        locks); the proxy's lock through `sweep storage-proxy`; nothing for other storages.
         """
         backend = _backend(self.study)
         if backend is None:
             yield
             return
         kind, target = backend
-        if kind == "sqlite":
-            with open(f"{target}.lock", "a") as lock:
+        if kind == "file":
+            with open(target, "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 try:
                     yield
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        if kind == "grpc":
+            if self._channel is None:
+                import grpc
+
+                self._channel = grpc.insecure_channel(f"{target[0]}:{target[1]}")
+            with grpclock.held(self._channel, f"sweep:{self.study.study_name}"):
+                yield
             return
         key = int.from_bytes(hashlib.sha256(
             f"sweep:{self.study.study_name}".encode()).digest()[:8], "big", signed=True)
@@ -451,9 +523,23 @@ class Store:
     # ---- owners, heartbeats and orphans -------------------------------------------------
 
     def beat(self, trial: optuna.Trial) -> None:
+        """Record that the trial's driver is alive: Optuna's heartbeat where the storage has
+        them (databases), else a `beat` attribute that changes each time (journal, proxy)."""
         storage = self.study._storage
-        if _heartbeat_enabled(storage):
+        if self._optuna_beats:
             storage.record_heartbeat(trial._trial_id)  # type: ignore[attr-defined]
+        else:
+            storage.set_trial_user_attr(trial._trial_id, BEAT, time.time())
+
+    def _silent(self, t: optuna.trial.FrozenTrial) -> bool:
+        """Whether a trial's `beat` has not changed for `reclaim_after` s of this driver's
+        own clock (storages without Optuna heartbeats; no clocks of two hosts compared)."""
+        now, seen = self.clock(), t.user_attrs.get(BEAT)
+        last = self._beats.get(t._trial_id)
+        if last is None or last[0] != seen:
+            self._beats[t._trial_id] = (seen, now)
+            return False
+        return now - last[1] >= self.reclaim_after
 
     def orphans(
         self, mine: set[int], now: datetime | None = None
@@ -463,15 +549,21 @@ class Store:
 
         - on this host: the recorded driver no longer runs (a live one is never overruled,
           even when its heartbeats are late);
-        - elsewhere: Optuna's heartbeat is older than `reclaim_after`;
+        - elsewhere: Optuna's heartbeat is older than `reclaim_after` (without Optuna's
+          heartbeats: its `beat` attribute did not change for that long, as this driver saw);
         - no owner on record (the driver died right after `ask`): started longer ago than
           `reclaim_after`.
         """
         now = now or datetime.now()
         stale = _stale_trial_ids(self.study)
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not self._optuna_beats:
+            stale = {t._trial_id for t in running if self._silent(t)}
+            self._beats = {k: v for k, v in self._beats.items()
+                           if k in {t._trial_id for t in running}}
         found: list[Orphan] = []
         wait: float | None = None
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        for t in running:
             if t.number in mine:
                 continue
             owner = Owner.of(t.user_attrs)
@@ -559,15 +651,25 @@ class Heartbeat:
 
 
 def _backend(study: optuna.Study) -> tuple[str, Any] | None:
-    """("sqlite", the database file) or ("postgresql", the storage's SQLAlchemy engine)."""
+    """("file", the lock file beside a SQLite or journal file), ("postgresql", the storage's
+    SQLAlchemy engine) or ("grpc", (host, port) of the proxy)."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
     storage = study._storage
+    if isinstance(storage, optuna.storages.GrpcStorageProxy):
+        return "grpc", (storage._host, storage._port)
+    if isinstance(storage, JournalStorage):
+        backend = storage._backend
+        if isinstance(backend, JournalFileBackend):
+            return "file", f"{backend._file_path}.budget.lock"
+        return None
     rdb = getattr(storage, "_backend", storage)  # _CachedStorage wraps the RDBStorage
     engine = getattr(rdb, "engine", None)
     if engine is None:
         return None
     url = engine.url
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        return "sqlite", url.database
+        return "file", f"{url.database}.lock"
     if url.get_backend_name() == "postgresql":
         return "postgresql", engine
     return None

@@ -4,7 +4,8 @@
     s = load("studies/quickstart.yaml")   # works while the sweep is still running
     s.trials, s.gpus, s.samples           # DataFrames
 
-Only reads: storage through Optuna, `<output_dir>/gpu_samples.csv`. Writing the CSV is `save`.
+Only reads: storage through Optuna, the drivers' `<output_dir>/drivers/*/gpu_samples.csv`.
+Writing the CSV is `save`.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def load(study_file: str | Path, storage: str | None = None) -> Summary:
     spec = config.load(study_file, runnable=False, storage=storage)
     study = _load_study(spec)
     trials = trials_frame(study, spec)
-    samples = read_samples(spec.output_dir / "gpu_samples.csv")
+    samples = read_samples(spec.output_dir)
     return Summary(spec, trials, gpu_table(trials, samples), samples)
 
 
@@ -145,23 +146,33 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     return frame
 
 
-def read_samples(path: Path) -> pd.DataFrame:
-    """The monitor's samples (empty frame with the right columns if there are none yet).
+def read_samples(output_dir: Path) -> pd.DataFrame:
+    """The samples of every driver that ran with this `output_dir` (sweep 0.2's single
+    `gpu_samples.csv` too); an empty frame with the right columns if there are none yet.
 
     `time` is naive local time, like Optuna's `datetime_start`, so the two can be compared.
     """
-    from sweep.monitor import SAMPLE_COLUMNS
+    from sweep.monitor import SAMPLE_COLUMNS, SAMPLES_NAME
 
-    if not path.exists():
+    files = sorted(output_dir.glob(f"drivers/*/{SAMPLES_NAME}"))
+    if (output_dir / SAMPLES_NAME).is_file():
+        files.insert(0, output_dir / SAMPLES_NAME)
+    frames = [pd.read_csv(f, dtype={"trials": "string", "host": "string"},
+                          on_bad_lines="skip") for f in files]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
-    samples = pd.read_csv(path, dtype={"trials": "string"}, on_bad_lines="skip")
+    samples = pd.concat(frames, ignore_index=True)
+    if "host" not in samples:
+        samples["host"] = pd.NA
+    samples = samples[SAMPLE_COLUMNS]
     samples["trials"] = samples["trials"].fillna("")
     local = datetime.now().astimezone().tzinfo
     samples["time"] = (
         pd.to_datetime(samples["time"], unit="s", utc=True).dt.tz_convert(local)
         .dt.tz_localize(None)
     )
-    return samples
+    return samples.sort_values("time", kind="stable", ignore_index=True)
 
 
 def _union_seconds(intervals: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
@@ -178,35 +189,46 @@ def _union_seconds(intervals: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
 
 
 def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """Per device: trials run, busy fraction of the sweep's wall time, utilisation, idle hours.
+    """Per device of each host: trials run, busy fraction of the sweep's wall time,
+    utilisation, idle hours.
 
     Wall time runs from the first trial's start to the last trial's end (now, while trials run);
     a device is busy while it holds at least one trial. `util_mean_busy` is the mean sampled
     utilisation while busy (NaN without NVML).
     """
-    columns = ["gpu", "trials", "busy_s", "busy_fraction", "util_mean_busy", "idle_gpu_hours"]
+    columns = ["host", "gpu", "trials", "busy_s", "busy_fraction", "util_mean_busy",
+               "idle_gpu_hours"]
     if trials.empty or trials["datetime_start"].isna().all():
         return pd.DataFrame(columns=columns)
-    started = trials.dropna(subset=["datetime_start", "gpu"])
+    started = trials.dropna(subset=["datetime_start", "gpu"]).copy()
     if started.empty:
         return pd.DataFrame(columns=columns)
+    started["host"] = started["host"].fillna("").astype(str) if "host" in started else ""
+    samples = samples.copy()
+    if not samples.empty:
+        hosts = set(started["host"])
+        # sweep 0.2's samples name no host: they are the one host's, if the trials have one
+        samples["host"] = samples["host"].fillna(hosts.pop() if len(hosts) == 1 else "")
+        samples["host"] = samples["host"].astype(str)
     now = pd.Timestamp(datetime.now())
     ends = started["datetime_complete"].fillna(now)
     wall = (ends.max() - started["datetime_start"].min()).total_seconds()
-    sampled = set(samples["gpu"].astype(int)) if "gpu" in samples else set()
-    devices = sorted(set(started["gpu"].astype(int)) | sampled)
+    places = set(zip(started["host"], started["gpu"].astype(int), strict=True))
+    if not samples.empty:
+        places |= set(zip(samples["host"], samples["gpu"].astype(int), strict=True))
     rows = []
-    for gpu in devices:
-        mine = started[started["gpu"] == gpu]
+    for host, gpu in sorted(places):
+        mine = started[(started["host"] == host) & (started["gpu"] == gpu)]
         intervals = list(zip(mine["datetime_start"], ends[mine.index], strict=True))
         busy = _union_seconds(intervals)
         util = math.nan
         if not samples.empty:
-            held = samples[(samples["gpu"] == gpu) & (samples["trials"] != "")]
+            held = samples[(samples["host"] == host) & (samples["gpu"] == gpu)
+                           & (samples["trials"] != "")]
             if held["util_gpu"].notna().any():
                 util = float(held["util_gpu"].mean())
         rows.append({
-            "gpu": gpu, "trials": len(mine), "busy_s": busy,
+            "host": host, "gpu": gpu, "trials": len(mine), "busy_s": busy,
             "busy_fraction": busy / wall if wall > 0 else math.nan,
             "util_mean_busy": util, "idle_gpu_hours": max(0.0, wall - busy) / 3600,
         })

@@ -8,10 +8,11 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock"},
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
+     "grpclock"},
     {"config"},
     {"launch", "outcome", "policy", "pool"},
-    {"process", "monitor", "store"},
+    {"process", "monitor", "store", "proxy"},
     {"driver"},
     {"progress", "summary"},
     {"app"},

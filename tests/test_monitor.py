@@ -29,7 +29,7 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
     fake_pynvml.install(monkeypatch, gpus)
     nvml = Nvml()
     devices = Pool(fake_devices("2"))
-    monitor = Monitor(nvml, devices, tmp_path / "samples.csv")
+    monitor = Monitor(nvml, devices, tmp_path / "gpu_samples.csv")
     monitor.create_csv()  # no thread: the test samples by hand
     devices.lease(7)
     devices.attach(7, Pids({111, 112}))
@@ -45,7 +45,7 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
     assert stats["gpu_mem_peak_mb"] == pytest.approx(3 * 1024)
     assert stats["energy_j"] == pytest.approx(250)
 
-    samples = summary.read_samples(tmp_path / "samples.csv")
+    samples = summary.read_samples(tmp_path)
     assert len(samples) == 6
     held = samples[samples["gpu"] == 0]
     assert list(held["trials"]) == ["7", "7", "7"]
@@ -56,14 +56,14 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
 
 def test_without_nvml_figures_are_nan_but_holders_are_recorded(tmp_path):
     devices = Pool(fake_devices("1"))
-    monitor = Monitor(NoReader(), devices, tmp_path / "s.csv")
+    monitor = Monitor(NoReader(), devices, tmp_path / "gpu_samples.csv")
     monitor.create_csv()
     devices.lease(3)
     monitor.trial_started(3, 0)
     monitor.sample_once(now=5.0)
     stats = monitor.trial_finished(3, shared=False)
     assert all(math.isnan(v) for v in stats.values())
-    samples = summary.read_samples(tmp_path / "s.csv")
+    samples = summary.read_samples(tmp_path)
     assert list(samples["trials"]) == ["3"] and samples["util_gpu"].isna().all()
 
 

@@ -20,6 +20,17 @@ from pathlib import Path
 from sweep.protocol import report, should_stop, write_result
 
 
+def first_to_claim(path: str, text: str = "failed once") -> bool:
+    """Create `path` unless it exists; True for the one trial that created it."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--x", type=float, default=0.0)
@@ -39,14 +50,10 @@ def main() -> int:
     }
     (trial_dir / "probe_start.json").write_text(json.dumps(record))
     mode = args.mode
-    if args.fail_first and not Path(args.fail_first).exists():
-        Path(args.fail_first).write_text("failed once")
+    if args.fail_first and first_to_claim(args.fail_first):
         mode = "crash"
-    if args.fault_once:
-        if Path(args.fault_once).exists():
-            mode = "ok"
-        else:
-            Path(args.fault_once).write_text(mode)
+    if args.fault_once and not first_to_claim(args.fault_once, mode):
+        mode = "ok"
     score = (args.x - 0.3) ** 2 + args.y
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,0 +1,214 @@
+"""Many drivers, one study, on each storage sweep offers (issue 12): SQLite and a journal file
+on one host, a database behind `sweep storage-proxy`; a driver killed mid-study; drivers on
+several hosts sharing one output_dir."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
+from test_budget import check_exact, three_drivers_at_once
+
+from sweep import config, grpclock, proxy, summary
+from sweep.store import Owner, Store, open_storage, open_study
+
+
+def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials, read through the storage a driver would open for `url`."""
+    spec = config.Spec.model_validate(study_dict(study={"name": name, "storage": url}))
+    return optuna.load_study(study_name=name, storage=open_storage(spec)).get_trials(
+        deepcopy=False)
+
+
+# ---- journal file -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(2))
+def test_three_drivers_on_one_journal_file_spend_exactly_its_budget(write_study, tmp_path,
+                                                                    attempt):
+    url = f"journal:///{tmp_path}/study.log"
+    study = three_drivers_at_once(write_study, storage=url)
+    check_exact(trials_of(url, "shared"))
+
+    # one output_dir, three drivers: each kept its own files, the summary tells hosts apart
+    s = summary.load(study)
+    drivers = sorted(p.name for p in (tmp_path / "shared" / "drivers").iterdir())
+    assert [d.rsplit(".", 1)[0] for d in drivers] == ["h0", "h1", "h2"], drivers
+    assert all((tmp_path / "shared" / "drivers" / d / "accelerate_config.yaml").is_file()
+               for d in drivers)
+    assert set(s.trials["host"]) <= {"h0", "h1", "h2"} and len(set(s.trials["host"])) >= 2
+    assert set(s.samples["host"]) == {"h0", "h1", "h2"}
+    ran = {(h, g) for h, g in zip(s.trials["host"], s.trials["gpu"], strict=True)}
+    assert set(zip(s.gpus["host"], s.gpus["gpu"], strict=True)) >= ran
+    assert s.gpus["trials"].sum() == 7
+
+
+def test_a_journal_url_must_name_an_absolute_file(write_study, tmp_path):
+    from sweep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="absolute file path"):
+        config.load(write_study(study={"storage": "journal://relative/study.log"}))
+    with pytest.raises(ConfigError, match="folder does not exist"):
+        config.load(write_study(study={"storage": f"journal:///{tmp_path}/no/study.log"}))
+    with pytest.raises(ConfigError, match="grpc://host:port"):
+        config.load(write_study(study={"storage": "grpc://host-without-port"}))
+
+
+def test_without_optuna_heartbeats_a_silent_driver_is_reclaimed_by_this_drivers_clock(
+        write_study, tmp_path):
+    """A journal has no heartbeats: a trial is reclaimed once its `beat` attribute has not
+    changed for reclaim_after seconds as this driver saw it (no two hosts' clocks compared)."""
+    spec = config.load(write_study(study={"storage": f"journal:///{tmp_path}/j.log",
+                                          "reclaim_after": 5}))
+    study = open_study(spec, open_storage(spec))
+    searched = {"x": config.FloatParam(type="float", low=0.0, high=1.0)}
+    other = Store(study, Owner("elsewhere", 1, 0.0), 5)
+    silent = other.ask(searched, gpu=0, trial_dir=str)
+    beating = other.ask(searched, gpu=1, trial_dir=str)
+    now = [100.0]
+    me = Store(study, Owner("here", 2, 0.0), 5, clock=lambda: now[0])
+    assert me.orphans(set())[0] == []  # first seen now: nobody is judged on one look
+    now[0] += 4.9
+    other.beat(beating.trial)
+    assert me.orphans(set())[0] == []
+    now[0] += 0.2  # 5.1 s of silence for one of them
+    other.beat(beating.trial)
+    found, _ = me.orphans(set())
+    assert [o.trial.number for o in found] == [silent.number]
+    assert found[0].reason == "driver on elsewhere died (no heartbeat)"
+
+
+# ---- the gRPC storage proxy -----------------------------------------------------------------
+
+
+@pytest.fixture
+def proxy_url(tmp_path):
+    """`sweep storage-proxy` in front of a SQLite file, as a real process on a free port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweep", "storage-proxy", "--host", "127.0.0.1", "--port", "0",
+         "--storage", f"sqlite:///{tmp_path}/behind-proxy.db"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    port = re.search(r"127\.0\.0\.1:(\d+)", line)
+    assert port, (line, proc.stderr.read() if proc.stderr else "")
+    yield f"grpc://127.0.0.1:{port.group(1)}"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.slow
+def test_three_drivers_through_the_storage_proxy_spend_exactly_its_budget(write_study,
+                                                                          proxy_url):
+    study = three_drivers_at_once(write_study, storage=proxy_url)
+    check_exact(trials_of(proxy_url, "shared"))
+    assert summary.status(study).counts == {"COMPLETE": 7}
+
+
+def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tmp_path):
+    import threading
+
+    import grpc
+
+    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 8)
+    try:
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import grpc, sys, time\n"
+            "from sweep import grpclock\n"
+            f"c = grpc.insecure_channel('127.0.0.1:{port}')\n"
+            "with grpclock.held(c, 'k'):\n"
+            "    print('held', flush=True); time.sleep(120)\n")],
+            stdout=subprocess.PIPE, text=True)
+        assert holder.stdout and holder.stdout.readline().strip() == "held"
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        got = threading.Event()
+
+        def take() -> None:
+            with grpclock.held(channel, "k"):
+                got.set()
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        assert not got.wait(1.5)  # held elsewhere: we wait
+        with grpclock.held(channel, "other"):  # another name is not blocked
+            pass
+        holder.kill()
+        killed = time.monotonic()
+        assert got.wait(10)
+        assert time.monotonic() - killed < 2.0  # the dead holder's lock freed at once
+        taker.join(5)
+        holder.wait()
+    finally:
+        server.stop(0)
+
+
+def test_the_proxy_refuses_a_journal_and_a_taken_port(tmp_path):
+    from sweep.errors import UsageError
+
+    with pytest.raises(UsageError, match="serves a database"):
+        proxy.make_server(f"journal:///{tmp_path}/j.log", "127.0.0.1", 0, 2)
+    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 2)
+    try:
+        with pytest.raises(UsageError, match="cannot listen"):
+            proxy.make_server(f"sqlite:///{tmp_path}/q.db", "127.0.0.1", port, 2)
+    finally:
+        server.stop(0)
+
+
+def test_a_driver_says_so_in_one_line_when_no_proxy_answers(write_study, capsys, monkeypatch):
+    from conftest import run_cli
+
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    path = write_study(study={"storage": "grpc://127.0.0.1:9"})
+    monkeypatch.setattr("sweep.store._grpc_proxy.__defaults__", (0.5,))
+    assert run_cli("run", str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no storage proxy answers on 127.0.0.1:9" in err
+
+
+# ---- a driver killed mid-study ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_budget(
+        write_study, tmp_path, storage):
+    url = (f"sqlite:///{tmp_path}/k.db" if storage == "sqlite"
+           else f"journal:///{tmp_path}/k.log")
+    study = write_study(study_dict(
+        study={"n_trials": 8, "name": "killed", "storage": url, "heartbeat_interval": 1,
+               "reclaim_after": 3},
+        trainer={"args": ["--sleep", "2"]}))
+    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
+    survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
+
+    def victim_runs() -> bool:
+        try:
+            trials = trials_of(url, "killed")
+        except Exception:
+            return False
+        return any(t.state.name == "RUNNING" and t.user_attrs.get("owner", {}).get("host")
+                   == "h0" for t in trials)
+
+    assert wait_until(victim_runs, 60)
+    victim.kill()
+    victim.wait()
+    _, err = survivor.communicate(timeout=180)
+    assert survivor.returncode == 0, err
+
+    trials = trials_of(url, "killed")
+    states = [t.state.name for t in trials]
+    assert states.count("COMPLETE") == 8 and "RUNNING" not in states, states
+    reclaimed = [t for t in trials if t.state.name == "FAIL"]
+    assert reclaimed and all("h0" in t.user_attrs["fail_reason"] for t in reclaimed)
+    for t in reclaimed:  # each reclaimed trial ran again, to the end, on the survivor
+        again = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
+        assert [r.state.name for r in again] == ["COMPLETE"] and again[0].params == t.params
+        assert again[0].user_attrs["host"] == "h1"
+    assert wait_until(lambda: not processes_mentioning(str(tmp_path / "killed")), 10)
