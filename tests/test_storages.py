@@ -96,7 +96,7 @@ def proxy_url(tmp_path):
          "--storage", f"sqlite:///{tmp_path}/behind-proxy.db"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
-    port = re.search(r"127\.0\.0\.1:(\d+)", line)
+    port = re.search(r" on 127\.0\.0\.1:(\d+)", line)
     assert port, (line, proc.stderr.read() if proc.stderr else "")
     yield f"grpc://127.0.0.1:{port.group(1)}"
     proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,173 @@
+"""What one trial costs in storage, per storage kind and number of drivers (issue 12).
+
+Each driver is a process doing what `sweep run` does to storage for every trial, with no
+trainer: under the budget lock, read the counts and `ask` (heartbeat, owner record, 2 params
+sampled by the random sampler); then tell COMPLETE with the attributes sweep stores. The
+drivers share one study until `--trials` are finished. Reported: wall time per trial (all
+drivers together) and each driver's median time per trial (lock waits included).
+
+Storages: SQLite (a file), PostgreSQL (a throwaway server on loopback, as the tests start),
+the gRPC proxy (`sweep storage-proxy` in front of that PostgreSQL), and a journal file.
+
+Usage: python benchmarks/storage_cost.py [--trials 1000] [--drivers 1 4] [--kinds sqlite ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sweep import config  # noqa: E402
+from sweep.outcome import Outcome  # noqa: E402
+from sweep.store import Owner, Store, open_storage, open_study  # noqa: E402
+
+
+def spec_for(url: str, name: str) -> config.Spec:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return config.Spec.model_validate({
+        "study": {"name": name, "direction": "minimize", "metric": "score", "n_trials": 10**6,
+                  "storage": url, "sampler": {"type": "random", "seed": 0}},
+        "trainer": {"script": "train.py"},
+        "params": {"x": {"type": "float", "low": 0.0, "high": 1.0},
+                   "y": {"type": "int", "low": 1, "high": 64, "log": True}},
+    })
+
+
+def driver(url: str, name: str, budget: int, index: int, out: multiprocessing.Queue) -> None:
+    spec = spec_for(url, name)
+    store = Store(open_study(spec, open_storage(spec)), Owner(f"bench{index}", os.getpid(), 0),
+                  60)
+    done, per_trial = 0, []
+    while True:
+        t0 = time.perf_counter()
+        with store.budget_lock():
+            counts = store.counts()
+            if counts.finished + counts.running >= budget:
+                break
+            asked = store.ask(spec.searched, gpu=index, trial_dir=lambda n: f"/t/{n}")
+        verdict = Outcome("COMPLETE", [asked.params["x"]], exit_code=0, extras={"loss": 1.0})
+        store.tell_verdict(asked.trial, verdict, index, 0, {"gpu_util_mean": 50.0})
+        per_trial.append(time.perf_counter() - t0)
+        done += 1
+    out.put((done, per_trial))
+
+
+def measure(url: str, name: str, trials: int, drivers: int) -> tuple[float, float, int]:
+    """(wall ms per trial, median ms per trial in a driver, trials finished)."""
+    spec = spec_for(url, name)
+    open_study(spec, open_storage(spec))  # created once, before the clock starts
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()
+    procs = [ctx.Process(target=driver, args=(url, name, trials, i, out))
+             for i in range(drivers)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=3600) for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    finished = sum(n for n, _ in results)
+    per_trial = [s for _, times in results for s in times]
+    return 1000 * wall / finished, 1000 * statistics.median(per_trial), finished
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    home = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
+    data, sock = home / "data", home / "sock"
+    sock.mkdir()
+    as_postgres: list[str] = []
+    if os.geteuid() == 0:
+        for path in (home, sock):
+            shutil.chown(path, "postgres")
+        home.chmod(0o755)
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([*as_postgres, "initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-l", str(home / "log"),
+                    "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def storage_proxy(behind: str) -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweep", "storage-proxy", "--host", "127.0.0.1", "--port", "0",
+         "--storage", behind], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    line = proc.stdout.readline() if proc.stdout else ""
+    port = re.search(r" on 127\.0\.0\.1:(\d+)", line)
+    if not port:
+        proc.kill()
+        raise RuntimeError(f"the proxy did not start: {line!r}")
+    try:
+        yield f"grpc://127.0.0.1:{port.group(1)}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--drivers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--kinds", nargs="+", default=["sqlite", "postgresql", "proxy",
+                                                        "journal"])
+    args = parser.parse_args()
+    rows = []
+    proxy_url = ""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        pg = stack.enter_context(postgres()) if {"postgresql", "proxy"} & set(args.kinds) else ""
+        for kind in args.kinds:
+            for n in args.drivers:
+                name = f"{kind}-{n}"
+                if kind == "sqlite":
+                    url = f"sqlite:///{tmp}/{name}.db"
+                elif kind == "journal":
+                    url = f"journal:///{tmp}/{name}.log"
+                elif kind == "postgresql":
+                    url = pg
+                else:
+                    proxy_url = proxy_url or stack.enter_context(storage_proxy(pg))
+                    url = proxy_url
+                wall, median, finished = measure(url, name, args.trials, n)
+                rows.append((kind, n, wall, median, finished))
+                print(f"{kind:10s} drivers={n}  wall/trial {wall:7.1f} ms  "
+                      f"driver median/trial {median:7.1f} ms  finished {finished}", flush=True)
+    print()
+    print(f"| storage | drivers | wall ms per trial | a driver's median ms per trial | "
+          f"finished (of {args.trials}) |")
+    print("| --- | --- | --- | --- | --- |")
+    for kind, n, wall, median, finished in rows:
+        print(f"| {kind} | {n} | {wall:.1f} | {median:.1f} | {finished} |")
+
+
+if __name__ == "__main__":
+    main()
