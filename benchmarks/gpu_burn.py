@@ -1,7 +1,8 @@
 """A GPU trainer for benchmarks/gpu_smoke.sh: bf16 matmuls for --seconds, through Accelerate.
 
-Records which device it got (CUDA_VISIBLE_DEVICES, device name, cuda available) in the result,
-so the smoke test can check real pinning; loss is a fake objective depending on --size.
+Records whether CUDA was available and how many devices it saw in the result, and the
+CUDA_VISIBLE_DEVICES it was given in `<trial dir>/visible.txt` (sweep pins by UUID), so the
+smoke test can check real pinning; loss is a fake objective depending on --size.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -37,8 +39,9 @@ def main() -> None:
         "cuda": float(torch.cuda.is_available()),
         "device_count": float(torch.cuda.device_count()),
         "steps": float(step),
-        "visible": float(os.environ.get("CUDA_VISIBLE_DEVICES", "-1").split(",")[0] or -1),
     })
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    (Path(os.environ.get("SWEEP_TRIAL_DIR", ".")) / "visible.txt").write_text(visible)
 
 
 if __name__ == "__main__":

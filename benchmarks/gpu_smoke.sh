@@ -5,7 +5,9 @@
 #   - every trial COMPLETE on its pinned device with CUDA available, per-trial utilisation,
 #     memory and energy measured, samples in gpu_samples.csv with real figures;
 #   - trials that leave a detached child holding GPU memory (benchmarks/gpu_leftover.py): both
-#     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool.
+#     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool;
+#   - packing: 8 short trials with trials_per_gpu 1, 4 and gpu_memory_gb: auto, trials/hour each
+#     ("PACK" lines), auto running its first trial alone and packing the rest.
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
@@ -49,6 +51,10 @@ s = summary.load(work / "gpu_smoke.yaml")
 t = s.trials
 import optuna
 trials = optuna.load_study(study_name="gpu_smoke", storage=s.spec.storage_url).trials
+import pynvml
+pynvml.nvmlInit()
+uuids = {i: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+         for i in range(pynvml.nvmlDeviceGetCount())}
 ok = True
 def check(name, cond):
     global ok
@@ -58,8 +64,9 @@ check("3 trials COMPLETE", list(t["state"]) == ["COMPLETE"] * 3)
 for tr in trials:
     a = tr.user_attrs
     check(f"trial {tr.number}: trainer saw CUDA", a.get("metric_cuda") == 1.0)
-    check(f"trial {tr.number}: one visible device, the leased one",
-          a.get("metric_device_count") == 1.0 and a.get("metric_visible") == float(a.get("gpu")))
+    visible = (work / "gpu_smoke" / "trials" / str(tr.number) / "visible.txt").read_text()
+    check(f"trial {tr.number}: one visible device, the leased one, by UUID ({visible})",
+          a.get("metric_device_count") == 1.0 and visible == uuids[int(a.get("gpu"))])
     check(f"trial {tr.number}: utilisation measured ({a.get('gpu_util_mean')})",
           (a.get("gpu_util_mean") or 0) > 30)
     check(f"trial {tr.number}: memory peak measured ({a.get('gpu_mem_peak_mb')})",
@@ -97,8 +104,60 @@ if len(trials) == 2:
     print(f"device handed over {gap:.1f} s after trial 0 was told (its child had 3 s of grace)")
 sys.exit(0 if ok else 1)
 PY
+# Packing (issue 11): 8 short trials of a small model, trials_per_gpu 1 vs 4 vs
+# gpu_memory_gb: auto (the first trial alone, then packed by its measured peak): trials/hour.
+for mode in tpg1 tpg4 auto; do
+  case $mode in
+    tpg1) gpus="gpus: {trials_per_gpu: 1, sample_interval: 0.5}"; extra="" ;;
+    tpg4) gpus="gpus: {trials_per_gpu: 4, sample_interval: 0.5}"; extra="" ;;
+    auto) gpus="gpus: {sample_interval: 0.5}"; extra="  gpu_memory_gb: auto" ;;
+  esac
+  cat > "$work/pack_$mode.yaml" <<YAML
+study: {name: pack_$mode, direction: minimize, metric: loss, n_trials: 8,
+        sampler: {type: random, seed: 0}}
+trainer:
+  script: gpu_burn.py
+  args: ["--seconds", "6"]
+  timeout: 300
+$extra
+$gpus
+params:
+  size: {type: categorical, choices: [512, 1024]}
+YAML
+  start=$(date +%s.%N)
+  python3 -m sweep run "$work/pack_$mode.yaml" > "$work/pack_$mode.log" 2>&1
+  end=$(date +%s.%N)
+  python3 - "$work" "$mode" "$start" "$end" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import optuna
+work, mode, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+trials = optuna.load_study(study_name=f"pack_{mode}",
+                           storage=f"sqlite:///{work}/pack_{mode}.db").trials
+done = [t for t in trials if t.state.name == "COMPLETE"]
+edges = sorted([(t.datetime_start, 1) for t in done] + [(t.datetime_complete, -1) for t in done])
+most, now = 0, 0
+for _, d in edges:
+    now += d
+    most = max(most, now)
+wall = end - start
+print(f"PACK {mode}: {len(done)}/8 COMPLETE in {wall:.1f} s = {3600 * len(done) / wall:.0f} "
+      f"trials/hour, at most {most} at once, peak memory "
+      f"{max(t.user_attrs.get('gpu_mem_peak_mb') or 0 for t in done):.0f} MB")
+ok = len(done) == 8
+if mode == "auto" and ok:
+    first = min(done, key=lambda t: t.datetime_start)
+    alone = all(t.datetime_start >= first.datetime_complete for t in done if t is not first)
+    print(("PASS " if alone and most > 1 else "FAIL ") +
+          "auto: the first trial ran alone, the rest packed")
+    ok = alone and most > 1
+print(("PASS " if ok else "FAIL ") + f"pack {mode}: every trial COMPLETE")
+sys.exit(0 if ok else 1)
+PY
+done
+
 if [ -n "${OUT:-}" ]; then
-  cp "$work"/*.txt "$work"/*.log "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+  cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
 fi
 [ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
 exit $fail

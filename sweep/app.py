@@ -13,15 +13,15 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, launch, pool
+from sweep import config, hostlock, launch, pool
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
-from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, Reader
+from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
 from sweep.policy import EXIT_INTERRUPTED, RunResult
-from sweep.pool import Device, Pool
+from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
 from sweep.store import (
     FINISHED,
@@ -100,9 +100,19 @@ def execute(
                          f"{e.strerror or e}") from None
     notes: list[str] = []
     store = open_store(spec, notes)
-    slots = HostSlots(lock_dir(host_name()), spec.gpus.trials_per_gpu)
-    lease = Pool(devices, spec.gpus.trials_per_gpu, host=slots)
     reader, nvml = nvml_reader(devices)
+    capacity = spec.trials_per_gpu
+    if spec.trainer.gpu_memory_gb is not None and nvml is None:
+        notes.append("trainer.gpu_memory_gb needs NVML: on this simulated pool each device "
+                     f"takes gpus.trials_per_gpu ({spec.gpus.trials_per_gpu}) trials")
+        capacity = spec.gpus.trials_per_gpu
+    memory = spec.trainer.gpu_memory_gb
+    rules = Rules(skip_busy=spec.gpus.skip_busy, busy_memory_mb=spec.gpus.busy_memory_mb,
+                  want_mb=memory * 1024 if isinstance(memory, float) else None)
+    slots = HostSlots(lock_dir(host_name()), capacity)
+    lease = Pool(devices, capacity, host=slots, rules=rules,
+                 probe=NvmlProbe(reader) if nvml is not None else None,
+                 width=spec.trainer.gpus_per_trial)
     own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
                       host=store.owner.host)
@@ -130,7 +140,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         study.enqueue_trial(params, skip_if_exists=True)
     trials = study.get_trials(deepcopy=False)
     started = sum(1 for t in trials if t.state in FINISHED or t.state.name == "RUNNING")
-    lease = Pool(devices, spec.gpus.trials_per_gpu)
+    lease = Pool(devices, spec.trials_per_gpu, width=spec.trainer.gpus_per_trial)
     n = max(0, min(lease.slots, spec.study.n_trials - started))
     lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
              f"running in storage; params sampled in memory)"]
@@ -139,7 +149,11 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         params = sample(study, trial, spec.searched,
                         (lambda n: config.build_sampler(spec, n)) if config.reseeds(spec) else None)
         gpu = lease.lease(trial.number)
-        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu)
+        held = lease.lease_of(trial.number)
+        pins = ",".join(lease.pin(i) for i in held.devices) if held else None
+        port = hostlock.PORTS[0] if spec.trainer.gpus_per_trial > 1 else None  # leased at run
+        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, pin=pins,
+                                 port=port)
         lines.append(plan.command_line())
     return lines
 

@@ -62,30 +62,56 @@ def _summary(args: argparse.Namespace) -> int:
 def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sweep import pool
+    from sweep import placement, pool
     from sweep.app import nvml_reader
-    from sweep.monitor import NoReader
+    from sweep.hostlock import held_slots, lock_dir
+    from sweep.monitor import NvmlProbe
+    from sweep.store import host_name
 
     devices = pool.discover()
     reader, nvml = nvml_reader(devices)
+    probe = NvmlProbe(reader) if nvml is not None else None
+    folder = lock_dir(host_name())
     table = Table(title="GPU pool" + (" (simulated)" if devices and devices[0].simulated else ""))
-    for col in ("id", "name", "memory MB", "used MB", "util %", "state"):
+    for col in ("id", "name", "memory MB", "used MB", "util %", "sweep takes it?", "held by"):
         table.add_column(col)
     try:
         for d in devices:
             reading = reader.read(d.index)
-            procs = reader.compute_processes(d.index)
-            state = "unknown" if isinstance(reader, NoReader) else ("busy" if procs else "free")
+            slots = held_slots(folder, d.uuid or f"sim{d.index}")
+            holders = [f"{slots} sweep slot{'s' * (slots != 1)}"] if slots else []
+            state = "yes (no NVML: nothing known)" if probe is None else "yes"
+            look = probe.look(d.index) if probe is not None else None
+            if look is not None:
+                sweeps, visible = probe.sweep_pids(look.processes)  # type: ignore[union-attr]
+                busy = placement.in_use_by_others(
+                    look, sweeps, slots > 0 or bool(sweeps), args.busy_memory_mb, visible)
+                state = f"no: {busy}" if busy else "yes"
+                holders += [_who(pid, mb, pid in sweeps) for pid, mb in look.processes.items()]
             total = d.memory_total_mb
             table.add_row(
                 str(d.index), d.name, f"{total:.0f}" if total else "-",
                 _num(reading.mem_used_mb), _num(reading.util_gpu), state,
+                "; ".join(holders) or "-",
             )
     finally:
         if nvml is not None:
             nvml.close()
     Console().print(table)
     return 0
+
+
+def _who(pid: int, mb: float | None, sweep: bool) -> str:
+    """One process on a device: pid, user, name, memory."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        who = f"{proc.username()} {proc.name()}"
+    except psutil.Error:
+        who = "not visible here"
+    used = "" if mb is None else f", {mb:.0f} MB"
+    return f"pid {pid} ({who}{', a sweep trial' if sweep else ''}{used})"
 
 
 def _num(value: float) -> str:
@@ -161,7 +187,10 @@ def parser() -> argparse.ArgumentParser:
     summ.add_argument("--top", type=int, default=5, help="how many best trials to show")
     summ.set_defaults(func=_summary)
 
-    gpus = verbs.add_parser("gpus", help="list the GPU pool this shell would use")
+    gpus = verbs.add_parser(
+        "gpus", help="the GPU pool this shell would use: which devices a sweep would take")
+    gpus.add_argument("--busy-memory-mb", type=float, default=1024.0, metavar="MB",
+                      help="memory in use that makes a card busy (gpus.busy_memory_mb)")
     gpus.set_defaults(func=_gpus)
 
     status = verbs.add_parser("status", help="trial counts by state and what is running")

@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -47,6 +48,7 @@ class _Passed(_Model):
 
     arg: Annotated[str, Field(min_length=1)] | None = None  # the flag, e.g. --learning-rate
     prefix: Prefix | None = None  # else trainer.prefix; "" passes name=value (Hydra style)
+    where: Literal["script", "accelerate"] = "script"  # whose command line it goes on
 
 
 class FloatParam(_Passed):
@@ -262,6 +264,17 @@ class TrainerSection(_Model):
         ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0
     max_retries: Annotated[int, Field(ge=0)] = 0
     retry_oom: bool = False
+    gpu_memory_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
+    gpus_per_trial: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @field_validator("gpu_memory_gb", mode="before")
+    @classmethod
+    def _size_or_auto(cls, value: Any) -> Any:
+        ok = value is None or value == "auto" or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+        if not ok:
+            raise ValueError(f"a size in GB (e.g. 20) or auto, not {short(repr(value), 40)}")
+        return value
 
     @model_validator(mode="after")
     def _one_entry_point(self) -> TrainerSection:
@@ -274,6 +287,8 @@ class GpusSection(_Model):
     ids: Literal["all"] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = "all"
     trials_per_gpu: Annotated[int, Field(gt=0)] = 1
     sample_interval: Annotated[float, Field(gt=0)] = 1.0
+    skip_busy: bool = True
+    busy_memory_mb: Annotated[float, Field(gt=0)] = 1024.0
 
 
 class Spec(_Model):
@@ -294,6 +309,16 @@ class Spec(_Model):
         return Path(str(self.study.output_dir))
 
     @property
+    def trials_per_gpu(self) -> int:
+        """Trials a device may hold at once: `gpus.trials_per_gpu`; with
+        `trainer.gpu_memory_gb` and no `trials_per_gpu` given, memory decides, up to
+        `PACKED_MAX`."""
+        if self.trainer.gpu_memory_gb is not None and (
+                "trials_per_gpu" not in self.gpus.model_fields_set):
+            return PACKED_MAX
+        return self.gpus.trials_per_gpu
+
+    @property
     def searched(self) -> dict[str, Searched]:
         return {k: v for k, v in self.params.items() if not isinstance(v, FixedParam)}
 
@@ -303,6 +328,12 @@ class Spec(_Model):
 
 
 STORAGE_ENV = "SWEEP_STORAGE"
+# `accelerate launch` options a param may search (`where: accelerate`); the rest are sweep's
+# own (num_processes, gpu_ids, config_file...) or no per-trial choice.
+ACCELERATE_OPTIONS = ("mixed_precision", "dynamo_backend", "dynamo_mode",
+                      "dynamo_use_fullgraph", "dynamo_use_dynamic",
+                      "num_cpu_threads_per_process")
+PACKED_MAX = 16  # trials per device when memory decides (`trainer.gpu_memory_gb`)
 
 
 def load(
@@ -431,6 +462,19 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 raise ConfigError(file, "trainer.result.stdout",
                                   f"no named group for the metric {metric!r}: add "
                                   f"(?P<{metric}>...) to a pattern")
+    for name, param in spec.params.items():
+        if param.where != "accelerate":
+            continue
+        if trainer.launcher != "accelerate":
+            raise ConfigError(file, f"params.{name}.where", "accelerate options need "
+                              "trainer.launcher: accelerate")
+        if name not in ACCELERATE_OPTIONS:
+            raise ConfigError(file, f"params.{name}.where",
+                              f"not an `accelerate launch` option sweep can search: "
+                              f"{short(name, 40)} (one of: {', '.join(ACCELERATE_OPTIONS)})")
+        if getattr(trainer.accelerate, name, None) is not None:
+            raise ConfigError(file, f"params.{name}", f"also set in trainer.accelerate.{name}; "
+                              "give it in one place")
     for name in trainer.env:
         if not ENV_NAME.match(name):
             raise ConfigError(file, f"trainer.env.{short(name, 40)}",

@@ -12,12 +12,12 @@ import math
 import time
 from typing import Any
 
-from sweep import config, launch, process
+from sweep import config, hostlock, launch, placement, process
 from sweep.config import Spec
 from sweep.events import Events, Finished, Started
 from sweep.monitor import Monitor
 from sweep.policy import Counts, OnSignal, Policy, RunResult
-from sweep.pool import Pool
+from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import ReportReader
 from sweep.store import Heartbeat, Store
@@ -48,10 +48,17 @@ class Driver:
         self._orphan_wait: float | None = None
         self._announced = False
         self._prunes = spec.study.pruner.type != "none"
+        self._oom: set[int] = set()  # trials judged out of memory, until their device is free
+        self._learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
+        self._peaks: list[float] = []
+        self._out: set[int] = set()  # devices said to be in use by others
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
         launch.prepare_output_dir(self.spec.output_dir, self.own)
+        if self._learns:
+            self._peaks = self.store.peaks()
+            self._learn(None)
         self.store.enqueue(self.spec.study.enqueue)
         try:
             with process.signals_to(self._on_signal), self.heartbeat, (
@@ -119,6 +126,23 @@ class Driver:
 
     # ---- starting -----------------------------------------------------------------------
 
+    def _learn(self, peak: float | None) -> None:
+        """`gpu_memory_gb: auto`: promise each trial the largest peak seen, with a margin."""
+        if peak is not None and peak == peak:
+            self._peaks.append(peak)
+        self.pool.rules.want_mb = placement.learned_mb(self._peaks)
+        self.pool.rules.alone = self.pool.rules.want_mb is None
+
+    def _say_out(self) -> None:
+        """Tell the user when devices go out because others use them, and come back."""
+        seen = self.pool.verdicts
+        out = {i for i, why in seen.items() if why and why.startswith("in use by others")}
+        for index in sorted(out - self._out):
+            self.events.message(f"GPU {index} left out: {seen[index]}")
+        for index in sorted(self._out - out):
+            self.events.message(f"GPU {index} is free again: back in the pool")
+        self._out = out
+
     def _start_trials(self, now: float) -> None:
         if self.pool.slots == 0:
             self.policy.give_up("no GPU left in the pool")
@@ -127,6 +151,22 @@ class Driver:
                 self._start_one(now)
         finally:
             self.pool.unreserve()
+        self._say_out()
+        if not self.running and self.pool.blocked and self.policy.room(self._budget()) > 0:
+            hopeless = self.pool.hopeless()
+            if hopeless:
+                self.policy.give_up(hopeless)
+
+    def _port(self, lease: Lease) -> int:
+        """A rendezvous port for a multi-GPU trial, held with its device slots."""
+        folder = self.pool.host.folder if self.pool.host else hostlock.lock_dir(
+            self.store.owner.host)
+        taken = hostlock.take_port(folder)
+        if taken is None:
+            raise RuntimeError("no free TCP port for the trial's rendezvous")
+        port, slot = taken
+        lease.slots.append(slot)
+        return port
 
     def counts(self) -> Counts:
         """The study's trials by state, as last read (storage is read again when they change,
@@ -151,11 +191,14 @@ class Driver:
         params = {**asked.params, **spec.fixed}
         try:
             self.pool.lease(asked.number, device)
-            plan = launch.plan_trial(spec, asked.number, params, device, self.own)
-            launch.prepare_trial_dir(plan, params)
             lease = self.pool.lease_of(asked.number)
-            hold = (lease.slot.fd,) if lease is not None and lease.slot is not None else ()
-            proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake, hold=hold)
+            assert lease is not None
+            port = self._port(lease) if len(lease.devices) > 1 else None
+            plan = launch.plan_trial(spec, asked.number, params, device, self.own,
+                                     ",".join(self.pool.pin(i) for i in lease.devices), port)
+            launch.prepare_trial_dir(plan, launch.script_params(params, spec.params))
+            proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake,
+                              hold=lease.fds())
         except BaseException as e:
             self.pool.release(asked.number)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
@@ -169,7 +212,7 @@ class Driver:
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
             spec.trainer.stop_grace, deadline, reports)
         if self.monitor is not None:
-            self.monitor.trial_started(asked.number, device)
+            self.monitor.trial_started(asked.number, lease.devices)
         self.events.started(Started(asked.number, device, params, proc.started))
 
     # ---- following ----------------------------------------------------------------------
@@ -210,7 +253,12 @@ class Driver:
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
         told, exhausted = self.store.tell_verdict(
-            run.trial, verdict, run.device, run.attempt, usage)
+            run.trial, verdict, run.device, run.attempt, usage,
+            lease.devices if lease is not None else ())
+        if verdict.oom:
+            self._oom.add(run.number)
+        if self._learns and verdict.state != "FAIL":
+            self._learn(usage.get("gpu_mem_peak_mb"))
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         self._counts = None
@@ -228,18 +276,26 @@ class Driver:
             self.store.requeue(searched, run.origin, run.attempt + 1)
 
     def _end(self, run: RunningTrial, now: float) -> None:
-        """The trial's processes are gone: free its device once none holds memory on it."""
-        held = self.monitor.processes_on(run.device) if self.monitor else set()
-        clear = run.clear_device(held, now)
+        """The trial's processes are gone: free its devices once none holds memory on them."""
+        lease = self.pool.lease_of(run.number)
+        devices = lease.devices if lease is not None else (run.device,)
+        on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in devices}
+        clear = run.clear_device(set().union(*on.values()), now)
         if clear is None:
             return
         if not clear:
             reason = f"processes of trial {run.number} still hold it after SIGKILL"
-            self.pool.quarantine(run.device, reason)
-            self.events.message(f"GPU {run.device} taken out of the pool: {reason}")
+            for index in devices:
+                if on[index] & run.process.seen_pids:
+                    self.pool.quarantine(index, reason)
+                    self.events.message(f"GPU {index} taken out of the pool: {reason}")
         del self.running[run.number]
         run.process.close()
         self.pool.release(run.number)
+        if run.number in self._oom:
+            self._oom.discard(run.number)
+            for index in devices:
+                self.pool.block_oom(index)
 
     # ---- the end ------------------------------------------------------------------------
 

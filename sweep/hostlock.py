@@ -88,3 +88,42 @@ class HostSlots:
             finally:
                 os.close(fd)  # closing drops a lock taken here
         return taken
+
+
+def held_slots(folder: Path, key: str) -> int:
+    """How many slots of device `key` the sweeps of this host hold now, whatever their
+    `trials_per_gpu` (for `sweep gpus`)."""
+    slots = len(list(folder.glob(f"{glob_escape(key)}.*.lock")))
+    return HostSlots(folder, slots).held(key) if slots else 0
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+PORTS = range(29600, 30600)  # for torch.distributed's rendezvous of multi-GPU trials
+
+
+def take_port(folder: Path, ports: range = PORTS) -> tuple[int, Slot] | None:
+    """A TCP port no trial of this host's sweeps holds and nothing listens on, now held
+    (`port.<n>.lock`) until the slot is released or its holders end; None if none is free.
+
+    Something outside sweep may still bind it before the trial does: the window is the
+    trial's start-up."""
+    import socket
+
+    for port in ports:
+        fd = os.open(folder / f"port.{port}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                os.close(fd)
+                continue
+        return port, Slot(fd, f"port {port}")
+    return None

@@ -120,6 +120,14 @@ def param_args(
     return out
 
 
+def script_params(
+    params: Mapping[str, Any], passing: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The params that go to the script: all but those `where: accelerate`."""
+    return {k: v for k, v in params.items()
+            if getattr((passing or {}).get(k), "where", "script") != "accelerate"}
+
+
 def _env_text(value: Any) -> str:
     """An env value from the study file as text; YAML's booleans as `true` / `false`."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
@@ -141,17 +149,25 @@ def build_launch(
     passing: Mapping[str, Any] | None = None,
     places: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    pin: str | None = None,
+    port: int | None = None,
 ) -> LaunchPlan:
-    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python).
+    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python), by
+    `pin` (its UUID; "a,b" for a trial of several devices) when given, else by its index.
+    A trial of `trainer.gpus_per_trial` > 1 devices runs `--multi_gpu` with that many
+    processes, its rendezvous on `port`.
 
     `passing` holds each param's `arg`/`prefix`/`flag`; `places` the placeholders of args,
     env and the result file besides {trial_dir} and {trial_number}; `environ` the driver's
     environment, for `$VAR` in args.
     """
     places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number)}
+    mine = script_params(params, passing)
+    to_launcher = {k: v for k, v in params.items() if k not in mine}
+    params = mine
     env = {k: fill(_env_text(v), places) for k, v in trainer.env.items()}
     env.update({
-        "CUDA_VISIBLE_DEVICES": str(device),
+        "CUDA_VISIBLE_DEVICES": pin or str(device),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         protocol.TRIAL_NUMBER_ENV: str(number),
         protocol.TRIAL_DIR_ENV: str(paths.dir),
@@ -159,6 +175,8 @@ def build_launch(
         protocol.RESULT_ENV: str(paths.result),
         protocol.REPORT_ENV: str(paths.reports),
     })
+    if port is not None:
+        env[protocol.PORT_ENV] = str(port)
     if trainer.pass_params == "env":
         env.update({env_name(k): format_value(v) for k, v in params.items()})
     trial_env = {**(environ if environ is not None else os.environ), **env}
@@ -168,12 +186,19 @@ def build_launch(
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
     tail = [*entry, *args]
     if trainer.launcher == "accelerate":
+        width = trainer.gpus_per_trial
         settings = [
             "--config_file", str(accelerate_config),
-            "--num_processes", "1",
+            *(["--multi_gpu"] if width > 1 else []),
+            "--num_processes", str(width),
             "--num_machines", "1",
-            "--gpu_ids", str(device),
+            "--gpu_ids", pin or str(device),
+            *(["--main_process_port", str(port)] if port is not None else []),
         ]
+        for name, value in to_launcher.items():
+            flag = isinstance(value, bool)
+            settings += ([f"--{name}"] if value else []) if flag else [
+                f"--{name}", format_value(value)]
         acc = trainer.accelerate
         if acc.mixed_precision is not None:
             settings += ["--mixed_precision", acc.mixed_precision]
@@ -202,14 +227,15 @@ def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
 
 
 def plan_trial(
-    spec: Spec, number: int, params: Mapping[str, Any], device: int, own: Path | None = None
+    spec: Spec, number: int, params: Mapping[str, Any], device: int, own: Path | None = None,
+    pin: str | None = None, port: int | None = None,
 ) -> LaunchPlan:
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and the
     accelerate config of the driver's folder `own` (`driver_dir`; default `output_dir`)."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number),
                         (own or spec.output_dir) / ACCELERATE_CONFIG_NAME,
-                        passing=spec.params, places=spec_places(spec))
+                        passing=spec.params, places=spec_places(spec), pin=pin, port=port)
 
 
 def spec_places(spec: Spec) -> dict[str, str]:
@@ -226,7 +252,8 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None) -> None:
 
 
 def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:
-    """Create the trial directory afresh with params.json and command.sh."""
+    """Create the trial directory afresh with params.json (the script's params: not those
+    `where: accelerate`) and command.sh."""
     paths = plan.paths
     paths.dir.mkdir(parents=True, exist_ok=True)
     for stale in (paths.result, paths.reports):

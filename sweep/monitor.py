@@ -12,13 +12,15 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from sweep.nvml import GpuReading
+from sweep.placement import Look
 from sweep.pool import Pool
+from sweep.protocol import TRIAL_DIR_ENV
 
 log = logging.getLogger("sweep")
 
@@ -52,9 +54,10 @@ class NoReader:
 
 @dataclass
 class TrialUsage:
-    """Running aggregates of one trial's device while it runs."""
+    """Running aggregates of one trial's devices while it runs (memory: the peak on any one of
+    them; energy: all of them together)."""
 
-    gpu: int
+    gpus: tuple[int, ...]
     util_sum: float = 0.0
     util_n: int = 0
     util_max: float = math.nan
@@ -90,6 +93,43 @@ def trial_memory_mb(processes: dict[int, float | None], pids: Iterable[int]) -> 
     """Device memory used by the given pids, or None when none of them is visible to NVML."""
     used = [processes[p] for p in pids if p in processes and processes[p] is not None]
     return sum(used) if used else None  # type: ignore[arg-type]
+
+
+class NvmlProbe:
+    """What the pool looks at before placing a trial: a device's memory and compute processes
+    (NVML), and which of those processes are trials of this host's sweeps."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    def look(self, index: int) -> Look | None:
+        if isinstance(self.reader, NoReader):
+            return None
+        reading = self.reader.read(index)
+        return Look(reading.mem_total_mb, reading.mem_used_mb,
+                    self.reader.compute_processes(index))
+
+    def closeness(self, a: int, b: int) -> int:
+        """Lower is closer (NVLink 0, then NVML's topology levels); see `Nvml.closeness`."""
+        closeness = getattr(self.reader, "closeness", None)
+        return closeness(a, b) if closeness is not None else 100
+
+    def sweep_pids(self, pids: Iterable[int]) -> tuple[set[int], set[int]]:
+        """(pids of trials of any sweep of this host: they carry SWEEP_TRIAL_DIR, pids that
+        exist in this process's view)."""
+        import psutil
+
+        sweeps, visible = set(), set()
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                visible.add(pid)
+                if TRIAL_DIR_ENV in proc.environ():
+                    sweeps.add(pid)
+            except psutil.Error:  # gone, another user's, or another pid namespace's
+                if psutil.pid_exists(pid):
+                    visible.add(pid)
+        return sweeps, visible
 
 
 class Monitor:
@@ -143,8 +183,14 @@ class Monitor:
         """The pids NVML shows on device `gpu` now (empty without NVML)."""
         return set(self.reader.compute_processes(gpu))
 
-    def trial_started(self, trial: int, gpu: int) -> None:
-        usage = TrialUsage(gpu, energy_start_mj=self.reader.energy_mj(gpu))
+    def _energy(self, gpus: Sequence[int]) -> float | None:
+        values = [self.reader.energy_mj(g) for g in gpus]
+        known = [v for v in values if v is not None]
+        return sum(known) if len(known) == len(values) else None
+
+    def trial_started(self, trial: int, gpus: int | Sequence[int]) -> None:
+        devices = (gpus,) if isinstance(gpus, int) else tuple(gpus)
+        usage = TrialUsage(devices, energy_start_mj=self._energy(devices))
         with self._lock:
             self._usage[trial] = usage
 
@@ -158,7 +204,7 @@ class Monitor:
             usage = self._usage.pop(trial, None)
         if usage is None:
             return {}
-        return usage.stats(None if shared else self.reader.energy_mj(usage.gpu))
+        return usage.stats(None if shared else self._energy(usage.gpus))
 
     def sample_once(self, now: float | None = None) -> list[list[object]]:
         """Take one sample of every device, update the trials' aggregates, append the rows."""
@@ -171,6 +217,7 @@ class Monitor:
             for lease in leases:
                 pids = lease.process.tree_pids() if lease.process and processes else set()
                 mem = trial_memory_mb(processes, pids) if pids else None
+                lease.used_mb = mem
                 with self._lock:
                     if lease.trial in self._usage:
                         self._usage[lease.trial].add(reading, mem)

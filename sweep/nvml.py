@@ -20,12 +20,20 @@ class NvmlUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One physical device as NVML numbers it (PCI bus order)."""
+    """One device trials can use: a physical GPU as NVML numbers it (PCI bus order), or a MIG
+    instance of one (`parent` its GPU's index; `index` then `mig_index(parent, k)`)."""
 
     index: int
     name: str
     uuid: str
     memory_total_mb: float
+    parent: int | None = None
+
+
+def mig_index(parent: int, k: int) -> int:
+    """The pool id of MIG instance `k` of GPU `parent`: 1000 x (parent + 1) + k (GPU 0's
+    instances are 1000, 1001, ...), never an NVML index."""
+    return 1000 * (parent + 1) + k
 
 
 @dataclass(frozen=True)
@@ -65,22 +73,62 @@ class Nvml:
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
-            self._handles[index] = self._nv.nvmlDeviceGetHandleByIndex(index)
+            if index >= 1000:  # a MIG instance (`mig_index`)
+                parent = self._handle(index // 1000 - 1)
+                handle = self._nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, index % 1000)
+            else:
+                handle = self._nv.nvmlDeviceGetHandleByIndex(index)
+            self._handles[index] = handle
         return self._handles[index]
 
     def devices(self) -> list[GpuInfo]:
-        """Every device NVML sees, in NVML (PCI bus) order."""
+        """Every device NVML sees, in NVML (PCI bus) order; a GPU in MIG mode is replaced by
+        its MIG instances (CUDA cannot use it whole)."""
         out = []
         for i in range(self._nv.nvmlDeviceGetCount()):
             h = self._handle(i)
+            name = _text(self._nv.nvmlDeviceGetName(h))
+            if self._mig_enabled(h):
+                for k in range(self._nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+                    try:
+                        m = self._nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+                    except self._nv.NVMLError:
+                        continue  # an empty instance slot
+                    index = mig_index(i, k)
+                    self._handles[index] = m
+                    out.append(GpuInfo(
+                        index=index, name=f"{_text(self._nv.nvmlDeviceGetName(m))} "
+                        f"(GPU {i}, MIG {k})", uuid=_text(self._nv.nvmlDeviceGetUUID(m)),
+                        memory_total_mb=self._nv.nvmlDeviceGetMemoryInfo(m).total / 2**20,
+                        parent=i,
+                    ))
+                continue
             mem = self._nv.nvmlDeviceGetMemoryInfo(h)
             out.append(GpuInfo(
-                index=i,
-                name=_text(self._nv.nvmlDeviceGetName(h)),
-                uuid=_text(self._nv.nvmlDeviceGetUUID(h)),
+                index=i, name=name, uuid=_text(self._nv.nvmlDeviceGetUUID(h)),
                 memory_total_mb=mem.total / 2**20,
             ))
         return out
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        try:
+            current, _ = self._nv.nvmlDeviceGetMigMode(handle)
+        except (self._nv.NVMLError, AttributeError):  # no MIG on this card or this library
+            return False
+        return bool(current == getattr(self._nv, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def closeness(self, a: int, b: int) -> int:
+        """How far apart two devices are, lower is closer: 0 with NVLink between them, else
+        NVML's topology level (10 one PCIe switch ... 50 across CPU sockets); 100 unknown."""
+        nv = self._nv
+        try:
+            ha, hb = self._handle(a), self._handle(b)
+            nvlink = nv.nvmlDeviceGetP2PStatus(ha, hb, nv.NVML_P2P_CAPS_INDEX_NVLINK)
+            if nvlink == nv.NVML_P2P_STATUS_OK:
+                return 0
+            return int(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
+        except (nv.NVMLError, AttributeError):
+            return 100
 
     def _try(self, fn: Any, *args: Any) -> Any:
         try:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from sweep import placement
 from sweep.errors import UsageError
 from sweep.hostlock import HostSlots, Slot
 from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
+from sweep.placement import Held, Look
 
 FAKE_ENV = "SWEEP_FAKE_GPUS"
 
@@ -29,6 +32,7 @@ class Device:
     uuid: str | None = None
     memory_total_mb: float | None = None
     simulated: bool = False
+    parent: int | None = None  # a MIG instance: the index of its GPU
 
 
 def fake_devices(count: str) -> list[Device]:
@@ -45,27 +49,29 @@ def fake_devices(count: str) -> list[Device]:
 def visible(devices: Sequence[GpuInfo], cuda_visible: str | None) -> list[Device]:
     """The devices `CUDA_VISIBLE_DEVICES` lets the caller use, in the order it lists them.
 
-    Entries are NVML indices or `GPU-<uuid>` prefixes; as in CUDA, the list ends at the first
-    entry that matches no device. Unset means every device; empty means none.
+    Entries are NVML indices, `GPU-<uuid>` or `MIG-<uuid>` prefixes; a GPU in MIG mode stands
+    for its MIG instances. As in CUDA, the list ends at the first entry that matches no
+    device. Unset means every device; empty means none.
     """
-    as_device = {
-        d.index: Device(d.index, d.name, d.uuid, d.memory_total_mb) for d in devices
-    }
+    as_device = {d.index: Device(d.index, d.name, d.uuid, d.memory_total_mb,
+                                 parent=d.parent) for d in devices}
     if cuda_visible is None:
         return list(as_device.values())
     out: list[Device] = []
     for raw in cuda_visible.split(","):
         entry = raw.strip()
-        match = None
+        matches: list[Device] = []
         if entry.isdigit():
-            match = as_device.get(int(entry))
-        elif entry.startswith("GPU-"):
+            whole = as_device.get(int(entry))
+            matches = [whole] if whole else [
+                d for d in as_device.values() if d.parent == int(entry)]
+        elif entry.startswith(("GPU-", "MIG-")):
             hits = [d for d in devices if d.uuid.startswith(entry)]
-            match = as_device[hits[0].index] if len(hits) == 1 else None
-        if match is None:
+            if len(hits) == 1:
+                matches = [as_device[hits[0].index]]
+        if not matches:
             break
-        if match not in out:
-            out.append(match)
+        out += [m for m in matches if m not in out]
     return out
 
 
@@ -104,10 +110,11 @@ def select(devices: Sequence[Device], ids: str | Sequence[int], file: str = "") 
     return [by_index[i] for i in dict.fromkeys(ids)]
 
 
-def pick_device(load: Mapping[int, int], capacity: int, excluded: set[int]) -> int | None:
-    """The device for the next trial: the least loaded one with room, lowest index on ties."""
-    candidates = [(n, i) for i, n in load.items() if n < capacity and i not in excluded]
-    return min(candidates)[1] if candidates else None
+def ranked(load: Mapping[int, int], capacity: int, excluded: set[int]) -> list[int]:
+    """Devices in the order the next trial tries them: those with room, least loaded first,
+    lowest index on ties (spread, then stack)."""
+    return [i for n, i in sorted((n, i) for i, n in load.items()
+                                 if n < capacity and i not in excluded)]
 
 
 class PidSource(Protocol):
@@ -116,101 +123,235 @@ class PidSource(Protocol):
     def tree_pids(self) -> set[int]: ...
 
 
+class Probe(Protocol):
+    """What the pool asks NVML and the host before it places a trial (`monitor.NvmlProbe`)."""
+
+    def look(self, index: int) -> Look | None: ...
+    def closeness(self, a: int, b: int) -> int: ...
+    def sweep_pids(self, pids: Iterable[int]) -> tuple[set[int], set[int]]:
+        """(those that are trials of this host's sweeps, those that exist here)."""
+        ...
+
+
+@dataclass
+class Rules:
+    """How the pool judges devices beyond their slot count (see `sweep.placement`)."""
+
+    skip_busy: bool = False
+    busy_memory_mb: float = 1024.0
+    want_mb: float | None = None  # memory one trial is promised (None: not judged)
+    alone: bool = False  # `gpu_memory_gb: auto` before a peak is known: one trial a device
+    hopeless_after: float = 10.0  # s every device must stay out before the pool gives up
+
+
 @dataclass
 class Lease:
-    """One trial on one device. `shared` turns true once another trial held the device too."""
+    """One trial on its devices (`devices[0]` is its main one, `device`). `shared` turns true
+    once another trial held one of its devices too."""
 
     trial: int
-    device: int
+    devices: tuple[int, ...]
     shared: bool = False
     process: PidSource | None = None
-    slot: Slot | None = None  # the host-wide slot, when the pool has a HostSlots
+    slots: list[Slot] = field(default_factory=list)  # host-wide slots, one per device
+    used_mb: float | None = None  # the trial's GPU memory at the monitor's last sample
+
+    @property
+    def device(self) -> int:
+        return self.devices[0]
+
+    def fds(self) -> tuple[int, ...]:
+        """The descriptors that hold its host-wide slots (the guard keeps them open)."""
+        return tuple(s.fd for s in self.slots)
 
 
 class Pool:
-    """The one map of which trial holds which device: at most `capacity` trials per device,
-    counting, when `host` is given, the trials of every other sweep on this host.
+    """The one map of which trial holds which devices: at most `capacity` trials per device,
+    counting, when `host` is given, the trials of every other sweep on this host; `width`
+    devices per trial (`trainer.gpus_per_trial`).
 
-    The driver leases and releases; the monitor's thread reads `holders()`. A device is
-    chosen least loaded first (host-wide), lowest index on ties: spread, then stack.
+    The driver leases and releases; the monitor's thread reads `holders()`. Devices are
+    chosen least loaded first (host-wide), lowest index on ties: spread, then stack; a trial's
+    further devices are those closest to its first (NVLink, PCIe switch) where the probe says.
     """
 
     def __init__(
-        self, devices: list[Device], capacity: int = 1, host: HostSlots | None = None
+        self, devices: list[Device], capacity: int = 1, host: HostSlots | None = None,
+        probe: Probe | None = None, rules: Rules | None = None,
+        clock: Callable[[], float] = time.monotonic, width: int = 1,
     ) -> None:
         self.devices = devices
         self.capacity = capacity
         self.host = host
+        self.probe = probe
+        self.rules = rules or Rules()
+        self.clock = clock
+        self.width = width
         self.quarantined: dict[int, str] = {}
-        self.blocked = False  # room here, but other sweeps of this host hold the slots
+        self.out: dict[int, str] = {}  # devices with room the rules refused now, and why
+        self.verdicts: dict[int, str | None] = {}  # each device's last look (None: admitted)
+        self.oom_blocked: set[int] = set()
+        self.blocked = False  # room here, but other sweeps or other users hold the devices
         self._leases: dict[int, Lease] = {}
-        self._reserved: tuple[int, Slot | None] | None = None
+        self._reserved: tuple[tuple[int, ...], list[Slot]] | None = None
         self._lock = threading.Lock()
         self._keys = {d.index: d.uuid or f"sim{d.index}" for d in devices}
+        self._hopeless_since: float | None = None
 
     @property
     def slots(self) -> int:
         """How many trials could run now if every usable device were free."""
-        return self.capacity * (len(self.devices) - len(self.quarantined))
+        return self.capacity * (len(self.devices) - len(self.quarantined)) // self.width
+
+    def pin(self, index: int) -> str:
+        """What a trial on device `index` is pinned by: its UUID where NVML gives one (CUDA's
+        own ordering cannot then make it another card), else the index."""
+        uuid = next((d.uuid for d in self.devices if d.index == index), None)
+        return uuid or str(index)
 
     def has_free(self) -> bool:
-        """Whether a device has room now; its slot is then held for the next `lease`."""
+        """Whether devices have room now; their slots are then held for the next `lease`."""
         return self._reserve() is not None
 
     def free_device(self) -> int | None:
-        """The device the next lease gets (None: every usable device is full)."""
-        return self._reserve()
+        """The main device the next lease gets (None: no room for a trial)."""
+        found = self._reserve()
+        return found[0] if found else None
 
-    def _reserve(self) -> int | None:
-        if self._reserved is not None:
-            return self._reserved[0]
+    def _load(self) -> dict[int, int]:
         load = {d.index: 0 for d in self.devices}
         for lease in self._leases.values():
-            load[lease.device] += 1
-        room = [i for i, n in load.items() if n < self.capacity and i not in self.quarantined]
-        if self.host is None:
-            index = pick_device(load, self.capacity, set(self.quarantined))
-            self._reserved = None if index is None else (index, None)
-            return index
-        host = self.host
-        for index in sorted(room, key=lambda i: (host.held(self._keys[i]), i)):
-            slot = host.take(self._keys[index])
-            if slot is not None:
-                self._reserved, self.blocked = (index, slot), False
-                return index
-        self.blocked = bool(room)
-        return None
+            for index in lease.devices:
+                load[index] += 1
+        return load
+
+    def _reserve(self) -> tuple[int, ...] | None:
+        if self._reserved is not None:
+            return self._reserved[0]
+        load = self._load()
+        room = ranked(load, self.capacity, set(self.quarantined))
+        held = {i: self.host.held(self._keys[i]) if self.host else load[i] for i in room}
+        self.out = {}
+        order = ranked(held, self.capacity * 1000, set())  # host-wide load decides
+        taken: list[tuple[int, Slot | None]] = []
+        for index in order:
+            refusal = self._refusal(index, held[index] > 0)
+            self.verdicts[index] = refusal
+            if refusal is not None:
+                self.out[index] = refusal
+                continue
+            slot = None
+            if self.host is not None:
+                slot = self.host.take(self._keys[index])
+                if slot is None:
+                    continue
+            taken.append((index, slot))
+            if len(taken) == self.width:
+                break
+            if len(taken) == 1 and self.width > 1:  # the rest: closest to the first
+                order[order.index(index) + 1:] = self._by_closeness(
+                    index, order[order.index(index) + 1:], held)
+        if len(taken) < self.width:
+            for _, slot in taken:
+                if slot is not None:
+                    slot.release()
+            self.blocked = bool(room)
+            return None
+        chosen = tuple(i for i, _ in taken)
+        self._reserved = (chosen, [s for _, s in taken if s is not None])
+        self.blocked, self._hopeless_since = False, None
+        return chosen
+
+    def _by_closeness(self, first: int, rest: list[int], held: Mapping[int, int]) -> list[int]:
+        if self.probe is None:
+            return rest
+        probe = self.probe
+        return sorted(rest, key=lambda i: (probe.closeness(first, i), held[i], i))
+
+    def _refusal(self, index: int, sweeps_hold: bool) -> str | None:
+        rules = self.rules
+        mine = [x for x in self._leases.values() if index in x.devices]
+        if rules.alone and mine:
+            return "one trial per device until a trial's peak memory is known"
+        if self.probe is None or not (rules.skip_busy or rules.want_mb is not None):
+            return placement.admit(None, [], None, index in self.oom_blocked, None)
+        look = self.probe.look(index)
+        busy = None
+        if rules.skip_busy and look is not None:
+            ours: set[int] = set()
+            for lease in mine:
+                ours |= lease.process.tree_pids() if lease.process else set()
+            sweeps, visible = self.probe.sweep_pids(set(look.processes) - ours)
+            ours |= sweeps
+            sweeps_hold = sweeps_hold or bool(ours & set(look.processes))
+            busy = placement.in_use_by_others(look, ours, sweeps_hold, rules.busy_memory_mb,
+                                              visible)
+        promised = [Held(rules.want_mb or 0.0, x.used_mb) for x in mine]
+        return placement.admit(look, promised, rules.want_mb, index in self.oom_blocked, busy)
+
+    def hopeless(self) -> str | None:
+        """Why no trial can start on any device while none of this pool's trials runs, once
+        that has held for `rules.hopeless_after` s (at once when it never can); else None.
+
+        Devices other sweeps of this host hold are waited for: they free as trials end."""
+        usable = [d.index for d in self.devices if d.index not in self.quarantined]
+        if self._leases:
+            self._hopeless_since = None
+            return None
+        if len(usable) < self.width:
+            return (f"trainer.gpus_per_trial is {self.width}, the pool has {len(usable)} "
+                    "usable device" + "s" * (len(usable) != 1))
+        if not usable or len(usable) - len(self.out) >= self.width:
+            self._hopeless_since = None
+            return None
+        why = "; ".join(f"GPU {i}: {self.out[i]}" for i in usable if i in self.out)
+        if sum(" in all, a trial needs " in self.out.get(i, "") for i in usable) > (
+                len(usable) - self.width):
+            return f"no device can ever take a trial: {why}"
+        now = self.clock()
+        if self._hopeless_since is None:
+            self._hopeless_since = now
+        if now - self._hopeless_since < self.rules.hopeless_after:
+            return None
+        return f"no device can take a trial: {why}"
+
+    def block_oom(self, index: int) -> None:
+        """A trial ran out of memory on `index`: no trial goes there until one of the trials
+        still on it ends (none: nothing to wait for, and nothing is blocked)."""
+        if any(index in x.devices for x in self._leases.values()):
+            self.oom_blocked.add(index)
 
     def unreserve(self) -> None:
-        """Give back a slot `has_free` held that no lease took."""
+        """Give back the slots `has_free` held that no lease took."""
         if self._reserved is not None:
-            if self._reserved[1] is not None:
-                self._reserved[1].release()
+            for slot in self._reserved[1]:
+                slot.release()
             self._reserved = None
 
     def lease(self, trial: int, device: int | None = None) -> int:
-        """Give `trial` the device `free_device` named (or `device`, which must have room);
-        raises RuntimeError when it has none."""
+        """Give `trial` the devices `free_device` named (or, for one-device trials, `device`,
+        which must have room); its main device. RuntimeError when there is no room."""
         with self._lock:
-            if device is None:
-                device = self._reserve()
-            if device is None or sum(x.device == device for x in self._leases.values()) >= (
-                self.capacity
-            ):
-                raise RuntimeError("no free device")
-            slot = None
-            if self._reserved is not None and self._reserved[0] == device:
-                slot, self._reserved = self._reserved[1], None
-            elif self.host is not None:
-                slot = self.host.take(self._keys[device])
-                if slot is None:
-                    raise RuntimeError(f"device {device} is full on this host")
-            lease = Lease(trial, device, slot=slot)
+            if self._reserved is None or (device is not None and
+                                          self._reserved[0][0] != device):
+                self.unreserve()
+                if device is not None:
+                    if self.width != 1 or self._load()[device] >= self.capacity:
+                        raise RuntimeError(f"no room on device {device}")
+                    slot = self.host.take(self._keys[device]) if self.host else None
+                    if self.host is not None and slot is None:
+                        raise RuntimeError(f"device {device} is full on this host")
+                    self._reserved = ((device,), [slot] if slot else [])
+                elif self._reserve() is None:
+                    raise RuntimeError("no free device")
+            assert self._reserved is not None
+            (devices, slots), self._reserved = self._reserved, None
+            lease = Lease(trial, devices, slots=slots)
             for other in self._leases.values():
-                if other.device == device:
+                if set(other.devices) & set(devices):
                     other.shared = lease.shared = True
             self._leases[trial] = lease
-        return device
+        return devices[0]
 
     def attach(self, trial: int, process: PidSource) -> None:
         """Name the process tree of `trial`, for the monitor's per-process memory."""
@@ -222,11 +363,14 @@ class Pool:
         return self._leases.get(trial)
 
     def release(self, trial: int) -> Lease | None:
-        """Free the device of `trial` (its host slot too); its lease, or None."""
+        """Free the devices of `trial` (their host slots too); its lease, or None."""
         with self._lock:
             lease = self._leases.pop(trial, None)
-        if lease is not None and lease.slot is not None:
-            lease.slot.release()
+        if lease is not None:
+            for index in lease.devices:
+                self.oom_blocked.discard(index)  # memory was freed there
+            for slot in lease.slots:
+                slot.release()
         return lease
 
     def holders(self) -> dict[int, list[Lease]]:
@@ -234,7 +378,8 @@ class Pool:
         with self._lock:
             out: dict[int, list[Lease]] = {d.index: [] for d in self.devices}
             for lease in self._leases.values():
-                out.setdefault(lease.device, []).append(lease)
+                for index in lease.devices:
+                    out.setdefault(index, []).append(lease)
             return out
 
     def quarantine(self, index: int, reason: str) -> None:

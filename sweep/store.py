@@ -46,6 +46,7 @@ log = logging.getLogger("sweep")
 # before its trainer starts: {"host", "pid", "started" (the driver's), "gpu", "dir"}.
 OWNER = "owner"
 GPU, HOST, ATTEMPT, RETRY_OF, RERUN_OF = "gpu", "host", "attempt", "retry_of", "rerun_of"
+GPUS = "gpus"  # a trial of several devices: all of them, "0,1" (GPU is the first)
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
 BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
@@ -451,6 +452,12 @@ class Store:
                         if t.state != TrialState.WAITING} - {None})
         return Counts(finished, running, grid)
 
+    def peaks(self) -> list[float]:
+        """The GPU memory peaks (MB) of the study's finished trials, where measured."""
+        return [float(t.user_attrs["gpu_mem_peak_mb"])
+                for t in self.study.get_trials(deepcopy=False, states=FINISHED)
+                if isinstance(t.user_attrs.get("gpu_mem_peak_mb"), (int, float))]
+
     def best(self, k: int = 3) -> list[tuple[int, list[float]]]:
         """The best trial (or up to `k` of the Pareto front) as (number, values)."""
         try:
@@ -498,12 +505,15 @@ class Store:
 
     def tell_verdict(
         self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
-        usage: Mapping[str, float],
+        usage: Mapping[str, float], gpus: Sequence[int] = (),
     ) -> tuple[bool, bool]:
-        """Tell a judged trial with the attributes sweep stores (see `tell`)."""
-        attrs = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
+        """Tell a judged trial with the attributes sweep stores (see `tell`); `gpus`: all its
+        devices, for a trial of several (stored as "0,1")."""
+        attrs: dict[str, Any] = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
                  EXIT_CODE: verdict.exit_code, **usage,
                  **{METRIC_PREFIX + k: v for k, v in verdict.extras.items()}}
+        if len(gpus) > 1:
+            attrs[GPUS] = ",".join(str(g) for g in gpus)
         if verdict.fail_reason:
             attrs[FAIL_REASON] = verdict.fail_reason
         return self.tell(trial, verdict.state, verdict.values, attrs)

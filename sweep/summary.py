@@ -23,7 +23,7 @@ from sweep.config import Spec
 from sweep.errors import UsageError
 
 ATTR_COLUMNS = [
-    "gpu", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
+    "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
     "energy_j", "attempt", "retry_of",
 ]
 
@@ -135,8 +135,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         return frame
     params = [c for c in frame.columns if c.startswith("params_")]
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
-             *params, "gpu", "datetime_start", "datetime_complete", "duration_s",
-             *[c for c in ATTR_COLUMNS if c != "gpu"], "host", "rerun_of",
+             *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
+             *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
              *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX))]
     frame = frame[order]
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
@@ -216,9 +216,14 @@ def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     places = set(zip(started["host"], started["gpu"].astype(int), strict=True))
     if not samples.empty:
         places |= set(zip(samples["host"], samples["gpu"].astype(int), strict=True))
+    devices = [_devices(g, gs) for g, gs in zip(started["gpu"], started["gpus"], strict=True)] \
+        if "gpus" in started else [[int(g)] for g in started["gpu"]]
+    for host, many in zip(started["host"], devices, strict=True):
+        places |= {(host, g) for g in many}
     rows = []
     for host, gpu in sorted(places):
-        mine = started[(started["host"] == host) & (started["gpu"] == gpu)]
+        on = [gpu in many for many in devices]
+        mine = started[(started["host"] == host) & pd.Series(on, index=started.index, dtype=bool)]
         intervals = list(zip(mine["datetime_start"], ends[mine.index], strict=True))
         busy = _union_seconds(intervals)
         util = math.nan
@@ -233,6 +238,13 @@ def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
             "util_mean_busy": util, "idle_gpu_hours": max(0.0, wall - busy) / 3600,
         })
     return pd.DataFrame(rows, columns=columns)
+
+
+def _devices(gpu: Any, gpus: Any) -> list[int]:
+    """All devices of a trial: its `gpus` ("0,1") when it had several, else its `gpu`."""
+    if isinstance(gpus, str) and gpus:
+        return [int(g) for g in gpus.split(",")]
+    return [int(gpu)]
 
 
 def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:

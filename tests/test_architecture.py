@@ -9,7 +9,7 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
-     "grpclock"},
+     "grpclock", "placement"},
     {"config"},
     {"launch", "outcome", "policy", "pool"},
     {"process", "monitor", "store", "proxy"},

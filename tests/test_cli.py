@@ -26,12 +26,44 @@ def test_gpus_lists_nvml_devices_with_memory_and_state(monkeypatch, capsys):
     fake_pynvml.install(monkeypatch, [
         FakeGpu(name="NVIDIA A", uuid="GPU-a"),
         FakeGpu(name="NVIDIA B", uuid="GPU-b", memory_used=3 * 2**30, util_gpu=70,
-                processes=[(42, 3 * 2**30)]),
+                processes=[(999_999_998, 3 * 2**30)]),
     ])
+    monkeypatch.setenv("COLUMNS", "250")
     assert run_cli("gpus") == 0
     out = capsys.readouterr().out
     assert "NVIDIA B" in out and "NVIDIA A" not in out
-    assert "3072" in out and "70" in out and "busy" in out
+    assert "3072" in out and "70" in out
+    assert "no: in use by others (pid 999999998)" in out
+    assert "pid 999999998 (not visible here, 3072 MB)" in out
+
+
+def test_gpus_says_which_cards_a_sweep_would_take_and_who_holds_them(monkeypatch, capsys,
+                                                                     own_lock_dir):
+    import os
+
+    from sweep.hostlock import HostSlots, lock_dir
+    from sweep.store import host_name
+
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install(monkeypatch, [
+        FakeGpu(uuid="GPU-a", memory_used=2 * 2**30),  # memory used, no process shown
+        FakeGpu(uuid="GPU-b", processes=[(os.getpid(), 2**30)]),
+        FakeGpu(uuid="GPU-c"),
+    ])
+    slot = HostSlots(lock_dir(host_name()), 2).take("GPU-c")  # a sweep of this host holds it
+    monkeypatch.setenv("COLUMNS", "250")
+    try:
+        assert run_cli("gpus") == 0
+    finally:
+        assert slot is not None
+        slot.release()
+    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.count("│") > 3}
+    assert "no: in use by others (2048 MB used, over gpus.busy_memory_mb)" in rows["0"]
+    assert f"no: in use by others (pid {os.getpid()})" in rows["1"]
+    assert f"pid {os.getpid()} (" in rows["1"] and ", 1024 MB)" in rows["1"]
+    assert "yes" in rows["2"] and "1 sweep slot" in rows["2"]
 
 
 def test_no_gpu_and_no_simulation_is_one_line(monkeypatch, capsys):

@@ -110,6 +110,22 @@ BAD_FILES = [
      "trainer.pass_params", "'args', 'env' or 'file'"),
     ("flag on a float", bad(params={"x": {"type": "float", "low": 0, "high": 1, "flag": True}}),
      "params.x.flag", "unknown key"),
+    ("accelerate option without accelerate",
+     bad(params={"x": {"type": "float", "low": 0, "high": 1, "where": "accelerate"}}),
+     "params.x.where", "need trainer.launcher: accelerate"),
+    ("no such accelerate option",
+     bad(trainer={"launcher": "accelerate"},
+         params={"x": {"type": "float", "low": 0, "high": 1, "where": "accelerate"}}),
+     "params.x.where", "not an `accelerate launch` option sweep can search: x"),
+    ("accelerate option given twice",
+     bad(trainer={"launcher": "accelerate", "accelerate": {"mixed_precision": "bf16"}},
+         params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                     "where": "accelerate"}}),
+     "params.mixed_precision", "also set in trainer.accelerate.mixed_precision"),
+    ("where nowhere", bad(params={"x": {"type": "float", "low": 0, "high": 1, "where": "env"}}),
+     "params.x.where", "'script' or 'accelerate'"),
+    ("gpu memory not a size", bad(trainer={"gpu_memory_gb": "lots"}),
+     "trainer.gpu_memory_gb", "auto"),
 ]
 
 

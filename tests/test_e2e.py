@@ -111,3 +111,47 @@ def test_sigint_through_accelerate_leaves_no_orphan_trainer(write_study, tmp_pat
     assert states == {"interrupted"}
 
 
+
+
+def test_a_param_where_accelerate_reaches_accelerate_and_not_the_script(write_study, tmp_path):
+    study = write_study(
+        study={"n_trials": 2, "enqueue": [{"mixed_precision": "no"},
+                                          {"mixed_precision": "bf16"}]},
+        trainer={"launcher": "accelerate", "args": ["--sleep", "0"]},
+        params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                    "where": "accelerate"}},
+    )
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    for t in optuna.load_study(study_name="probe",
+                               storage=f"sqlite:///{tmp_path / 'probe.db'}").trials:
+        record = json.loads((tmp_path / "probe" / "trials" / str(t.number) / "probe.json")
+                            .read_text())
+        assert record["mixed_precision"] == t.params["mixed_precision"]  # what accelerate set
+        assert record["params"] == {} and "--mixed_precision" not in record["argv"]
+
+
+def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_study,
+                                                                          tmp_path):
+    """A real `accelerate launch --multi_gpu` with two processes per trial (gloo on CPU), two
+    such trials at once on four simulated devices, each on its own devices and port."""
+    trainer = ROOT / "tests" / "trainers" / "ddp_probe.py"
+    study = write_study(study={"n_trials": 2},
+                        trainer={"script": str(trainer), "launcher": "accelerate",
+                                 "gpus_per_trial": 2})
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
+    _, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    trials = optuna.load_study(study_name="probe",
+                               storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
+    assert sorted(t.user_attrs["gpus"] for t in trials) == ["0,1", "2,3"], [
+        (t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+    seen = []
+    for t in trials:
+        assert t.user_attrs["metric_num_processes"] == 2 and t.value == 1.0  # ranks 0 + 1
+        out = (tmp_path / "probe" / "trials" / str(t.number) / "stdout.log").read_text()
+        record = json.loads(out.strip().splitlines()[-1])
+        assert record["cvd"] == t.user_attrs["gpus"] and record["backend"] == "gloo"
+        seen.append(record["port"])
+    assert len(set(seen)) == 2 and None not in seen

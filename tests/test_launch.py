@@ -137,3 +137,32 @@ def test_params_by_environment_or_file_leave_argv_alone(mode):
         assert plan.env["SWEEP_PARAM_LR"] == "0.1" and plan.env["SWEEP_PARAM_MODEL_DEPTH"] == "4"
     else:
         assert not [k for k in plan.env if k.startswith("SWEEP_PARAM_")]
+
+
+def test_params_where_accelerate_go_on_the_launchers_command_line():
+    from sweep.config import BoolParam, CategoricalParam, FloatParam
+
+    trainer = TrainerSection(script=Path("/t/train.py"))
+    passing = {
+        "mixed_precision": CategoricalParam(type="categorical", choices=["no", "bf16"],
+                                            where="accelerate"),
+        "dynamo_use_fullgraph": BoolParam(type="bool", where="accelerate"),
+        "lr": FloatParam(type="float", low=0.0, high=1.0),
+    }
+    params = {"mixed_precision": "bf16", "dynamo_use_fullgraph": True, "lr": 0.1}
+    plan = launch.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
+                               passing=passing)
+    script = plan.argv.index("/t/train.py")
+    assert plan.argv[script:] == ["/t/train.py", "--lr", "0.1"]
+    settings = plan.argv[:script]
+    at = settings.index("--mixed_precision")
+    assert settings[at + 1] == "bf16" and "--dynamo_use_fullgraph" in settings
+    params["dynamo_use_fullgraph"] = False
+    plan = launch.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
+                               passing=passing)
+    assert "--dynamo_use_fullgraph" not in plan.argv  # a false flag is left out
+    assert launch.script_params(params, passing) == {"lr": 0.1}  # what params.json holds
+    env_trainer = TrainerSection(script=Path("/t/train.py"), pass_params="env")
+    plan = launch.build_launch(env_trainer, 7, params, 0, PATHS, Path("/a.yaml"),
+                               python="/py", passing=passing)
+    assert "SWEEP_PARAM_MIXED_PRECISION" not in plan.env and "SWEEP_PARAM_LR" in plan.env

@@ -41,7 +41,8 @@ class Sweep:
                            grid=self.spec.study.sampler.type == "grid")
         self.clock = FakeClock()
         self.spawn = FakeSpawn(self.clock, script)
-        self.pool = Pool(fake_devices(str(gpus)), self.spec.gpus.trials_per_gpu)
+        self.pool = Pool(fake_devices(str(gpus)), self.spec.gpus.trials_per_gpu,
+                         width=self.spec.trainer.gpus_per_trial)
         monitor = None
         if reader is not None:
             monitor = Monitor(reader, self.pool, tmp_path / "samples.csv", 3600)

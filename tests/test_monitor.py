@@ -74,7 +74,7 @@ def test_a_sweep_on_fake_nvml_stores_utilisation_and_busy_fractions(monkeypatch,
             FakeGpu(uuid="GPU-b", util_gpu=80, memory_used=2 * 2**30)]
     fake_pynvml.install(monkeypatch, gpus)
     study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "0.8"]},
-                        gpus={"sample_interval": 0.1})
+                        gpus={"sample_interval": 0.1, "skip_busy": False})  # memory is static
     assert run_cli("run", str(study)) == 0
 
     trials = load_trials(study)
@@ -129,7 +129,8 @@ def test_a_gpu_still_holding_a_trials_process_is_cleaned_then_quarantined(monkey
     real_seen = process.TrialProcess.seen_pids
     monkeypatch.setattr(process.TrialProcess, "seen_pids", property(
         lambda self: real_seen.fget(self) | {leftover.pid}))
-    study = write_study(study={"n_trials": 4})
+    # the fake shows the "leftover" from the start: it is the trials', not another user's
+    study = write_study(study={"n_trials": 4}, gpus={"skip_busy": False})
     try:
         assert run_cli("run", str(study)) == 0
         assert leftover.wait(timeout=5) == -9  # the driver killed the trial's GPU process

@@ -79,6 +79,10 @@ def test_fake_pynvml_matches_the_real_api():
         real, fake = getattr(real_pynvml, cls), getattr(fake_pynvml, cls)
         assert issubclass(fake, fake_pynvml.NVMLError)
         assert fake().value == real().value, cls
+    for const in ("NVML_DEVICE_MIG_ENABLE", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK",
+                  "NVML_P2P_STATUS_NOT_SUPPORTED", "NVML_TOPOLOGY_SINGLE",
+                  "NVML_TOPOLOGY_SYSTEM"):
+        assert getattr(fake_pynvml, const) == getattr(real_pynvml, const), const
     assert type(fake_pynvml.NVMLError(12)) is fake_pynvml.NVMLError_LibraryNotFound
     assert type(real_pynvml.NVMLError(12)) is real_pynvml.NVMLError_LibraryNotFound
 
@@ -101,8 +105,9 @@ def test_select_checks_gpu_ids_against_the_pool():
     ({0: 1, 1: 2}, 2, set(), 0),     # least loaded first
     ({3: 0, 1: 0}, 1, set(), 1),     # lowest index on ties
 ])
-def test_pick_device(load, capacity, excluded, expected):
-    assert pool.pick_device(load, capacity, excluded) == expected
+def test_the_next_trial_goes_to_the_least_loaded_device_with_room(load, capacity, excluded,
+                                                                  expected):
+    assert (pool.ranked(load, capacity, excluded) or [None])[0] == expected
 
 
 def test_pool_leases_and_releases():

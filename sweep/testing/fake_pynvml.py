@@ -24,6 +24,17 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
+NVML_TOPOLOGY_INTERNAL = 0
+NVML_TOPOLOGY_SINGLE = 10
+NVML_TOPOLOGY_MULTIPLE = 20
+NVML_TOPOLOGY_HOSTBRIDGE = 30
+NVML_TOPOLOGY_NODE = 40
+NVML_TOPOLOGY_SYSTEM = 50
 
 
 class NVMLError(Exception):
@@ -80,11 +91,17 @@ class FakeGpu:
     power_mw: int | None = 100_000
     energy_mj: int | None = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # MIG: None when MIG mode is off; else the instance slots (None: an empty slot), each a
+    # FakeGpu of its own (uuid "MIG-...", its share of memory; no utilisation or power)
+    mig: list[FakeGpu | None] | None = None
+    is_mig_instance: bool = False
 
 
 @dataclass
 class _State:
     gpus: list[FakeGpu] | None = None
+    nvlink: set[frozenset[int]] = field(default_factory=set)  # pairs of indices with NVLink
+    topology: dict[frozenset[int], int] = field(default_factory=dict)  # else: SYSTEM
     initialised: bool = False
 
 
@@ -144,12 +161,14 @@ def nvmlDeviceGetMemoryInfo(handle: Any, version: Any = None) -> Any:
 
 def nvmlDeviceGetUtilizationRates(handle: Any) -> Any:
     g = _gpu(handle)
+    if g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return types.SimpleNamespace(gpu=g.util_gpu, memory=g.util_memory)
 
 
 def nvmlDeviceGetPowerUsage(handle: Any) -> int:
     g = _gpu(handle)
-    if g.power_mw is None:
+    if g.power_mw is None or g.is_mig_instance:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return g.power_mw
 
@@ -166,11 +185,60 @@ def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[Any]:
     return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in g.processes]
 
 
+def nvmlDeviceGetMigMode(device: Any) -> list[int]:
+    g = _gpu(device)
+    if g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    mode = NVML_DEVICE_MIG_DISABLE if g.mig is None else NVML_DEVICE_MIG_ENABLE
+    return [mode, mode]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
+    g = _gpu(device)
+    return 0 if g.mig is None else 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> FakeGpu:
+    g = _gpu(device)
+    if g.mig is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if not 0 <= index < 7:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    instance = g.mig[index] if index < len(g.mig) else None
+    if instance is None:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    instance.is_mig_instance = True
+    return instance
+
+
+def _index(handle: Any) -> int:
+    g = _gpu(handle)
+    for i, x in enumerate(_state.gpus or []):
+        if x is g:
+            return i
+    raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # a MIG instance: no P2P, no topology
+
+
+def nvmlDeviceGetP2PStatus(device1: Any, device2: Any, p2pIndex: int) -> int:
+    pair = frozenset((_index(device1), _index(device2)))
+    if p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK and pair in _state.nvlink:
+        return NVML_P2P_STATUS_OK
+    return NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def nvmlDeviceGetTopologyCommonAncestor(device1: Any, device2: Any) -> int:
+    pair = frozenset((_index(device1), _index(device2)))
+    return _state.topology.get(pair, NVML_TOPOLOGY_SYSTEM)
+
+
 API = [
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetTopologyCommonAncestor",
 ]
 
 
@@ -178,6 +246,8 @@ def install(monkeypatch: Any, gpus: list[FakeGpu] | None) -> types.ModuleType:
     """Make `import pynvml` return this module, with `gpus` (None: no driver installed)."""
     module = sys.modules[__name__]
     monkeypatch.setattr(_state, "gpus", gpus)
+    monkeypatch.setattr(_state, "nvlink", set())
+    monkeypatch.setattr(_state, "topology", {})
     monkeypatch.setattr(_state, "initialised", False)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module

@@ -45,6 +45,7 @@ def main() -> int:
     record = {
         "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "mixed_precision": os.environ.get("ACCELERATE_MIXED_PRECISION"),
         "start": time.time(), "pid": os.getpid(), "argv": sys.argv[1:],
         "params": json.loads(Path(os.environ["SWEEP_PARAMS_FILE"]).read_text()),
     }

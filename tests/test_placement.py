@@ -1,0 +1,395 @@
+"""Placement beyond slot counts (issue 11): cards others use, memory promised to trials,
+`gpu_memory_gb: auto`, devices that ran out of memory, a sweep that can never start, UUID
+pinning. Pool decisions with a fake probe; the sweep end to end on the fake NVML."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from conftest import load_trials, run_cli, wait_until
+from test_loop import Sweep
+
+from sweep import placement
+from sweep.monitor import Monitor, NoReader, NvmlProbe
+from sweep.nvml import Nvml
+from sweep.placement import Held, Look
+from sweep.pool import Device, Pool, Rules
+from sweep.testing import fake_pynvml
+from sweep.testing.fake_pynvml import FakeGpu
+from sweep.testing.fakes import Script
+
+GB = 1024.0
+
+
+class FakeProbe:
+    """Devices as the pool would see them through NVML; edit `looks` between calls."""
+
+    def __init__(self, looks: dict[int, Look], sweeps: Iterable[int] = ()) -> None:
+        self.looks, self.sweeps = looks, set(sweeps)
+
+    def look(self, index: int) -> Look | None:
+        return self.looks[index]
+
+    def closeness(self, a: int, b: int) -> int:
+        return 100
+
+    def sweep_pids(self, pids: Iterable[int]) -> tuple[set[int], set[int]]:
+        pids = set(pids)
+        return pids & self.sweeps, pids
+
+
+def devices(n: int) -> list[Device]:
+    return [Device(i, "H200", f"GPU-{i}", 141 * GB) for i in range(n)]
+
+
+def idle(total_gb: float = 141) -> Look:
+    return Look(total_gb * GB, 300.0, {})
+
+
+def test_a_card_others_use_is_left_out_and_taken_back_once_freed():
+    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
+    pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True))
+    assert pool.lease(1) == 1  # GPU 0 is a colleague's
+    assert pool.out == {0: "in use by others (pid 4242)"}
+    assert not pool.has_free() and pool.blocked
+    probe.looks[0] = idle()  # the colleague's job ended
+    assert pool.lease(2) == 0 and pool.out == {}
+
+
+def test_memory_in_use_with_no_process_shown_is_busy_unless_a_sweep_holds_the_card():
+    probe = FakeProbe({0: Look(141 * GB, 5000.0, {}), 1: idle()})
+    pool = Pool(devices(2), 2, probe=probe, rules=Rules(skip_busy=True, busy_memory_mb=1024))
+    assert pool.lease(1) == 1 and "5000 MB used" in pool.out[0]
+    probe.looks[1] = Look(141 * GB, 30 * GB, {777: None})  # our trial's own memory and pid
+    probe.sweeps = {777}
+    assert pool.lease(2) == 1  # its own trial's memory does not make a card busy
+
+
+def test_processes_of_other_sweeps_on_this_host_do_not_make_a_card_busy():
+    probe = FakeProbe({0: Look(141 * GB, 9 * GB, {555: 9 * GB})}, sweeps={555})
+    pool = Pool(devices(1), 2, probe=probe, rules=Rules(skip_busy=True))
+    assert pool.lease(1) == 0
+
+
+def test_with_skip_busy_off_a_busy_card_is_used():
+    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB})})
+    assert Pool(devices(1), 1, probe=probe, rules=Rules(skip_busy=False)).lease(1) == 0
+
+
+def test_memory_promised_to_running_trials_is_respected():
+    """40 GB per trial on a 141 GB card: the promises fill it, not what NVML shows yet."""
+    probe = FakeProbe({0: idle()})
+    pool = Pool(devices(1), 16, probe=probe, rules=Rules(want_mb=40 * GB))
+    assert [pool.lease(n) for n in range(3)] == [0, 0, 0]
+    assert not pool.has_free()  # 141 - 0.3 - 3 x 40 promised = 20.7 GB < 40
+    assert pool.out[0].endswith("for a trial that needs 40960 MB")
+    for n in range(3):  # the trials allocated what they were promised
+        pool.lease_of(n).used_mb = 40 * GB  # type: ignore[union-attr]
+    probe.looks[0] = Look(141 * GB, 120.3 * GB, {})
+    assert not pool.has_free()
+    pool.release(0)
+    probe.looks[0] = Look(141 * GB, 80.3 * GB, {})
+    assert pool.lease(3) == 0
+
+
+def test_a_device_smaller_than_a_trial_stops_the_sweep_at_once():
+    probe = FakeProbe({0: idle(80), 1: idle(80)})
+    pool = Pool(devices(2), 16, probe=probe, rules=Rules(want_mb=100 * GB))
+    assert not pool.has_free()
+    reason = pool.hopeless()
+    assert reason is not None and reason.startswith("no device can ever take a trial")
+    assert "GPU 0: 81920 MB in all, a trial needs 102400 MB" in reason
+
+
+def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever():
+    now = [0.0]
+    probe = FakeProbe({0: Look(141 * GB, GB, {1: GB}), 1: Look(141 * GB, GB, {2: GB})})
+    pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True, hopeless_after=10),
+                clock=lambda: now[0])
+    assert not pool.has_free() and pool.hopeless() is None  # a colleague's job may end soon
+    now[0] = 9.9
+    assert not pool.has_free() and pool.hopeless() is None
+    now[0] = 10.0
+    assert not pool.has_free()
+    assert pool.hopeless() == ("no device can take a trial: GPU 0: in use by others (pid 1); "
+                               "GPU 1: in use by others (pid 2)")
+    probe.looks[1] = idle()  # freed: the wait starts again
+    assert pool.has_free() and pool.hopeless() is None
+
+
+def test_a_device_that_ran_out_of_memory_takes_no_trial_until_one_of_its_trials_ends():
+    pool = Pool(devices(2), 4)
+    assert [pool.lease(n) for n in range(3)] == [0, 1, 0]
+    pool.release(2)
+    pool.block_oom(0)  # trial 2 ran out of memory on GPU 0, beside trial 0
+    assert [pool.lease(n) for n in (3, 4)] == [1, 1]
+    assert pool.out == {0: "a trial ran out of memory here; waiting for memory to be freed"}
+    pool.release(0)  # memory freed on GPU 0
+    assert pool.lease(5) == 0
+    pool.release(5)
+    pool.block_oom(0)  # alone on it: nothing to wait for, nothing blocked
+    assert 0 not in pool.oom_blocked
+
+
+def test_auto_runs_one_trial_per_device_until_a_peak_is_known():
+    probe = FakeProbe({0: idle()})
+    pool = Pool(devices(1), 16, probe=probe, rules=Rules(alone=True))
+    assert pool.lease(1) == 0 and not pool.has_free()
+    pool.rules.alone, pool.rules.want_mb = False, placement.learned_mb([10 * GB])
+    assert [pool.lease(n) for n in range(2, 12)] == [0] * 10  # 141 GB / 12.5 GB: 11 in all
+    assert not pool.has_free()
+
+
+@pytest.mark.parametrize(("peaks", "expected"), [
+    ([], None), ([math.nan], None), ([1000.0, 2000.0], 2000 * 1.2 + 512),
+])
+def test_auto_promises_the_largest_peak_with_a_margin(peaks, expected):
+    assert placement.learned_mb(peaks) == expected
+
+
+def test_outstanding_memory_is_what_was_promised_and_not_yet_allocated():
+    assert placement.outstanding([Held(100, None), Held(100, 30), Held(100, 150)]) == 170
+
+
+def test_auto_packs_after_the_first_trial_in_the_driver(tmp_path):
+    """The first trial runs alone on its device; once its peak is measured, trials pack."""
+
+    class MemoryReader(NoReader):
+        """NVML that shows each live trial using 10 GB on its device."""
+
+        def __init__(self, sweep: Sweep) -> None:
+            self.sweep = sweep
+
+        def read(self, index: int) -> Any:
+            from sweep.nvml import GpuReading
+
+            used = 10 * GB * len(self.compute_processes(index))
+            return GpuReading(0.0, 0.0, used, 141 * GB, math.nan)
+
+        def compute_processes(self, index: int) -> dict[int, float | None]:
+            return {p.pid: 10 * GB for p in self.sweep.spawn.processes if not p.ended
+                    and int(p.plan.env["CUDA_VISIBLE_DEVICES"]) == index}
+
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 6},
+              trainer={"gpu_memory_gb": "auto"}, reader=NoReader())
+    reader = MemoryReader(s)
+    s.pool.capacity = 16
+    s.pool.probe = NvmlProbe(reader)
+    s.driver.monitor.reader = reader  # type: ignore[union-attr]
+    s.driver._learns = True
+    monitor: Monitor = s.driver.monitor  # type: ignore[assignment]
+    s.clock.at(0.5, monitor.sample_once)  # the first trial's peak: 10 GB
+    assert s.run() == 0
+    starts = sorted(p.started for p in s.spawn.processes)
+    assert starts == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # alone, then the other five together
+
+
+# ---- end to end on the fake NVML ---------------------------------------------------------
+
+
+@pytest.fixture
+def nvml_gpus(monkeypatch):
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [FakeGpu(uuid="GPU-aaaa-0000"), FakeGpu(uuid="GPU-bbbb-1111")]
+    fake_pynvml.install(monkeypatch, gpus)
+    return gpus
+
+
+def test_trials_are_pinned_by_uuid_and_the_summary_shows_the_index(write_study, nvml_gpus):
+    from sweep import summary
+
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    seen = {}
+    for t in load_trials(study):
+        record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
+                             "probe.json").read_text())
+        seen[t.user_attrs["gpu"]] = (record["cvd"], record["order"])
+    assert seen == {0: ("GPU-aaaa-0000", "PCI_BUS_ID"), 1: ("GPU-bbbb-1111", "PCI_BUS_ID")}
+    assert sorted(summary.load(study).trials["gpu"]) == [0, 1]
+
+
+def test_a_sweep_leaves_a_colleagues_card_alone(write_study, nvml_gpus, capsys):
+    colleague = subprocess.Popen(["sleep", "60"])  # a process of no sweep
+    try:
+        nvml_gpus[0].processes = [(colleague.pid, 20 * 2**30)]
+        nvml_gpus[0].memory_used = 20 * 2**30
+        study = write_study(study={"n_trials": 3})
+        assert run_cli("run", str(study)) == 0
+    finally:
+        colleague.kill()
+        colleague.wait()
+    assert [t.user_attrs["gpu"] for t in load_trials(study)] == [1, 1, 1]
+    assert f"GPU 0 left out: in use by others (pid {colleague.pid})" in capsys.readouterr().err
+
+
+def test_a_trial_bigger_than_every_card_stops_the_sweep_with_one_line(write_study, nvml_gpus,
+                                                                      capsys):
+    study = write_study(study={"n_trials": 3}, trainer={"gpu_memory_gb": 200})
+    assert run_cli("run", str(study)) == 1
+    err = capsys.readouterr().err
+    assert "no device can ever take a trial: GPU 0: 144384 MB in all, a trial needs " \
+           "204800 MB" in err
+    assert load_trials(study) == []  # nothing was asked
+
+
+def test_the_probe_tells_sweep_trials_from_other_processes(tmp_path):
+    import os
+    import sys
+
+    import psutil
+
+    plain = subprocess.Popen(["sleep", "30"])
+    trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "SWEEP_TRIAL_DIR": str(tmp_path)})
+    try:  # until exec, a child shows its parent's environment
+        assert wait_until(lambda: "SWEEP_TRIAL_DIR" in psutil.Process(trial.pid).environ(), 10)
+        sweeps, visible = NvmlProbe(NoReader()).sweep_pids({plain.pid, trial.pid, 999_999_999})
+        assert sweeps == {trial.pid} and visible == {plain.pid, trial.pid}
+    finally:
+        for p in (plain, trial):
+            p.kill()
+            p.wait()
+
+
+def test_the_probe_reads_memory_and_processes_through_nvml(monkeypatch):
+    fake_pynvml.install(monkeypatch, [FakeGpu(memory_used=2**30, processes=[(7, 2**30)])])
+    nvml = Nvml()
+    try:
+        look = NvmlProbe(nvml).look(0)
+    finally:
+        nvml.close()
+    assert look == Look(141 * 1024, 1024, {7: 1024})
+
+
+# ---- multi-GPU trials ----------------------------------------------------------------------
+
+
+class Topology(FakeProbe):
+    """Four idle cards; NVLink joins 0-2 and 1-3."""
+
+    def __init__(self) -> None:
+        super().__init__({i: idle() for i in range(4)})
+
+    def closeness(self, a: int, b: int) -> int:
+        return 0 if {a, b} in ({0, 2}, {1, 3}) else 50
+
+
+def test_a_two_gpu_trial_gets_two_devices_joined_by_nvlink_where_there_are():
+    pool = Pool(devices(4), 1, probe=Topology(), width=2)
+    assert pool.slots == 2
+    assert pool.lease(1) == 0 and pool.lease_of(1).devices == (0, 2)  # type: ignore[union-attr]
+    assert pool.lease(2) == 1 and pool.lease_of(2).devices == (1, 3)  # type: ignore[union-attr]
+    assert not pool.has_free()
+    assert {i: [x.trial for x in leases] for i, leases in pool.holders().items()} == {
+        0: [1], 1: [2], 2: [1], 3: [2]}
+    pool.release(1)
+    assert pool.free_device() == 0 and pool.lease(3) == 0
+
+
+def test_without_topology_a_wide_trial_takes_the_least_loaded_devices():
+    pool = Pool(devices(3), 2, width=2)
+    assert pool.lease(1) == 0 and pool.lease_of(1).devices == (0, 1)  # type: ignore[union-attr]
+    assert pool.lease(2) == 2 and pool.lease_of(2).devices == (2, 0)  # type: ignore[union-attr]
+    assert pool.lease(3) == 1 and pool.lease_of(3).devices == (1, 2)  # type: ignore[union-attr]
+    pool.release(1)  # GPUs 0 and 1 have a slot each again; 2 is full
+    assert pool.lease(4) == 0 and pool.lease_of(4).devices == (0, 1)  # type: ignore[union-attr]
+    assert not pool.has_free()
+
+
+def test_a_trial_wider_than_the_pool_stops_the_sweep_at_once():
+    pool = Pool(devices(2), 1, width=4)
+    assert not pool.has_free()
+    assert pool.hopeless() == "trainer.gpus_per_trial is 4, the pool has 2 usable devices"
+
+
+def test_two_concurrent_two_gpu_trials_get_their_own_devices_and_ports(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=2.0), gpus=4, study={"n_trials": 2},
+              trainer={"launcher": "accelerate", "gpus_per_trial": 2})
+    assert s.run() == 0
+    first, second = s.spawn.processes
+    assert first.started == second.started == 0.0  # at the same time
+    plans = [p.plan for p in (first, second)]
+
+    def option(argv: list[str], name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    ids = [option(p.argv, "--gpu_ids") for p in plans]
+    ports = [option(p.argv, "--main_process_port") for p in plans]
+    assert ids == ["0,1", "2,3"] and [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ids
+    assert ports[0] != ports[1] and [p.env["SWEEP_MAIN_PORT"] for p in plans] == ports
+    assert all("--multi_gpu" in p.argv and option(p.argv, "--num_processes") == "2"
+               for p in plans)
+    assert [t.user_attrs["gpus"] for t in s.trials] == ["0,1", "2,3"]
+    assert [t.user_attrs["gpu"] for t in s.trials] == [0, 2]
+
+
+def test_ports_are_leased_host_wide_and_freed_with_the_trial(tmp_path):
+    import socket
+
+    from sweep import hostlock
+
+    a = hostlock.take_port(tmp_path, range(40100, 40110))
+    b = hostlock.take_port(tmp_path, range(40100, 40110))
+    assert a and b and a[0] != b[0]
+    with socket.socket() as busy:  # something outside sweep listens on the next one
+        busy.bind(("", 40102))
+        busy.listen()
+        c = hostlock.take_port(tmp_path, range(40100, 40110))
+        assert c and c[0] == 40103
+    a[1].release()
+    d = hostlock.take_port(tmp_path, range(40100, 40110))
+    assert d and d[0] == a[0]
+
+
+# ---- MIG -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mig_gpus(monkeypatch):
+    """GPU 0 in MIG mode with instances in slots 0 and 2; GPU 1 whole."""
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    instances: list[FakeGpu | None] = [
+        FakeGpu(name="NVIDIA H200 MIG 3g.71gb", uuid="MIG-aaaa", memory_total=71 * 2**30),
+        None,
+        FakeGpu(name="NVIDIA H200 MIG 3g.71gb", uuid="MIG-cccc", memory_total=71 * 2**30),
+    ]
+    gpus = [FakeGpu(uuid="GPU-zero", mig=instances), FakeGpu(uuid="GPU-one")]
+    fake_pynvml.install(monkeypatch, gpus)
+    return gpus
+
+
+def test_mig_instances_are_pool_members_of_their_own(mig_gpus):
+    from sweep import pool
+
+    found = pool.discover({})
+    assert [(d.index, d.uuid, d.parent) for d in found] == [
+        (1000, "MIG-aaaa", 0), (1002, "MIG-cccc", 0), (1, "GPU-one", None)]
+    assert found[0].name == "NVIDIA H200 MIG 3g.71gb (GPU 0, MIG 0)"
+    assert found[0].memory_total_mb == 71 * 1024
+    assert [d.index for d in pool.discover({"CUDA_VISIBLE_DEVICES": "0"})] == [1000, 1002]
+    assert [d.index for d in pool.discover({"CUDA_VISIBLE_DEVICES": "MIG-cccc,1"})] == [1002, 1]
+    nvml = Nvml()
+    try:
+        reading = nvml.read(1002)  # a fresh session finds the instance by its pool id
+        assert reading.mem_total_mb == 71 * 1024 and math.isnan(reading.util_gpu)
+    finally:
+        nvml.close()
+
+
+def test_a_sweep_pins_each_trial_to_its_mig_instance(write_study, mig_gpus):
+    study = write_study(study={"n_trials": 3})
+    assert run_cli("run", str(study)) == 0
+    placed = {}
+    for t in load_trials(study):
+        record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
+                             "probe.json").read_text())
+        placed[t.user_attrs["gpu"]] = record["cvd"]
+    assert placed == {1000: "MIG-aaaa", 1002: "MIG-cccc", 1: "GPU-one"}
