@@ -201,17 +201,23 @@ def nvml_gpus(monkeypatch):
     return gpus
 
 
-def test_trials_are_pinned_by_uuid_and_the_summary_shows_the_index(write_study, nvml_gpus):
-    from sweep import summary
-
-    study = write_study(study={"n_trials": 2})
-    assert run_cli("run", str(study)) == 0
+def pinned(study: Any) -> dict[int, tuple[str, str]]:
+    """Each trial's device (as stored) -> (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER) it saw."""
     seen = {}
     for t in load_trials(study):
         record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
                              "probe.json").read_text())
         seen[t.user_attrs["gpu"]] = (record["cvd"], record["order"])
-    assert seen == {0: ("GPU-aaaa-0000", "PCI_BUS_ID"), 1: ("GPU-bbbb-1111", "PCI_BUS_ID")}
+    return seen
+
+
+def test_trials_are_pinned_by_uuid_and_the_summary_shows_the_index(write_study, nvml_gpus):
+    from sweep import summary
+
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    assert pinned(study) == {0: ("GPU-aaaa-0000", "PCI_BUS_ID"),
+                             1: ("GPU-bbbb-1111", "PCI_BUS_ID")}
     assert sorted(summary.load(study).trials["gpu"]) == [0, 1]
 
 
@@ -387,9 +393,5 @@ def test_mig_instances_are_pool_members_of_their_own(mig_gpus):
 def test_a_sweep_pins_each_trial_to_its_mig_instance(write_study, mig_gpus):
     study = write_study(study={"n_trials": 3})
     assert run_cli("run", str(study)) == 0
-    placed = {}
-    for t in load_trials(study):
-        record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
-                             "probe.json").read_text())
-        placed[t.user_attrs["gpu"]] = record["cvd"]
-    assert placed == {1000: "MIG-aaaa", 1002: "MIG-cccc", 1: "GPU-one"}
+    assert {gpu: cvd for gpu, (cvd, _) in pinned(study).items()} == {
+        1000: "MIG-aaaa", 1002: "MIG-cccc", 1: "GPU-one"}
