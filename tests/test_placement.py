@@ -395,3 +395,65 @@ def test_a_sweep_pins_each_trial_to_its_mig_instance(write_study, mig_gpus):
     assert run_cli("run", str(study)) == 0
     assert {gpu: cvd for gpu, (cvd, _) in pinned(study).items()} == {
         1000: "MIG-aaaa", 1002: "MIG-cccc", 1: "GPU-one"}
+
+
+# ---- the rules at work in a sweep -------------------------------------------------------------
+
+
+def test_after_an_out_of_memory_the_device_waits_for_memory_before_another_trial(tmp_path):
+    """Trial 1 runs out of memory beside trial 0; trial 2 waits for trial 0 to end."""
+    calls = iter([Script(runs=3.0),
+                  Script(runs=1.0, code=1, result=None,
+                         stderr="torch.OutOfMemoryError: CUDA out of memory."),
+                  Script(runs=1.0)])
+    s = Sweep(tmp_path, lambda p: next(calls), gpus=1, study={"n_trials": 2})
+    s.pool.capacity = 2  # gpus.trials_per_gpu: 2
+    assert s.run() == 0
+    starts = [p.started for p in s.spawn.processes]
+    assert starts == [0.0, 0.0, 3.0]  # not at 1.0, when the out-of-memory trial ended
+    assert s.trials[1].user_attrs["fail_reason"].startswith("out of memory")
+
+
+def test_a_card_freed_during_the_sweep_joins_it(write_study, nvml_gpus, capsys):
+    import threading
+
+    colleague = subprocess.Popen(["sleep", "60"])
+    nvml_gpus[0].processes = [(colleague.pid, 2**30)]
+
+    def colleague_done() -> None:
+        nvml_gpus[0].processes = []
+
+    timer = threading.Timer(1.5, colleague_done)
+    timer.start()
+    try:
+        study = write_study(study={"n_trials": 8}, trainer={"args": ["--sleep", "0.5"]})
+        assert run_cli("run", str(study)) == 0
+    finally:
+        timer.cancel()
+        colleague.kill()
+        colleague.wait()
+    gpus = [t.user_attrs["gpu"] for t in load_trials(study)]
+    assert gpus[0] == 1 and 0 in gpus  # GPU 0 joined once its user was done
+    err = capsys.readouterr().err
+    assert "GPU 0 left out: in use by others" in err and "GPU 0 is free again" in err
+
+
+def test_memory_promised_to_trials_caps_how_many_share_a_card(write_study, monkeypatch):
+    """60 GB per trial on one 141 GB card: two at a time, never three."""
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install(monkeypatch, [FakeGpu(uuid="GPU-only")])
+    study = write_study(study={"n_trials": 5}, trainer={"args": ["--sleep", "0.6"],
+                                                        "gpu_memory_gb": 60})
+    assert run_cli("run", str(study)) == 0
+    spans = []
+    for t in load_trials(study):
+        record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
+                             "probe.json").read_text())
+        spans.append((record["start"], record["end"]))
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    at_once, most = 0, 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    assert most == 2
