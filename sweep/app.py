@@ -6,6 +6,7 @@ and reports. `run_file` is `sweep.run` from Python.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from sweep.store import (
     RERUN_OF,
     Owner,
     Store,
+    describe,
     host_name,
     open_storage,
     open_study,
@@ -92,7 +94,8 @@ def execute(
     """`run`, returning the `optuna.Study` too."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:  # the one real test that output_dir can be made, before storage is touched
         launch.prepare_output_dir(spec.output_dir)
     except OSError as e:
@@ -121,6 +124,11 @@ def execute(
             for note in notes:
                 progress.message(note)
             return Driver(spec, store, lease, monitor, progress).run(), store.study
+    except storage_errors() as e:
+        raise SweepError(
+            f"{spec.source}: lost the storage {config.shown_url(spec.storage_url)} during the "
+            f"run ({config.redact(describe(e), spec.storage_url)}); once it is back, run again: "
+            "trials left RUNNING are reclaimed") from e
     finally:
         if nvml is not None:
             nvml.close()
@@ -152,8 +160,9 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         held = lease.lease_of(trial.number)
         pins = ",".join(lease.pin(i) for i in held.devices) if held else None
         port = hostlock.PORTS[0] if spec.trainer.gpus_per_trial > 1 else None  # leased at run
-        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, pin=pins,
-                                 port=port)
+        own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
+        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, own,
+                                 pin=pins, port=port)
         lines.append(plan.command_line())
     return lines
 

@@ -128,6 +128,11 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     console.print(Text(", ".join(f"{n} {s}" for s, n in sorted(now.counts.items()))))
     for row in now.running.itertuples():
+        if row.host is None or row.host != row.host:  # no owner on record yet
+            console.print(Text(f"trial {row.number} RUNNING for {row.elapsed_s:.0f} s: asked, "
+                               "no driver on record yet (one that died right after asking is "
+                               "found out after study.reclaim_after)"))
+            continue
         last = "" if row.last_step is None or row.last_step != row.last_step else (
             f", step {int(row.last_step)}: {row.last_value:.4g}")
         gone = "" if row.driver != "gone" else " (its driver is gone: the next run reclaims it)"

@@ -678,7 +678,9 @@ def check_storage_url(file: str, url: str, base: Path) -> None:
             raise ConfigError(file, "study.storage", "a gRPC storage proxy URL is "
                               "grpc://host:port (see `sweep storage-proxy`)") from None
         try:
-            import grpc  # noqa: F401
+            from sweep.grpclock import import_grpc
+
+            import_grpc()
         except ImportError:
             raise ConfigError(file, "study.storage", "no grpcio for grpc:// "
                               "(pip install 'sweep[grpc]')") from None

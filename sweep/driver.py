@@ -20,7 +20,7 @@ from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import ReportReader
-from sweep.store import Heartbeat, Store
+from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
 
@@ -78,6 +78,8 @@ class Driver:
             now = self.clock.now()
             self._react(now)
             self._start_trials(now)
+            if self._stopping():  # a signal came while starting: react to it first
+                continue
             if not self.running and not self._waiting():
                 return
             self.events.tick(self)
@@ -91,6 +93,10 @@ class Driver:
             return False
         return self._orphan_wait is not None or (
             self.pool.blocked and self.policy.room(self._budget()) > 0)
+
+    def _stopping(self) -> bool:
+        """A signal came that the loop has not reacted to yet."""
+        return self._signals > self.policy.signals
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -147,7 +153,8 @@ class Driver:
         if self.pool.slots == 0:
             self.policy.give_up("no GPU left in the pool")
         try:
-            while self.policy.room(self._budget()) > 0 and self.pool.has_free():
+            while (self.policy.room(self._budget()) > 0 and not self._stopping()
+                   and self.pool.has_free()):
                 self._start_one(now)
         finally:
             self.pool.unreserve()
@@ -181,12 +188,21 @@ class Driver:
     def _start_one(self, now: float) -> None:
         spec, device = self.spec, self.pool.free_device()
         assert device is not None
-        with self.store.budget_lock():  # other drivers of the study may have spent it
-            self._counts = None
-            if self.policy.room(self._budget()) <= 0:
-                return
-            asked = self.store.ask(
-                spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
+        try:
+            with self.store.budget_lock(abort=self._stopping) as locked:
+                # other drivers of the study may have spent the budget
+                self._counts = None
+                if self.policy.room(self._budget()) <= 0 or self._stopping():
+                    return
+                asked = self.store.ask(
+                    spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
+        except LockAbandoned:
+            return
+        if not locked:
+            self.events.message(
+                f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s by "
+                "another driver (stopped or frozen?): trial "
+                f"{asked.number} started without it, so n_trials may be passed by one")
         self._counts = None
         params = {**asked.params, **spec.fixed}
         try:

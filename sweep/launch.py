@@ -244,11 +244,12 @@ def spec_places(spec: Spec) -> dict[str, str]:
 
 
 def prepare_output_dir(output_dir: Path, own: Path | None = None) -> None:
-    """Create `output_dir`, and the driver's folder `own` with sweep's accelerate config."""
+    """Create `output_dir`, and the driver's folder `own` (if given) with sweep's accelerate
+    config."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    own = own or output_dir
-    own.mkdir(parents=True, exist_ok=True)
-    (own / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
+    if own is not None:
+        own.mkdir(parents=True, exist_ok=True)
+        (own / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
 
 
 def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:

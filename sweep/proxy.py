@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +22,6 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
 
     `port` 0 picks a free one. UsageError if the storage cannot be opened or the port taken.
     """
-    import grpc
     import optuna
 
     # Optuna's own make_server hides the port it bound and a failure to bind.
@@ -30,12 +30,15 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
     )
     from optuna.storages._grpc.servicer import OptunaStorageProxyService
 
+    grpc = grpclock.import_grpc()
     if config.storage_kind(storage_url) != "rdb":
         raise UsageError(f"--storage: the proxy serves a database (sqlite:///..., "
                          f"postgresql://...), not {config.shown_url(storage_url)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.get_storage(storage_url)
+        with warnings.catch_warnings():  # e.g. SQLAlchemy's about a query string it ignores
+            warnings.simplefilter("ignore")
+            storage = optuna.storages.get_storage(storage_url)
     except Exception as e:
         cause = str(getattr(e, "orig", None) or e).splitlines()[0]
         raise UsageError(f"--storage: cannot open {config.shown_url(storage_url)}: "

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -96,6 +97,14 @@ class Owner:
             return False
 
 
+LOCK_PATIENCE = 10.0  # s a driver waits for the budget lock before going around its holder
+LOCK_POLL = 0.05  # s between tries
+
+
+class LockAbandoned(Exception):
+    """The wait for the budget lock was given up: the driver is stopping."""
+
+
 @dataclass(frozen=True)
 class Asked:
     """A trial just asked and owned: its params (searched ones) and its place in retries."""
@@ -158,7 +167,7 @@ def _journal(url: str) -> optuna.storages.BaseStorage:
 
 
 def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
-    import grpc
+    grpc = grpclock.import_grpc()
 
     host, port = config.grpc_address(spec.storage_url)
     with warnings.catch_warnings():
@@ -179,23 +188,27 @@ def storage_errors() -> tuple[type[Exception], ...]:
 
     errors: tuple[type[Exception], ...] = (
         OSError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
-    try:
-        import grpc
-    except ImportError:
-        return errors
-    return (*errors, grpc.RpcError)
+    grpc = sys.modules.get("grpc")  # not imported: no grpc:// storage, no RpcError
+    return errors if grpc is None else (*errors, grpc.RpcError)
+
+
+def describe(error: BaseException) -> str:
+    """A storage error in one line: the database's or gRPC's own words, not a repr."""
+    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__:
+        error = error.__cause__
+    details = getattr(error, "details", None)  # a grpc.RpcError
+    if callable(details) and details():
+        code = getattr(error, "code", None)
+        name = getattr(code(), "name", "") if callable(code) else ""
+        cause = f"{name}: {details()}" if name else str(details())
+    else:
+        cause = str(getattr(error, "orig", None) or error).strip() or type(error).__name__
+    return config.short(cause.splitlines()[0], 160)
 
 
 def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError:
     """The one line for a storage that cannot be used: no secret of its URL is shown."""
-    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__:
-        error = error.__cause__  # type: ignore[assignment]
-    details = getattr(error, "details", None)  # a grpc.RpcError
-    if callable(details) and details():
-        cause = str(details())
-    else:
-        cause = str(getattr(error, "orig", None) or error).strip() or type(error).__name__
-    cause = cause.splitlines()[0]
+    cause = describe(error)
     return UsageError(f"{spec.source}: study.storage: cannot {doing} "
                       f"{config.shown_url(spec.storage_url)}: "
                       f"{config.redact(config.short(cause, 200), spec.storage_url)}")
@@ -354,6 +367,7 @@ class Store:
         self._channel: Any = None  # to the storage proxy's lock, opened on first use
         self._optuna_beats = _heartbeat_enabled(study._storage)
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
+        self._stuck_until = -math.inf  # the budget lock looked stuck: no waiting till then
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -400,43 +414,81 @@ class Store:
                      int(attrs.get(RETRY_OF, trial.number)))
 
     @contextlib.contextmanager
-    def budget_lock(self) -> Iterator[None]:
+    def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
         """Held by one driver of the study at a time, around "is there budget left?" and the
         `ask` that spends it, so drivers never start more than `n_trials` between them.
 
         A PostgreSQL advisory lock (any host); an flock on `<file>.lock` beside a SQLite file
         or `<file>.budget.lock` beside a journal (one host, or a shared disk with working
         locks); the proxy's lock through `sweep storage-proxy`; nothing for other storages.
+
+        The wait is a loop of tries: `abort()` true (the driver was asked to stop) raises
+        `LockAbandoned`; a holder that keeps it `LOCK_PATIENCE` s (a frozen or stopped driver)
+        is gone around: the block runs unlocked, and is told so by the yielded False. After
+        that, for `LOCK_PATIENCE` x 6 s, one try each time and no wait.
         """
         backend = _backend(self.study)
         if backend is None:
-            yield
+            yield True
             return
-        kind, target = backend
+        with self._lock_of(*backend) as try_lock:
+            began, got = self.clock(), try_lock()
+            patient = self.clock() >= self._stuck_until
+            while not got and patient:
+                if abort():
+                    raise LockAbandoned("stopping")
+                if self.clock() - began >= LOCK_PATIENCE:
+                    self._stuck_until = self.clock() + 6 * LOCK_PATIENCE
+                    break
+                time.sleep(LOCK_POLL)
+                got = try_lock()
+            yield got
+
+    @contextlib.contextmanager
+    def _lock_of(self, kind: str, target: Any) -> Iterator[Callable[[], bool]]:
+        """A function that tries once to take the lock; what it took is released on exit."""
         if kind == "file":
             with open(target, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                held = False
+
+                def try_file() -> bool:
+                    nonlocal held
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        return False
+                    held = True
+                    return True
+
                 try:
-                    yield
+                    yield try_file
                 finally:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    if held:
+                        fcntl.flock(lock, fcntl.LOCK_UN)
             return
         if kind == "grpc":
             if self._channel is None:
-                import grpc
-
+                grpc = grpclock.import_grpc()
                 self._channel = grpc.insecure_channel(f"{target[0]}:{target[1]}")
-            with grpclock.held(self._channel, f"sweep:{self.study.study_name}"):
-                yield
+            with grpclock.Holder(self._channel, f"sweep:{self.study.study_name}") as holder:
+                yield holder.try_hold
             return
         key = int.from_bytes(hashlib.sha256(
             f"sweep:{self.study.study_name}".encode()).digest()[:8], "big", signed=True)
         with target.connect() as conn:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            held = False
+
+            def try_advisory() -> bool:
+                nonlocal held
+                held = bool(conn.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:k)"),
+                                         {"k": key}).scalar())
+                return held
+
             try:
-                yield
+                yield try_advisory
             finally:
-                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                if held:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                 conn.commit()
 
     # ---- reading ----------------------------------------------------------------------
@@ -528,7 +580,7 @@ class Store:
         try:
             self.tell(trial, "FAIL", None, attrs)
         except Exception as e:  # storage gone too: nothing more can be done from here
-            log.error("could not tell trial %d: %s", trial.number, e)
+            log.error("could not tell trial %d: %s", trial.number, describe(e))
 
     # ---- owners, heartbeats and orphans -------------------------------------------------
 
@@ -562,7 +614,7 @@ class Store:
         - elsewhere: Optuna's heartbeat is older than `reclaim_after` (without Optuna's
           heartbeats: its `beat` attribute did not change for that long, as this driver saw);
         - no owner on record (the driver died right after `ask`): started longer ago than
-          `reclaim_after`.
+          `reclaim_after` (without Optuna's heartbeats: silent that long, as above).
         """
         now = now or datetime.now()
         stale = _stale_trial_ids(self.study)
@@ -583,8 +635,16 @@ class Store:
                     continue
                 reason = f"driver died (pid {owner.pid} on {owner.host})"
                 trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir")
+            elif t._trial_id in stale and owner is not None:
+                reason = f"driver on {owner.host} died (no heartbeat)"
             elif t._trial_id in stale:
-                reason = f"driver on {owner.host if owner else '?'} died (no heartbeat)"
+                reason = ("driver died before recording itself (no owner, no heartbeat for "
+                          f"{self.reclaim_after:.0f} s)")
+            elif owner is None and not self._optuna_beats:
+                seen = self._beats.get(t._trial_id)
+                left = self.reclaim_after - (self.clock() - seen[1]) if seen else 0.0
+                wait = left if wait is None else min(wait, left)
+                continue
             elif owner is None and t.datetime_start is not None:
                 age = (now - t.datetime_start).total_seconds()
                 if age < self.reclaim_after:
@@ -654,7 +714,7 @@ class Heartbeat:
                 try:
                     self.store.beat(trial)
                 except Exception as e:  # a storage hiccup: the next beat may go through
-                    log.warning("heartbeat of trial %d failed: %s", trial.number, e)
+                    log.warning("heartbeat of trial %d failed: %s", trial.number, describe(e))
 
 
 # ---- the private Optuna APIs sweep relies on (see tests/test_store.py's contract test) ------

@@ -88,17 +88,23 @@ def test_without_optuna_heartbeats_a_silent_driver_is_reclaimed_by_this_drivers_
 # ---- the gRPC storage proxy -----------------------------------------------------------------
 
 
-@pytest.fixture
-def proxy_url(tmp_path):
-    """`sweep storage-proxy` in front of a SQLite file, as a real process on a free port."""
+def start_proxy(storage: str, port: int = 0) -> tuple[subprocess.Popen[str], int]:
+    """`sweep storage-proxy` in front of `storage`, as a real process; (it, its port)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweep", "storage-proxy", "--host", "127.0.0.1", "--port", "0",
-         "--storage", f"sqlite:///{tmp_path}/behind-proxy.db"],
+        [sys.executable, "-m", "sweep", "storage-proxy", "--host", "127.0.0.1", "--port",
+         str(port), "--storage", storage],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
-    port = re.search(r" on 127\.0\.0\.1:(\d+)", line)
-    assert port, (line, proc.stderr.read() if proc.stderr else "")
-    yield f"grpc://127.0.0.1:{port.group(1)}"
+    found = re.search(r" on 127\.0\.0\.1:(\d+)", line)
+    assert found, (line, proc.stderr.read() if proc.stderr else "")
+    return proc, int(found.group(1))
+
+
+@pytest.fixture
+def proxy_url(tmp_path):
+    """A proxy in front of a SQLite file, on a free port."""
+    proc, port = start_proxy(f"sqlite:///{tmp_path}/behind-proxy.db")
+    yield f"grpc://127.0.0.1:{port}"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
 
@@ -212,3 +218,115 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
         assert [r.state.name for r in again] == ["COMPLETE"] and again[0].params == t.params
         assert again[0].user_attrs["host"] == "h1"
     assert wait_until(lambda: not processes_mentioning(str(tmp_path / "killed")), 10)
+
+
+# ---- a holder of the budget lock that stops (frozen node, SIGSTOP, partition) ------------------
+
+
+def held_elsewhere(lock_file: str):
+    """The budget lock taken through another open file, as another driver would hold it."""
+    import fcntl
+
+    f = open(lock_file, "a")  # noqa: SIM115 (closed by the caller)
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patience(
+        write_study, monkeypatch):
+    from sweep import store as store_module
+    from sweep.store import LockAbandoned
+
+    monkeypatch.setattr(store_module, "LOCK_PATIENCE", 0.5)
+    spec = config.load(write_study())
+    s = Store(open_study(spec, open_storage(spec)), Owner("a", 1, 0), 60)
+    stuck = held_elsewhere(f"{spec.storage_url.removeprefix('sqlite:///')}.lock")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(LockAbandoned), s.budget_lock(abort=lambda: True):
+            pass
+        assert time.monotonic() - t0 < 0.3  # a stopping driver does not wait
+        with s.budget_lock() as locked:
+            assert not locked and 0.5 <= time.monotonic() - t0 < 1.5
+        t1 = time.monotonic()
+        with s.budget_lock() as locked:  # still stuck: one try, no second wait
+            assert not locked and time.monotonic() - t1 < 0.3
+    finally:
+        stuck.close()
+    s._stuck_until = 0.0
+    with s.budget_lock() as locked:
+        assert locked
+
+
+def test_the_proxy_takes_its_lock_back_from_a_holder_that_keeps_it_too_long(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setattr(grpclock, "MAX_HOLD", 1.0)
+    grpc = grpclock.import_grpc()
+    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 8)
+    try:
+        frozen = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
+        assert frozen.try_hold()  # and never lets go
+        other = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
+        assert not other.try_hold()
+        assert wait_until(other.try_hold, 5)
+        other.__exit__()
+        frozen.__exit__()
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.slow
+def test_a_driver_waiting_for_a_stuck_lock_stops_on_ctrl_c(write_study, tmp_path):
+    study = write_study(study={"n_trials": 2})
+    stuck = held_elsewhere(str(tmp_path / "probe.db.lock"))
+    try:
+        driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+        time.sleep(4)  # well inside the 10 s it waits for the lock
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=30)
+    finally:
+        stuck.close()
+    assert driver.returncode == 130, err
+    assert not (tmp_path / "probe" / "trials").exists()  # nothing was asked or started
+
+
+@pytest.mark.slow
+def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_study, tmp_path):
+    behind = f"sqlite:///{tmp_path}/behind.db"
+    first = start_proxy(behind)
+    url = f"grpc://127.0.0.1:{first[1]}"
+    study = write_study(study={"n_trials": 4, "storage": url},
+                        trainer={"args": ["--sleep", "3"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: len(list((tmp_path / "probe" / "trials").glob("*/probe_start.json")))
+                      == 2, 60)
+    first[0].kill()
+    first[0].wait()
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 1
+    errors = [line for line in err.splitlines() if line.startswith("sweep: error:")]
+    assert len(errors) == 1 and "lost the storage grpc://127.0.0.1" in errors[0], err
+    assert "run again" in errors[0] and "_InactiveRpcError" not in err
+    assert all(len(line) < 400 for line in err.splitlines()), err
+    second = start_proxy(behind, first[1])  # back on the same port
+    try:
+        rerun = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+        _, err = rerun.communicate(timeout=120)
+        assert rerun.returncode == 0, err
+    finally:
+        second[0].send_signal(signal.SIGTERM)
+        second[0].wait(30)
+    stored = optuna.load_study(study_name="probe", storage=behind).trials
+    assert [t.state.name for t in stored].count("COMPLETE") == 4
+    assert "RUNNING" not in [t.state.name for t in stored]
+
+
+def test_status_says_when_a_running_trial_has_no_driver_on_record(write_study, capsys):
+    from conftest import run_cli
+
+    spec = config.load(write_study())
+    open_study(spec, open_storage(spec)).ask()  # a driver that stopped right after asking
+    assert run_cli("status", str(spec.source)) == 0
+    out = capsys.readouterr().out
+    assert "trial 0 RUNNING for" in out and "asked, no driver on record yet" in out
+    assert "nan" not in out
