@@ -148,22 +148,30 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         study.enqueue_trial(params, skip_if_exists=True)
     trials = study.get_trials(deepcopy=False)
     started = sum(1 for t in trials if t.state in FINISHED or t.state.name == "RUNNING")
-    lease = Pool(devices, spec.trials_per_gpu, width=spec.trainer.gpus_per_trial)
-    n = max(0, min(lease.slots, spec.study.n_trials - started))
-    lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
-             f"running in storage; params sampled in memory)"]
-    for _ in range(n):
-        trial = study.ask()
-        params = sample(study, trial, spec.searched,
-                        (lambda n: config.build_sampler(spec, n)) if config.reseeds(spec) else None)
-        gpu = lease.lease(trial.number)
-        held = lease.lease_of(trial.number)
-        pins = ",".join(lease.pin(i) for i in held.devices) if held else None
-        port = hostlock.PORTS[0] if spec.trainer.gpus_per_trial > 1 else None  # leased at run
+    reader, nvml = nvml_reader(devices)
+    try:  # placed as a run would, NVLink first, without looking at what others use
+        lease = Pool(devices, spec.trials_per_gpu, width=spec.trainer.gpus_per_trial,
+                     probe=NvmlProbe(reader) if nvml is not None else None)
+        n = max(0, min(lease.slots, spec.study.n_trials - started))
+        none = f" ({lease.hopeless()})" if lease.slots == 0 else ""
+        lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
+                 f"running in storage; params sampled in memory){none}"]
+        ports = iter(hostlock.PORTS)  # the run leases free ones
         own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
-        plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, own,
-                                 pin=pins, port=port)
-        lines.append(plan.command_line())
+        for _ in range(n):
+            trial = study.ask()
+            params = sample(study, trial, spec.searched, (lambda n: config.build_sampler(
+                spec, n)) if config.reseeds(spec) else None)
+            gpu = lease.lease(trial.number)
+            held = lease.lease_of(trial.number)
+            pins = ",".join(lease.pin(i) for i in held.devices) if held else None
+            port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
+            plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, own,
+                                     pin=pins, port=port)
+            lines.append(plan.command_line())
+    finally:
+        if nvml is not None:
+            nvml.close()
     return lines
 
 

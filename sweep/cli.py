@@ -28,7 +28,19 @@ def _gpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a list of GPU indices: {text!r}") from None
     if not ids or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"not a list of GPU indices: {text!r}")
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"a GPU listed twice: {text!r}")
     return ids
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -136,7 +148,8 @@ def _status(args: argparse.Namespace) -> int:
         last = "" if row.last_step is None or row.last_step != row.last_step else (
             f", step {int(row.last_step)}: {row.last_value:.4g}")
         gone = "" if row.driver != "gone" else " (its driver is gone: the next run reclaims it)"
-        console.print(Text(f"trial {row.number} RUNNING on GPU {row.gpu} ({row.host}) for "
+        place = f"GPUs {row.gpu}" if "," in str(row.gpu) else f"GPU {row.gpu}"
+        console.print(Text(f"trial {row.number} RUNNING on {place} ({row.host}) for "
                            f"{row.elapsed_s:.0f} s{last}{gone}"))
     return 0
 
@@ -194,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
 
     gpus = verbs.add_parser(
         "gpus", help="the GPU pool this shell would use: which devices a sweep would take")
-    gpus.add_argument("--busy-memory-mb", type=float, default=1024.0, metavar="MB",
+    gpus.add_argument("--busy-memory-mb", type=_positive, default=1024.0, metavar="MB",
                       help="memory in use that makes a card busy (gpus.busy_memory_mb)")
     gpus.set_defaults(func=_gpus)
 

@@ -258,20 +258,21 @@ class TrainerSection(_Model):
     prefix: Prefix = "--"
     env: dict[str, str | int | float | bool] = {}
     accelerate: AccelerateSettings = AccelerateSettings()
-    launcher: Literal["accelerate", "python"] = "accelerate"
+    launcher: Literal["accelerate", "direct", "python"] = "accelerate"
     timeout: Annotated[float, Field(gt=0)] | None = None
     stop_grace: Annotated[float, Field(
         ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0
     max_retries: Annotated[int, Field(ge=0)] = 0
     retry_oom: bool = False
     gpu_memory_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
-    gpus_per_trial: Annotated[int, Field(ge=1, le=64)] = 1
+    gpus_per_trial: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
 
     @field_validator("gpu_memory_gb", mode="before")
     @classmethod
     def _size_or_auto(cls, value: Any) -> Any:
         ok = value is None or value == "auto" or (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            and math.isfinite(value))
         if not ok:
             raise ValueError(f"a size in GB (e.g. 20) or auto, not {short(repr(value), 40)}")
         return value
@@ -280,11 +281,24 @@ class TrainerSection(_Model):
     def _one_entry_point(self) -> TrainerSection:
         if (self.script is None) == (self.module is None):
             raise ValueError("give exactly one of script or module")
+        if self.launcher == "direct" and self.gpus_per_trial > 1:
+            raise ValueError("launcher: direct starts one process per trial; a trial of "
+                             "several devices needs launcher: accelerate")
         return self
 
 
 class GpusSection(_Model):
     ids: Literal["all"] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = "all"
+
+    @field_validator("ids")
+    @classmethod
+    def _each_once(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            twice = sorted({i for i in value if value.count(i) > 1})
+            if twice:
+                raise ValueError(f"listed more than once: {', '.join(map(str, twice))}")
+        return value
+
     trials_per_gpu: Annotated[int, Field(gt=0)] = 1
     sample_interval: Annotated[float, Field(gt=0)] = 1.0
     skip_busy: bool = True
@@ -333,6 +347,11 @@ STORAGE_ENV = "SWEEP_STORAGE"
 ACCELERATE_OPTIONS = ("mixed_precision", "dynamo_backend", "dynamo_mode",
                       "dynamo_use_fullgraph", "dynamo_use_dynamic",
                       "num_cpu_threads_per_process")
+ACCELERATE_VALUES = {
+    "mixed_precision": ("no", "fp16", "bf16"),
+    "dynamo_mode": ("default", "reduce-overhead", "max-autotune",
+                    "max-autotune-no-cudagraphs"),
+}
 PACKED_MAX = 16  # trials per device when memory decides (`trainer.gpu_memory_gb`)
 
 
@@ -430,6 +449,36 @@ def _refuse_nul(file: str, value: Any, key: str) -> None:
         _refuse_nul(file, v, f"{key}.{short(str(k), 40)}" if key else short(str(k), 40))
 
 
+def _accelerate_values(name: str, param: Param) -> str | None:
+    """What is wrong with the values a `where: accelerate` param can take, or None."""
+    if name in ("dynamo_use_fullgraph", "dynamo_use_dynamic"):
+        if isinstance(param, BoolParam) or (
+                isinstance(param, FixedParam) and isinstance(param.value, bool)):
+            return None
+        return "an accelerate flag: give it as type: bool"
+    values: list[Any] = []
+    if isinstance(param, CategoricalParam):
+        values = list(param.choices)
+    elif isinstance(param, FixedParam):
+        values = [param.value]
+    allowed = ACCELERATE_VALUES.get(name)
+    if allowed is not None:
+        if not isinstance(param, (CategoricalParam, FixedParam)):
+            return f"one of {', '.join(allowed)}: give it as type: categorical"
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            return (f"accelerate takes {', '.join(allowed)}, not "
+                    f"{short(', '.join(map(str, bad)), 40)}")
+    if name == "num_cpu_threads_per_process":
+        low = param.low if isinstance(param, IntParam) else None
+        if isinstance(param, FloatParam) or (low is not None and low < 1) or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            return "a whole number of threads, 1 or more"
+    if name == "dynamo_backend" and (not values or not all(isinstance(v, str) for v in values)):
+        return "backend names (e.g. inductor): give them as type: categorical"
+    return None
+
+
 def _location(loc: tuple[int | str, ...]) -> str:
     """A pydantic error location as the user's dotted key, without pydantic's union tags."""
     parts = list(loc)
@@ -465,9 +514,9 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     for name, param in spec.params.items():
         if param.where != "accelerate":
             continue
-        if trainer.launcher != "accelerate":
+        if trainer.launcher == "python":
             raise ConfigError(file, f"params.{name}.where", "accelerate options need "
-                              "trainer.launcher: accelerate")
+                              "trainer.launcher: accelerate (or direct)")
         if name not in ACCELERATE_OPTIONS:
             raise ConfigError(file, f"params.{name}.where",
                               f"not an `accelerate launch` option sweep can search: "
@@ -475,6 +524,9 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         if getattr(trainer.accelerate, name, None) is not None:
             raise ConfigError(file, f"params.{name}", f"also set in trainer.accelerate.{name}; "
                               "give it in one place")
+        problem = _accelerate_values(name, param)
+        if problem:
+            raise ConfigError(file, f"params.{name}", problem)
     for name in trainer.env:
         if not ENV_NAME.match(name):
             raise ConfigError(file, f"trainer.env.{short(name, 40)}",

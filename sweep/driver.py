@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from sweep import config, hostlock, launch, placement, process
+from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.events import Events, Finished, Started
 from sweep.monitor import Monitor
@@ -41,6 +42,7 @@ class Driver:
         self.policy = Policy.of(spec, config.grid_size(spec), self.clock.now())
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
         self.own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", store.owner.host)
         self.running: dict[int, RunningTrial] = {}
         self._signals = 0
         self._counts: Counts | None = None
@@ -56,6 +58,10 @@ class Driver:
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
         launch.prepare_output_dir(self.spec.output_dir, self.own)
+        if self.spec.trainer.launcher == "direct" and all(
+                p.where == "script" for p in self.spec.params.values()):
+            self.accelerate_env.get(launch.direct_settings(  # once, before the first trial
+                self.spec, {}, self.accelerate_env.config_dir))
         if self._learns:
             self._peaks = self.store.peaks()
             self._learn(None)
@@ -151,7 +157,7 @@ class Driver:
 
     def _start_trials(self, now: float) -> None:
         if self.pool.slots == 0:
-            self.policy.give_up("no GPU left in the pool")
+            self.policy.give_up(self.pool.hopeless() or "no GPU left in the pool")
         try:
             while (self.policy.room(self._budget()) > 0 and not self._stopping()
                    and self.pool.has_free()):
@@ -195,7 +201,8 @@ class Driver:
                 if self.policy.room(self._budget()) <= 0 or self._stopping():
                     return
                 asked = self.store.ask(
-                    spec.searched, device, lambda n: str(launch.trial_dir(spec, n)))
+                    spec.searched, device, lambda n: str(launch.trial_dir(spec, n)),
+                    self.pool.reserved_devices())
         except LockAbandoned:
             return
         if not locked:
@@ -210,8 +217,12 @@ class Driver:
             lease = self.pool.lease_of(asked.number)
             assert lease is not None
             port = self._port(lease) if len(lease.devices) > 1 else None
+            direct = self.accelerate_env.get(launch.direct_settings(
+                spec, params, self.accelerate_env.config_dir)) \
+                if spec.trainer.launcher == "direct" else None
             plan = launch.plan_trial(spec, asked.number, params, device, self.own,
-                                     ",".join(self.pool.pin(i) for i in lease.devices), port)
+                                     ",".join(self.pool.pin(i) for i in lease.devices), port,
+                                     direct)
             launch.prepare_trial_dir(plan, launch.script_params(params, spec.params))
             proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake,
                               hold=lease.fds())
@@ -229,7 +240,7 @@ class Driver:
             spec.trainer.stop_grace, deadline, reports)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
-        self.events.started(Started(asked.number, device, params, proc.started))
+        self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
 
     # ---- following ----------------------------------------------------------------------
 
@@ -283,7 +294,8 @@ class Driver:
         if exhausted:
             self.policy.stop_starting("the sampler has searched its whole space")
         self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
-                                      time.time() - run.process.started, verdict.fail_reason))
+                                      time.time() - run.process.started, verdict.fail_reason,
+                                      lease.devices if lease is not None else ()))
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
                                    see=str(run.process.plan.paths.stderr))

@@ -15,6 +15,12 @@ class Started:
     gpu: int
     params: dict[str, Any]
     started: float  # epoch seconds
+    gpus: tuple[int, ...] = ()  # all its devices, for a trial of several
+
+    @property
+    def where(self) -> str:
+        """"GPU 1", or "GPUs 1,2" for a trial of several devices."""
+        return where(self.gpu, self.gpus)
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,15 @@ class Finished:
     gpu: int
     seconds: float
     fail_reason: str | None
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def where(self) -> str:
+        return where(self.gpu, self.gpus)
+
+
+def where(gpu: int, gpus: tuple[int, ...]) -> str:
+    return f"GPUs {','.join(map(str, gpus))}" if len(gpus) > 1 else f"GPU {gpu}"
 
 
 class Events:

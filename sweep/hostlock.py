@@ -34,67 +34,98 @@ def lock_dir(host: str) -> Path:
 
 
 class Slot:
-    """A held slot; `release()` (or the process's end) frees it."""
+    """A held slot; `release()` (or the end of every process holding `fds`) frees it."""
 
-    def __init__(self, fd: int, key: str) -> None:
-        self.fd, self.key = fd, key
+    def __init__(self, fd: int, key: str, extra: tuple[int, ...] = ()) -> None:
+        self.fds, self.key = [fd, *extra], key
+
+    @property
+    def fd(self) -> int:
+        return self.fds[0] if self.fds else -1
 
     def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 class HostSlots:
-    """`capacity` slots per device key, shared with every other sweep of this host."""
+    """Slots per device key, shared with every other sweep of this host.
+
+    A device holds at most as many trials as the smallest `capacity` among the sweeps using
+    it: each held slot comes with a shared lock on `<key>.cap<capacity>.lock`, which tells
+    other sweeps the limit its holder counts on. Taking a slot happens under `<key>.mutex`.
+    """
 
     def __init__(self, folder: Path, capacity: int) -> None:
         self.folder, self.capacity = folder, capacity
 
-    def _open(self, key: str, slot: int) -> int:
-        path = self.folder / f"{key}.{slot}.lock"
+    def _open(self, name: str) -> int:
+        path = self.folder / name
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:  # another user's lock file: a read-only descriptor locks too
             return os.open(path, os.O_RDONLY)
 
+    def _busy(self, name: str) -> bool:
+        """Whether someone holds a lock on `name` (probed by taking it for an instant)."""
+        fd = self._open(name)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock taken here
+        return False
+
+    def _files(self, key: str, kind: str) -> list[tuple[int, str]]:
+        """(number, file name) of `key`'s slot files ("slot") or cap markers ("cap")."""
+        out = []
+        for path in self.folder.glob(f"{glob_escape(key)}.*.lock"):
+            middle = path.name[len(key) + 1:-len(".lock")]
+            number = middle.removeprefix("cap") if kind == "cap" else middle
+            if number.isdigit() and (kind == "cap") == middle.startswith("cap"):
+                out.append((int(number), path.name))
+        return sorted(out)
+
     def take(self, key: str) -> Slot | None:
-        """A free slot of device `key`, now held; None when every slot is held."""
-        for slot in range(self.capacity):
-            fd = self._open(key, slot)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            except BaseException:
-                os.close(fd)
-                raise
-            return Slot(fd, key)
-        return None
+        """A slot of device `key`, now held; None when the device holds as many trials as
+        this sweep's capacity, or another sweep's on it, allows."""
+        mutex = self._open(f"{key}.mutex")
+        try:
+            fcntl.flock(mutex, fcntl.LOCK_EX)
+            held = self.held(key)
+            caps = [k for k, name in self._files(key, "cap") if self._busy(name)]
+            if held >= min([self.capacity, *caps]):
+                return None
+            for slot in range(held + self.capacity + 1):
+                fd = self._open(f"{key}.{slot}.lock")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                except BaseException:
+                    os.close(fd)
+                    raise
+                cap = self._open(f"{key}.cap{self.capacity}.lock")
+                fcntl.flock(cap, fcntl.LOCK_SH)
+                return Slot(fd, key, (cap,))
+            return None
+        finally:
+            os.close(mutex)
 
     def held(self, key: str) -> int:
         """How many slots of `key` are held now, by any sweep of this host (this one too).
 
         It probes each free slot by taking it for an instant: another sweep's `take` in that
         instant finds it held and tries again at its next look (half a second later)."""
-        taken = 0
-        for slot in range(self.capacity):
-            fd = self._open(key, slot)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                taken += 1
-            finally:
-                os.close(fd)  # closing drops a lock taken here
-        return taken
+        return sum(self._busy(name) for _, name in self._files(key, "slot"))
 
 
 def held_slots(folder: Path, key: str) -> int:
-    """How many slots of device `key` the sweeps of this host hold now, whatever their
-    `trials_per_gpu` (for `sweep gpus`)."""
-    slots = len(list(folder.glob(f"{glob_escape(key)}.*.lock")))
-    return HostSlots(folder, slots).held(key) if slots else 0
+    """How many slots of device `key` the sweeps of this host hold now (for `sweep gpus`)."""
+    return HostSlots(folder, 1).held(key)
 
 
 def glob_escape(text: str) -> str:

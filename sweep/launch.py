@@ -151,8 +151,10 @@ def build_launch(
     environ: Mapping[str, str] | None = None,
     pin: str | None = None,
     port: int | None = None,
+    launcher_env: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python), by
+    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python, or
+    `direct`: plain python with `launcher_env`, the variables accelerate would set), by
     `pin` (its UUID; "a,b" for a trial of several devices) when given, else by its index.
     A trial of `trainer.gpus_per_trial` > 1 devices runs `--multi_gpu` with that many
     processes, its rendezvous on `port`.
@@ -186,33 +188,55 @@ def build_launch(
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
     tail = [*entry, *args]
     if trainer.launcher == "accelerate":
-        width = trainer.gpus_per_trial
-        settings = [
-            "--config_file", str(accelerate_config),
-            *(["--multi_gpu"] if width > 1 else []),
-            "--num_processes", str(width),
-            "--num_machines", "1",
-            "--gpu_ids", pin or str(device),
-            *(["--main_process_port", str(port)] if port is not None else []),
-        ]
-        for name, value in to_launcher.items():
-            flag = isinstance(value, bool)
-            settings += ([f"--{name}"] if value else []) if flag else [
-                f"--{name}", format_value(value)]
-        acc = trainer.accelerate
-        if acc.mixed_precision is not None:
-            settings += ["--mixed_precision", acc.mixed_precision]
-        if acc.dynamo_backend is not None:
-            settings += ["--dynamo_backend", acc.dynamo_backend]
+        settings = accelerate_settings(trainer, accelerate_config, pin or str(device), port,
+                                       to_launcher)
         if trainer.module:
             tail = ["--module", *tail[1:]]
         argv = [python, "-m", "accelerate.commands.launch", *settings, *tail]
     else:
         argv = [python, *tail]
+        if trainer.launcher == "direct":  # what `accelerate launch` would have set, then ours
+            env = {**(launcher_env or {}), **env}
     result = paths.result
     if trainer.result is not None and trainer.result.file is not None:
         result = Path(fill(trainer.result.file, places)).absolute()
     return LaunchPlan(argv, env, paths, result)
+
+
+def accelerate_settings(
+    trainer: TrainerSection, accelerate_config: Path, gpu_ids: str, port: int | None = None,
+    to_launcher: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The options sweep gives `accelerate launch` for one trial (before the script)."""
+    width = trainer.gpus_per_trial
+    settings = [
+        "--config_file", str(accelerate_config),
+        *(["--multi_gpu"] if width > 1 else []),
+        "--num_processes", str(width),
+        "--num_machines", "1",
+        "--gpu_ids", gpu_ids,
+        *(["--main_process_port", str(port)] if port is not None else []),
+    ]
+    for name, value in (to_launcher or {}).items():
+        flag = isinstance(value, bool)
+        settings += ([f"--{name}"] if value else []) if flag else [
+            f"--{name}", format_value(value)]
+    acc = trainer.accelerate
+    if acc.mixed_precision is not None:
+        settings += ["--mixed_precision", acc.mixed_precision]
+    if acc.dynamo_backend is not None:
+        settings += ["--dynamo_backend", acc.dynamo_backend]
+    return settings
+
+
+def direct_settings(spec: Spec, params: Mapping[str, Any], config_dir: Path) -> list[str]:
+    """The `accelerate launch` options whose environment `launcher: direct` gives a trial of
+    `params`, with sweep's accelerate config in `config_dir` (the device is sweep's to set:
+    a stand-in here)."""
+    to_launcher = {k: v for k, v in params.items()
+                   if k not in script_params(params, spec.params)}
+    return accelerate_settings(spec.trainer, config_dir / ACCELERATE_CONFIG_NAME, "0", None,
+                               to_launcher)
 
 
 def trial_dir(spec: Spec, number: int) -> Path:
@@ -229,13 +253,15 @@ def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
 def plan_trial(
     spec: Spec, number: int, params: Mapping[str, Any], device: int, own: Path | None = None,
     pin: str | None = None, port: int | None = None,
+    launcher_env: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and the
     accelerate config of the driver's folder `own` (`driver_dir`; default `output_dir`)."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number),
                         (own or spec.output_dir) / ACCELERATE_CONFIG_NAME,
-                        passing=spec.params, places=spec_places(spec), pin=pin, port=port)
+                        passing=spec.params, places=spec_places(spec), pin=pin, port=port,
+                        launcher_env=launcher_env)
 
 
 def spec_places(spec: Spec) -> dict[str, str]:

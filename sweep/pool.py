@@ -144,6 +144,28 @@ class Rules:
     hopeless_after: float = 10.0  # s every device must stay out before the pool gives up
 
 
+MIG_ALONE = "a MIG instance: CUDA shows a process one at most, so only one-device trials"
+
+
+def _never(reason: str) -> bool:
+    """Whether a refusal holds for the whole run (the device never fits a trial)."""
+    return " in all, a trial needs " in reason or reason == MIG_ALONE
+
+
+def _hint(reasons: Sequence[str]) -> str:
+    """What the user can do about these refusals."""
+    hints = []
+    if any(r.startswith("in use by others") for r in reasons):
+        hints.append("gpus.skip_busy: false shares cards with others; gpus.busy_memory_mb "
+                     "sets what counts as in use")
+    if any(" in all, a trial needs " in r or " free for a trial that needs " in r
+           for r in reasons):
+        hints.append("lower trainer.gpu_memory_gb, or use cards with more memory")
+    if MIG_ALONE in reasons:
+        hints.append("use whole GPUs for trainer.gpus_per_trial > 1")
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
 @dataclass
 class Lease:
     """One trial on its devices (`devices[0]` is its main one, `device`). `shared` turns true
@@ -162,7 +184,7 @@ class Lease:
 
     def fds(self) -> tuple[int, ...]:
         """The descriptors that hold its host-wide slots (the guard keeps them open)."""
-        return tuple(s.fd for s in self.slots)
+        return tuple(fd for s in self.slots for fd in s.fds)
 
 
 class Pool:
@@ -196,6 +218,7 @@ class Pool:
         self._reserved: tuple[tuple[int, ...], list[Slot]] | None = None
         self._lock = threading.Lock()
         self._keys = {d.index: d.uuid or f"sim{d.index}" for d in devices}
+        self._migs = {d.index for d in devices if d.parent is not None}
         self._hopeless_since: float | None = None
 
     @property
@@ -217,6 +240,10 @@ class Pool:
         """The main device the next lease gets (None: no room for a trial)."""
         found = self._reserve()
         return found[0] if found else None
+
+    def reserved_devices(self) -> tuple[int, ...]:
+        """The devices `has_free` holds for the next lease (empty: none)."""
+        return self._reserved[0] if self._reserved is not None else ()
 
     def _load(self) -> dict[int, int]:
         load = {d.index: 0 for d in self.devices}
@@ -270,6 +297,8 @@ class Pool:
 
     def _refusal(self, index: int, sweeps_hold: bool) -> str | None:
         rules = self.rules
+        if self.width > 1 and index in self._migs:
+            return MIG_ALONE
         mine = [x for x in self._leases.values() if index in x.devices]
         if rules.alone and mine:
             return "one trial per device until a trial's peak memory is known"
@@ -290,8 +319,9 @@ class Pool:
         return placement.admit(look, promised, rules.want_mb, index in self.oom_blocked, busy)
 
     def hopeless(self) -> str | None:
-        """Why no trial can start on any device while none of this pool's trials runs, once
-        that has held for `rules.hopeless_after` s (at once when it never can); else None.
+        """Why no trial can start while none of this pool's trials runs: at once when no
+        device ever could (too small, MIG for a trial of several, fewer devices than a trial
+        needs), else once that has held for `rules.hopeless_after` s; None otherwise.
 
         Devices other sweeps of this host hold are waited for: they free as trials end."""
         usable = [d.index for d in self.devices if d.index not in self.quarantined]
@@ -301,12 +331,17 @@ class Pool:
         if len(usable) < self.width:
             return (f"trainer.gpus_per_trial is {self.width}, the pool has {len(usable)} "
                     "usable device" + "s" * (len(usable) != 1))
-        if not usable or len(usable) - len(self.out) >= self.width:
+        fits = [i for i in usable if i not in self.out]
+        if len(fits) >= self.width:
             self._hopeless_since = None
             return None
+        reasons = [self.out[i] for i in usable if i in self.out]
         why = "; ".join(f"GPU {i}: {self.out[i]}" for i in usable if i in self.out)
-        if sum(" in all, a trial needs " in self.out.get(i, "") for i in usable) > (
-                len(usable) - self.width):
+        if self.width > 1:
+            why = f"a trial needs {self.width} devices, {len(fits)} can take one now; {why}"
+        why += _hint(reasons)
+        never = [i for i in usable if i in self.out and _never(self.out[i])]
+        if len(usable) - len(never) < self.width:
             return f"no device can ever take a trial: {why}"
         now = self.clock()
         if self._hopeless_since is None:

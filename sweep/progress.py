@@ -54,7 +54,7 @@ class Progress(Events):
         self._changed = True
         self.console.print(Text.assemble(
             (f"trial {trial.number}", "cyan"),
-            f" started on GPU {trial.gpu}: "
+            f" started on {trial.where}: "
             f"{_params(trial.params, max(60, self.console.width - 30))}",
         ))
 
@@ -67,7 +67,7 @@ class Progress(Events):
         detail = values or (done.fail_reason or "")
         self.console.print(Text.assemble(
             (f"trial {done.number} {done.state}", colour),
-            f" on GPU {done.gpu} in {done.seconds:.1f} s: {detail}",
+            f" on {done.where} in {done.seconds:.1f} s: {detail}",
         ))
 
     def message(self, text: str) -> None:

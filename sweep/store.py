@@ -391,6 +391,7 @@ class Store:
         searched: Mapping[str, Searched],
         gpu: int,
         trial_dir: Callable[[int], str],
+        gpus: Sequence[int] = (),
     ) -> Asked:
         """A new trial, owned on record (heartbeat, then owner) before its params are sampled.
 
@@ -402,8 +403,11 @@ class Store:
             trial = self.study.ask()
         try:
             self.beat(trial)
-            record = {"host": self.owner.host, "pid": self.owner.pid,
-                      "started": self.owner.started, "gpu": gpu, "dir": trial_dir(trial.number)}
+            record: dict[str, Any] = {
+                "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
+                "gpu": gpu, "dir": trial_dir(trial.number)}
+            if len(gpus) > 1:
+                record[GPUS] = ",".join(map(str, gpus))
             trial.set_user_attr(OWNER, record)
             params = sample(self.study, trial, searched, self.sampler_for)
         except Exception as e:

@@ -48,7 +48,8 @@ class Summary:
 @dataclass
 class Status:
     """Trial counts by state; one row per running trial (`number, gpu, host, elapsed_s,
-    last_step, last_value, driver`, where driver is "alive", "gone" or "elsewhere")."""
+    last_step, last_value, driver`, where gpu is "1,2" for a trial of several devices and
+    driver is "alive", "gone" or "elsewhere")."""
 
     counts: dict[str, int]
     running: pd.DataFrame
@@ -87,7 +88,8 @@ def status(study_file: str | Path, storage: str | None = None) -> Status:
         here = owner is not None and owner.host == store.host_name()
         last = max(t.intermediate_values) if t.intermediate_values else None
         rows.append({
-            "number": t.number, "gpu": record.get("gpu"), "host": record.get("host"),
+            "number": t.number, "gpu": record.get(store.GPUS) or record.get("gpu"),
+            "host": record.get("host"),
             "elapsed_s": _seconds(t.datetime_start, now),
             "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
             if last is not None else math.nan,
@@ -122,7 +124,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
         if row["gpu"] is None:  # a running trial: its place is in the owner record
-            row["gpu"] = owner.get("gpu")
+            row["gpu"], row["gpus"] = owner.get("gpu"), owner.get(store.GPUS)
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
@@ -276,7 +278,7 @@ def render(summary: Summary, top: int = 5) -> Any:
         return Group(head, shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
     show = [c for c in best.columns if c.startswith(("number", "value", "params_", "metric_"))]
-    show += ["gpu", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
+    show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
     return Group(head, _table(shown_best, title), _table(summary.gpus, "GPUs"))
 

@@ -12,7 +12,7 @@ LAYERS = [
      "grpclock", "placement"},
     {"config"},
     {"launch", "outcome", "policy", "pool"},
-    {"process", "monitor", "store", "proxy"},
+    {"process", "monitor", "store", "proxy", "accelenv"},
     {"driver"},
     {"progress", "summary"},
     {"app"},

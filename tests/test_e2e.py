@@ -155,3 +155,37 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
         assert record["cvd"] == t.user_attrs["gpus"] and record["backend"] == "gloo"
         seen.append(record["port"])
     assert len(set(seen)) == 2 and None not in seen
+
+
+@pytest.mark.parametrize("settings", [
+    {"params": {"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                    "where": "accelerate"}},
+     "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
+    {"accelerate": {"mixed_precision": "bf16", "dynamo_backend": "no"}},
+], ids=["searched mixed precision", "trainer.accelerate"])
+def test_direct_gives_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path,
+                                                                  settings):
+    """The same study through `accelerate launch` and through `launcher: direct`: the trainer's
+    Accelerator sees the same device, mixed precision, processes and ACCELERATE_* variables."""
+    trainer = ROOT / "tests" / "trainers" / "state_probe.py"
+    seen: dict[str, list[dict]] = {}
+    for launcher in ("accelerate", "direct"):
+        study = write_study(
+            study={"name": launcher, "n_trials": len(settings.get("enqueue", [0])),
+                   "enqueue": settings.get("enqueue", [])},
+            trainer={"script": str(trainer), "launcher": launcher,
+                     "accelerate": settings.get("accelerate", {})},
+            params=settings.get("params", {"x": {"type": "float", "low": 0, "high": 1}}),
+            name=f"{launcher}.yaml")
+        run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+        _, err = run.communicate(timeout=180)
+        assert run.returncode == 0, err
+        trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
+        seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
+    assert seen["direct"] == seen["accelerate"]
+    if "enqueue" in settings:
+        assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
+    assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
+               for s in seen["direct"])
+    command = (tmp_path / "direct" / "trials" / "0" / "command.sh").read_text()
+    assert "accelerate.commands.launch" not in command  # one interpreter, not two

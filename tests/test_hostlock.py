@@ -23,6 +23,18 @@ def test_slots_are_shared_by_every_holder_on_the_host(tmp_path):
     assert a.held("gpu0") == 1 and b.take("gpu0") is not None
 
 
+def test_a_device_holds_no_more_trials_than_the_strictest_sweep_on_it_allows(tmp_path):
+    """A sweep with trials_per_gpu 1 has its device alone, whoever came first."""
+    alone, shared = HostSlots(tmp_path, 1), HostSlots(tmp_path, 2)
+    first = alone.take("gpu0")
+    assert first is not None and shared.take("gpu0") is None  # it counts on being alone
+    first.release()
+    mine = shared.take("gpu0")
+    assert mine is not None and alone.take("gpu0") is None  # one trial there already
+    assert shared.take("gpu0") is not None  # a sweep of 2 may add its second
+    assert HostSlots(tmp_path, 3).take("gpu0") is None  # 2 held, and a holder allows 2
+
+
 def test_a_pool_leases_least_loaded_first_across_sweeps(tmp_path):
     mine = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))
     theirs = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))

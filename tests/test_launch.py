@@ -166,3 +166,48 @@ def test_params_where_accelerate_go_on_the_launchers_command_line():
     plan = launch.build_launch(env_trainer, 7, params, 0, PATHS, Path("/a.yaml"),
                                python="/py", passing=passing)
     assert "SWEEP_PARAM_MIXED_PRECISION" not in plan.env and "SWEEP_PARAM_LR" in plan.env
+
+
+def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
+    trainer = TrainerSection(script=Path("/t/train.py"), launcher="direct", args=["--e", "1"])
+    accelerate_env = {"ACCELERATE_MIXED_PRECISION": "bf16", "OMP_NUM_THREADS": "1",
+                      "SWEEP_TRIAL_DIR": "/not/this/one"}
+    plan = launch.build_launch(trainer, 7, {"lr": 0.1}, 2, PATHS, Path("/a.yaml"), python="/py",
+                               launcher_env=accelerate_env, pin="GPU-x")
+    assert plan.argv == ["/py", "/t/train.py", "--e", "1", "--lr", "0.1"]
+    assert plan.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and plan.env["OMP_NUM_THREADS"] == "1"
+    assert plan.env["SWEEP_TRIAL_DIR"] == "/out/trials/7"  # sweep's own variables win
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "GPU-x"
+
+
+def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_path, monkeypatch):
+    from sweep.accelenv import AccelerateEnv
+
+    calls = []
+
+    def compute(self, options):
+        calls.append(options)
+        return {"ACCELERATE_MIXED_PRECISION": options[-1]}
+
+    monkeypatch.setattr(AccelerateEnv, "_compute", compute)
+    first = AccelerateEnv(tmp_path, "host-a")
+    assert first.get(["--mixed_precision", "bf16"]) == {"ACCELERATE_MIXED_PRECISION": "bf16"}
+    assert first.get(["--mixed_precision", "bf16"]) and len(calls) == 1  # memory
+    later = AccelerateEnv(tmp_path, "host-a")  # the next run: from the file
+    assert later.get(["--mixed_precision", "bf16"])["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert len(calls) == 1
+    assert later.get(["--mixed_precision", "no"]) and len(calls) == 2  # other options
+    AccelerateEnv(tmp_path, "host-b").get(["--mixed_precision", "bf16"])  # another host
+    assert len(calls) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what accelerate reads changed
+    AccelerateEnv(tmp_path, "host-a").get(["--mixed_precision", "bf16"])
+    assert len(calls) == 4
+
+
+def test_options_accelerate_refuses_are_one_line(tmp_path):
+    from sweep.accelenv import AccelerateEnv
+    from sweep.errors import SweepError
+
+    env = AccelerateEnv(tmp_path, "h", python=sys.executable)
+    with pytest.raises(SweepError, match="accelerate refused the options --no_such_option"):
+        env.get(["--no_such_option"])

@@ -117,7 +117,9 @@ def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever()
     now[0] = 10.0
     assert not pool.has_free()
     assert pool.hopeless() == ("no device can take a trial: GPU 0: in use by others (pid 1); "
-                               "GPU 1: in use by others (pid 2)")
+                               "GPU 1: in use by others (pid 2) (gpus.skip_busy: false shares "
+                               "cards with others; gpus.busy_memory_mb sets what counts as in "
+                               "use)")
     probe.looks[1] = idle()  # freed: the wait starts again
     assert pool.has_free() and pool.hopeless() is None
 
@@ -457,3 +459,31 @@ def test_memory_promised_to_trials_caps_how_many_share_a_card(write_study, monke
         at_once += step
         most = max(most, at_once)
     assert most == 2
+
+
+def test_mig_instances_serve_one_device_trials_only(mig_gpus, write_study, capsys):
+    study = write_study(study={"n_trials": 2}, trainer={"gpus_per_trial": 2})
+    assert run_cli("run", str(study)) == 1
+    err = capsys.readouterr().err
+    assert "no device can ever take a trial: a trial needs 2 devices, 1 can take one now" in err
+    assert "use whole GPUs for trainer.gpus_per_trial > 1" in err
+
+
+def test_a_wide_trial_says_how_many_devices_it_needs(write_study, fake_gpus, capsys):
+    fake_gpus(4)
+    study = write_study(study={"n_trials": 2}, trainer={"gpus_per_trial": 5})
+    assert run_cli("run", str(study)) == 1
+    assert "trainer.gpus_per_trial is 5, the pool has 4 usable devices" in capsys.readouterr().err
+    assert run_cli("run", str(study), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "the next 0 of 2 trials" in out and "gpus_per_trial is 5" in out
+
+
+def test_a_dry_run_places_wide_trials_and_ports_as_a_run_would(write_study, fake_gpus, capsys):
+    fake_gpus(4)
+    study = write_study(study={"n_trials": 2}, trainer={"gpus_per_trial": 2})
+    assert run_cli("run", str(study), "--dry-run") == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for line in lines] == [
+        "0,1", "2,3"]
+    assert len({line.split("SWEEP_MAIN_PORT=")[1].split()[0] for line in lines}) == 2

@@ -1,0 +1,98 @@
+"""What `accelerate launch` would put in a one-process trial's environment, computed by
+accelerate's own code (`_validate_launch_command`, then `prepare_simple_launcher_cmd_env`) in
+a helper process, once per set of launch options, and cached: `trainer.launcher: direct`
+then starts each trial with one interpreter instead of two. The driver never imports
+accelerate (nor torch).
+
+The cache is a JSON file per host and options in `<output_dir>/cache/`; the key holds the
+accelerate version, the interpreter, the options and the variables accelerate reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from sweep.errors import SweepError
+from sweep.launch import ACCELERATE_CONFIG, ACCELERATE_CONFIG_NAME
+
+# Run as `python -c HELPER OPTIONS_JSON`: prints the variables accelerate sets or changes.
+HELPER = """
+import json, os, sys
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+args = launch_command_parser().parse_args(json.loads(sys.argv[1]) + ["sweep_trial.py"])
+args, _, _ = _validate_launch_command(args)
+_, env = prepare_simple_launcher_cmd_env(args)
+print(json.dumps({k: v for k, v in env.items() if os.environ.get(k) != v}))
+"""
+READS = re.compile(r"^(ACCELERATE_|OMP_|KMP_|HF_|CUDA_|MASTER_)")  # what accelerate looks at
+OURS = ("CUDA_VISIBLE_DEVICES",)  # sweep sets it per trial
+
+
+class AccelerateEnv:
+    """The variables `accelerate launch` sets for given options, computed once each."""
+
+    def __init__(self, cache_dir: Path, host: str, python: str = sys.executable,
+                 timeout: float = 300.0) -> None:
+        self.cache_dir, self.host, self.python, self.timeout = cache_dir, host, python, timeout
+        self._known: dict[str, dict[str, str]] = {}
+
+    def key(self, options: list[str]) -> str:
+        try:
+            version = metadata.version("accelerate")
+        except metadata.PackageNotFoundError:
+            version = "?"
+        reads = sorted((k, v) for k, v in os.environ.items() if READS.match(k))
+        text = json.dumps([version, self.python, self.host, options, reads])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def get(self, options: list[str]) -> dict[str, str]:
+        """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
+        one run of the helper (a few seconds). SweepError if accelerate refuses them."""
+        key = self.key(options)
+        if key in self._known:
+            return self._known[key]
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
+        cached = self.cache_dir / f"accelerate_env.{safe}.{key}.json"
+        try:
+            env = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            env = self._compute(options)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
+            tmp.replace(cached)
+        self._known[key] = env
+        return env
+
+    @property
+    def config_dir(self) -> Path:
+        """Where the accelerate config the options name lives (`launch.direct_settings`)."""
+        return self.cache_dir
+
+    def _compute(self, options: list[str]) -> dict[str, str]:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        config = self.cache_dir / ACCELERATE_CONFIG_NAME
+        if not config.is_file() or config.read_text() != ACCELERATE_CONFIG:
+            tmp = config.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(ACCELERATE_CONFIG)
+            tmp.replace(config)
+        try:
+            done = subprocess.run([self.python, "-c", HELPER, json.dumps(options)],
+                                  capture_output=True, text=True, timeout=self.timeout,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SweepError(f"launcher: direct: cannot ask accelerate for its environment: "
+                             f"{e}") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SweepError(f"launcher: direct: accelerate refused the options "
+                             f"{' '.join(options)}: {last[:200]}")
+        env = json.loads(done.stdout.strip().splitlines()[-1])
+        return {k: str(v) for k, v in env.items() if k not in OURS}
