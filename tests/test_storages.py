@@ -212,10 +212,13 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     states = [t.state.name for t in trials]
     assert states.count("COMPLETE") == 8 and "RUNNING" not in states, states
     reclaimed = [t for t in trials if t.state.name == "FAIL"]
-    assert reclaimed and all("h0" in t.user_attrs["fail_reason"] for t in reclaimed)
+    # the kill may land between a trial's `ask` and its owner record: then no host is known
+    assert reclaimed and all("h0" in t.user_attrs["fail_reason"] or
+                             "no owner" in t.user_attrs["fail_reason"] for t in reclaimed)
     for t in reclaimed:  # each reclaimed trial ran again, to the end, on the survivor
         again = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
-        assert [r.state.name for r in again] == ["COMPLETE"] and again[0].params == t.params
+        assert [r.state.name for r in again] == ["COMPLETE"]
+        assert again[0].params == t.params or not t.params  # cut before its params: new ones
         assert again[0].user_attrs["host"] == "h1"
     assert wait_until(lambda: not processes_mentioning(str(tmp_path / "killed")), 10)
 
