@@ -7,7 +7,8 @@
 #   - trials that leave a detached child holding GPU memory (benchmarks/gpu_leftover.py): both
 #     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool;
 #   - packing: 8 short trials with trials_per_gpu 1, 4 and gpu_memory_gb: auto, trials/hour each
-#     ("PACK" lines), auto running its first trial alone and packing the rest.
+#     ("PACK" lines), auto running its first trial alone and packing the rest;
+#   - launchers: 8 short trials through accelerate, direct and python ("LAUNCHER" lines).
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
@@ -156,8 +157,40 @@ sys.exit(0 if ok else 1)
 PY
 done
 
+# Launchers (issue 13): the same 8 short trials of a small real model through each launcher,
+# one trial per GPU: trials/hour, and each trainer's own start-up (imports + Accelerator).
+for launcher in accelerate direct python; do
+  cat > "$work/launch_$launcher.yaml" <<YAML
+study: {name: launch_$launcher, direction: minimize, metric: loss, n_trials: 8,
+        sampler: {type: random, seed: 0}}
+trainer: {script: gpu_burn.py, args: ["--seconds", "4"], launcher: $launcher, timeout: 300}
+gpus: {sample_interval: 0.5}
+params:
+  size: {type: categorical, choices: [512, 1024]}
+YAML
+  start=$(date +%s.%N)
+  python3 -m sweep run "$work/launch_$launcher.yaml" > "$work/launch_$launcher.log" 2>&1
+  end=$(date +%s.%N)
+  python3 - "$work" "$launcher" "$start" "$end" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import optuna
+work, launcher, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+trials = optuna.load_study(study_name=f"launch_{launcher}",
+                           storage=f"sqlite:///{work}/launch_{launcher}.db").trials
+done = [t for t in trials if t.state.name == "COMPLETE"]
+wall = end - start
+cuda = all(t.user_attrs.get("metric_cuda") == 1.0 for t in done)
+print(f"LAUNCHER {launcher}: {len(done)}/8 COMPLETE in {wall:.1f} s = "
+      f"{3600 * len(done) / wall:.0f} trials/hour")
+ok = len(done) == 8 and cuda
+print(("PASS " if ok else "FAIL ") + f"launcher {launcher}: every trial COMPLETE on CUDA")
+sys.exit(0 if ok else 1)
+PY
+done
+
 if [ -n "${OUT:-}" ]; then
-  cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+  cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/launch_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
 fi
 [ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
 exit $fail
