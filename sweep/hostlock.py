@@ -81,6 +81,7 @@ class HostSlots:
     def _files(self, key: str, kind: str) -> list[tuple[int, str]]:
         """(number, file name) of `key`'s slot files ("slot") or cap markers ("cap")."""
         out = []
+        key = file_key(key)
         for path in self.folder.glob(f"{glob_escape(key)}.*.lock"):
             middle = path.name[len(key) + 1:-len(".lock")]
             number = middle.removeprefix("cap") if kind == "cap" else middle
@@ -91,6 +92,7 @@ class HostSlots:
     def take(self, key: str) -> Slot | None:
         """A slot of device `key`, now held; None when the device holds as many trials as
         this sweep's capacity, or another sweep's on it, allows."""
+        key = file_key(key)
         mutex = self._open(f"{key}.mutex")
         try:
             fcntl.flock(mutex, fcntl.LOCK_EX)
@@ -126,6 +128,11 @@ class HostSlots:
 def held_slots(folder: Path, key: str) -> int:
     """How many slots of device `key` the sweeps of this host hold now (for `sweep gpus`)."""
     return HostSlots(folder, 1).held(key)
+
+
+def file_key(key: str) -> str:
+    """A device key as it may appear in a file name (old MIG UUIDs hold slashes)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", key)
 
 
 def glob_escape(text: str) -> str:

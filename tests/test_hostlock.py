@@ -102,3 +102,11 @@ def test_a_killed_drivers_slot_is_held_until_its_trial_is_gone(write_study, own_
     time.sleep(0.5)
     assert slots.held("sim0") == 1  # the stubborn trainer is in its grace period
     assert wait_until(lambda: slots.held("sim0") == 0, 10)  # then the slot frees
+
+
+def test_old_style_mig_uuids_with_slashes_are_leased_like_any_device(tmp_path):
+    key = "MIG-GPU-5e1f2c3a-0000-0000-0000-000000000000/1/0"
+    a, b = HostSlots(tmp_path, 1), HostSlots(tmp_path, 1)
+    held = a.take(key)
+    assert held is not None and b.take(key) is None and b.held(key) == 1
+    assert all("/" not in p.name for p in tmp_path.iterdir())
