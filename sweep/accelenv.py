@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from importlib import metadata
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class AccelerateEnv:
             env = json.loads(cached.read_text())
         except (OSError, ValueError):
             env = self._compute(options)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
             tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
             tmp.replace(cached)
         self._known[key] = env
@@ -80,7 +81,7 @@ class AccelerateEnv:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         config = self.cache_dir / ACCELERATE_CONFIG_NAME
         if not config.is_file() or config.read_text() != ACCELERATE_CONFIG:
-            tmp = config.with_suffix(f".{os.getpid()}.tmp")
+            tmp = config.with_suffix(f".{uuid.uuid4().hex}.tmp")
             tmp.write_text(ACCELERATE_CONFIG)
             tmp.replace(config)
         try:

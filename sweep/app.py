@@ -36,6 +36,7 @@ from sweep.store import (
     read_study,
     sample,
     storage_errors,
+    storage_lost_errors,
     unreachable,
 )
 
@@ -104,18 +105,7 @@ def execute(
     notes: list[str] = []
     store = open_store(spec, notes)
     reader, nvml = nvml_reader(devices)
-    capacity = spec.trials_per_gpu
-    if spec.trainer.gpu_memory_gb is not None and nvml is None:
-        notes.append("trainer.gpu_memory_gb needs NVML: on this simulated pool each device "
-                     f"takes gpus.trials_per_gpu ({spec.gpus.trials_per_gpu}) trials")
-        capacity = spec.gpus.trials_per_gpu
-    memory = spec.trainer.gpu_memory_gb
-    rules = Rules(skip_busy=spec.gpus.skip_busy, busy_memory_mb=spec.gpus.busy_memory_mb,
-                  want_mb=memory * 1024 if isinstance(memory, float) else None)
-    slots = HostSlots(lock_dir(host_name()), capacity)
-    lease = Pool(devices, capacity, host=slots, rules=rules,
-                 probe=NvmlProbe(reader) if nvml is not None else None,
-                 width=spec.trainer.gpus_per_trial)
+    lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
     own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
                       host=store.owner.host)
@@ -124,7 +114,7 @@ def execute(
             for note in notes:
                 progress.message(note)
             return Driver(spec, store, lease, monitor, progress).run(), store.study
-    except storage_errors() as e:
+    except storage_lost_errors() as e:
         raise SweepError(
             f"{spec.source}: lost the storage {config.shown_url(spec.storage_url)} during the "
             f"run ({config.redact(describe(e), spec.storage_url)}); once it is back, run again: "
@@ -132,6 +122,25 @@ def execute(
     finally:
         if nvml is not None:
             nvml.close()
+
+
+def make_pool(spec: Spec, devices: list[Device], reader: Reader, nvml: bool,
+              notes: list[str] | None = None, host: bool = False) -> Pool:
+    """The pool a run places its trials with: its slots per device, its rules, NVML (if
+    `nvml`) and, with `host`, the slots shared by every sweep of this host."""
+    capacity = spec.trials_per_gpu
+    if spec.trainer.gpu_memory_gb is not None and not nvml:
+        if notes is not None:
+            notes.append("trainer.gpu_memory_gb needs NVML: on this simulated pool each "
+                         f"device takes gpus.trials_per_gpu ({spec.gpus.trials_per_gpu}) "
+                         "trials")
+        capacity = spec.gpus.trials_per_gpu
+    memory = spec.trainer.gpu_memory_gb
+    rules = Rules(skip_busy=spec.gpus.skip_busy, busy_memory_mb=spec.gpus.busy_memory_mb,
+                  want_mb=memory * 1024 if isinstance(memory, float) else None)
+    slots = HostSlots(lock_dir(host_name()), capacity) if host else None
+    return Pool(devices, capacity, host=slots, rules=rules,
+                probe=NvmlProbe(reader) if nvml else None, width=spec.trainer.gpus_per_trial)
 
 
 def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
@@ -149,16 +158,19 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     trials = study.get_trials(deepcopy=False)
     started = sum(1 for t in trials if t.state in FINISHED or t.state.name == "RUNNING")
     reader, nvml = nvml_reader(devices)
-    try:  # placed as a run would, NVLink first, without looking at what others use
-        lease = Pool(devices, spec.trials_per_gpu, width=spec.trainer.gpus_per_trial,
-                     probe=NvmlProbe(reader) if nvml is not None else None)
+    try:  # placed as a run would (its rules, NVLink first), other sweeps aside
+        lease = make_pool(spec, devices, reader, nvml is not None)
         n = max(0, min(lease.slots, spec.study.n_trials - started))
-        none = f" ({lease.hopeless()})" if lease.slots == 0 else ""
-        lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} done or "
-                 f"running in storage; params sampled in memory){none}"]
+        lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} "
+                 "done or running in storage; params sampled in memory)"]
+        if lease.slots == 0:
+            lines.append(f"# no trial can start: {lease.hopeless()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
         own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
         for _ in range(n):
+            if not lease.has_free():
+                lines.append(f"# no room for more now: {lease.hopeless() or 'devices full'}")
+                break
             trial = study.ask()
             params = sample(study, trial, spec.searched, (lambda n: config.build_sampler(
                 spec, n)) if config.reseeds(spec) else None)

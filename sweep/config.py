@@ -701,12 +701,15 @@ def journal_path(url: str) -> Path:
 
 
 def grpc_address(url: str) -> tuple[str, int]:
-    """(host, port) of a `grpc://host:port` URL (ValueError if it has neither)."""
+    """(host, port) of a `grpc://host:port` URL, an IPv6 host kept in its brackets as gRPC's
+    targets want it (ValueError if it has neither)."""
     rest = url.removeprefix(GRPC).rstrip("/")
     host, sep, port = rest.rpartition(":")
     if not sep or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(url)
-    return host.strip("[]"), int(port)
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(url)  # an IPv6 address goes in brackets: grpc://[::1]:13000
+    return host, int(port)
 
 
 def check_storage_url(file: str, url: str, base: Path) -> None:

@@ -54,6 +54,7 @@ class Driver:
         self._learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
+        self._went_around = False  # the last start went around a stuck budget lock
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers."""
@@ -205,11 +206,12 @@ class Driver:
                     self.pool.reserved_devices())
         except LockAbandoned:
             return
-        if not locked:
+        if not locked and not self._went_around:
             self.events.message(
-                f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s by "
-                "another driver (stopped or frozen?): trial "
-                f"{asked.number} started without it, so n_trials may be passed by one")
+                f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
+                "new trial (a stopped or frozen driver?): starting trials without it for a "
+                "while, so n_trials may be passed by one")
+        self._went_around = not locked
         self._counts = None
         params = {**asked.params, **spec.fixed}
         try:

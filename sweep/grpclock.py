@@ -81,7 +81,8 @@ class Holder:
         self._call: Any = None
 
     def try_hold(self) -> bool:
-        call = self._hold(self.name.encode())
+        # the deadline covers the whole hold: a proxy that stops answering cannot hang us
+        call = self._hold(self.name.encode(), timeout=MAX_HOLD + 5.0)
         try:
             reply = next(call)
         except StopIteration:

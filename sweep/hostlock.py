@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import time
 from pathlib import Path
 
 LOCK_DIR_ENV = "SWEEP_LOCK_DIR"
@@ -31,6 +32,31 @@ def lock_dir(host: str) -> Path:
             except OSError:
                 pass
     return folder
+
+
+MUTEX_WAIT = 2.0  # s a sweep waits for another's `take` of the same device
+
+
+def open_lock(path: Path) -> int:
+    """A descriptor to flock `path` with, creating it; another user's lock file (mode 0644)
+    is opened read-only, which locks as well."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take an exclusive flock on `fd`, trying for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 class Slot:
@@ -61,11 +87,7 @@ class HostSlots:
         self.folder, self.capacity = folder, capacity
 
     def _open(self, name: str) -> int:
-        path = self.folder / name
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except PermissionError:  # another user's lock file: a read-only descriptor locks too
-            return os.open(path, os.O_RDONLY)
+        return open_lock(self.folder / name)
 
     def _busy(self, name: str) -> bool:
         """Whether someone holds a lock on `name` (probed by taking it for an instant)."""
@@ -95,7 +117,8 @@ class HostSlots:
         key = file_key(key)
         mutex = self._open(f"{key}.mutex")
         try:
-            fcntl.flock(mutex, fcntl.LOCK_EX)
+            if not _lock_within(mutex, MUTEX_WAIT):  # its holder is stopped: look again later
+                return None
             held = self.held(key)
             caps = [k for k, name in self._files(key, "cap") if self._busy(name)]
             if held >= min([self.capacity, *caps]):
@@ -110,8 +133,12 @@ class HostSlots:
                 except BaseException:
                     os.close(fd)
                     raise
-                cap = self._open(f"{key}.cap{self.capacity}.lock")
-                fcntl.flock(cap, fcntl.LOCK_SH)
+                try:
+                    cap = self._open(f"{key}.cap{self.capacity}.lock")
+                except BaseException:
+                    os.close(fd)
+                    raise
+                fcntl.flock(cap, fcntl.LOCK_SH)  # no holder takes it exclusively for long
                 return Slot(fd, key, (cap,))
             return None
         finally:
@@ -151,7 +178,7 @@ def take_port(folder: Path, ports: range = PORTS) -> tuple[int, Slot] | None:
     import socket
 
     for port in ports:
-        fd = os.open(folder / f"port.{port}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(folder / f"port.{port}.lock")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -115,20 +115,19 @@ class NvmlProbe:
         return closeness(a, b) if closeness is not None else 100
 
     def sweep_pids(self, pids: Iterable[int]) -> tuple[set[int], set[int]]:
-        """(pids of trials of any sweep of this host: they carry SWEEP_TRIAL_DIR, pids that
-        exist in this process's view)."""
+        """(pids of trials of any sweep of this host: they carry SWEEP_TRIAL_DIR, pids whose
+        environment this process can read: others' are unknowable, like a container's host
+        pids)."""
         import psutil
 
         sweeps, visible = set(), set()
         for pid in pids:
             try:
-                proc = psutil.Process(pid)
-                visible.add(pid)
-                if TRIAL_DIR_ENV in proc.environ():
+                if TRIAL_DIR_ENV in psutil.Process(pid).environ():
                     sweeps.add(pid)
-            except psutil.Error:  # gone, another user's, or another pid namespace's
-                if psutil.pid_exists(pid):
-                    visible.add(pid)
+                visible.add(pid)
+            except psutil.Error:  # gone, another pid namespace's, or another user's: as
+                pass  # unknowable as the host pids of a container (see `in_use_by_others`)
         return sweeps, visible
 
 
@@ -217,7 +216,7 @@ class Monitor:
             for lease in leases:
                 pids = lease.process.tree_pids() if lease.process and processes else set()
                 mem = trial_memory_mb(processes, pids) if pids else None
-                lease.used_mb = mem
+                lease.used_mb[gpu] = mem
                 with self._lock:
                     if lease.trial in self._usage:
                         self._usage[lease.trial].add(reading, mem)

@@ -176,7 +176,7 @@ class Lease:
     shared: bool = False
     process: PidSource | None = None
     slots: list[Slot] = field(default_factory=list)  # host-wide slots, one per device
-    used_mb: float | None = None  # the trial's GPU memory at the monitor's last sample
+    used_mb: dict[int, float | None] = field(default_factory=dict)  # per device, last sample
 
     @property
     def device(self) -> int:
@@ -261,23 +261,30 @@ class Pool:
         self.out = {}
         order = ranked(held, self.capacity * 1000, set())  # host-wide load decides
         taken: list[tuple[int, Slot | None]] = []
-        for index in order:
-            refusal = self._refusal(index, held[index] > 0)
-            self.verdicts[index] = refusal
-            if refusal is not None:
-                self.out[index] = refusal
-                continue
-            slot = None
-            if self.host is not None:
-                slot = self.host.take(self._keys[index])
-                if slot is None:
+        try:
+            for index in order:
+                refusal = self._refusal(index, held[index] > 0)
+                self.verdicts[index] = refusal
+                if refusal is not None:
+                    if held[index] == 0 or _never(refusal):  # else: sweeps' trials end
+                        self.out[index] = refusal
                     continue
-            taken.append((index, slot))
-            if len(taken) == self.width:
-                break
-            if len(taken) == 1 and self.width > 1:  # the rest: closest to the first
-                order[order.index(index) + 1:] = self._by_closeness(
-                    index, order[order.index(index) + 1:], held)
+                slot = None
+                if self.host is not None:
+                    slot = self.host.take(self._keys[index])
+                    if slot is None:
+                        continue
+                taken.append((index, slot))
+                if len(taken) == self.width:
+                    break
+                if len(taken) == 1 and self.width > 1:  # the rest: closest to the first
+                    order[order.index(index) + 1:] = self._by_closeness(
+                        index, order[order.index(index) + 1:], held)
+        except BaseException:
+            for _, slot in taken:
+                if slot is not None:
+                    slot.release()
+            raise
         if len(taken) < self.width:
             for _, slot in taken:
                 if slot is not None:
@@ -315,7 +322,7 @@ class Pool:
             sweeps_hold = sweeps_hold or bool(ours & set(look.processes))
             busy = placement.in_use_by_others(look, ours, sweeps_hold, rules.busy_memory_mb,
                                               visible)
-        promised = [Held(rules.want_mb or 0.0, x.used_mb) for x in mine]
+        promised = [Held(rules.want_mb or 0.0, x.used_mb.get(index)) for x in mine]
         return placement.admit(look, promised, rules.want_mb, index in self.oom_blocked, busy)
 
     def hopeless(self) -> str | None:

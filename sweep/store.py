@@ -97,7 +97,7 @@ class Owner:
             return False
 
 
-LOCK_PATIENCE = 10.0  # s a driver waits for the budget lock before going around its holder
+LOCK_PATIENCE = 30.0  # s with no new trial before a waiter goes around the lock's holder
 LOCK_POLL = 0.05  # s between tries
 
 
@@ -180,6 +180,16 @@ def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
         raise ConnectionError(f"no storage proxy answers on {host}:{port} "
                               "(start one with `sweep storage-proxy`)") from None
     return proxy
+
+
+def storage_lost_errors() -> tuple[type[Exception], ...]:
+    """What a storage raises during a run when it is gone (not a full disk of ours)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    errors: tuple[type[Exception], ...] = (
+        ConnectionError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
+    grpc = sys.modules.get("grpc")
+    return errors if grpc is None else (*errors, grpc.RpcError)
 
 
 def storage_errors() -> tuple[type[Exception], ...]:
@@ -367,6 +377,7 @@ class Store:
         self._channel: Any = None  # to the storage proxy's lock, opened on first use
         self._optuna_beats = _heartbeat_enabled(study._storage)
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
+        self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
         self._stuck_until = -math.inf  # the budget lock looked stuck: no waiting till then
 
     # ---- asking -----------------------------------------------------------------------
@@ -427,9 +438,10 @@ class Store:
         locks); the proxy's lock through `sweep storage-proxy`; nothing for other storages.
 
         The wait is a loop of tries: `abort()` true (the driver was asked to stop) raises
-        `LockAbandoned`; a holder that keeps it `LOCK_PATIENCE` s (a frozen or stopped driver)
-        is gone around: the block runs unlocked, and is told so by the yielded False. After
-        that, for `LOCK_PATIENCE` x 6 s, one try each time and no wait.
+        `LockAbandoned`; when it is held `LOCK_PATIENCE` s with no new trial in the study (a
+        frozen or stopped holder, not drivers taking turns), it is gone around: the block runs
+        unlocked, and is told so by the yielded False. After that, for `LOCK_PATIENCE` x 6 s,
+        one try each time and no wait, until the lock is had again.
         """
         backend = _backend(self.study)
         if backend is None:
@@ -438,15 +450,29 @@ class Store:
         with self._lock_of(*backend) as try_lock:
             began, got = self.clock(), try_lock()
             patient = self.clock() >= self._stuck_until
+            progress, looked = self._progress(), self.clock()
             while not got and patient:
                 if abort():
                     raise LockAbandoned("stopping")
+                if self.clock() - looked >= 1.0:  # holders that ask trials are working
+                    now_at, looked = self._progress(), self.clock()
+                    if now_at != progress:
+                        progress, began = now_at, self.clock()
                 if self.clock() - began >= LOCK_PATIENCE:
                     self._stuck_until = self.clock() + 6 * LOCK_PATIENCE
                     break
                 time.sleep(LOCK_POLL)
                 got = try_lock()
+            if got:
+                self._stuck_until = -math.inf
             yield got
+
+    def _progress(self) -> int:
+        """How many trials the study has: it grows while holders of the lock do their work."""
+        try:
+            return self.study._storage.get_n_trials(self.study._study_id)
+        except Exception:  # a storage hiccup: no news
+            return -1
 
     @contextlib.contextmanager
     def _lock_of(self, kind: str, target: Any) -> Iterator[Callable[[], bool]]:
@@ -479,7 +505,8 @@ class Store:
             return
         key = int.from_bytes(hashlib.sha256(
             f"sweep:{self.study.study_name}".encode()).digest()[:8], "big", signed=True)
-        with target.connect() as conn:
+        with target.connect() as plain:
+            conn = plain.execution_options(isolation_level="AUTOCOMMIT")  # no open transaction
             held = False
 
             def try_advisory() -> bool:
@@ -492,8 +519,11 @@ class Store:
                 yield try_advisory
             finally:
                 if held:
-                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                conn.commit()
+                    try:  # a lost connection released the lock anyway
+                        conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"),
+                                     {"k": key})
+                    except sqlalchemy.exc.SQLAlchemyError as e:
+                        log.warning("could not release the budget lock: %s", describe(e))
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -597,10 +627,20 @@ class Store:
         else:
             storage.set_trial_user_attr(trial._trial_id, BEAT, time.time())
 
+    def _first_look_left(self, trial_id: int) -> float | None:
+        """Seconds until this driver has watched a trial's `beat` for `reclaim_after` since it
+        first saw it (None: it has, and the trial beats)."""
+        seen = self._beats.get(trial_id)
+        first = self._first_seen.get(trial_id)
+        if seen is None or first is None or self.clock() - first >= self.reclaim_after:
+            return None
+        return max(0.0, self.reclaim_after - (self.clock() - seen[1]))
+
     def _silent(self, t: optuna.trial.FrozenTrial) -> bool:
         """Whether a trial's `beat` has not changed for `reclaim_after` s of this driver's
         own clock (storages without Optuna heartbeats; no clocks of two hosts compared)."""
         now, seen = self.clock(), t.user_attrs.get(BEAT)
+        self._first_seen.setdefault(t._trial_id, now)
         last = self._beats.get(t._trial_id)
         if last is None or last[0] != seen:
             self._beats[t._trial_id] = (seen, now)
@@ -625,8 +665,9 @@ class Store:
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if not self._optuna_beats:
             stale = {t._trial_id for t in running if self._silent(t)}
-            self._beats = {k: v for k, v in self._beats.items()
-                           if k in {t._trial_id for t in running}}
+            ids = {t._trial_id for t in running}
+            self._beats = {k: v for k, v in self._beats.items() if k in ids}
+            self._first_seen = {k: v for k, v in self._first_seen.items() if k in ids}
         found: list[Orphan] = []
         wait: float | None = None
         for t in running:
@@ -641,6 +682,11 @@ class Store:
                 trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir")
             elif t._trial_id in stale and owner is not None:
                 reason = f"driver on {owner.host} died (no heartbeat)"
+            elif owner is not None and not self._optuna_beats:
+                left = self._first_look_left(t._trial_id)
+                if left is not None:  # still timing its beat: a fresh run stays that long
+                    wait = left if wait is None else min(wait, left)
+                continue
             elif t._trial_id in stale:
                 reason = ("driver died before recording itself (no owner, no heartbeat for "
                           f"{self.reclaim_after:.0f} s)")
@@ -717,6 +763,8 @@ class Heartbeat:
             for trial in trials:
                 try:
                     self.store.beat(trial)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    self.discard(trial.number)  # told between the copy and the beat
                 except Exception as e:  # a storage hiccup: the next beat may go through
                     log.warning("heartbeat of trial %d failed: %s", trial.number, describe(e))
 

@@ -110,3 +110,34 @@ def test_old_style_mig_uuids_with_slashes_are_leased_like_any_device(tmp_path):
     held = a.take(key)
     assert held is not None and b.take(key) is None and b.held(key) == 1
     assert all("/" not in p.name for p in tmp_path.iterdir())
+
+
+def test_a_sweep_stopped_inside_take_does_not_hang_the_others(tmp_path):
+    import fcntl
+
+    stuck = open(tmp_path / "gpu0.mutex", "a")  # noqa: SIM115 (a SIGSTOPped sweep's hold)
+    fcntl.flock(stuck, fcntl.LOCK_EX)
+    try:
+        t0 = time.monotonic()
+        assert HostSlots(tmp_path, 1).take("gpu0") is None  # looked at again later
+        assert time.monotonic() - t0 < 5
+    finally:
+        stuck.close()
+    assert HostSlots(tmp_path, 1).take("gpu0") is not None
+
+
+def test_a_device_other_sweeps_fill_is_waited_for_not_given_up(tmp_path):
+    """Their trial's memory makes it refuse ours now, but their trial will end."""
+    from test_placement import FakeProbe, devices
+
+    from sweep.placement import Look
+    from sweep.pool import Rules
+
+    theirs = HostSlots(tmp_path, 1).take("GPU-0")
+    assert theirs is not None
+    probe = FakeProbe({0: Look(80 * 1024, 70 * 1024, {})})
+    mine = Pool(devices(1), 16, host=HostSlots(tmp_path, 16), probe=probe,
+                rules=Rules(want_mb=20 * 1024, hopeless_after=0))
+    assert not mine.has_free() and mine.blocked
+    assert mine.hopeless() is None  # waited for, as the README says
+    theirs.release()

@@ -87,9 +87,9 @@ def test_memory_promised_to_running_trials_is_respected():
     pool = Pool(devices(1), 16, probe=probe, rules=Rules(want_mb=40 * GB))
     assert [pool.lease(n) for n in range(3)] == [0, 0, 0]
     assert not pool.has_free()  # 141 - 0.3 - 3 x 40 promised = 20.7 GB < 40
-    assert pool.out[0].endswith("for a trial that needs 40960 MB")
+    assert pool.verdicts[0].endswith("for a trial that needs 40960 MB")  # ours will end
     for n in range(3):  # the trials allocated what they were promised
-        pool.lease_of(n).used_mb = 40 * GB  # type: ignore[union-attr]
+        pool.lease_of(n).used_mb[0] = 40 * GB  # type: ignore[union-attr]
     probe.looks[0] = Look(141 * GB, 120.3 * GB, {})
     assert not pool.has_free()
     pool.release(0)
@@ -130,7 +130,7 @@ def test_a_device_that_ran_out_of_memory_takes_no_trial_until_one_of_its_trials_
     pool.release(2)
     pool.block_oom(0)  # trial 2 ran out of memory on GPU 0, beside trial 0
     assert [pool.lease(n) for n in (3, 4)] == [1, 1]
-    assert pool.out == {0: "a trial ran out of memory here; waiting for memory to be freed"}
+    assert pool.verdicts[0] == "a trial ran out of memory here; waiting for memory to be freed"
     pool.release(0)  # memory freed on GPU 0
     assert pool.lease(5) == 0
     pool.release(5)

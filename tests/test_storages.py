@@ -74,15 +74,18 @@ def test_without_optuna_heartbeats_a_silent_driver_is_reclaimed_by_this_drivers_
     beating = other.ask(searched, gpu=1, trial_dir=str)
     now = [100.0]
     me = Store(study, Owner("here", 2, 0.0), 5, clock=lambda: now[0])
-    assert me.orphans(set())[0] == []  # first seen now: nobody is judged on one look
+    found, wait = me.orphans(set())
+    assert found == [] and wait == 5  # first seen now: a fresh run stays to time them
     now[0] += 4.9
     other.beat(beating.trial)
-    assert me.orphans(set())[0] == []
+    found, wait = me.orphans(set())
+    assert found == [] and wait == pytest.approx(0.1)
     now[0] += 0.2  # 5.1 s of silence for one of them
     other.beat(beating.trial)
-    found, _ = me.orphans(set())
+    found, wait = me.orphans(set())
     assert [o.trial.number for o in found] == [silent.number]
     assert found[0].reason == "driver on elsewhere died (no heartbeat)"
+    assert wait is None  # the other one beats: watched long enough, nothing to wait for
 
 
 # ---- the gRPC storage proxy -----------------------------------------------------------------
@@ -333,3 +336,48 @@ def test_status_says_when_a_running_trial_has_no_driver_on_record(write_study, c
     out = capsys.readouterr().out
     assert "trial 0 RUNNING for" in out and "asked, no driver on record yet" in out
     assert "nan" not in out
+
+
+@pytest.mark.slow
+def test_a_fresh_run_reclaims_a_trial_another_host_left_on_a_journal(write_study, tmp_path):
+    """Without Optuna's heartbeats a new run must watch a foreign trial before judging it:
+    it stays one reclaim_after for that, then reclaims and finishes the budget."""
+    url = f"journal:///{tmp_path}/left.log"
+    study = write_study(study={"n_trials": 1, "name": "left", "storage": url,
+                               "heartbeat_interval": 1, "reclaim_after": 3},
+                        trainer={"args": ["--mode", "hang", "--fault_once",  # hangs once only
+                                          str(tmp_path / "hung")]})
+    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": "h0"})
+    assert wait_until((tmp_path / "hung").exists, 60)  # its trainer runs, and hangs
+    victim.kill()
+    victim.wait()
+    later = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": "h1"})
+    _, err = later.communicate(timeout=120)
+    assert later.returncode == 0, err
+    states = [t.state.name for t in trials_of(url, "left")]
+    assert states == ["FAIL", "COMPLETE"], states  # reclaimed, then run again to the end
+
+
+def test_a_lock_held_by_drivers_that_keep_asking_is_waited_for_not_gone_around(
+        write_study, monkeypatch):
+    """Patience counts a wait with no new trial: a busy study is not a frozen holder."""
+    import threading
+
+    from sweep import store as store_module
+
+    monkeypatch.setattr(store_module, "LOCK_PATIENCE", 1.5)  # progress is looked at each 1 s
+    spec = config.load(write_study())
+    s = Store(open_study(spec, open_storage(spec)), Owner("a", 1, 0), 60)
+    count = iter(range(10_000))
+    monkeypatch.setattr(Store, "_progress", lambda self: next(count))  # trials keep coming
+    busy = held_elsewhere(f"{spec.storage_url.removeprefix('sqlite:///')}.lock")
+    threading.Timer(3.5, busy.close).start()
+    t0 = time.monotonic()
+    with s.budget_lock() as locked:
+        assert locked and time.monotonic() - t0 >= 3.0  # waited its turn, past the patience
+
+
+def test_ipv6_proxy_addresses_keep_their_brackets():
+    assert config.grpc_address("grpc://[::1]:13000") == ("[::1]", 13000)
+    with pytest.raises(ValueError):
+        config.grpc_address("grpc://::1:13000")
