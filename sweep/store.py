@@ -579,9 +579,8 @@ class Store:
         has now searched its whole space).
         """
         try:
-            for key, value in attrs.items():
-                if not (isinstance(value, float) and math.isnan(value)):
-                    trial.set_user_attr(key, value)
+            _set_user_attrs(self.study, trial, {
+                k: v for k, v in attrs.items() if not (isinstance(v, float) and math.isnan(v))})
         except optuna.exceptions.UpdateFinishedTrialError:
             return False, False
         done = _tell_as_in_optimize(
@@ -795,6 +794,26 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     if url.get_backend_name() == "postgresql":
         return "postgresql", engine
     return None
+
+
+def _set_user_attrs(study: optuna.Study, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """`trial.set_user_attr` for each of `attrs`, in one database transaction where the
+    storage is one (Optuna commits each attribute on its own: a round trip each, on the way
+    from one trial to the next)."""
+    storage = study._storage
+    rdb = getattr(storage, "_backend", storage)  # _CachedStorage keeps no user attributes
+    if not isinstance(rdb, optuna.storages.RDBStorage) or len(attrs) < 2:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(rdb.scoped_session, True) as session:
+        for key, value in attrs.items():
+            rdb._set_trial_attr_without_commit(
+                session, models.TrialUserAttributeModel, trial._trial_id, key, value)
+    trial._cached_frozen_trial.user_attrs.update(attrs)
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:

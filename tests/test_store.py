@@ -66,6 +66,13 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     assert list(inspect.signature(optuna.Trial.__init__).parameters)[1:] == ["study", "trial_id"]
     # the budget lock finds the database behind Optuna's cached storage
     assert study._storage._backend.engine.url.get_backend_name() == "sqlite"
+    # a trial's attributes written in one transaction, as Trial.set_user_attr would
+    store._set_user_attrs(study, trial, {"a": 1, "b": [2, "x"]})
+    assert study.get_trials(deepcopy=False)[0].user_attrs == {"a": 1, "b": [2, "x"]}
+    assert trial.user_attrs == {"a": 1, "b": [2, "x"]}
+    study.tell(trial, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        store._set_user_attrs(study, trial, {"a": 2, "c": 3})
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
