@@ -259,7 +259,7 @@ class Pool:
         room = ranked(load, self.capacity, set(self.quarantined))
         held = {i: self.host.held(self._keys[i]) if self.host else load[i] for i in room}
         self.out = {}
-        order = ranked(held, self.capacity * 1000, set())  # host-wide load decides
+        order = sorted(room, key=lambda i: (held[i], i))  # host-wide load decides
         taken: list[tuple[int, Slot | None]] = []
         try:
             for index in order:

@@ -193,13 +193,9 @@ def storage_lost_errors() -> tuple[type[Exception], ...]:
 
 
 def storage_errors() -> tuple[type[Exception], ...]:
-    """What opening or reading a storage raises when the storage, not the code, is at fault."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    errors: tuple[type[Exception], ...] = (
-        OSError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
-    grpc = sys.modules.get("grpc")  # not imported: no grpc:// storage, no RpcError
-    return errors if grpc is None else (*errors, grpc.RpcError)
+    """What opening or reading a storage raises when the storage, not the code, is at fault
+    (a journal file's own OSError too)."""
+    return (OSError, *storage_lost_errors())
 
 
 def describe(error: BaseException) -> str:
@@ -579,8 +575,10 @@ class Store:
         has now searched its whole space).
         """
         try:
-            _set_user_attrs(self.study, trial, {
-                k: v for k, v in attrs.items() if not (isinstance(v, float) and math.isnan(v))})
+            kept = {k: v for k, v in attrs.items()
+                    if not (isinstance(v, float) and math.isnan(v))}
+            _set_user_attrs(self.study, trial._trial_id, kept)
+            trial._cached_frozen_trial.user_attrs.update(kept)
         except optuna.exceptions.UpdateFinishedTrialError:
             return False, False
         done = _tell_as_in_optimize(
@@ -715,9 +713,8 @@ class Store:
         attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
                  ATTEMPT: t.user_attrs.get(ATTEMPT, 0)}
         try:
-            for key, value in attrs.items():
-                if value is not None:
-                    storage.set_trial_user_attr(t._trial_id, key, value)
+            _set_user_attrs(self.study, t._trial_id, {
+                k: v for k, v in attrs.items() if v is not None})
             if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 return False
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -796,15 +793,15 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     return None
 
 
-def _set_user_attrs(study: optuna.Study, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
-    """`trial.set_user_attr` for each of `attrs`, in one database transaction where the
-    storage is one (Optuna commits each attribute on its own: a round trip each, on the way
-    from one trial to the next)."""
+def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]) -> None:
+    """The user attributes of a trial, in one database transaction where the storage is one
+    (Optuna commits each attribute on its own: a round trip each, on the way from one trial
+    to the next). UpdateFinishedTrialError if the trial is finished."""
     storage = study._storage
     rdb = getattr(storage, "_backend", storage)  # _CachedStorage keeps no user attributes
     if not isinstance(rdb, optuna.storages.RDBStorage) or len(attrs) < 2:
         for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+            storage.set_trial_user_attr(trial_id, key, value)
         return
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
@@ -812,8 +809,7 @@ def _set_user_attrs(study: optuna.Study, trial: optuna.Trial, attrs: Mapping[str
     with _create_scoped_session(rdb.scoped_session, True) as session:
         for key, value in attrs.items():
             rdb._set_trial_attr_without_commit(
-                session, models.TrialUserAttributeModel, trial._trial_id, key, value)
-    trial._cached_frozen_trial.user_attrs.update(attrs)
+                session, models.TrialUserAttributeModel, trial_id, key, value)
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:
