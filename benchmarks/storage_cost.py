@@ -19,9 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import re
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from sweep import config  # noqa: E402
 from sweep.outcome import Outcome  # noqa: E402
 from sweep.store import Owner, Store, open_storage, open_study  # noqa: E402
+from sweep.testing.postgres import throwaway_postgres  # noqa: E402
 
 
 def spec_for(url: str, name: str) -> config.Spec:
@@ -91,33 +90,6 @@ def measure(url: str, name: str, trials: int, drivers: int) -> tuple[float, floa
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    home = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
-    data, sock = home / "data", home / "sock"
-    sock.mkdir()
-    as_postgres: list[str] = []
-    if os.geteuid() == 0:
-        for path in (home, sock):
-            shutil.chown(path, "postgres")
-        home.chmod(0o755)
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run([*as_postgres, "initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-l", str(home / "log"),
-                    "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
-                   check=True, capture_output=True)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-@contextlib.contextmanager
 def storage_proxy(behind: str) -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweep", "storage-proxy", "--host", "127.0.0.1", "--port", "0",
@@ -144,7 +116,8 @@ def main() -> None:
     rows = []
     proxy_url = ""
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        pg = stack.enter_context(postgres()) if {"postgresql", "proxy"} & set(args.kinds) else ""
+        needs_pg = {"postgresql", "proxy"} & set(args.kinds)
+        pg = stack.enter_context(throwaway_postgres()) if needs_pg else ""
         for kind in args.kinds:
             for n in args.drivers:
                 name = f"{kind}-{n}"

@@ -3,52 +3,22 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import optuna
 import pytest
 from conftest import spawn_cli, study_dict
 
+from sweep.testing.postgres import throwaway_postgres
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    """Start a PostgreSQL 15 server for this module; stop it and remove its files after."""
-    if shutil.which("initdb") is None:
-        pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are not on PATH")
-    home = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
-    data, sock = home / "data", home / "sock"
-    sock.mkdir()
-    as_postgres: list[str] = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        shutil.chown(home, "postgres")
-        shutil.chown(sock, "postgres")
-        home.chmod(0o755)
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    subprocess.run([*as_postgres, "initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-l", str(home / "log"),
-                    "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
-                   check=True, capture_output=True)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+    """A PostgreSQL 15 server for this module, stopped and removed after."""
+    with throwaway_postgres() as url:
+        yield url
 
 
 def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):

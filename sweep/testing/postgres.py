@@ -1,0 +1,43 @@
+"""A throwaway PostgreSQL server on loopback, for tests and benchmarks (`initdb`, `pg_ctl`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[str]:
+    """Start a PostgreSQL server in a temporary folder on a free port; its URL. Stopped and
+    removed on exit. As root the server runs as the `postgres` user (it refuses root)."""
+    if shutil.which("initdb") is None:
+        raise RuntimeError("PostgreSQL server binaries (initdb, pg_ctl) are not on PATH")
+    home = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
+    data, sock = home / "data", home / "sock"
+    sock.mkdir()
+    as_postgres: list[str] = []
+    if os.geteuid() == 0:
+        for path in (home, sock):
+            shutil.chown(path, "postgres")
+        home.chmod(0o755)
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        subprocess.run([*as_postgres, "initdb", "-D", str(data), "-A", "trust", "-U",
+                        "postgres"], check=True, capture_output=True)
+        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-l", str(home / "log"),
+                        "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
+                       check=True, capture_output=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
