@@ -105,6 +105,43 @@ if len(trials) == 2:
     print(f"device handed over {gap:.1f} s after trial 0 was told (its child had 3 s of grace)")
 sys.exit(0 if ok else 1)
 PY
+
+# timed NAME LABEL [alone-first]: run $work/NAME.yaml (8 trials of gpu_burn.py), print
+# "LABEL: trials/hour", check every trial COMPLETE on CUDA; alone-first also checks that the
+# first trial ran alone and the rest packed (gpu_memory_gb: auto on one GPU).
+timed() {
+  local start end
+  start=$(date +%s.%N)
+  python3 -m sweep run "$work/$1.yaml" > "$work/$1.log" 2>&1
+  end=$(date +%s.%N)
+  python3 - "$work" "$1" "$2" "$start" "$end" "${3:-}" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import optuna
+work, name, label, start, end, extra = sys.argv[1:7]
+trials = optuna.load_study(study_name=name, storage=f"sqlite:///{work}/{name}.db").trials
+done = [t for t in trials if t.state.name == "COMPLETE"]
+edges = sorted([(t.datetime_start, 1) for t in done] + [(t.datetime_complete, -1) for t in done])
+most, now = 0, 0
+for _, d in edges:
+    now += d
+    most = max(most, now)
+wall = float(end) - float(start)
+print(f"{label}: {len(done)}/8 COMPLETE in {wall:.1f} s = {3600 * len(done) / wall:.0f} "
+      f"trials/hour, at most {most} at once, peak memory "
+      f"{max((t.user_attrs.get('gpu_mem_peak_mb') or 0 for t in done), default=0):.0f} MB")
+ok = len(done) == 8 and all(t.user_attrs.get("metric_cuda") == 1.0 for t in done)
+print(("PASS " if ok else "FAIL ") + f"{label}: every trial COMPLETE on CUDA")
+if extra == "alone-first" and ok:
+    first = min(done, key=lambda t: t.datetime_start)
+    alone = all(t.datetime_start >= first.datetime_complete for t in done if t is not first)
+    print(("PASS " if alone and most > 1 else "FAIL ") +
+          f"{label}: the first trial ran alone, the rest packed")
+    ok = alone and most > 1
+sys.exit(0 if ok else 1)
+PY
+}
+
 # Packing (issue 11): 8 short trials of a small model, trials_per_gpu 1 vs 4 vs
 # gpu_memory_gb: auto (the first trial alone, then packed by its measured peak): trials/hour.
 for mode in tpg1 tpg4 auto; do
@@ -125,40 +162,11 @@ $gpus
 params:
   size: {type: categorical, choices: [512, 1024]}
 YAML
-  start=$(date +%s.%N)
-  python3 -m sweep run "$work/pack_$mode.yaml" > "$work/pack_$mode.log" 2>&1
-  end=$(date +%s.%N)
-  python3 - "$work" "$mode" "$start" "$end" <<'PY' || fail=1
-import sys
-from pathlib import Path
-import optuna
-work, mode, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-trials = optuna.load_study(study_name=f"pack_{mode}",
-                           storage=f"sqlite:///{work}/pack_{mode}.db").trials
-done = [t for t in trials if t.state.name == "COMPLETE"]
-edges = sorted([(t.datetime_start, 1) for t in done] + [(t.datetime_complete, -1) for t in done])
-most, now = 0, 0
-for _, d in edges:
-    now += d
-    most = max(most, now)
-wall = end - start
-print(f"PACK {mode}: {len(done)}/8 COMPLETE in {wall:.1f} s = {3600 * len(done) / wall:.0f} "
-      f"trials/hour, at most {most} at once, peak memory "
-      f"{max(t.user_attrs.get('gpu_mem_peak_mb') or 0 for t in done):.0f} MB")
-ok = len(done) == 8
-if mode == "auto" and ok:
-    first = min(done, key=lambda t: t.datetime_start)
-    alone = all(t.datetime_start >= first.datetime_complete for t in done if t is not first)
-    print(("PASS " if alone and most > 1 else "FAIL ") +
-          "auto: the first trial ran alone, the rest packed")
-    ok = alone and most > 1
-print(("PASS " if ok else "FAIL ") + f"pack {mode}: every trial COMPLETE")
-sys.exit(0 if ok else 1)
-PY
+  timed "pack_$mode" "PACK $mode" "$([ $mode = auto ] && echo alone-first)"
 done
 
 # Launchers (issue 13): the same 8 short trials of a small real model through each launcher,
-# one trial per GPU: trials/hour, and each trainer's own start-up (imports + Accelerator).
+# one trial per GPU: trials/hour.
 for launcher in accelerate direct python; do
   cat > "$work/launch_$launcher.yaml" <<YAML
 study: {name: launch_$launcher, direction: minimize, metric: loss, n_trials: 8,
@@ -168,25 +176,7 @@ gpus: {sample_interval: 0.5}
 params:
   size: {type: categorical, choices: [512, 1024]}
 YAML
-  start=$(date +%s.%N)
-  python3 -m sweep run "$work/launch_$launcher.yaml" > "$work/launch_$launcher.log" 2>&1
-  end=$(date +%s.%N)
-  python3 - "$work" "$launcher" "$start" "$end" <<'PY' || fail=1
-import sys
-from pathlib import Path
-import optuna
-work, launcher, start, end = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-trials = optuna.load_study(study_name=f"launch_{launcher}",
-                           storage=f"sqlite:///{work}/launch_{launcher}.db").trials
-done = [t for t in trials if t.state.name == "COMPLETE"]
-wall = end - start
-cuda = all(t.user_attrs.get("metric_cuda") == 1.0 for t in done)
-print(f"LAUNCHER {launcher}: {len(done)}/8 COMPLETE in {wall:.1f} s = "
-      f"{3600 * len(done) / wall:.0f} trials/hour")
-ok = len(done) == 8 and cuda
-print(("PASS " if ok else "FAIL ") + f"launcher {launcher}: every trial COMPLETE on CUDA")
-sys.exit(0 if ok else 1)
-PY
+  timed "launch_$launcher" "LAUNCHER $launcher"
 done
 
 if [ -n "${OUT:-}" ]; then

@@ -23,6 +23,15 @@ def copied(tmp_path: Path) -> Path:
     return tmp_path / "studies"
 
 
+def swept(copied: Path, file: str, name: str) -> list:
+    """Run studies/<file> to its end: its trials, all of which must be COMPLETE."""
+    study = copied / file
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study, name)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    return trials
+
+
 def test_the_example_scripts_know_nothing_of_sweep():
     for script in EXAMPLES.glob("*.py"):
         code = script.read_text()
@@ -31,11 +40,7 @@ def test_the_example_scripts_know_nothing_of_sweep():
 
 
 def test_a_script_that_only_prints_its_metrics(copied, fake_gpus):
-    study = copied / "print_metrics.yaml"
-    assert run_cli("run", str(study)) == 0
-    trials = load_trials(study, "print-metrics")
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
-    for t in trials:
+    for t in swept(copied, "print_metrics.yaml", "print-metrics"):
         out = (copied / "print-metrics" / "trials" / str(t.number) / "stdout.log").read_text()
         last = out.strip().splitlines()[-1]  # "Test set: Average loss: 0.1234, Accuracy: ..."
         assert last.startswith(f"Test set: Average loss: {t.value:.4f}")
@@ -45,11 +50,7 @@ def test_a_script_that_only_prints_its_metrics(copied, fake_gpus):
 
 
 def test_a_script_that_writes_all_results_json_into_its_output_dir(copied, fake_gpus):
-    study = copied / "hf_style.yaml"
-    assert run_cli("run", str(study)) == 0
-    trials = load_trials(study, "hf-style")
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
-    for t in trials:
+    for t in swept(copied, "hf_style.yaml", "hf-style"):
         out = copied / "hf-style" / "trials" / str(t.number) / "hf_out" / "all_results.json"
         written = json.loads(out.read_text())  # where the script put it, per trial
         assert t.value == written["eval_loss"]
@@ -57,10 +58,7 @@ def test_a_script_that_writes_all_results_json_into_its_output_dir(copied, fake_
 
 
 def test_a_script_with_dash_names_and_store_true_flags(copied, fake_gpus):
-    study = copied / "flags.yaml"
-    assert run_cli("run", str(study)) == 0
-    trials = load_trials(study, "flags")
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    trials = swept(copied, "flags.yaml", "flags")
     for t in trials:
         out = (copied / "flags" / "trials" / str(t.number) / "stdout.log").read_text()
         assert f"amp={t.params['use_amp']}" in out and "shuffle=True" in out
