@@ -43,23 +43,24 @@ class AccelerateEnv:
     def __init__(self, cache_dir: Path, host: str, python: str = sys.executable,
                  timeout: float = 300.0) -> None:
         self.cache_dir, self.host, self.python, self.timeout = cache_dir, host, python, timeout
-        self._known: dict[str, dict[str, str]] = {}
-
-    def key(self, options: list[str]) -> str:
+        self._known: dict[tuple[str, ...], dict[str, str]] = {}
         try:
             version = metadata.version("accelerate")
         except metadata.PackageNotFoundError:
             version = "?"
         reads = sorted((k, v) for k, v in os.environ.items() if READS.match(k))
-        text = json.dumps([version, self.python, self.host, options, reads])
+        self._context = [version, python, host, reads]  # what the driver runs with: fixed
+
+    def key(self, options: list[str]) -> str:
+        text = json.dumps([*self._context, options])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def get(self, options: list[str]) -> dict[str, str]:
         """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
+        if tuple(options) in self._known:  # each trial start asks: no hashing, no files
+            return self._known[tuple(options)]
         key = self.key(options)
-        if key in self._known:
-            return self._known[key]
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
         cached = self.cache_dir / f"accelerate_env.{safe}.{key}.json"
         try:
@@ -69,7 +70,7 @@ class AccelerateEnv:
             tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
             tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
             tmp.replace(cached)
-        self._known[key] = env
+        self._known[tuple(options)] = env
         return env
 
     @property
