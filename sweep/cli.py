@@ -97,7 +97,7 @@ def _gpus(args: argparse.Namespace) -> int:
             if look is not None:
                 sweeps, visible = probe.sweep_pids(look.processes)  # type: ignore[union-attr]
                 busy = placement.in_use_by_others(
-                    look, sweeps, slots > 0 or bool(sweeps), args.busy_memory_mb, visible)
+                    look, sweeps, slots > 0, args.busy_memory_mb, visible)
                 state = f"no: {busy}" if busy else "yes"
                 holders += [_who(pid, mb, pid in sweeps) for pid, mb in look.processes.items()]
             total = d.memory_total_mb

@@ -48,10 +48,11 @@ def in_use_by_others(look: Look, ours: set[int], sweeps_hold: bool, busy_memory_
     """Why the device is someone else's now, or None.
 
     `ours`: pids of this host's sweep trials. `sweeps_hold`: a sweep of this host holds a slot
-    of it or runs a process on it (its memory is then not judged, and pids this process cannot
-    see are taken to be the sweeps', as NVML reports host pids inside containers).
-    `visible`: pids that exist here (None: all).
+    of it. Then, or when one of `ours` runs on it, its memory is not judged, and pids this
+    process cannot see are taken to be the sweeps', as NVML reports host pids inside
+    containers. `visible`: pids whose environment this process can read (None: all).
     """
+    sweeps_hold = sweeps_hold or bool(ours & set(look.processes))
     others = sorted(
         pid for pid in look.processes
         if pid not in ours and not (sweeps_hold and visible is not None and pid not in visible)

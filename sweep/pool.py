@@ -318,10 +318,8 @@ class Pool:
             for lease in mine:
                 ours |= lease.process.tree_pids() if lease.process else set()
             sweeps, visible = self.probe.sweep_pids(set(look.processes) - ours)
-            ours |= sweeps
-            sweeps_hold = sweeps_hold or bool(ours & set(look.processes))
-            busy = placement.in_use_by_others(look, ours, sweeps_hold, rules.busy_memory_mb,
-                                              visible)
+            busy = placement.in_use_by_others(look, ours | sweeps, sweeps_hold,
+                                              rules.busy_memory_mb, visible)
         promised = [Held(rules.want_mb or 0.0, x.used_mb.get(index)) for x in mine]
         return placement.admit(look, promised, rules.want_mb, index in self.oom_blocked, busy)
 

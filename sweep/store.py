@@ -624,14 +624,18 @@ class Store:
         else:
             storage.set_trial_user_attr(trial._trial_id, BEAT, time.time())
 
+    def _silence_left(self, trial_id: int) -> float:
+        """Seconds until a trial's `beat`, unchanged, makes it silent (0: unseen)."""
+        seen = self._beats.get(trial_id)
+        return max(0.0, self.reclaim_after - (self.clock() - seen[1])) if seen else 0.0
+
     def _first_look_left(self, trial_id: int) -> float | None:
         """Seconds until this driver has watched a trial's `beat` for `reclaim_after` since it
         first saw it (None: it has, and the trial beats)."""
-        seen = self._beats.get(trial_id)
         first = self._first_seen.get(trial_id)
-        if seen is None or first is None or self.clock() - first >= self.reclaim_after:
+        if first is None or self.clock() - first >= self.reclaim_after:
             return None
-        return max(0.0, self.reclaim_after - (self.clock() - seen[1]))
+        return self._silence_left(trial_id)
 
     def _silent(self, t: optuna.trial.FrozenTrial) -> bool:
         """Whether a trial's `beat` has not changed for `reclaim_after` s of this driver's
@@ -688,8 +692,7 @@ class Store:
                 reason = ("driver died before recording itself (no owner, no heartbeat for "
                           f"{self.reclaim_after:.0f} s)")
             elif owner is None and not self._optuna_beats:
-                seen = self._beats.get(t._trial_id)
-                left = self.reclaim_after - (self.clock() - seen[1]) if seen else 0.0
+                left = self._silence_left(t._trial_id)
                 wait = left if wait is None else min(wait, left)
                 continue
             elif owner is None and t.datetime_start is not None:
