@@ -249,16 +249,20 @@ class ResultSection(_Model):
         return [self.stdout] if isinstance(self.stdout, str) else list(self.stdout)
 
 
+ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+
+
 class TrainerSection(_Model):
     script: Path | None = None
-    module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] | None = None
+    module: ModuleName | None = None
     args: list[str] = []
     result: ResultSection | None = None
     pass_params: Literal["args", "env", "file"] = "args"
     prefix: Prefix = "--"
     env: dict[str, str | int | float | bool] = {}
     accelerate: AccelerateSettings = AccelerateSettings()
-    launcher: Literal["accelerate", "direct", "python"] = "accelerate"
+    launcher: Literal["accelerate", "direct", "warm", "python"] = "accelerate"
+    preload: list[ModuleName] = []
     timeout: Annotated[float, Field(gt=0)] | None = None
     stop_grace: Annotated[float, Field(
         ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0
@@ -281,9 +285,12 @@ class TrainerSection(_Model):
     def _one_entry_point(self) -> TrainerSection:
         if (self.script is None) == (self.module is None):
             raise ValueError("give exactly one of script or module")
-        if self.launcher == "direct" and self.gpus_per_trial > 1:
-            raise ValueError("launcher: direct starts one process per trial; a trial of "
-                             "several devices needs launcher: accelerate")
+        if self.launcher in ("direct", "warm") and self.gpus_per_trial > 1:
+            raise ValueError(f"launcher: {self.launcher} starts one process per trial; a "
+                             "trial of several devices needs launcher: accelerate")
+        if self.preload and self.launcher != "warm":
+            raise ValueError("preload is for launcher: warm (the modules its fork server "
+                             f"imports); launcher is {self.launcher}")
         return self
 
 
@@ -516,7 +523,7 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
             continue
         if trainer.launcher == "python":
             raise ConfigError(file, f"params.{name}.where", "accelerate options need "
-                              "trainer.launcher: accelerate (or direct)")
+                              "trainer.launcher: accelerate (or direct, warm)")
         if name not in ACCELERATE_OPTIONS:
             raise ConfigError(file, f"params.{name}.where",
                               f"not an `accelerate launch` option sweep can search: "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from typing import Any
 
@@ -20,10 +21,12 @@ from sweep.monitor import Monitor
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
-from sweep.protocol import ReportReader
+from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store
+from sweep.warm import DEFAULT_PRELOAD, WarmError, WarmServer
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
+WARM_PATIENCE = 600.0  # how long the warm server may take to import its modules
 
 
 class Driver:
@@ -55,11 +58,25 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
+        self.warm: WarmServer | None = None  # launcher: warm, until it falls back to direct
 
     def run(self) -> RunResult:
-        """Run to the end. Always tells every trial it asked; restores signal handlers."""
+        """Run to the end. Always tells every trial it asked; restores signal handlers; ends
+        the warm server."""
         launch.prepare_output_dir(self.spec.output_dir, self.own)
-        if self.spec.trainer.launcher == "direct" and all(
+        trainer = self.spec.trainer
+        if trainer.launcher == "warm":  # it imports while the rest gets ready
+            self.warm = WarmServer([*DEFAULT_PRELOAD, *trainer.preload],
+                                   {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
+                                   self.own / "warm.log")
+        try:
+            return self._run()
+        finally:
+            if self.warm is not None:
+                self.warm.close()
+
+    def _run(self) -> RunResult:
+        if self.spec.trainer.launcher in ("direct", "warm") and all(
                 p.where == "script" for p in self.spec.params.values()):
             self.accelerate_env.get(launch.direct_settings(  # once, before the first trial
                 self.spec, {}, self.accelerate_env.config_dir))
@@ -192,9 +209,49 @@ class Driver:
             self._counts = self.store.counts()
         return self._counts
 
+    def _warm_server(self) -> WarmServer | None:
+        """The warm server once it is ready; None when it cannot serve (then the trials start
+        as with `direct`, and the user is told why once)."""
+        if self.warm is None:
+            return None
+        fresh = self.warm.hello is None
+        try:
+            hello = self.warm.ready(WARM_PATIENCE, abort=self._stopping)
+        except WarmError as e:
+            if not self._stopping():
+                self._drop_warm(str(e))
+            return None
+        if fresh:
+            for name, error in hello["failed"].items():
+                self.events.message(f"launcher: warm: could not preload {name} ({error}); "
+                                    "trials import it themselves")
+            if hello["cuda"]:
+                self._drop_warm("importing the preloaded modules initialised CUDA, which a "
+                                "fork cannot use (see the README: launcher warm)")
+        return self.warm
+
+    def _drop_warm(self, why: str) -> None:
+        self.events.message(f"launcher: warm: {why}; starting trials as launcher: direct")
+        if self.warm is not None:
+            self.warm.close(wait=0.0)
+            self.warm = None
+
+    def _spawn(self, plan: launch.LaunchPlan, hold: tuple[int, ...]) -> process.Process:
+        grace, wake = self.spec.trainer.stop_grace, self.clock.wake
+        server = self._warm_server()
+        if server is not None:
+            try:
+                return self.spawn(plan, grace, wake, hold=hold, server=server)
+            except WarmError as e:
+                self._drop_warm(str(e))
+        return self.spawn(plan, grace, wake, hold=hold)
+
     def _start_one(self, now: float) -> None:
         spec, device = self.spec, self.pool.free_device()
         assert device is not None
+        self._warm_server()  # before asking: a signal may end the wait for its imports
+        if self._stopping():
+            return
         try:
             with self.store.budget_lock(abort=self._stopping) as locked:
                 # other drivers of the study may have spent the budget
@@ -221,13 +278,12 @@ class Driver:
             port = self._port(lease) if len(lease.devices) > 1 else None
             direct = self.accelerate_env.get(launch.direct_settings(
                 spec, params, self.accelerate_env.config_dir)) \
-                if spec.trainer.launcher == "direct" else None
+                if spec.trainer.launcher in ("direct", "warm") else None
             plan = launch.plan_trial(spec, asked.number, params, device, self.own,
                                      ",".join(self.pool.pin(i) for i in lease.devices), port,
                                      direct)
             launch.prepare_trial_dir(plan, launch.script_params(params, spec.params))
-            proc = self.spawn(plan, spec.trainer.stop_grace, self.clock.wake,
-                              hold=lease.fds())
+            proc = self._spawn(plan, lease.fds())
         except BaseException as e:
             self.pool.release(asked.number)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 STOP, KILL = b"T", b"K"
@@ -119,25 +120,37 @@ def _report(fd: int, code: int) -> None:
         pass  # the driver is gone; the control pipe says so too
 
 
-def main(argv: list[str]) -> int:
-    control, status, grace, sep, *command = argv
-    if sep != "--" or not command:
-        print("usage: guard.py CONTROL STATUS GRACE -- ARGV...", file=sys.stderr)
-        return 2
-    # A handler, not SIG_IGN: the command must get default dispositions back at exec.
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22): with the pid,
+    it names one process, never a later one given the same pid. None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def quiet_signals() -> None:
+    """TERM, INT and HUP do nothing to the guard (the driver stops it through CONTROL).
+
+    A handler, not SIG_IGN: a command it execs must get default dispositions back."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
+
+
+def supervise(start: Callable[[], int], control: int, status: int, grace: float) -> int:
+    """Run the command `start()` starts (returning its pid; the command in a process group of
+    its own) to the end of its whole tree, as the module says; its exit code."""
     _become_subreaper()
-    tree = Tree(float(grace))
-    status_fd = int(status)
+    tree = Tree(grace)
     try:
-        # A process group of its own: a trainer that signals its group cannot hit the guard.
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+        child = start()
     except OSError as e:
-        print(f"sweep guard: cannot start {command[0]}: {e}", file=sys.stderr)
-        _report(status_fd, 127)
+        print(f"sweep guard: cannot start the command: {e}", file=sys.stderr)
+        _report(status, 127)
         return 127
-    threading.Thread(target=_follow_control, args=(int(control), tree), daemon=True).start()
+    threading.Thread(target=_follow_control, args=(control, tree), daemon=True).start()
     code = 1
     while True:
         try:
@@ -146,14 +159,30 @@ def main(argv: list[str]) -> int:
             break
         except InterruptedError:
             continue
-        if pid == child.pid:
-            child.returncode = os.waitstatus_to_exitcode(wait_status)
-            code = 128 - child.returncode if child.returncode < 0 else child.returncode
-            _report(status_fd, code)
+        if pid == child:
+            returncode = os.waitstatus_to_exitcode(wait_status)
+            code = 128 - returncode if returncode < 0 else returncode
+            _report(status, code)
             if descendants(os.getpid()):
                 tree.stop_in_background(tree.grace)
     tree.gone.set()
     return code
+
+
+def main(argv: list[str]) -> int:
+    control, status, grace, sep, *command = argv
+    if sep != "--" or not command:
+        print("usage: guard.py CONTROL STATUS GRACE -- ARGV...", file=sys.stderr)
+        return 2
+    quiet_signals()
+
+    def start() -> int:
+        # A process group of its own: a trainer that signals its group cannot hit the guard.
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+        child.returncode = 0  # reaped by `supervise` (os.wait): Popen must not wait for it
+        return child.pid
+
+    return supervise(start, int(control), int(status), float(grace))
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def build_launch(
         argv = [python, "-m", "accelerate.commands.launch", *settings, *tail]
     else:
         argv = [python, *tail]
-        if trainer.launcher == "direct":  # what `accelerate launch` would have set, then ours
+        if trainer.launcher in ("direct", "warm"):  # what `accelerate launch` would set, then ours
             env = {**(launcher_env or {}), **env}
     result = paths.result
     if trainer.result is not None and trainer.result.file is not None:

@@ -29,6 +29,7 @@ from sweep import guard
 from sweep.launch import LaunchPlan
 from sweep.outcome import Outcome, judge_files
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.warm import WarmServer, trainer_pid
 
 GUARD = Path(guard.__file__)
 # How long past its grace period a guard may take to end the tree before the driver kills it.
@@ -76,26 +77,37 @@ class TrialProcess:
     """One trial's guard, launcher and trainer, in a new session.
 
     `on_change` is called from a reader thread when the command exits and when the whole tree
-    has ended (to wake the driver).
+    has ended (to wake the driver). With a `server` (`launcher: warm`), the guard and the
+    trainer are forks of that server instead of new interpreters.
     """
 
     def __init__(
         self, plan: LaunchPlan, grace: float, on_change: Callable[[], None] = lambda: None,
-        hold: Sequence[int] = (),
+        hold: Sequence[int] = (), server: WarmServer | None = None,
     ) -> None:
         """`hold`: descriptors the guard keeps open while the tree lives (the device's
-        host-wide slot lock, so it outlives a killed driver until the trial is gone)."""
+        host-wide slot lock, so it outlives a killed driver until the trial is gone).
+        WarmError if `server` cannot start it (nothing was started)."""
         self.plan = plan
         control_r, self._control = os.pipe()
         status_r, status_w = os.pipe()
-        argv = [sys.executable, str(GUARD), str(control_r), str(status_w), str(grace), "--"]
+        self._popen: subprocess.Popen[bytes] | None = None
         try:
             with open(plan.paths.stdout, "wb") as out, open(plan.paths.stderr, "wb") as err:
-                self._popen = subprocess.Popen(
-                    [*argv, *plan.argv], env={**os.environ, **plan.env},
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, pass_fds=(control_r, status_w, *hold),
-                )
+                if server is not None:
+                    self.pid = server.fork(
+                        plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,
+                        str(plan.paths.dir),
+                        (control_r, status_w, out.fileno(), err.fileno(), *hold))
+                else:
+                    argv = [sys.executable, str(GUARD), str(control_r), str(status_w),
+                            str(grace), "--"]
+                    self._popen = subprocess.Popen(
+                        [*argv, *plan.argv], env={**os.environ, **plan.env},
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                        start_new_session=True, pass_fds=(control_r, status_w, *hold),
+                    )
+                    self.pid = self._popen.pid
         except BaseException:
             os.close(self._control)
             os.close(status_r)
@@ -103,7 +115,6 @@ class TrialProcess:
         finally:
             os.close(control_r)
             os.close(status_w)
-        self.pid = self._popen.pid
         self.started = time.time()
         self._exit_code: int | None = None
         self._exited = threading.Event()
@@ -120,7 +131,9 @@ class TrialProcess:
                     self._exit_code = int(line.split()[1])
                     self._exited.set()
                     self._on_change()
-        code = self._popen.wait()
+        # End of file: the guard is gone (a warm guard is the server's child: its exit code
+        # is not ours to read; it is gone, so it was killed, and is counted as SIGKILL).
+        code = self._popen.wait() if self._popen is not None else -signal.SIGKILL
         if self._exit_code is None:  # the guard died first: stop what it leaves behind
             self.lost = True
             kill_leftovers(self.plan.paths.dir)
@@ -205,6 +218,15 @@ def kill_leftovers(trial_dir: str | Path) -> list[int]:
     killed too. Returns the pids killed.
     """
     killed = []
+    warm = trainer_pid(trial_dir)
+    if warm is not None:  # a fork of the warm server: its environment is the server's
+        try:
+            tree = psutil.Process(warm)
+            for proc in [*tree.children(recursive=True), tree]:
+                proc.kill()
+                killed.append(proc.pid)
+        except psutil.Error:
+            pass
     for proc in psutil.process_iter():
         try:
             if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):

@@ -11,7 +11,7 @@ LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
      "grpclock", "placement"},
     {"config"},
-    {"launch", "outcome", "policy", "pool"},
+    {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"driver"},
     {"progress", "summary"},

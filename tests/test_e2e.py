@@ -163,13 +163,14 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
      "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
     {"accelerate": {"mixed_precision": "bf16", "dynamo_backend": "no"}},
 ], ids=["searched mixed precision", "trainer.accelerate"])
-def test_direct_gives_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path,
+def test_direct_and_warm_give_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path,
                                                                   settings):
-    """The same study through `accelerate launch` and through `launcher: direct`: the trainer's
-    Accelerator sees the same device, mixed precision, processes and ACCELERATE_* variables."""
+    """The same study through `accelerate launch`, `launcher: direct` and `launcher: warm`: the
+    trainer's Accelerator sees the same device, mixed precision, processes, threads and
+    ACCELERATE_* variables."""
     trainer = ROOT / "tests" / "trainers" / "state_probe.py"
     seen: dict[str, list[dict]] = {}
-    for launcher in ("accelerate", "direct"):
+    for launcher in ("accelerate", "direct", "warm"):
         study = write_study(
             study={"name": launcher, "n_trials": len(settings.get("enqueue", [0])),
                    "enqueue": settings.get("enqueue", [])},
@@ -183,6 +184,7 @@ def test_direct_gives_a_trainer_the_state_accelerate_launch_gives(write_study, t
         trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
         seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
     assert seen["direct"] == seen["accelerate"]
+    assert seen["warm"] == seen["accelerate"]
     if "enqueue" in settings:
         assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]

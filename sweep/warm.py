@@ -1,0 +1,402 @@
+"""`trainer.launcher: warm`: a fork server that has imported what trainers import.
+
+The driver starts one server (`python -m sweep.warm FD MODULE...`) when the run starts. It
+imports the modules (torch, accelerate, `trainer.preload`), never touches CUDA, says whether
+importing them initialised CUDA anyway, then serves trial starts over a Unix socket: for
+each, the driver sends the trial's argv, environment and working directory with its pipes
+and files (control, status, stdout, stderr, the slot locks), and the server forks
+
+    server -> guard (new session, child subreaper, `guard.supervise`)
+           -> trainer (own process group; the trial's environment, stdio and argv;
+              the script run as __main__ by `runpy`)
+
+so a trial is its own process under its own guard, exactly as with the other launchers, only
+without an interpreter start and the imports. A crash, an OOM or a SIGKILL ends that fork
+alone. The server is a child subreaper too: what a killed guard leaves behind comes back to
+it and is killed. It ends when the driver closes the socket (or dies), once its guards have.
+
+What a fork shares with the server, and a fresh interpreter would not: modules imported at
+preload (and their state), the hash seed. Python's `random` is reseeded in each fork, as is
+NumPy's global generator where it was imported. A preloaded module that initialises CUDA at
+import makes every fork unusable for CUDA: the server says so and the driver falls back to
+`direct`.
+
+This module imports only the standard library and `sweep.guard` (the driver imports it too).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sweep import guard
+
+DEFAULT_PRELOAD = ("torch", "accelerate")
+PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 64
+
+
+class WarmError(RuntimeError):
+    """The server could not start, or stopped serving."""
+
+
+# ---- the wire: one JSON message per packet, with descriptors ----------------------------
+
+
+def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    if len(data) > MAX_MESSAGE:
+        raise WarmError(f"a trial start of {len(data)} bytes is too large for the server")
+    socket.send_fds(sock, [data], list(fds))
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """A message and its descriptors; (None, []) at end of file."""
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
+
+
+# ---- the driver's side ------------------------------------------------------------------
+
+
+class WarmServer:
+    """The driver's handle on its fork server: start it, wait until it is ready, fork."""
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str], log: Path,
+                 python: str = sys.executable) -> None:
+        """Start the server with `env` (the driver's, with a SWEEP_TRIAL_DIR of its own, so
+        its forks on a GPU are known as sweep's); its own output goes to `log`."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for s in (mine, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_MESSAGE)
+        self.preload = list(dict.fromkeys(preload))
+        try:
+            with open(log, "ab") as out:
+                self._popen = subprocess.Popen(
+                    [python, "-m", "sweep.warm", str(theirs.fileno()), *self.preload],
+                    env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    start_new_session=True, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = mine
+        self._lock = threading.Lock()
+        self.log = log
+        self.hello: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def ready(self, timeout: float, abort: Any = lambda: False) -> dict[str, Any]:
+        """Wait for the server's hello: {"cuda": whether importing initialised CUDA,
+        "failed": {module: error}, "seconds": the imports' time}. WarmError if it died or
+        took longer than `timeout`; `abort()` true ends the wait with WarmError too."""
+        if self.hello is not None:
+            return self.hello
+        deadline = time.monotonic() + timeout
+        self._sock.settimeout(0.1)
+        try:
+            while True:
+                if abort():
+                    raise WarmError("stopped while the server was importing")
+                try:
+                    hello, _ = _receive(self._sock)
+                    break
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise WarmError(f"the server took over {timeout:.0f} s to import "
+                                        f"{', '.join(self.preload)}") from None
+        finally:
+            self._sock.settimeout(None)
+        if hello is None:
+            raise WarmError(f"the server ended while importing (exit {self._popen.poll()}; "
+                            f"see {self.log})")
+        self.hello = hello
+        return hello
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, grace: float,
+             trial_dir: str, fds: Sequence[int]) -> int:
+        """Start one trial: its guard's pid. `fds`: control, status, stdout, stderr, then
+        what the guard holds; the caller keeps and closes its own copies."""
+        message = {"argv": list(argv), "env": dict(env), "cwd": cwd, "grace": grace,
+                   "dir": trial_dir, "hold": len(fds) - 4}
+        with self._lock:
+            try:
+                _send(self._sock, message, fds)
+                reply, _ = _receive(self._sock)
+            except OSError as e:
+                raise WarmError(f"the server stopped serving: {e}") from None
+        if reply is None:
+            raise WarmError(f"the server ended (exit {self._popen.poll()}; see {self.log})")
+        if "error" in reply:
+            raise WarmError(str(reply["error"]))
+        return int(reply["pid"])
+
+    def close(self, wait: float = 5.0) -> None:
+        """Stop serving: the server ends once its guards have (it is killed after `wait` s;
+        running trials are not waited for here: the driver has ended them)."""
+        self._sock.close()
+        try:
+            self._popen.wait(wait)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+def trainer_pid(trial_dir: str | Path) -> int | None:
+    """The pid of a warm trial's trainer process while that very process runs, else None."""
+    try:
+        pid, ticks = map(int, (Path(trial_dir) / PID_FILE).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return pid if guard.start_ticks(pid) == ticks else None
+
+
+# ---- the server's side ------------------------------------------------------------------
+
+
+def _preload(modules: Sequence[str]) -> dict[str, Any]:
+    import importlib
+
+    failed: dict[str, str] = {}
+    began = time.monotonic()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            failed[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    torch = sys.modules.get("torch")
+    cuda = bool(torch is not None and torch.cuda.is_initialized())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return {"cuda": cuda, "failed": failed, "seconds": time.monotonic() - began}
+
+
+def _children() -> set[int]:
+    """The server's own children (not their descendants)."""
+    found: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                found.update(int(pid) for pid in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _orphans(guards: set[int]) -> None:
+    """Reap what ended; SIGKILL what a killed guard left behind (it came back here)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        guards.discard(pid)
+    for pid in _children() - guards:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def serve(sock: socket.socket, modules: Sequence[str]) -> int:
+    """Preload, say hello, then fork a guard per request until the driver closes `sock`."""
+    guard.quiet_signals()  # Ctrl-C in the driver's terminal is the driver's to handle
+    hello = _preload(modules)
+    guard._become_subreaper()
+    _send(sock, hello)
+    guards: set[int] = set()
+    sock.settimeout(0.5)
+    while True:
+        _orphans(guards)
+        try:
+            message, fds = _receive(sock)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if message is None:
+            break
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": f"cannot fork: {e}"})
+            continue
+        if pid == 0:
+            _guard(sock, message, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        guards.add(pid)
+        _send(sock, {"pid": pid})
+    sock.close()
+    while guards:  # the driver is gone or done: its guards stop their trees, then end
+        time.sleep(0.1)
+        _orphans(guards)
+    _orphans(guards)
+    return 0
+
+
+def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
+    """In the fork: become the trial's guard (`guard.supervise`), then exit with its code."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()
+        control, status, out, err, *hold = fds
+        mine = [control, status, *hold]
+
+        def start() -> int:
+            pid = os.fork()
+            if pid == 0:
+                _trainer(message, out, err, mine)  # never returns
+            os.close(out)
+            os.close(err)
+            ticks = guard.start_ticks(pid)
+            try:
+                (Path(message["dir"]) / PID_FILE).write_text(f"{pid} {ticks}\n")
+            except OSError:
+                pass
+            return pid
+
+        code = guard.supervise(start, control, status, float(message["grace"]))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) -> None:
+    """In the guard's fork: become the trial's trainer and run its script as __main__."""
+    code: Any = 1
+    try:
+        os.setpgrp()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in {null, out, err, *close}:
+            os.close(fd)
+        env = message["env"]
+        threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(message["cwd"])
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = _text(1, unbuffered, line=False)
+        sys.stderr = _text(2, unbuffered, line=True)
+        _fresh_state(threads)
+        argv = list(message["argv"][1:])  # [python, script, *args] or [python, -m, module, ...]
+        import runpy
+
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    _exit_as_python(code)
+
+
+def _text(fd: int, unbuffered: bool, line: bool) -> io.TextIOWrapper:
+    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    return io.TextIOWrapper(raw, encoding=sys.stdout.encoding or "utf-8",
+                            errors="backslashreplace" if line else "strict",
+                            line_buffering=line, write_through=unbuffered)
+
+
+def _fresh_state(server_threads: str | None) -> None:
+    """Give the fork what a new process would have: fresh random state (Python's `random`
+    reseeds itself at fork; NumPy's global generator does not), and torch's thread count
+    from the trial's OMP_NUM_THREADS where it differs from the server's."""
+    numpy = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    try:
+        if numpy is not None:
+            numpy.random.seed()
+        if torch is not None and threads != server_threads and threads and threads.isdigit():
+            torch.set_num_threads(int(threads))
+    except Exception:  # never fail a trial over this
+        pass
+
+
+def _exit_as_python(code: Any) -> None:
+    """End the fork as the interpreter ends: wait for non-daemon threads, run atexit, flush,
+    then exit with `code` (SystemExit's rules; a negative code: die of that signal)."""
+    import atexit
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def main(argv: list[str]) -> int:
+    fd, *modules = argv
+    sock = socket.socket(fileno=int(fd))
+    return serve(sock, modules)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

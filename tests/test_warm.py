@@ -1,0 +1,215 @@
+"""`launcher: warm`: trials forked from a server that has imported their modules are still
+one process each, under their own guard, with their own stdio, exit code and environment;
+a crash or a kill ends one fork; a server that cannot serve falls back to `direct`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, processes_mentioning, spawn_cli, wait_until
+
+import sweep
+from sweep.launch import LaunchPlan, TrialPaths
+from sweep.process import TrialProcess, kill_leftovers
+from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
+from sweep.warm import PID_FILE, WarmServer, trainer_pid
+
+PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmServer]:
+    """A server that preloads `json` only (fast); the driver's tests preload torch."""
+    log = tmp_path_factory.mktemp("warm") / "warm.log"
+    warm = WarmServer(["json"], {**os.environ, TRIAL_DIR_ENV: str(log.parent)}, log)
+    hello = warm.ready(60)
+    assert hello["failed"] == {} and hello["cuda"] is False
+    yield warm
+    warm.close()
+    assert warm._popen.returncode == 0
+
+
+def plan(tmp_path: Path, name: str, *args: str, script: Path = PROBE) -> LaunchPlan:
+    paths = TrialPaths(tmp_path / name)
+    paths.dir.mkdir()
+    env = {TRIAL_DIR_ENV: str(paths.dir), TRIAL_NUMBER_ENV: name,
+           RESULT_ENV: str(paths.result), "CUDA_VISIBLE_DEVICES": "3"}
+    return LaunchPlan([sys.executable, str(script), *args], env, paths, paths.result)
+
+
+def run(server: WarmServer, p: LaunchPlan, grace: float = 1.0) -> TrialProcess:
+    proc = TrialProcess(p, grace, server=server)
+    assert proc.wait(30)
+    return proc
+
+
+def record(p: LaunchPlan) -> dict:
+    return json.loads((p.paths.dir / "probe.json").read_text())
+
+
+def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
+    p = plan(tmp_path, "7", "--x", "0.25")
+    proc = run(server, p)
+    assert proc.exit_code == 0 and not proc.lost
+    seen = record(p)
+    assert seen["ppid"] == proc.pid  # the guard, in a session of its own
+    assert seen["sid"] == proc.pid and seen["pgid"] == seen["pid"] != proc.pid
+    assert seen["argv"] == [str(PROBE), "--x", "0.25"] and seen["name"] == "__main__"
+    assert seen["path0"] == str(PROBE.parent) and seen["cwd"] == os.getcwd()
+    assert seen["cvd"] == "3" and seen["stdin"] == ""
+    assert p.paths.stdout.read_text() == "stdout of trial 7\n"
+    assert p.paths.stderr.read_text() == "stderr of trial 7\n"
+    assert json.loads(p.result.read_text()) == {"score": 0.25}
+    assert trainer_pid(p.paths.dir) is None  # the pid file names a process that is gone
+    assert (p.paths.dir / PID_FILE).read_text().split()[0] == str(seen["pid"])
+
+
+@pytest.mark.parametrize(("mode", "code", "said"), [
+    ("exit3", 3, ""), ("raise", 1, "RuntimeError: the trainer broke"),
+    ("interrupt", 130, "KeyboardInterrupt"), ("term", 128 + signal.SIGTERM, ""),
+])
+def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, said):
+    p = plan(tmp_path, "1", "--mode", mode)
+    assert run(server, p).exit_code == code
+    fresh = subprocess.run([sys.executable, str(PROBE), "--mode", mode], env={
+        **os.environ, **p.env}, capture_output=True, text=True, check=False)
+    assert (fresh.returncode if fresh.returncode >= 0 else 128 - fresh.returncode) == code
+    assert said in p.paths.stderr.read_text()
+
+
+def test_forks_do_not_share_random_state(server, tmp_path):
+    seen = [record(p) for p in [plan(tmp_path, str(i), "--mode", "numpy") for i in range(3)]
+            if run(server, p).exit_code == 0]
+    assert len({s["random"] for s in seen}) == 3
+    assert len({s["numpy"] for s in seen}) == 3
+
+
+def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
+    script = tmp_path / "hide.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], "
+        "start_new_session=True)\n"
+        "open(os.path.join(os.environ['SWEEP_TRIAL_DIR'], 'child.pid'), 'w').write("
+        "str(child.pid))\n"
+        "time.sleep(60)\n")
+    p = plan(tmp_path, "2", script=script)
+    proc = TrialProcess(p, 0.5, server=server)
+    child = p.paths.dir / "child.pid"
+    assert wait_until(lambda: child.exists() and child.read_text(), 20)
+    pids = proc.tree_pids()
+    assert int(child.read_text()) in pids and len(pids) == 3
+    proc.stop()
+    assert proc.wait(10)
+    assert proc.exit_code == 128 + signal.SIGKILL  # it ignored SIGTERM for its grace period
+    assert not [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def sleeping(server: WarmServer, tmp_path: Path, name: str,
+             grace: float = 5.0) -> tuple[TrialProcess, int]:
+    """A trial that sleeps a minute, and its trainer's pid once it runs."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    p = plan(tmp_path, name, script=script)
+    proc = TrialProcess(p, grace, server=server)
+    assert wait_until(lambda: trainer_pid(p.paths.dir) is not None, 10)
+    trainer = trainer_pid(p.paths.dir)
+    assert trainer is not None
+    return proc, trainer
+
+
+def test_a_killed_guard_leaves_nothing_behind(server, tmp_path):
+    """SIGKILL the guard (the trainer may do it): the trial is lost, its fork is killed."""
+    proc, trainer = sleeping(server, tmp_path, "3")
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(10)
+    assert proc.lost and proc.exit_code == 128 + signal.SIGKILL
+    assert wait_until(lambda: not psutil.pid_exists(trainer) or psutil.Process(
+        trainer).status() == psutil.STATUS_ZOMBIE, 5)
+
+
+def test_kill_leftovers_finds_a_fork_by_its_pid_file(server, tmp_path):
+    """A fork's environment is the server's: a reclaiming driver finds it by its pid file."""
+    proc, trainer = sleeping(server, tmp_path, "4")
+    assert trainer in kill_leftovers(proc.plan.paths.dir)
+    assert proc.wait(10) and proc.exit_code == 128 + signal.SIGKILL
+
+
+def test_the_server_ends_when_the_driver_does(tmp_path):
+    """The driver's end of the socket closes (even by SIGKILL): the server stops serving,
+    its running trials are stopped by their guards, and it exits."""
+    log = tmp_path / "warm.log"
+    warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)}, log)
+    warm.ready(30)
+    proc, trainer = sleeping(warm, tmp_path, "5", grace=0.5)
+    proc.close()  # as the driver's death would: the control pipe and the socket close
+    warm._sock.close()
+    assert warm._popen.wait(10) == 0
+    assert not psutil.pid_exists(trainer)
+
+
+# ---- through the driver ------------------------------------------------------------------
+
+
+def test_a_warm_study_runs_crashes_alone_and_says_where_it_fell_back(write_study, tmp_path):
+    """Trials of one study on 2 devices: a crash fails only its trial; a module that cannot
+    be preloaded is named; a preload that initialises CUDA falls back to `direct`."""
+    (tmp_path / "cuda_at_import.py").write_text(
+        "import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    modes = ["ok", "raise", "ok", "exit3", "ok", "ok"]
+    out = {}
+    for name, preload in (("warm", ["no_such_module_x"]), ("fallback", ["cuda_at_import"])):
+        study = write_study(
+            study={"name": name, "n_trials": modes.count("ok"),  # failures do not count
+                   "enqueue": [{"mode": m, "x": i / 10} for i, m in enumerate(modes)]},
+            trainer={"script": str(PROBE), "launcher": "warm", "preload": preload},
+            params={"mode": {"type": "categorical", "choices": ["ok", "raise", "exit3"]},
+                    "x": {"type": "float", "low": 0, "high": 1}},
+            name=f"{name}.yaml")
+        env = {"SWEEP_FAKE_GPUS": "2", "PYTHONPATH": str(tmp_path)}
+        run = spawn_cli("run", str(study), env=env)
+        _, err = run.communicate(timeout=180)
+        assert run.returncode == 0, err
+        out[name] = err
+        seen = {int(t.name): json.loads((t / "probe.json").read_text())
+                for t in (tmp_path / name / "trials").iterdir()}
+        assert len(seen) >= len(modes)  # a random trial may start beside the last queued
+        assert {s["cvd"] for s in seen.values()} == {"0", "1"}
+        assert all(s["torch_loaded_at_start"] is (name == "warm") for s in seen.values())
+        trials = sweep.load(str(study)).trials.set_index("number")
+        assert [trials.loc[n, "state"] for n in range(len(modes))] == [
+            "FAIL" if m != "ok" else "COMPLETE" for m in modes]
+    assert "could not preload no_such_module_x (ModuleNotFoundError" in out["warm"]
+    assert "initialised CUDA" in out["fallback"] and "as launcher: direct" in out["fallback"]
+    assert "as launcher: direct" not in out["warm"]
+
+
+def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
+    study = write_study(
+        study={"name": "k", "n_trials": 4},
+        trainer={"script": str(ROOT / "tests" / "trainers" / "probe.py"), "launcher": "warm",
+                 "args": ["--sleep", "60"]},
+        params={"x": {"type": "float", "low": 0, "high": 1}})
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    pid_files = lambda: list((tmp_path / "k" / "trials").glob(f"*/{PID_FILE}"))  # noqa: E731
+    assert wait_until(lambda: (tmp_path / "k" / "trials").is_dir() and len(pid_files()) == 2, 60)
+    trainers = [trainer_pid(f.parent) for f in pid_files()]
+    assert all(trainers)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(tmp_path)) == []
