@@ -67,12 +67,21 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     # the budget lock finds the database behind Optuna's cached storage
     assert study._storage._backend.engine.url.get_backend_name() == "sqlite"
     # a trial's attributes written in one transaction, as Trial.set_user_attr would
+    trial.set_user_attr("a", 0)
     store._set_user_attrs(study, trial._trial_id, {"a": 1, "b": [2, "x"]})
     assert study.get_trials(deepcopy=False)[0].user_attrs == {"a": 1, "b": [2, "x"]}
     assert isinstance(trial._cached_frozen_trial.user_attrs, dict)  # what Store.tell updates
     study.tell(trial, 1.0)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         store._set_user_attrs(study, trial._trial_id, {"a": 2, "c": 3})
+    # the trials counted by state in one query, as Optuna reads them
+    study.ask()
+    study.enqueue_trial({"x": 0.5})
+    other = optuna.create_study(study_name="other", storage=study._storage)
+    other.ask()
+    assert store._count_by_state(study) == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1,
+                                            TrialState.WAITING: 1}
+    assert s.counts() == store.Counts(1, 1, 0)
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
