@@ -30,7 +30,8 @@ def main() -> None:
     time.sleep(args.seconds)
     end = time.time()
     record = {"first": FIRST, "ready": ready, "end": end,
-              "cvd": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+              "cvd": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+              "trial": int(os.environ.get("SWEEP_TRIAL_NUMBER", "-1"))}
     folder = Path(os.environ["BENCH_RECORDS"])
     (folder / f"{uuid.uuid4().hex}.json").write_text(json.dumps(record))
     out = args.out or os.environ.get("SWEEP_RESULT_FILE", "")

@@ -12,10 +12,12 @@ then --seconds of "work") on K simulated devices, each way in turn, for several 
 Printed, medians over the rounds: makespan and its ratio to the hand-made way; the share of
 device-time the trainers spent working (N x seconds / (makespan x K)); the hand-off on a
 device (one trainer's end to the next trainer's first line: launcher start-up included); the
-first trainer line after the start (start-up of the driver and of one trial).
+first trainer line after the start (start-up of the driver and of one trial); a trial's
+start-up (sweep writes its command.sh, then spawns it, to the trainer's first line). Then the
+driver's CPU per trial at 100 and 10,000 trials in the study (`driver_cpu.py`).
 
 Usage: python benchmarks/compare.py [--trials 12] [--gpus 4] [--seconds 3] [--rounds 3]
-                                    [--ways sweep-accelerate sweep-direct ...]
+                                    [--ways sweep-accelerate sweep-direct ...] [--cpu-at 100 10000]
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = ROOT / "benchmarks" / "bench_trainer.py"
-WAYS = ["sweep-accelerate", "sweep-direct", "sweep-python", "by-hand", "optuna-recipe"]
+WAYS = ["sweep-accelerate", "sweep-direct", "sweep-warm", "sweep-python", "by-hand",
+        "optuna-recipe"]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
@@ -127,6 +130,9 @@ def one_round(way: str, args: argparse.Namespace) -> dict[str, float]:
             optuna_recipe(work, args)
         makespan = time.time() - t0
         rows = [json.loads(p.read_text()) for p in records.glob("*.json")]
+        # sweep writes a trial's command.sh just before it spawns the trial
+        spawned = {int(p.parent.name): p.stat().st_mtime
+                   for p in work.glob("bench/trials/*/command.sh")}
     gaps = []
     for cvd in {r["cvd"] for r in rows}:
         mine = sorted((r for r in rows if r["cvd"] == cvd), key=lambda r: r["first"])
@@ -138,6 +144,8 @@ def one_round(way: str, args: argparse.Namespace) -> dict[str, float]:
         "gap_p95": sorted(gaps)[int(0.95 * (len(gaps) - 1))] if gaps else float("nan"),
         "first": min(r["first"] for r in rows) - t0,
         "imports": statistics.median(r["ready"] - r["first"] for r in rows),
+        "startup": statistics.median(r["first"] - spawned[r["trial"]] for r in rows)
+        if spawned and all(r.get("trial") in spawned for r in rows) else float("nan"),
     }
 
 
@@ -148,6 +156,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ways", nargs="+", default=WAYS, choices=WAYS)
+    parser.add_argument("--cpu-at", type=int, nargs="*", default=[100, 10_000],
+                        help="driver CPU per trial with this many trials in the study "
+                             "(none: skip; 10,000 takes a few minutes)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
@@ -166,14 +177,22 @@ def main() -> None:
     print(f"\n{args.trials} trials x {args.seconds:g} s on {args.gpus} simulated devices, "
           f"medians of {args.rounds} rounds\n")
     print("| way | makespan s | ratio to by hand | work share of device-time | hand-off: "
-          "end to next first line, median / p95 s | first trainer line after start s | "
-          "trainer imports + Accelerator s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "end to next first line, median / p95 ms | first trainer line after start s | "
+          "trial start-up: spawn to first line, median ms | trainer imports + Accelerator s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for way in args.ways:
         print(f"| {way} | {med(way, 'makespan'):.1f} | {med(way, 'makespan') / base:.2f} | "
-              f"{100 * med(way, 'share'):.0f} % | {med(way, 'gap'):.2f} / "
-              f"{med(way, 'gap_p95'):.2f} | {med(way, 'first'):.2f} | "
-              f"{med(way, 'imports'):.2f} |")
+              f"{100 * med(way, 'share'):.0f} % | {1000 * med(way, 'gap'):.0f} / "
+              f"{1000 * med(way, 'gap_p95'):.0f} | {med(way, 'first'):.2f} | "
+              f"{1000 * med(way, 'startup'):.0f} | {med(way, 'imports'):.2f} |")
+    if args.cpu_at:
+        from benchmarks import driver_cpu
+
+        print("\ndriver CPU per trial (benchmarks/driver_cpu.py: random sampler, 8 simulated "
+              "devices, SQLite):")
+        cpu = driver_cpu.measure(args.cpu_at)
+        for k, per in cpu.items():
+            print(f"  with {k} trials in the study: {per * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

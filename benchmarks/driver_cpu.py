@@ -7,7 +7,7 @@ holds K finished trials; the driver runs in this process's child, which reports 
 CPU (user + system, its threads included, its trainers not). CPU per trial is the difference
 of the two runs over N2 - N1 trials, so the driver's start-up (imports, study load) drops out.
 
-Usage: python benchmarks/driver_cpu.py [--at 0 10000] [--n1 40] [--n2 140] [--gpus 8]
+Usage: python benchmarks/driver_cpu.py [--at 100 10000] [--n1 40] [--n2 140] [--gpus 8]
                                        [--sampler random]
 """
 
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,9 @@ def prefill(db: Path, k: int) -> float:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     began = time.perf_counter()
     study = optuna.create_study(study_name="cpu", storage=f"sqlite:///{db}")
-    study.set_metric_names(["score"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # set_metric_names is "experimental"
+        study.set_metric_names(["score"])
     dist = {"x": FloatDistribution(0.0, 1.0)}
     batch = [create_trial(state=TrialState.COMPLETE, value=i / k, params={"x": i / k},
                           distributions=dist, user_attrs={"gpu": i % 8, "host": "prefill"})
@@ -85,30 +88,40 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
     return float(cpu)
 
 
+def measure(at: list[int], n1: int = 40, n2: int = 140, gpus: int = 8,
+            sampler: str = "random", say: bool = True) -> dict[int, float]:
+    """CPU seconds per trial of the driver, with each of `at` trials already in the study."""
+    args = argparse.Namespace(gpus=gpus, sampler=sampler)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for k in at:
+            template = None
+            if k:
+                template = work / f"template{k}.db"
+                took = prefill(template, k)
+                if say:
+                    print(f"prefilled {k} trials in {took:.0f} s", flush=True)
+            low = driver_cpu(work, template, k + n1, args)
+            high = driver_cpu(work, template, k + n2, args)
+            results[k] = (high - low) / (n2 - n1)
+            if say:
+                print(f"study at {k} trials: driver CPU {low:.2f} s for {n1} trials, "
+                      f"{high:.2f} s for {n2}: {results[k] * 1000:.1f} ms per trial",
+                      flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--at", type=int, nargs="+", default=[0, 10_000])
+    parser.add_argument("--at", type=int, nargs="+", default=[100, 10_000])
     parser.add_argument("--n1", type=int, default=40)
     parser.add_argument("--n2", type=int, default=140)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sampler", default="random")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        for k in args.at:
-            template = None
-            if k:
-                template = work / f"template{k}.db"
-                took = prefill(template, k)
-                print(f"prefilled {k} trials in {took:.0f} s", flush=True)
-            low = driver_cpu(work, template, k + args.n1, args)
-            high = driver_cpu(work, template, k + args.n2, args)
-            per = (high - low) / (args.n2 - args.n1)
-            results[k] = per
-            print(f"study at {k} trials: driver CPU {low:.2f} s for {args.n1} trials, "
-                  f"{high:.2f} s for {args.n2}: {per * 1000:.1f} ms per trial", flush=True)
+    results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler)
     print(json.dumps({str(k): round(v * 1000, 2) for k, v in results.items()}))
     if len(results) > 1:
         first, last = results[min(results)], results[max(results)]

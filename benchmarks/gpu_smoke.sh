@@ -8,7 +8,8 @@
 #     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool;
 #   - packing: 8 short trials with trials_per_gpu 1, 4 and gpu_memory_gb: auto, trials/hour each
 #     ("PACK" lines), auto running its first trial alone and packing the rest;
-#   - launchers: 8 short trials through accelerate, direct and python ("LAUNCHER" lines).
+#   - launchers: 8 short trials through accelerate, direct, warm and python ("LAUNCHER" lines;
+#     under warm each fork must still initialise CUDA itself and see one device).
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
@@ -130,8 +131,9 @@ wall = float(end) - float(start)
 print(f"{label}: {len(done)}/8 COMPLETE in {wall:.1f} s = {3600 * len(done) / wall:.0f} "
       f"trials/hour, at most {most} at once, peak memory "
       f"{max((t.user_attrs.get('gpu_mem_peak_mb') or 0 for t in done), default=0):.0f} MB")
-ok = len(done) == 8 and all(t.user_attrs.get("metric_cuda") == 1.0 for t in done)
-print(("PASS " if ok else "FAIL ") + f"{label}: every trial COMPLETE on CUDA")
+ok = len(done) == 8 and all(t.user_attrs.get("metric_cuda") == 1.0
+                            and t.user_attrs.get("metric_device_count") == 1.0 for t in done)
+print(("PASS " if ok else "FAIL ") + f"{label}: every trial COMPLETE on CUDA, seeing one device")
 if extra == "alone-first" and ok:
     first = min(done, key=lambda t: t.datetime_start)
     alone = all(t.datetime_start >= first.datetime_complete for t in done if t is not first)
@@ -167,7 +169,7 @@ done
 
 # Launchers (issue 13): the same 8 short trials of a small real model through each launcher,
 # one trial per GPU: trials/hour.
-for launcher in accelerate direct python; do
+for launcher in accelerate direct warm python; do
   cat > "$work/launch_$launcher.yaml" <<YAML
 study: {name: launch_$launcher, direction: minimize, metric: loss, n_trials: 8,
         sampler: {type: random, seed: 0}}

@@ -260,7 +260,7 @@ class Driver:
                     return
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(launch.trial_dir(spec, n)),
-                    self.pool.reserved_devices())
+                    self.pool.reserved_devices(), queued=self._budget().waiting > 0)
         except LockAbandoned:
             return
         if not locked and not self._went_around:

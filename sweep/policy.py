@@ -23,6 +23,7 @@ class Counts:
     finished: int  # COMPLETE or PRUNED
     running: int
     grid_started: int = 0  # distinct grid points started (grid sampler only)
+    waiting: int = 0  # queued (enqueue, rerun, retries), not started yet
 
 
 @dataclass(frozen=True)

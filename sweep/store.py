@@ -400,15 +400,23 @@ class Store:
         gpu: int,
         trial_dir: Callable[[int], str],
         gpus: Sequence[int] = (),
+        queued: bool = True,
     ) -> Asked:
         """A new trial, owned on record (heartbeat, then owner) before its params are sampled.
 
-        If sampling fails, the trial is told FAIL and the error raised.
+        `queued` False: the caller has just seen no WAITING trial, so the queue is not read
+        (Optuna reads it in full at every ask). If sampling fails, the trial is told FAIL and
+        the error raised.
         """
-        with warnings.catch_warnings():
-            # Optuna warns that heartbeats are meant for optimize(); sweep records them itself.
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = self.study.ask()
+        if queued:
+            with warnings.catch_warnings():
+                # Optuna warns that heartbeats are meant for optimize(); sweep records its own.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                trial = self.study.ask()
+        else:  # Study.ask, less its look at the queue
+            self.study._thread_local.cached_all_trials = None
+            trial = optuna.Trial(self.study, self.study._storage.create_new_trial(
+                self.study._study_id))
         try:
             self.beat(trial)
             record: dict[str, Any] = {
@@ -532,15 +540,17 @@ class Store:
         by_state = None if self.grid else _count_by_state(self.study)
         if by_state is not None:
             return Counts(sum(by_state.get(s, 0) for s in FINISHED),
-                          by_state.get(TrialState.RUNNING, 0), 0)
+                          by_state.get(TrialState.RUNNING, 0), 0,
+                          by_state.get(TrialState.WAITING, 0))
         trials = self.study.get_trials(deepcopy=False)
         finished = sum(1 for t in trials if t.state in FINISHED)
         running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
         grid = 0
         if self.grid:
             grid = len({t.system_attrs.get("grid_id") for t in trials
                         if t.state != TrialState.WAITING} - {None})
-        return Counts(finished, running, grid)
+        return Counts(finished, running, grid, waiting)
 
     def peaks(self) -> list[float]:
         """The GPU memory peaks (MB) of the study's finished trials, where measured."""
@@ -867,10 +877,12 @@ def _tell_as_in_optimize(
     GridSampler and BruteForceSampler call study.stop() once their space is exhausted; Optuna
     allows that only inside optimize(). Returns True if the sampler asked to stop.
     """
+    from optuna.study._tell import _tell_with_warning
+
     local = study._thread_local
     local.in_optimize_loop = True
-    try:
-        study.tell(trial, values, state=state, skip_if_finished=True)
+    try:  # Study.tell, less the copy of the told trial it reads back and returns
+        _tell_with_warning(study, trial, values, state=state, skip_if_finished=True)
     finally:
         local.in_optimize_loop = False
     if study._stop_flag:

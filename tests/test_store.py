@@ -64,6 +64,12 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     study._thread_local.in_optimize_loop = False
     assert study._stop_flag is True
     assert list(inspect.signature(optuna.Trial.__init__).parameters)[1:] == ["study", "trial_id"]
+    # Study.ask less its queue read; Study.tell less its read-back
+    assert "cached_all_trials" in vars(study._thread_local)
+    from optuna.study._tell import _tell_with_warning
+
+    assert {"study", "trial", "value_or_values", "state", "skip_if_finished"} <= set(
+        inspect.signature(_tell_with_warning).parameters)
     # the budget lock finds the database behind Optuna's cached storage
     assert study._storage._backend.engine.url.get_backend_name() == "sqlite"
     # a trial's attributes written in one transaction, as Trial.set_user_attr would
@@ -81,7 +87,7 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     other.ask()
     assert store._count_by_state(study) == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1,
                                             TrialState.WAITING: 1}
-    assert s.counts() == store.Counts(1, 1, 0)
+    assert s.counts() == store.Counts(1, 1, 0, 1)
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
