@@ -2,13 +2,14 @@
 trials already in the study.
 
 A study of trainers that write their result and exit (plain python launcher, random sampler,
-8 simulated devices, SQLite) runs N1 then N2 more trials on a copy of a study that already
-holds K finished trials; the driver runs in this process's child, which reports its own
-CPU (user + system, its threads included, its trainers not). CPU per trial is the difference
-of the two runs over N2 - N1 trials, so the driver's start-up (imports, study load) drops out.
+8 simulated devices, SQLite or a journal file) runs N1 then N2 more trials on a copy of a
+study that already holds K finished trials; the driver runs in this process's child, which
+reports its own CPU (user + system, its threads included, its trainers not). CPU per trial
+is the difference of the two runs over N2 - N1 trials, so the driver's start-up (imports,
+study load) drops out.
 
 Usage: python benchmarks/driver_cpu.py [--at 100 10000] [--n1 40] [--n2 140] [--gpus 8]
-                                       [--sampler random]
+                                       [--sampler random] [--storage sqlite|journal]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = """
@@ -39,7 +41,11 @@ print("CPU", u.ru_utime + u.ru_stime, code)
 """
 
 
-def prefill(db: Path, k: int) -> float:
+def storage_url(path: Path, kind: str) -> str:
+    return f"sqlite:///{path}" if kind == "sqlite" else f"journal://{path}"
+
+
+def prefill(path: Path, k: int, kind: str = "sqlite") -> float:
     """A study of `k` finished trials (as the benchmark's study would have them); seconds."""
     import optuna
     from optuna.distributions import FloatDistribution
@@ -47,7 +53,12 @@ def prefill(db: Path, k: int) -> float:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     began = time.perf_counter()
-    study = optuna.create_study(study_name="cpu", storage=f"sqlite:///{db}")
+    storage: Any = f"sqlite:///{path}"
+    if kind == "journal":
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        storage = JournalStorage(JournalFileBackend(str(path)))
+    study = optuna.create_study(study_name="cpu", storage=storage)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # set_metric_names is "experimental"
         study.set_metric_names(["score"])
@@ -66,14 +77,15 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
     run_dir = work / f"run{total}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
-    db = run_dir / "cpu.db"  # the study file's default storage
+    db = run_dir / ("cpu.db" if args.storage == "sqlite" else "cpu.log")
     if template is not None:
         shutil.copy(template, db)
     (run_dir / "trainer.py").write_text(TRAINER)
     study = run_dir / "study.yaml"
     study.write_text(yaml.safe_dump({
         "study": {"name": "cpu", "direction": "minimize", "metric": "score",
-                  "n_trials": total, "sampler": {"type": args.sampler, "seed": 0}},
+                  "n_trials": total, "sampler": {"type": args.sampler, "seed": 0},
+                  "storage": storage_url(db, args.storage)},
         "trainer": {"script": str(run_dir / "trainer.py"), "launcher": "python"},
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))
@@ -89,17 +101,18 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
 
 
 def measure(at: list[int], n1: int = 40, n2: int = 140, gpus: int = 8,
-            sampler: str = "random", say: bool = True) -> dict[int, float]:
+            sampler: str = "random", storage: str = "sqlite",
+            say: bool = True) -> dict[int, float]:
     """CPU seconds per trial of the driver, with each of `at` trials already in the study."""
-    args = argparse.Namespace(gpus=gpus, sampler=sampler)
+    args = argparse.Namespace(gpus=gpus, sampler=sampler, storage=storage)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for k in at:
             template = None
             if k:
-                template = work / f"template{k}.db"
-                took = prefill(template, k)
+                template = work / f"template{k}.{storage}"
+                took = prefill(template, k, storage)
                 if say:
                     print(f"prefilled {k} trials in {took:.0f} s", flush=True)
             low = driver_cpu(work, template, k + n1, args)
@@ -119,9 +132,10 @@ def main() -> None:
     parser.add_argument("--n2", type=int, default=140)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sampler", default="random")
+    parser.add_argument("--storage", default="sqlite", choices=["sqlite", "journal"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler)
+    results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler, args.storage)
     print(json.dumps({str(k): round(v * 1000, 2) for k, v in results.items()}))
     if len(results) > 1:
         first, last = results[min(results)], results[max(results)]

@@ -1,14 +1,15 @@
 """What the driver costs, as ratios against a baseline run side by side.
 
 1. Scheduling: N trials of a trivial trainer on K simulated GPUs through `sweep run` (plain
-   python launcher), against a baseline of the same N processes started by hand K at a time.
-   Reports the wall-time ratio and the median gap between one trial's end and the next start
-   on the same device.
+   python launcher, then warm), against a baseline of the same N processes started by hand K
+   at a time. Reports the wall-time ratio and the hand-off on a device: from one trainer's
+   last line to the next trainer's first line (median, p95, max).
 2. Monitor: CPU time of one sample of 8 devices (fake NVML with processes), as a share of a
    core at the default 1 s interval.
 3. Start-up: the modules the driver imports (no torch, no accelerate).
 
 Usage: python benchmarks/overhead.py [--trials 24] [--gpus 4] [--sleep 1.0]
+                                     [--launchers python warm]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,12 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "trainers" / "probe.py"
 
 
-def sweep_run(tmp: Path, trials: int, gpus: int, sleep: float) -> tuple[float, list[float]]:
+def sweep_run(tmp: Path, trials: int, gpus: int, sleep: float,
+              launcher: str = "python") -> tuple[float, list[float]]:
     study = tmp / "bench.yaml"
+    shutil.rmtree(tmp / "bench", ignore_errors=True)
+    for old in tmp.glob("bench.db*"):
+        old.unlink()
     study.write_text(yaml.safe_dump({
         "study": {"name": "bench", "direction": "minimize", "metric": "score",
                   "n_trials": trials, "sampler": {"type": "random", "seed": 0}},
-        "trainer": {"script": str(PROBE), "launcher": "python",
+        "trainer": {"script": str(PROBE), "launcher": launcher,
                     "args": ["--sleep", str(sleep)]},
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))
@@ -117,17 +123,26 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--sleep", type=float, default=1.0)
+    p.add_argument("--launchers", nargs="+", default=["python", "warm"],
+                   choices=["python", "direct", "warm"])
     a = p.parse_args()
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = baseline_run(Path(tmp), a.trials, a.gpus, a.sleep)
-        wall, gaps = sweep_run(Path(tmp), a.trials, a.gpus, a.sleep)
+        for launcher in a.launchers:
+            runs[launcher] = sweep_run(Path(tmp), a.trials, a.gpus, a.sleep, launcher)
     ideal = a.trials / a.gpus * a.sleep
     print(f"{a.trials} trials x {a.sleep} s on {a.gpus} simulated GPUs (ideal {ideal:.1f} s)")
-    print(f"  baseline (by hand, {a.gpus} at a time): {base:.2f} s")
-    print(f"  sweep run (incl. study creation):   {wall:.2f} s   ratio {wall / base:.2f}")
-    if gaps:
-        print(f"  gap end->next start on a device: median {statistics.median(gaps) * 1000:.0f} ms,"
-              f" max {max(gaps) * 1000:.0f} ms")
+    print(f"  baseline (python by hand, {a.gpus} at a time): {base:.2f} s")
+    for launcher, (wall, gaps) in runs.items():
+        print(f"  sweep run, launcher {launcher} (study creation included): {wall:.2f} s, "
+              f"ratio {wall / base:.2f}")
+        if gaps:
+            gaps.sort()
+            p95 = gaps[int(0.95 * (len(gaps) - 1))]
+            print(f"    hand-off on a device, the trainer's last line to the next one's first: "
+                  f"median {statistics.median(gaps) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
+                  f"max {gaps[-1] * 1000:.0f} ms")
     cost = monitor_cost()
     print(f"monitor: {cost * 1000:.2f} ms CPU per sample of 8 devices = "
           f"{cost * 100:.2f}% of a core at 1 s interval")

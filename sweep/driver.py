@@ -8,6 +8,7 @@ trial asked is told, whatever happens: a crash, a timeout, pruning, Ctrl-C, a dr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -204,6 +205,17 @@ class Driver:
         and every heartbeat interval)."""
         return self._budget()
 
+    def _counted(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
+        """What this driver just did to the study, added to the counts last read: they are
+        read again under the budget lock before each ask, and every heartbeat interval."""
+        c = self._counts
+        if c is None or self.store.grid:  # a grid point started is not known here
+            self._counts = None
+            return
+        self._counts = dataclasses.replace(
+            c, finished=c.finished + finished, running=max(0, c.running + running),
+            waiting=max(0, c.waiting + waiting))
+
     def _budget(self) -> Counts:
         if self._counts is None:
             self._counts = self.store.counts()
@@ -258,18 +270,19 @@ class Driver:
                 self._counts = None
                 if self.policy.room(self._budget()) <= 0 or self._stopping():
                     return
+                queued = self._budget().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(launch.trial_dir(spec, n)),
-                    self.pool.reserved_devices(), queued=self._budget().waiting > 0)
+                    self.pool.reserved_devices(), queued=queued)
         except LockAbandoned:
             return
+        self._counted(running=1, waiting=-1 if queued else 0)
         if not locked and not self._went_around:
             self.events.message(
                 f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
                 "new trial (a stopped or frozen driver?): starting trials without it for a "
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
-        self._counts = None
         params = {**asked.params, **spec.fixed}
         try:
             self.pool.lease(asked.number, device)
@@ -346,7 +359,10 @@ class Driver:
             self._learn(usage.get("gpu_mem_peak_mb"))
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
-        self._counts = None
+        if told:
+            self._counted(finished=verdict.state != "FAIL", running=-1)
+        else:
+            self._counts = None
         if not told:
             self.events.message(f"trial {run.number} was already told by another driver")
         if exhausted:
@@ -360,6 +376,7 @@ class Driver:
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
+            self._counted(waiting=1)
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""

@@ -7,6 +7,7 @@ needs are in the shim at the bottom, covered by a contract test against the inst
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -376,6 +377,8 @@ class Store:
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
         self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
         self._stuck_until = -math.inf  # the budget lock looked stuck: no waiting till then
+        # (trial id, counts by state) of the study's first trials, all finished (`counts`)
+        self._settled: tuple[int, collections.Counter[TrialState]] = (-1, collections.Counter())
 
     # ---- asking -----------------------------------------------------------------------
 
@@ -537,7 +540,7 @@ class Store:
 
         One counting query on a database (no trial is read, so a start costs the same at
         trial 10,000 as at trial 10); the trials themselves elsewhere, and for a grid."""
-        by_state = None if self.grid else _count_by_state(self.study)
+        by_state = None if self.grid else self._count_by_state()
         if by_state is not None:
             return Counts(sum(by_state.get(s, 0) for s in FINISHED),
                           by_state.get(TrialState.RUNNING, 0), 0,
@@ -551,6 +554,34 @@ class Store:
             grid = len({t.system_attrs.get("grid_id") for t in trials
                         if t.state != TrialState.WAITING} - {None})
         return Counts(finished, running, grid, waiting)
+
+    def _count_by_state(self) -> dict[TrialState, int] | None:
+        """The study's trials counted by state where the storage is a database (None
+        elsewhere), reading only the trials after the oldest unfinished one: those before it
+        are finished, so their states never change and their counts are kept."""
+        rdb = getattr(self.study._storage, "_backend", self.study._storage)
+        if not isinstance(rdb, optuna.storages.RDBStorage):
+            return None
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        model, (settled_id, settled) = models.TrialModel, self._settled
+        with _create_scoped_session(rdb.scoped_session) as session:
+            rows = session.execute(
+                sqlalchemy.select(model.trial_id, model.state)
+                .where(model.study_id == self.study._study_id, model.trial_id > settled_id)
+                .order_by(model.trial_id)).all()
+        counts, settled = collections.Counter(settled), collections.Counter(settled)
+        gap = False
+        for trial_id, state in rows:
+            state = TrialState(state)
+            counts[state] += 1
+            gap = gap or not state.is_finished()
+            if not gap:
+                settled_id = trial_id
+                settled[state] += 1
+        self._settled = (settled_id, settled)
+        return dict(counts)
 
     def peaks(self) -> list[float]:
         """The GPU memory peaks (MB) of the study's finished trials, where measured."""
@@ -836,23 +867,6 @@ def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]
         session.execute(sqlalchemy.insert(model), [
             {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
             for key, value in attrs.items()])
-
-
-def _count_by_state(study: optuna.Study) -> dict[TrialState, int] | None:
-    """The study's trials counted by state, in one query, where the storage is a database
-    (None elsewhere)."""
-    rdb = getattr(study._storage, "_backend", study._storage)
-    if not isinstance(rdb, optuna.storages.RDBStorage):
-        return None
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    model = models.TrialModel
-    with _create_scoped_session(rdb.scoped_session) as session:
-        rows = session.execute(
-            sqlalchemy.select(model.state, sqlalchemy.func.count(model.trial_id))
-            .where(model.study_id == study._study_id).group_by(model.state)).all()
-    return {TrialState(state): int(n) for state, n in rows}
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:

@@ -85,9 +85,12 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     study.enqueue_trial({"x": 0.5})
     other = optuna.create_study(study_name="other", storage=study._storage)
     other.ask()
-    assert store._count_by_state(study) == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1,
-                                            TrialState.WAITING: 1}
+    assert s._count_by_state() == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1,
+                                   TrialState.WAITING: 1}
     assert s.counts() == store.Counts(1, 1, 0, 1)
+    assert s._settled[0] == trial._trial_id  # the finished first trial is not read again
+    study.tell(study.ask(), 2.0)  # the queued one
+    assert s.counts() == store.Counts(2, 1, 0, 0)
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
