@@ -288,9 +288,6 @@ class TrainerSection(_Model):
         if self.launcher in ("direct", "warm") and self.gpus_per_trial > 1:
             raise ValueError(f"launcher: {self.launcher} starts one process per trial; a "
                              "trial of several devices needs launcher: accelerate")
-        if self.preload and self.launcher != "warm":
-            raise ValueError("preload is for launcher: warm (the modules its fork server "
-                             f"imports); launcher is {self.launcher}")
         return self
 
 

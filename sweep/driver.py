@@ -24,10 +24,10 @@ from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store
-from sweep.warm import DEFAULT_PRELOAD, WarmError, WarmServer
+from sweep.warm import DEFAULT_PRELOAD, WarmError, WarmNotYet, WarmServer, cannot_take
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
-WARM_PATIENCE = 600.0  # how long the warm server may take to import its modules
+WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
 
 
 class Driver:
@@ -60,12 +60,16 @@ class Driver:
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
         self.warm: WarmServer | None = None  # launcher: warm, until it falls back to direct
+        self._warm_said: set[str] = set()  # what the user was told about the warm server
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
         the warm server."""
         launch.prepare_output_dir(self.spec.output_dir, self.own)
         trainer = self.spec.trainer
+        if trainer.preload and trainer.launcher != "warm":
+            self.events.message(f"trainer.preload is for launcher: warm; launcher is "
+                                f"{trainer.launcher}: nothing is preloaded")
         if trainer.launcher == "warm":  # it imports while the rest gets ready
             self.warm = WarmServer([*DEFAULT_PRELOAD, *trainer.preload],
                                    {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
@@ -222,16 +226,24 @@ class Driver:
         return self._counts
 
     def _warm_server(self) -> WarmServer | None:
-        """The warm server once it is ready; None when it cannot serve (then the trials start
-        as with `direct`, and the user is told why once)."""
+        """The warm server once it is ready; None while it cannot serve (the trials start as
+        with `direct`; the user is told why, once). The first trial waits `WARM_WAIT` s for
+        its imports; later ones only look."""
         if self.warm is None:
             return None
         fresh = self.warm.hello is None
         try:
-            hello = self.warm.ready(WARM_PATIENCE, abort=self._stopping)
-        except WarmError as e:
+            hello = self.warm.ready(0.0 if "slow" in self._warm_said else WARM_WAIT,
+                                    abort=self._stopping)
+        except WarmNotYet:
             if not self._stopping():
-                self._drop_warm(str(e))
+                self._say_warm("slow", f"launcher: warm: the fork server is still importing "
+                               f"{', '.join(self.warm.preload)} after {WARM_WAIT:.0f} s (see "
+                               f"{self.warm.log}): trials start as launcher: direct until it "
+                               "is ready")
+            return None
+        except WarmError as e:
+            self._drop_warm(str(e))
             return None
         if fresh:
             for name, error in hello["failed"].items():
@@ -240,7 +252,16 @@ class Driver:
             if hello["cuda"]:
                 self._drop_warm("importing the preloaded modules initialised CUDA, which a "
                                 "fork cannot use (see the README: launcher warm)")
+                return None
+            if "slow" in self._warm_said:
+                self.events.message("launcher: warm: the fork server is ready; trials start "
+                                    "as its forks")
         return self.warm
+
+    def _say_warm(self, key: str, text: str) -> None:
+        if key not in self._warm_said:
+            self._warm_said.add(key)
+            self.events.message(text)
 
     def _drop_warm(self, why: str) -> None:
         self.events.message(f"launcher: warm: {why}; starting trials as launcher: direct")
@@ -251,7 +272,12 @@ class Driver:
     def _spawn(self, plan: launch.LaunchPlan, hold: tuple[int, ...]) -> process.Process:
         grace, wake = self.spec.trainer.stop_grace, self.clock.wake
         server = self._warm_server()
-        if server is not None:
+        refused = cannot_take(plan.env, os.environ) if server is not None else []
+        if refused:
+            self._say_warm("env", f"launcher: warm: trainer.env sets {', '.join(refused)}, "
+                           "which python reads once as it starts, so a fork cannot take it: "
+                           "those trials start as launcher: direct")
+        elif server is not None:
             try:
                 return self.spawn(plan, grace, wake, hold=hold, server=server)
             except WarmError as e:

@@ -26,6 +26,8 @@ This module imports only the standard library and `sweep.guard` (the driver impo
 
 from __future__ import annotations
 
+import codecs
+import importlib.util
 import io
 import json
 import os
@@ -42,6 +44,10 @@ from typing import Any
 from sweep import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
+# The server's modules before it preloads (sweep's aside): a script's file of the same name
+# does not replace them in a fork (in a new interpreter, most are loaded before sys.path
+# is looked at). Modules preloaded or imported later do give way to the script's files.
+_BASE: frozenset[str] = frozenset()
 PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 64
@@ -49,6 +55,10 @@ MAX_FDS = 64
 
 class WarmError(RuntimeError):
     """The server could not start, or stopped serving."""
+
+
+class WarmNotYet(WarmError):
+    """The server is still importing."""
 
 
 # ---- the wire: one JSON message per packet, with descriptors ----------------------------
@@ -106,24 +116,22 @@ class WarmServer:
         return self._popen.pid
 
     def ready(self, timeout: float, abort: Any = lambda: False) -> dict[str, Any]:
-        """Wait for the server's hello: {"cuda": whether importing initialised CUDA,
-        "failed": {module: error}, "seconds": the imports' time}. WarmError if it died or
-        took longer than `timeout`; `abort()` true ends the wait with WarmError too."""
+        """The server's hello once it has imported: {"cuda": whether importing initialised
+        CUDA, "failed": {module: error}, "seconds": the imports' time}. Waits up to `timeout`
+        s (0: a look) for it, then WarmNotYet; WarmError if it died; `abort()` true ends the
+        wait with WarmNotYet too."""
         if self.hello is not None:
             return self.hello
         deadline = time.monotonic() + timeout
-        self._sock.settimeout(0.1)
         try:
             while True:
-                if abort():
-                    raise WarmError("stopped while the server was importing")
+                self._sock.settimeout(max(0.001, min(0.1, deadline - time.monotonic())))
                 try:
                     hello, _ = _receive(self._sock)
                     break
                 except TimeoutError:
-                    if time.monotonic() > deadline:
-                        raise WarmError(f"the server took over {timeout:.0f} s to import "
-                                        f"{', '.join(self.preload)}") from None
+                    if abort() or time.monotonic() >= deadline:
+                        raise WarmNotYet(f"still importing {', '.join(self.preload)}") from None
         finally:
             self._sock.settimeout(None)
         if hello is None:
@@ -221,7 +229,9 @@ def _orphans(guards: set[int]) -> None:
 
 def serve(sock: socket.socket, modules: Sequence[str]) -> int:
     """Preload, say hello, then fork a guard per request until the driver closes `sock`."""
+    global _BASE
     guard.quiet_signals()  # Ctrl-C in the driver's terminal is the driver's to handle
+    _BASE = frozenset(m for m in sys.modules if m.partition(".")[0] != "sweep")
     hello = _preload(modules)
     guard._become_subreaper()
     _send(sock, hello)
@@ -290,8 +300,11 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
 
 
 def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) -> None:
-    """In the guard's fork: become the trial's trainer and run its script as __main__."""
+    """In the guard's fork: become the trial's trainer and run its script as __main__.
+    Never returns, whatever the script does."""
     code: Any = 1
+    died_of: int | None = None
+    main_file: str | None = None
     try:
         os.setpgrp()
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -303,69 +316,136 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) 
         os.dup2(err, 2)
         for fd in {null, out, err, *close}:
             os.close(fd)
+        before = dict(os.environ)
         env = message["env"]
-        threads = os.environ.get("OMP_NUM_THREADS")
         os.environ.clear()
         os.environ.update(env)
         os.chdir(message["cwd"])
-        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = _text(1, unbuffered, line=False)
-        sys.stderr = _text(2, unbuffered, line=True)
-        _fresh_state(threads)
+        sys.stdout = _text(1, env, line=False)
+        sys.stderr = _text(2, env, line=True)
         argv = list(message["argv"][1:])  # [python, script, *args] or [python, -m, module, ...]
+        module = argv[0] == "-m"
+        first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+        _as_fresh(before, first)
         import runpy
 
-        if argv[0] == "-m":
+        if module:
             sys.argv = [argv[1], *argv[2:]]
-            sys.path[0] = os.getcwd()
+            spec = importlib.util.find_spec(argv[1])
+            main_file = spec.origin if spec is not None else None
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = argv
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            main_file = os.path.abspath(argv[0])
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code
-    except KeyboardInterrupt:
-        import traceback
-
-        traceback.print_exc()
-        code = -signal.SIGINT
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
+    except KeyboardInterrupt as e:
+        _print_error(e, main_file)
+        died_of = signal.SIGINT
+    except BaseException as e:  # the script's error, printed as python prints it
+        _print_error(e, main_file)
         code = 1
-    _exit_as_python(code)
+    try:
+        _exit_as_python(code, died_of)
+    finally:
+        os._exit(1)
 
 
-def _text(fd: int, unbuffered: bool, line: bool) -> io.TextIOWrapper:
+def _print_error(error: BaseException, main_file: str | None) -> None:
+    """The traceback from the script's own frame on, as `python script.py` prints it."""
+    import traceback
+
+    tb = error.__traceback__
+    while tb is not None and main_file and tb.tb_frame.f_code.co_filename != main_file:
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb or error.__traceback__)
+
+
+def _text(fd: int, env: Mapping[str, str], line: bool) -> io.TextIOWrapper:
+    """A stdio stream on `fd` as python makes it under `env` (PYTHONUNBUFFERED,
+    PYTHONIOENCODING)."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding, _, errors = env.get("PYTHONIOENCODING", "").partition(":")
     raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
-    return io.TextIOWrapper(raw, encoding=sys.stdout.encoding or "utf-8",
-                            errors="backslashreplace" if line else "strict",
+    default = getattr(sys.__stdout__, "encoding", None) or "utf-8"
+    try:
+        encoding = codecs.lookup(encoding).name if encoding else ""
+    except LookupError:
+        encoding = ""
+    return io.TextIOWrapper(raw, encoding=encoding or default,
+                            errors=errors or ("backslashreplace" if line else "strict"),
                             line_buffering=line, write_through=unbuffered)
 
 
-def _fresh_state(server_threads: str | None) -> None:
-    """Give the fork what a new process would have: fresh random state (Python's `random`
-    reseeds itself at fork; NumPy's global generator does not), and torch's thread count
-    from the trial's OMP_NUM_THREADS where it differs from the server's."""
-    numpy = sys.modules.get("numpy")
-    torch = sys.modules.get("torch")
-    threads = os.environ.get("OMP_NUM_THREADS")
+# What a new interpreter takes from its environment at start that a fork can be given
+# (`_as_fresh`); a trial that sets any other PYTHON* variable is refused (`cannot_take`).
+APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONFAULTHANDLER",
+           "PYTHONDONTWRITEBYTECODE")
+
+
+def cannot_take(env: Mapping[str, str], server_env: Mapping[str, str]) -> list[str]:
+    """The variables of a trial's `env` that a fork of a server started with `server_env`
+    cannot honour: interpreter settings read once at start (PYTHONOPTIMIZE, PYTHONWARNINGS,
+    PYTHONHASHSEED, ...). Such a trial must start as a new interpreter."""
+    return sorted(k for k in env if k.startswith("PYTHON") and k not in APPLIED
+                  and env[k] != server_env.get(k))
+
+
+def _shadowed(folders: Sequence[str]) -> list[str]:
+    """Modules loaded in this process that a file in `folders` would shadow in a fresh
+    interpreter whose sys.path starts with them."""
+    names = set()
+    for folder in folders:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        names |= {n.removesuffix(".py") for n in entries if n.endswith(".py")}
+        names |= {n for n in entries if os.path.isfile(os.path.join(folder, n, "__init__.py"))}
+    return [m for m in sys.modules if m.partition(".")[0] in names and m not in _BASE]
+
+
+def _as_fresh(before: Mapping[str, str], first: str) -> None:
+    """Give the fork what a new interpreter of the trial's environment would have:
+    - sys.path: `first` (the script's folder, or the working directory for -m), then the
+      trial's PYTHONPATH; no loaded module that a file there shadows;
+    - fresh random state: Python's `random` reseeds itself at fork; NumPy's global generator
+      and torch's default seed do not;
+    - torch's thread count from OMP_NUM_THREADS, the time zone from TZ, faulthandler and
+      bytecode writing from their variables."""
+    env = os.environ
+    theirs = before.get("PYTHONPATH", "").split(os.pathsep)
+    added = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in theirs]
+    sys.path[0:1] = [first, *added]
+    for name in _shadowed([first, *added]):
+        del sys.modules[name]
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     try:
         if numpy is not None:
             numpy.random.seed()
-        if torch is not None and threads != server_threads and threads and threads.isdigit():
-            torch.set_num_threads(int(threads))
+        if torch is not None:
+            torch.seed()
+            threads = env.get("OMP_NUM_THREADS", "")
+            if threads != before.get("OMP_NUM_THREADS", "") and threads.isdigit():
+                torch.set_num_threads(int(threads))
+        if env.get("TZ") != before.get("TZ"):
+            time.tzset()
+        if env.get("PYTHONFAULTHANDLER"):
+            import faulthandler
+
+            faulthandler.enable()
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     except Exception:  # never fail a trial over this
         pass
 
 
-def _exit_as_python(code: Any) -> None:
+def _exit_as_python(code: Any, died_of: int | None = None) -> None:
     """End the fork as the interpreter ends: wait for non-daemon threads, run atexit, flush,
-    then exit with `code` (SystemExit's rules; a negative code: die of that signal)."""
+    then exit with `code` as SystemExit's (None 0, an int & 0xFF, anything else printed and
+    1), or die of signal `died_of` (after KeyboardInterrupt) as python does."""
     import atexit
 
     try:
@@ -379,16 +459,19 @@ def _exit_as_python(code: Any) -> None:
     if code is None:
         code = 0
     elif not isinstance(code, int):
-        print(code, file=sys.stderr)
+        try:
+            print(code, file=sys.stderr)
+        except BaseException:
+            pass
         code = 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             pass
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+    if died_of is not None:
+        signal.signal(died_of, signal.SIG_DFL)
+        os.kill(os.getpid(), died_of)
     os._exit(code & 0xFF)
 
 

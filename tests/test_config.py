@@ -130,8 +130,6 @@ BAD_FILES = [
      "trainer", "launcher: direct starts one process per trial"),
     ("warm with several devices", bad(trainer={"launcher": "warm", "gpus_per_trial": 2}),
      "trainer", "launcher: warm starts one process per trial"),
-    ("preload without warm", bad(trainer={"launcher": "direct", "preload": ["transformers"]}),
-     "trainer", "preload is for launcher: warm"),
     ("preload of no module name", bad(trainer={"launcher": "warm", "preload": ["-c x"]}),
      "trainer.preload.0", "should match pattern"),
     ("gpu memory infinite", bad(trainer={"gpu_memory_gb": float("inf")}),

@@ -15,22 +15,24 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, processes_mentioning, spawn_cli, wait_until
+from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
 import sweep
+from sweep import driver
 from sweep.launch import LaunchPlan, TrialPaths
 from sweep.process import TrialProcess, kill_leftovers
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
-from sweep.warm import PID_FILE, WarmServer, trainer_pid
+from sweep.warm import PID_FILE, WarmServer, cannot_take, trainer_pid
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmServer]:
-    """A server that preloads `json` only (fast); the driver's tests preload torch."""
+    """A server that preloads torch and decimal (a module a script's file may shadow)."""
     log = tmp_path_factory.mktemp("warm") / "warm.log"
-    warm = WarmServer(["json"], {**os.environ, TRIAL_DIR_ENV: str(log.parent)}, log)
+    warm = WarmServer(["torch", "decimal"], {**os.environ, TRIAL_DIR_ENV: str(log.parent)},
+                      log)
     hello = warm.ready(60)
     assert hello["failed"] == {} and hello["cuda"] is False
     yield warm
@@ -74,7 +76,7 @@ def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
 
 
 @pytest.mark.parametrize(("mode", "code", "said"), [
-    ("exit3", 3, ""), ("raise", 1, "RuntimeError: the trainer broke"),
+    ("exit3", 3, ""), ("exitneg", 247, ""), ("raise", 1, "RuntimeError: the trainer broke"),
     ("interrupt", 130, "KeyboardInterrupt"), ("term", 128 + signal.SIGTERM, ""),
 ])
 def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, said):
@@ -84,13 +86,46 @@ def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, 
         **os.environ, **p.env}, capture_output=True, text=True, check=False)
     assert (fresh.returncode if fresh.returncode >= 0 else 128 - fresh.returncode) == code
     assert said in p.paths.stderr.read_text()
+    if said:  # the traceback starts at the script, as python's does
+        assert "warm.py" not in p.paths.stderr.read_text()
 
 
 def test_forks_do_not_share_random_state(server, tmp_path):
-    seen = [record(p) for p in [plan(tmp_path, str(i), "--mode", "numpy") for i in range(3)]
+    seen = [record(p) for p in [plan(tmp_path, str(i), "--mode", "seeds") for i in range(3)]
             if run(server, p).exit_code == 0]
     assert len({s["random"] for s in seen}) == 3
     assert len({s["numpy"] for s in seen}) == 3
+    assert len({s["torch"] for s in seen}) == 3
+
+
+def test_a_fork_takes_what_python_takes_from_its_environment(server, tmp_path):
+    """PYTHONPATH, PYTHONIOENCODING, PYTHONFAULTHANDLER, TZ; and a file beside the script
+    shadows a module the server had loaded, as in a new interpreter."""
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    script = tmp_path / "beside" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE.read_text())
+    (script.parent / "decimal.py").write_text("MINE = 1\n")
+    p = plan(tmp_path, "8", "--mode", "env", script=script)
+    env = {"PYTHONPATH": str(extra), "PYTHONIOENCODING": "latin-1",
+           "PYTHONFAULTHANDLER": "1", "TZ": "Asia/Tokyo"}
+    p = LaunchPlan(p.argv, {**p.env, **env}, p.paths, p.result)
+    assert run(server, p).exit_code == 0, p.paths.stderr.read_text()
+    seen = record(p)
+    fresh = subprocess.run([sys.executable, str(script), "--mode", "env"], check=True,
+                           env={**os.environ, **p.env})
+    assert fresh.returncode == 0
+    for key in ("encoding", "faulthandler", "tz", "local", "path1", "optimize"):
+        assert seen[key] == record(p)[key]
+    assert seen["encoding"] == "iso8859-1" and seen["faulthandler"] is True
+    assert seen["tz"] == "JST" and seen["local"] == 1 and seen["path1"] == str(extra)
+
+
+def test_what_a_fork_cannot_take_is_named():
+    assert cannot_take({"PYTHONOPTIMIZE": "1", "PYTHONPATH": "/x", "TZ": "UTC",
+                        "PYTHONWARNINGS": "error", "PYTHONHASHSEED": "0"},
+                       {"PYTHONHASHSEED": "0"}) == ["PYTHONOPTIMIZE", "PYTHONWARNINGS"]
 
 
 def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
@@ -213,3 +248,34 @@ def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
     while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
+        write_study, tmp_path, monkeypatch, capsys):
+    """Trials do not wait for a server that is still importing: they start as `direct` until
+    it is ready, then as its forks. A trainer.env that sets PYTHONOPTIMIZE starts as
+    `direct`. The user is told each once."""
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.setattr(driver, "WARM_WAIT", 0.5)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    seen = {}
+    for name, trainer in (("slow", {"preload": ["slow_import"]}),
+                          ("optimize", {"env": {"PYTHONOPTIMIZE": "1"}})):
+        study = write_study(
+            study={"name": name, "n_trials": 8 if name == "slow" else 2},
+            trainer={"script": str(PROBE), "launcher": "warm", "args": ["--sleep", "0.7"],
+                     **trainer},
+            params={"x": {"type": "float", "low": 0, "high": 1}}, name=f"{name}.yaml")
+        assert run_cli("run", str(study)) == 0
+        seen[name] = capsys.readouterr().err
+        forked = [json.loads((t / "probe.json").read_text())["torch_loaded_at_start"]
+                  for t in sorted((tmp_path / name / "trials").iterdir(),
+                                  key=lambda t: int(t.name))]
+        if name == "slow":
+            assert forked[0] is False and forked[-1] is True, forked
+            assert forked == sorted(forked)  # direct until the server was ready, then forks
+        else:
+            assert forked == [False, False]
+    assert seen["slow"].count("still importing") == 1 and "server is ready" in seen["slow"]
+    assert seen["optimize"].count("trainer.env sets PYTHONOPTIMIZE") == 1
