@@ -51,6 +51,19 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def children() -> set[int]:
+    """This process's own children (not their descendants): what is left of the tree once
+    the command exited, since a subreaper gets every orphan of it."""
+    found: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                found.update(int(pid) for pid in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
 class Tree:
     """The guard's descendants, and the one TERM -> grace -> KILL escalation of sweep."""
 
@@ -163,7 +176,7 @@ def supervise(start: Callable[[], int], control: int, status: int, grace: float)
             returncode = os.waitstatus_to_exitcode(wait_status)
             code = 128 - returncode if returncode < 0 else returncode
             _report(status, code)
-            if descendants(os.getpid()):
+            if children():
                 tree.stop_in_background(tree.grace)
     tree.gone.set()
     return code

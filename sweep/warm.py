@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,18 +199,6 @@ def _preload(modules: Sequence[str]) -> dict[str, Any]:
     return {"cuda": cuda, "failed": failed, "seconds": time.monotonic() - began}
 
 
-def _children() -> set[int]:
-    """The server's own children (not their descendants)."""
-    found: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                found.update(int(pid) for pid in f.read().split())
-        except OSError:
-            continue
-    return found
-
-
 def _orphans(guards: set[int]) -> None:
     """Reap what ended; SIGKILL what a killed guard left behind (it came back here)."""
     while True:
@@ -220,7 +209,7 @@ def _orphans(guards: set[int]) -> None:
         if pid == 0:
             break
         guards.discard(pid)
-    for pid in _children() - guards:
+    for pid in guard.children() - guards:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -291,6 +280,10 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
             return pid
 
         code = guard.supervise(start, control, status, float(message["grace"]))
+        # The tree is gone: say so (end of file on STATUS, the slot locks freed) before this
+        # process ends, since unmapping the server's memory on the way out takes a while.
+        for fd in mine:
+            os.close(fd)
     except BaseException:
         import traceback
 
@@ -422,10 +415,15 @@ def _as_fresh(before: Mapping[str, str], first: str) -> None:
     sys.path[0:1] = [first, *added]
     for name in _shadowed([first, *added]):
         del sys.modules[name]
-    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    # The server's finalizers are the server's: a fork that ran them at exit would only spend
+    # time (torch deregisters its operators: 25 ms) or undo the server's state.
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        finalizer.atexit = False
+    # numpy.random only where the server imported it: else the trial's import seeds it
+    numpy, torch = sys.modules.get("numpy.random"), sys.modules.get("torch")
     try:
         if numpy is not None:
-            numpy.random.seed()
+            numpy.seed()
         if torch is not None:
             torch.seed()
             threads = env.get("OMP_NUM_THREADS", "")
