@@ -98,8 +98,10 @@ def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(wr
                "pruner": {"type": "median", "n_startup_trials": 1000}},
         trainer={"script": str(HOSTILE), "args": ["--case", "flood_slow"]},
     )
-    drivers = [spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": host})
-               for host in hosts]
+    # a device each: on one host, a driver that is quicker to start would take both
+    drivers = [spawn_cli("run", str(study), "--gpus", str(i),
+                         env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": host})
+               for i, host in enumerate(hosts)]
     outputs = [d.communicate(timeout=180) for d in drivers]
     for d, (_, err) in zip(drivers, outputs, strict=True):
         assert d.returncode == 0, err
