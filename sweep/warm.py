@@ -51,6 +51,7 @@ DEFAULT_PRELOAD = ("torch", "accelerate")
 _BASE: frozenset[str] = frozenset()
 PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
 MAX_MESSAGE = 1 << 20
+FORK_PATIENCE = 30.0  # s the driver waits for the server to fork a trial
 MAX_FDS = 64
 
 
@@ -146,13 +147,17 @@ class WarmServer:
         """Start one trial: its guard's pid. `fds`: control, status, stdout, stderr, then
         what the guard holds; the caller keeps and closes its own copies."""
         message = {"argv": list(argv), "env": dict(env), "cwd": cwd, "grace": grace,
-                   "dir": trial_dir, "hold": len(fds) - 4}
+                   "dir": trial_dir}
         with self._lock:
+            self._sock.settimeout(FORK_PATIENCE)
             try:
                 _send(self._sock, message, fds)
                 reply, _ = _receive(self._sock)
-            except OSError as e:
-                raise WarmError(f"the server stopped serving: {e}") from None
+            except OSError as e:  # a timeout too: a fork it makes late stops at once, as
+                # its control pipe is closed by then
+                raise WarmError(f"the server stopped serving: {e or 'no answer'}") from None
+            finally:
+                self._sock.settimeout(None)
         if reply is None:
             raise WarmError(f"the server ended (exit {self._popen.poll()}; see {self.log})")
         if "error" in reply:
@@ -193,7 +198,10 @@ def _preload(modules: Sequence[str]) -> dict[str, Any]:
         except BaseException as e:
             failed[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     torch = sys.modules.get("torch")
-    cuda = bool(torch is not None and torch.cuda.is_initialized())
+    try:
+        cuda = bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # a torch without its cuda module: nothing could initialise it
+        cuda = False
     sys.stdout.flush()
     sys.stderr.flush()
     return {"cuda": cuda, "failed": failed, "seconds": time.monotonic() - began}
