@@ -255,8 +255,8 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
     """Trials do not wait for a server that is still importing: they start as `direct` until
     it is ready, then as its forks. A trainer.env that sets PYTHONOPTIMIZE starts as
     `direct`. The user is told each once."""
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
-    monkeypatch.setattr(driver, "WARM_WAIT", 0.5)
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.setattr(driver, "WARM_WAIT", 0.3)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     seen = {}
@@ -264,7 +264,7 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
                           ("optimize", {"env": {"PYTHONOPTIMIZE": "1"}})):
         study = write_study(
             study={"name": name, "n_trials": 8 if name == "slow" else 2},
-            trainer={"script": str(PROBE), "launcher": "warm", "args": ["--sleep", "0.7"],
+            trainer={"script": str(PROBE), "launcher": "warm", "args": ["--sleep", "0.5"],
                      **trainer},
             params={"x": {"type": "float", "low": 0, "high": 1}}, name=f"{name}.yaml")
         assert run_cli("run", str(study)) == 0
