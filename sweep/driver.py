@@ -50,6 +50,7 @@ class Driver:
         self.running: dict[int, RunningTrial] = {}
         self._signals = 0
         self._counts: Counts | None = None
+        self._counts_adjusted = False  # what this driver did was added to them since
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
         self._orphan_wait: float | None = None
         self._announced = False
@@ -71,9 +72,12 @@ class Driver:
             self.events.message(f"trainer.preload is for launcher: warm; launcher is "
                                 f"{trainer.launcher}: nothing is preloaded")
         if trainer.launcher == "warm":  # it imports while the rest gets ready
-            self.warm = WarmServer([*DEFAULT_PRELOAD, *trainer.preload],
-                                   {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
-                                   self.own / "warm.log")
+            try:
+                self.warm = WarmServer([*DEFAULT_PRELOAD, *trainer.preload],
+                                       {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
+                                       self.own / "warm.log")
+            except OSError as e:
+                self._drop_warm(f"cannot start its fork server: {e}")
         try:
             return self._run()
         finally:
@@ -110,7 +114,10 @@ class Driver:
             if self._stopping():  # a signal came while starting: react to it first
                 continue
             if not self.running and not self._waiting():
-                return
+                if not self._counts_adjusted:
+                    return
+                self._counts = None  # others' trials may have failed since: look once more
+                continue
             self.events.tick(self)
             self.clock.wait(self._next_wakeup(now))
             self._supervise(self.clock.now())
@@ -205,17 +212,18 @@ class Driver:
         return port
 
     def counts(self) -> Counts:
-        """The study's trials by state, as last read (storage is read again when they change,
-        and every heartbeat interval)."""
+        """The study's trials by state: as last read (under the budget lock before each ask,
+        and every heartbeat interval), plus what this driver did since."""
         return self._budget()
 
-    def _counted(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
+    def _adjust_counts(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
         """What this driver just did to the study, added to the counts last read: they are
         read again under the budget lock before each ask, and every heartbeat interval."""
         c = self._counts
         if c is None or self.store.grid:  # a grid point started is not known here
             self._counts = None
             return
+        self._counts_adjusted = True
         self._counts = dataclasses.replace(
             c, finished=c.finished + finished, running=max(0, c.running + running),
             waiting=max(0, c.waiting + waiting))
@@ -223,6 +231,7 @@ class Driver:
     def _budget(self) -> Counts:
         if self._counts is None:
             self._counts = self.store.counts()
+            self._counts_adjusted = False
         return self._counts
 
     def _warm_server(self) -> WarmServer | None:
@@ -302,7 +311,7 @@ class Driver:
                     self.pool.reserved_devices(), queued=queued)
         except LockAbandoned:
             return
-        self._counted(running=1, waiting=-1 if queued else 0)
+        self._adjust_counts(running=1, waiting=-1 if queued else 0)
         if not locked and not self._went_around:
             self.events.message(
                 f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
@@ -386,7 +395,7 @@ class Driver:
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         if told:
-            self._counted(finished=verdict.state != "FAIL", running=-1)
+            self._adjust_counts(finished=verdict.state != "FAIL", running=-1)
         else:
             self._counts = None
         if not told:
@@ -402,7 +411,7 @@ class Driver:
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
-            self._counted(waiting=1)
+            self._adjust_counts(waiting=1)
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""

@@ -30,6 +30,18 @@ STOP, KILL = b"T", b"K"
 
 def descendants(root: int) -> list[int]:
     """Every live descendant of `root`, read from /proc (parents before children)."""
+    children = _children_of()
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _children_of() -> dict[int, list[int]]:
+    """Every live process's children, read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -42,13 +54,7 @@ def descendants(root: int) -> list[int]:
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses
         ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-    found: list[int] = []
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
+    return children
 
 
 def children() -> set[int]:
@@ -59,6 +65,8 @@ def children() -> set[int]:
         try:
             with open(f"/proc/self/task/{tid}/children") as f:
                 found.update(int(pid) for pid in f.read().split())
+        except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: the long way
+            return set(_children_of().get(os.getpid(), ()))
         except OSError:
             continue
     return found

@@ -29,7 +29,7 @@ from sweep import guard
 from sweep.launch import LaunchPlan
 from sweep.outcome import Outcome, judge_files
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
-from sweep.warm import WarmServer, trainer_pid
+from sweep.warm import GO, WarmServer, trainer_pid
 
 GUARD = Path(guard.__file__)
 # How long past its grace period a guard may take to end the tree before the driver kills it.
@@ -87,7 +87,8 @@ class TrialProcess:
     ) -> None:
         """`hold`: descriptors the guard keeps open while the tree lives (the device's
         host-wide slot lock, so it outlives a killed driver until the trial is gone).
-        WarmError if `server` cannot start it (nothing was started)."""
+        WarmError if `server` cannot start it (nothing was started: a guard it forks late
+        never hears GO, so it starts nothing)."""
         self.plan = plan
         control_r, self._control = os.pipe()
         status_r, status_w = os.pipe()
@@ -99,6 +100,7 @@ class TrialProcess:
                         plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,
                         str(plan.paths.dir),
                         (control_r, status_w, out.fileno(), err.fileno(), *hold))
+                    os.write(self._control, GO)  # a guard not told so starts nothing
                 else:
                     argv = [sys.executable, str(GUARD), str(control_r), str(status_w),
                             str(grace), "--"]

@@ -27,6 +27,7 @@ This module imports only the standard library and `sweep.guard` (the driver impo
 from __future__ import annotations
 
 import codecs
+import gc
 import importlib.util
 import io
 import json
@@ -49,6 +50,7 @@ DEFAULT_PRELOAD = ("torch", "accelerate")
 # does not replace them in a fork (in a new interpreter, most are loaded before sys.path
 # is looked at). Modules preloaded or imported later do give way to the script's files.
 _BASE: frozenset[str] = frozenset()
+GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
 PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
 MAX_MESSAGE = 1 << 20
 FORK_PATIENCE = 30.0  # s the driver waits for the server to fork a trial
@@ -93,6 +95,9 @@ class WarmServer:
                  python: str = sys.executable) -> None:
         """Start the server with `env` (the driver's, with a SWEEP_TRIAL_DIR of its own, so
         its forks on a GPU are known as sweep's); its own output goes to `log`."""
+        # torch.cuda.is_available() at a preload's import then asks NVML, not CUDA (which
+        # would make every fork unable to use CUDA); trials get their own environment.
+        env = {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for s in (mine, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_MESSAGE)
@@ -112,10 +117,6 @@ class WarmServer:
         self._lock = threading.Lock()
         self.log = log
         self.hello: dict[str, Any] | None = None
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
 
     def ready(self, timeout: float, abort: Any = lambda: False) -> dict[str, Any]:
         """The server's hello once it has imported: {"cuda": whether importing initialised
@@ -165,11 +166,12 @@ class WarmServer:
         return int(reply["pid"])
 
     def close(self, wait: float = 5.0) -> None:
-        """Stop serving: the server ends once its guards have (it is killed after `wait` s;
-        running trials are not waited for here: the driver has ended them)."""
+        """Stop serving: the server ends once its guards have (it is killed after `wait` s,
+        or at once while it is still importing; running trials are not waited for here: the
+        driver has ended them)."""
         self._sock.close()
         try:
-            self._popen.wait(wait)
+            self._popen.wait(wait if self.hello is not None else 0)
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
@@ -204,11 +206,31 @@ def _preload(modules: Sequence[str]) -> dict[str, Any]:
         cuda = False
     sys.stdout.flush()
     sys.stderr.flush()
-    return {"cuda": cuda, "failed": failed, "seconds": time.monotonic() - began}
+    return {"cuda": cuda or _forks_poisoned(), "failed": failed,
+            "seconds": time.monotonic() - began}
 
 
-def _orphans(guards: set[int]) -> None:
-    """Reap what ended; SIGKILL what a killed guard left behind (it came back here)."""
+def _forks_poisoned() -> bool:
+    """Whether a fork of this process would find CUDA unusable ("Cannot re-initialize CUDA
+    in forked subprocess"): torch marks that in a fork when its parent asked CUDA anything
+    (a device count too, which `torch.cuda.is_initialized()` does not show)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    pid = os.fork()
+    if pid == 0:
+        try:
+            bad = bool(torch.cuda._is_in_bad_fork())
+        except BaseException:
+            bad = False
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
+
+
+def _orphans(guards: set[int], spared: set[int]) -> None:
+    """Reap what ended; SIGKILL what a killed guard left behind (it came back here), not the
+    `spared` children that preloaded modules started."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -217,7 +239,7 @@ def _orphans(guards: set[int]) -> None:
         if pid == 0:
             break
         guards.discard(pid)
-    for pid in guard.children() - guards:
+    for pid in guard.children() - guards - spared:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -230,12 +252,17 @@ def serve(sock: socket.socket, modules: Sequence[str]) -> int:
     guard.quiet_signals()  # Ctrl-C in the driver's terminal is the driver's to handle
     _BASE = frozenset(m for m in sys.modules if m.partition(".")[0] != "sweep")
     hello = _preload(modules)
+    spared = guard.children()
     guard._become_subreaper()
-    _send(sock, hello)
+    gc.freeze()  # what is loaded stays out of the forks' collections (and their exit's look)
+    try:
+        _send(sock, hello)
+    except OSError:  # the driver closed while this was importing
+        return 0
     guards: set[int] = set()
     sock.settimeout(0.5)
     while True:
-        _orphans(guards)
+        _orphans(guards, spared)
         try:
             message, fds = _receive(sock)
         except TimeoutError:
@@ -260,8 +287,8 @@ def serve(sock: socket.socket, modules: Sequence[str]) -> int:
     sock.close()
     while guards:  # the driver is gone or done: its guards stop their trees, then end
         time.sleep(0.1)
-        _orphans(guards)
-    _orphans(guards)
+        _orphans(guards, spared)
+    _orphans(guards, spared)
     return 0
 
 
@@ -273,6 +300,8 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
         os.setsid()
         control, status, out, err, *hold = fds
         mine = [control, status, *hold]
+        if os.read(control, 1) != GO:  # the driver never learnt of this guard: start nothing
+            return
 
         def start() -> int:
             pid = os.fork()
@@ -362,7 +391,11 @@ def _print_error(error: BaseException, main_file: str | None) -> None:
     tb = error.__traceback__
     while tb is not None and main_file and tb.tb_frame.f_code.co_filename != main_file:
         tb = tb.tb_next
-    traceback.print_exception(type(error), error, tb or error.__traceback__)
+    error = error.with_traceback(tb or error.__traceback__)
+    try:
+        sys.excepthook(type(error), error, error.__traceback__)  # the script's, if it set one
+    except BaseException:
+        traceback.print_exception(error)
 
 
 def _text(fd: int, env: Mapping[str, str], line: bool) -> io.TextIOWrapper:
@@ -470,9 +503,14 @@ def _exit_as_python(code: Any, died_of: int | None = None) -> None:
         except BaseException:
             pass
         code = 1
-    for stream in (sys.stdout, sys.stderr):
+    # Files the script left open are flushed, as an interpreter's end would (objects made
+    # since the server's gc.freeze(): a few, not the server's hundred thousand).
+    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    files.sort(key=lambda f: not isinstance(f, io.TextIOBase))  # text first: it writes on
+    for stream in [*files, sys.stdout, sys.stderr]:
         try:
-            stream.flush()
+            if not stream.closed:
+                stream.flush()
         except BaseException:
             pass
     if died_of is not None:

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import optuna
 import pytest
 from conftest import load_trials, processes_mentioning, run_cli, study_dict
 
@@ -310,3 +311,42 @@ def test_no_result_says_where_sweep_looked_and_quotes_the_output(write_study, fa
     reason = load_trials(study)[0].user_attrs["fail_reason"]
     assert reason.startswith("no result: no line of ") and "stdout.log matched" in reason
     assert reason.endswith("stdout is empty")
+
+
+def test_a_trial_another_driver_fails_gives_its_budget_back_before_the_run_ends(
+        write_study, fake_gpus):
+    """The driver adds what it does itself to the counts it last read; before it ends for
+    want of budget, it reads them again: another driver's running trial may have failed."""
+    import threading
+    import time
+
+    from optuna.trial import TrialState
+
+    fake_gpus(1)
+    study = write_study(study={"n_trials": 3, "heartbeat_interval": 60, "reclaim_after": 600},
+                        trainer={"args": ["--sleep", "1.0"]})
+    storage = optuna.storages.RDBStorage(f"sqlite:///{study.parent / 'probe.db'}",
+                                         heartbeat_interval=60, grace_period=600)
+    other = optuna.create_study(study_name="probe", storage=storage, direction="minimize")
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        other.set_metric_names(["score"])
+    foreign = other.ask()  # a live trial of a driver on another host
+    foreign.set_user_attr("owner", {"host": "elsewhere", "pid": 1, "gpu": 0, "dir": "/x",
+                                    "started": time.time()})
+    storage.record_heartbeat(foreign._trial_id)
+
+    def fail_once_the_last_is_asked() -> None:  # the driver will not ask again before its end
+        deadline = time.monotonic() + 60
+        while len(other.get_trials(deepcopy=False)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        other.tell(foreign, state=TrialState.FAIL)
+
+    failer = threading.Thread(target=fail_once_the_last_is_asked)
+    failer.start()
+    try:
+        assert run_cli("run", str(study)) == 0
+    finally:
+        failer.join()
+    trials = load_trials(study)
+    assert [t.state.name for t in trials].count("COMPLETE") == 3
+    assert trials[0].state.name == "FAIL"

@@ -3,6 +3,7 @@ rules that find a dead driver's trials, and the private Optuna APIs it relies on
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import subprocess
@@ -90,6 +91,9 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     assert s.counts() == store.Counts(1, 1, 0, 1)
     assert s._settled[0] == trial._trial_id  # the finished first trial is not read again
     study.tell(study.ask(), 2.0)  # the queued one
+    assert s.counts() == store.Counts(2, 1, 0, 0)
+    # a trial committed late below the settled line (other drivers' ids): counted afresh
+    s._settled = (s._settled[0], collections.Counter({TrialState.COMPLETE: 5}))
     assert s.counts() == store.Counts(2, 1, 0, 0)
 
 

@@ -122,6 +122,53 @@ def test_a_fork_takes_what_python_takes_from_its_environment(server, tmp_path):
     assert seen["tz"] == "JST" and seen["local"] == 1 and seen["path1"] == str(extra)
 
 
+def test_files_left_open_and_an_excepthook_behave_as_in_python(server, tmp_path):
+    script = tmp_path / "open.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "def save():\n"
+        "    out = open(os.environ['SWEEP_RESULT_FILE'], 'w')  # never closed\n"
+        "    json.dump({'score': 0.5}, out)\n"
+        "    globals()['kept'] = out\n"
+        "save()\n"
+        "sys.excepthook = lambda *a: print('HOOKED', a[1], file=sys.stderr)\n"
+        "raise ValueError('late')\n")
+    p = plan(tmp_path, "9", script=script)
+    assert run(server, p).exit_code == 1
+    assert json.loads(p.result.read_text()) == {"score": 0.5}
+    assert p.paths.stderr.read_text().strip() == "HOOKED late"
+
+
+def test_a_guard_the_driver_never_heard_of_starts_nothing(server, tmp_path):
+    """The driver lets a guard start its trainer only once it knows the guard's pid: a
+    request whose answer never came (a timeout, a dying server) runs nothing."""
+    p = plan(tmp_path, "10")
+    control_r, control_w = os.pipe()
+    status_r, status_w = os.pipe()
+    with open(p.paths.stdout, "wb") as out, open(p.paths.stderr, "wb") as err:
+        pid = server.fork(p.argv, {**os.environ, **p.env}, os.getcwd(), 1.0, str(p.paths.dir),
+                          (control_r, status_w, out.fileno(), err.fileno()))
+    for fd in (control_r, status_w, control_w):  # as the driver does when it gives up
+        os.close(fd)
+    with os.fdopen(status_r, "rb") as status:
+        assert status.read() == b""  # the guard ended without a word
+    assert wait_until(lambda: not psutil.pid_exists(pid), 5)
+    assert not (p.paths.dir / "probe.json").exists() and not (p.paths.dir / PID_FILE).exists()
+
+
+@pytest.mark.parametrize("poison", ["is_initialized", "_is_in_bad_fork"])
+def test_a_preload_that_made_cuda_unusable_in_forks_is_reported(tmp_path, monkeypatch, poison):
+    """CUDA initialised, or only asked a device count (which torch marks as spoiling forks):
+    the server says so, and the driver starts trials as direct."""
+    (tmp_path / "spoils.py").write_text(f"import torch\ntorch.cuda.{poison} = lambda: True\n")
+    env = {**os.environ, TRIAL_DIR_ENV: str(tmp_path), "PYTHONPATH": str(tmp_path)}
+    warm = WarmServer(["torch", "spoils"], env, tmp_path / "warm.log")
+    try:
+        assert warm.ready(60)["cuda"] is True
+    finally:
+        warm.close()
+
+
 def test_what_a_fork_cannot_take_is_named():
     assert cannot_take({"PYTHONOPTIMIZE": "1", "PYTHONPATH": "/x", "TZ": "UTC",
                         "PYTHONWARNINGS": "error", "PYTHONHASHSEED": "0"},
