@@ -325,8 +325,9 @@ def test_a_trial_another_driver_fails_gives_its_budget_back_before_the_run_ends(
     fake_gpus(1)
     study = write_study(study={"n_trials": 3, "heartbeat_interval": 60, "reclaim_after": 600},
                         trainer={"args": ["--sleep", "1.0"]})
-    storage = optuna.storages.RDBStorage(f"sqlite:///{study.parent / 'probe.db'}",
-                                         heartbeat_interval=60, grace_period=600)
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):  # heartbeats, as sweep's
+        storage = optuna.storages.RDBStorage(f"sqlite:///{study.parent / 'probe.db'}",
+                                             heartbeat_interval=60, grace_period=600)
     other = optuna.create_study(study_name="probe", storage=storage, direction="minimize")
     with pytest.warns(optuna.exceptions.ExperimentalWarning):
         other.set_metric_names(["score"])

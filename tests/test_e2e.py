@@ -157,26 +157,20 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
     assert len(set(seen)) == 2 and None not in seen
 
 
-@pytest.mark.parametrize("settings", [
-    {"params": {"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
-                                    "where": "accelerate"}},
-     "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
-    {"accelerate": {"mixed_precision": "bf16", "dynamo_backend": "no"}},
-], ids=["searched mixed precision", "trainer.accelerate"])
-def test_direct_and_warm_give_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path,
-                                                                  settings):
+def test_direct_and_warm_give_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path):
     """The same study through `accelerate launch`, `launcher: direct` and `launcher: warm`: the
     trainer's Accelerator sees the same device, mixed precision, processes, threads and
-    ACCELERATE_* variables."""
+    ACCELERATE_* variables, for a setting of `trainer.accelerate` and a searched one."""
     trainer = ROOT / "tests" / "trainers" / "state_probe.py"
     seen: dict[str, list[dict]] = {}
     for launcher in ("accelerate", "direct", "warm"):
         study = write_study(
-            study={"name": launcher, "n_trials": len(settings.get("enqueue", [0])),
-                   "enqueue": settings.get("enqueue", [])},
+            study={"name": launcher, "n_trials": 2,
+                   "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
             trainer={"script": str(trainer), "launcher": launcher,
-                     "accelerate": settings.get("accelerate", {})},
-            params=settings.get("params", {"x": {"type": "float", "low": 0, "high": 1}}),
+                     "accelerate": {"dynamo_backend": "no"}},
+            params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                        "where": "accelerate"}},
             name=f"{launcher}.yaml")
         run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
         _, err = run.communicate(timeout=180)
@@ -185,9 +179,9 @@ def test_direct_and_warm_give_a_trainer_the_state_accelerate_launch_gives(write_
         seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
     assert seen["direct"] == seen["accelerate"]
     assert seen["warm"] == seen["accelerate"]
-    if "enqueue" in settings:
-        assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
+    assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
                for s in seen["direct"])
+    assert all(s["env"]["ACCELERATE_DYNAMO_BACKEND"] == "NO" for s in seen["direct"])
     command = (tmp_path / "direct" / "trials" / "0" / "command.sh").read_text()
     assert "accelerate.commands.launch" not in command  # one interpreter, not two
