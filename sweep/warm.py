@@ -26,6 +26,7 @@ This module imports only the standard library and `sweep.guard` (the driver impo
 
 from __future__ import annotations
 
+import builtins
 import codecs
 import gc
 import importlib.util
@@ -360,15 +361,19 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) 
         _as_fresh(before, first)
         import runpy
 
+        sys.orig_argv = list(message["argv"])
+        if getattr(sys.modules.get("__mp_main__"), "__name__", "") == "__main__":
+            del sys.modules["__mp_main__"]  # the server's own
+        start = {"__builtins__": builtins}  # the module, as in python's __main__
         if module:
             sys.argv = [argv[1], *argv[2:]]
             spec = importlib.util.find_spec(argv[1])
             main_file = spec.origin if spec is not None else None
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            runpy.run_module(argv[1], start, run_name="__main__", alter_sys=True)
         else:
             sys.argv = argv
             main_file = os.path.abspath(argv[0])
-            runpy.run_path(argv[0], run_name="__main__")
+            runpy.run_path(argv[0], start, run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code
@@ -420,12 +425,16 @@ APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONFAULTHAN
            "PYTHONDONTWRITEBYTECODE")
 
 
+LOCALE = ("LC_ALL", "LC_CTYPE", "LANG")  # python's encodings and UTF-8 mode come from them
+
+
 def cannot_take(env: Mapping[str, str], server_env: Mapping[str, str]) -> list[str]:
     """The variables of a trial's `env` that a fork of a server started with `server_env`
     cannot honour: interpreter settings read once at start (PYTHONOPTIMIZE, PYTHONWARNINGS,
-    PYTHONHASHSEED, ...). Such a trial must start as a new interpreter."""
-    return sorted(k for k in env if k.startswith("PYTHON") and k not in APPLIED
-                  and env[k] != server_env.get(k))
+    PYTHONHASHSEED, ..., and the locale). Such a trial must start as a new interpreter."""
+    read_at_start = [k for k in env if k in LOCALE or (
+        k.startswith("PYTHON") and k not in APPLIED)]
+    return sorted(k for k in read_at_start if env[k] != server_env.get(k))
 
 
 def _shadowed(folders: Sequence[str]) -> list[str]:
@@ -469,7 +478,8 @@ def _as_fresh(before: Mapping[str, str], first: str) -> None:
             torch.seed()
             threads = env.get("OMP_NUM_THREADS", "")
             if threads != before.get("OMP_NUM_THREADS", "") and threads.isdigit():
-                torch.set_num_threads(int(threads))
+                # as torch at its start: no more threads than the cores it may run on
+                torch.set_num_threads(min(int(threads), len(os.sched_getaffinity(0))))
         if env.get("TZ") != before.get("TZ"):
             time.tzset()
         if env.get("PYTHONFAULTHANDLER"):

@@ -68,6 +68,8 @@ def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
     assert seen["argv"] == [str(PROBE), "--x", "0.25"] and seen["name"] == "__main__"
     assert seen["path0"] == str(PROBE.parent) and seen["cwd"] == os.getcwd()
     assert seen["cvd"] == "3" and seen["stdin"] == ""
+    assert seen["builtins_module"] == "module" and seen["orig_argv"] == [str(PROBE), "--x",
+                                                                          "0.25"]
     assert p.paths.stdout.read_text() == "stdout of trial 7\n"
     assert p.paths.stderr.read_text() == "stderr of trial 7\n"
     assert json.loads(p.result.read_text()) == {"score": 0.25}
@@ -109,14 +111,15 @@ def test_a_fork_takes_what_python_takes_from_its_environment(server, tmp_path):
     (script.parent / "decimal.py").write_text("MINE = 1\n")
     p = plan(tmp_path, "8", "--mode", "env", script=script)
     env = {"PYTHONPATH": str(extra), "PYTHONIOENCODING": "latin-1",
-           "PYTHONFAULTHANDLER": "1", "TZ": "Asia/Tokyo"}
+           "PYTHONFAULTHANDLER": "1", "TZ": "Asia/Tokyo",
+           "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)) + 1)}
     p = LaunchPlan(p.argv, {**p.env, **env}, p.paths, p.result)
     assert run(server, p).exit_code == 0, p.paths.stderr.read_text()
     seen = record(p)
     fresh = subprocess.run([sys.executable, str(script), "--mode", "env"], check=True,
                            env={**os.environ, **p.env})
     assert fresh.returncode == 0
-    for key in ("encoding", "faulthandler", "tz", "local", "path1", "optimize"):
+    for key in ("encoding", "faulthandler", "tz", "local", "path1", "optimize", "threads"):
         assert seen[key] == record(p)[key]
     assert seen["encoding"] == "iso8859-1" and seen["faulthandler"] is True
     assert seen["tz"] == "JST" and seen["local"] == 1 and seen["path1"] == str(extra)
@@ -171,8 +174,10 @@ def test_a_preload_that_made_cuda_unusable_in_forks_is_reported(tmp_path, monkey
 
 def test_what_a_fork_cannot_take_is_named():
     assert cannot_take({"PYTHONOPTIMIZE": "1", "PYTHONPATH": "/x", "TZ": "UTC",
-                        "PYTHONWARNINGS": "error", "PYTHONHASHSEED": "0"},
-                       {"PYTHONHASHSEED": "0"}) == ["PYTHONOPTIMIZE", "PYTHONWARNINGS"]
+                        "PYTHONWARNINGS": "error", "PYTHONHASHSEED": "0", "LC_ALL": "C",
+                        "LANG": "C.UTF-8"},
+                       {"PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}) == [
+        "LC_ALL", "PYTHONOPTIMIZE", "PYTHONWARNINGS"]
 
 
 def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):

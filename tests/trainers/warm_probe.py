@@ -28,6 +28,7 @@ def main() -> int:
         "cwd": os.getcwd(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "random": random.random(), "stdin": sys.stdin.read(),
         "torch_loaded_at_start": "torch" in sys.modules,
+        "builtins_module": type(__builtins__).__name__, "orig_argv": sys.orig_argv[1:],
     }
     if args.mode == "seeds":
         import numpy
@@ -39,9 +40,12 @@ def main() -> int:
         import decimal
         import faulthandler
 
+        import torch
+
         record.update(optimize=sys.flags.optimize, encoding=sys.stdout.encoding,
                       faulthandler=faulthandler.is_enabled(), tz=time.tzname[0],
-                      local=getattr(decimal, "MINE", None), path1=sys.path[1])
+                      local=getattr(decimal, "MINE", None), path1=sys.path[1],
+                      threads=torch.get_num_threads())
     print(f"stdout of trial {os.environ['SWEEP_TRIAL_NUMBER']}")
     print(f"stderr of trial {os.environ['SWEEP_TRIAL_NUMBER']}", file=sys.stderr)
     Path(os.environ["SWEEP_TRIAL_DIR"], "probe.json").write_text(json.dumps(record))
