@@ -398,7 +398,6 @@ class Driver:
             self._adjust_counts(finished=verdict.state != "FAIL", running=-1)
         else:
             self._counts = None
-        if not told:
             self.events.message(f"trial {run.number} was already told by another driver")
         if exhausted:
             self.policy.stop_starting("the sampler has searched its whole space")
