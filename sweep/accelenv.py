@@ -55,14 +55,25 @@ class AccelerateEnv:
         text = json.dumps([*self._context, options])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def cached(self, options: list[str]) -> dict[str, str] | None:
+        """The variables for `options` if a run has computed them on this host (reads only)."""
+        if tuple(options) in self._known:
+            return self._known[tuple(options)]
+        try:
+            return dict(json.loads(self._file(options).read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _file(self, options: list[str]) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
+        return self.cache_dir / f"accelerate_env.{safe}.{self.key(options)}.json"
+
     def get(self, options: list[str]) -> dict[str, str]:
         """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
         if tuple(options) in self._known:  # each trial start asks: no hashing, no files
             return self._known[tuple(options)]
-        key = self.key(options)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
-        cached = self.cache_dir / f"accelerate_env.{safe}.{key}.json"
+        cached = self._file(options)
         try:
             env = json.loads(cached.read_text())
         except (OSError, ValueError):

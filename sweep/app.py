@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from sweep import config, hostlock, launch, pool
+from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
@@ -167,6 +168,11 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             lines.append(f"# no trial can start: {lease.hopeless()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
         own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
+        launcher = spec.trainer.launcher
+        accelerate_env = AccelerateEnv(spec.output_dir / "cache", host_name())
+        if launcher == "warm":
+            lines.append("# launcher warm: each runs as a fork of the warm server, with this "
+                         "environment")
         for _ in range(n):
             if not lease.has_free():
                 lines.append(f"# no room for more now: {lease.hopeless() or 'devices full'}")
@@ -178,8 +184,15 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             held = lease.lease_of(trial.number)
             pins = ",".join(lease.pin(i) for i in held.devices) if held else None
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
+            direct = None
+            if launcher in ("direct", "warm"):
+                direct = accelerate_env.cached(launch.direct_settings(
+                    spec, {**params, **spec.fixed}, accelerate_env.config_dir))
+                if direct is None:
+                    lines.append("# plus the variables `accelerate launch` would set: "
+                                 "computed and cached at the first run")
             plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, own,
-                                     pin=pins, port=port)
+                                     pin=pins, port=port, launcher_env=direct)
             lines.append(plan.command_line())
     finally:
         if nvml is not None:

@@ -351,3 +351,25 @@ def test_a_trial_another_driver_fails_gives_its_budget_back_before_the_run_ends(
     trials = load_trials(study)
     assert [t.state.name for t in trials].count("COMPLETE") == 3
     assert trials[0].state.name == "FAIL"
+
+
+def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_study, fake_gpus,
+                                                                       capsys, tmp_path):
+    """Read from the cache a run fills; before any run, said so (a dry run writes nothing)."""
+    from sweep import config, launch
+    from sweep.accelenv import AccelerateEnv
+    from sweep.store import host_name
+
+    study = write_study(study={"n_trials": 1}, trainer={"launcher": "direct"})
+    assert run_cli("run", str(study), "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "computed and cached at the first run" in out[1] and "ACCELERATE_" not in out[2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+    spec = config.load(study)
+    env = AccelerateEnv(spec.output_dir / "cache", host_name())
+    cached = env._file(launch.direct_settings(spec, {}, env.config_dir))
+    cached.parent.mkdir(parents=True)
+    cached.write_text('{"ACCELERATE_MIXED_PRECISION": "no"}')
+    assert run_cli("run", str(study), "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "ACCELERATE_MIXED_PRECISION=no" in out[1]
