@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,8 +201,16 @@ def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
     proc.stop()
     assert proc.wait(10)
     assert proc.exit_code == 128 + signal.SIGKILL  # it ignored SIGTERM for its grace period
-    assert not [pid for pid in pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    trainer, hidden = trainer_pid(p.paths.dir), int(child.read_text())
+    assert trainer is None and not alive(hidden)  # gone when the trial is said to have ended
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), 5)  # the guard just after
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def sleeping(server: WarmServer, tmp_path: Path, name: str,
@@ -307,7 +316,17 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
     """Trials do not wait for a server that is still importing: they start as `direct` until
     it is ready, then as its forks. A trainer.env that sets PYTHONOPTIMIZE starts as
     `direct`. The user is told each once."""
-    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1.5)\n")
+    gate = tmp_path / "gate"  # the import ends once the first trial ran (as direct)
+    (tmp_path / "slow_import.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.02)\n")
+    first = tmp_path / "slow" / "trials" / "0" / "probe.json"
+
+    def open_gate() -> None:
+        wait_until(first.exists, 120)
+        gate.touch()
+
+    opener = threading.Thread(target=open_gate, daemon=True)
+    opener.start()
     monkeypatch.setattr(driver, "WARM_WAIT", 0.3)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
