@@ -102,8 +102,10 @@ class TrialProcess:
                         (control_r, status_w, out.fileno(), err.fileno(), *hold))
                     os.write(self._control, GO)  # a guard not told so starts nothing
                 else:
-                    argv = [sys.executable, str(GUARD), str(control_r), str(status_w),
-                            str(grace), "--"]
+                    # isolated and without site: the guard needs the standard library only,
+                    # and starts 10 ms sooner on the way from one trial to the next
+                    argv = [sys.executable, "-I", "-S", str(GUARD), str(control_r),
+                            str(status_w), str(grace), "--"]
                     self._popen = subprocess.Popen(
                         [*argv, *plan.argv], env={**os.environ, **plan.env},
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
