@@ -184,14 +184,15 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             held = lease.lease_of(trial.number)
             pins = ",".join(lease.pin(i) for i in held.devices) if held else None
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
+            params = {**params, **spec.fixed}
             direct = None
             if launcher in ("direct", "warm"):
                 direct = accelerate_env.cached(launch.direct_settings(
-                    spec, {**params, **spec.fixed}, accelerate_env.config_dir))
+                    spec, params, accelerate_env.config_dir))
                 if direct is None:
                     lines.append("# plus the variables `accelerate launch` would set: "
                                  "computed and cached at the first run")
-            plan = launch.plan_trial(spec, trial.number, {**params, **spec.fixed}, gpu, own,
+            plan = launch.plan_trial(spec, trial.number, params, gpu, own,
                                      pin=pins, port=port, launcher_env=direct)
             lines.append(plan.command_line())
     finally:

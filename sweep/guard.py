@@ -44,17 +44,21 @@ def _children_of() -> dict[int, list[int]]:
     """Every live process's children, read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     return children
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after "pid (comm)" (state, ppid, ...; field 22 of the
+    file is [19] here); None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()  # comm may hold spaces and parentheses
 
 
 def children() -> set[int]:
@@ -144,12 +148,8 @@ def _report(fd: int, code: int) -> None:
 def start_ticks(pid: int) -> int | None:
     """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22): with the pid,
     it names one process, never a later one given the same pid. None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def quiet_signals() -> None:

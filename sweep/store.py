@@ -560,8 +560,8 @@ class Store:
         """The study's trials counted by state where the storage is a database (None
         elsewhere), reading only the trials after the oldest unfinished one: those before it
         are finished, so their states never change and their counts are kept."""
-        rdb = getattr(self.study._storage, "_backend", self.study._storage)
-        if not isinstance(rdb, optuna.storages.RDBStorage):
+        rdb = _rdb(self.study._storage)
+        if rdb is None:
             return None
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
@@ -838,10 +838,10 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
         if isinstance(backend, JournalFileBackend):
             return "file", f"{backend._file_path}.budget.lock"
         return None
-    rdb = getattr(storage, "_backend", storage)  # _CachedStorage wraps the RDBStorage
-    engine = getattr(rdb, "engine", None)
-    if engine is None:
+    rdb = _rdb(storage)
+    if rdb is None:
         return None
+    engine = rdb.engine
     url = engine.url
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         return "file", f"{url.database}.lock"
@@ -850,13 +850,20 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     return None
 
 
+def _rdb(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | None:
+    """The database storage behind `storage` (Optuna's _CachedStorage wraps it, and keeps
+    no user attributes of its own), or None if it is not one."""
+    rdb = getattr(storage, "_backend", storage)
+    return rdb if isinstance(rdb, optuna.storages.RDBStorage) else None
+
+
 def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]) -> None:
     """The user attributes of a trial, in one database transaction where the storage is one
     (Optuna commits each attribute on its own: a round trip each, on the way from one trial
     to the next). UpdateFinishedTrialError if the trial is finished."""
     storage = study._storage
-    rdb = getattr(storage, "_backend", storage)  # _CachedStorage keeps no user attributes
-    if not isinstance(rdb, optuna.storages.RDBStorage) or len(attrs) < 2:
+    rdb = _rdb(storage)
+    if rdb is None or len(attrs) < 2:
         for key, value in attrs.items():
             storage.set_trial_user_attr(trial_id, key, value)
         return

@@ -191,8 +191,6 @@ def trainer_pid(trial_dir: str | Path) -> int | None:
 
 
 def _preload(modules: Sequence[str]) -> dict[str, Any]:
-    import importlib
-
     failed: dict[str, str] = {}
     began = time.monotonic()
     for name in modules:
