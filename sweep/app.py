@@ -173,6 +173,9 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         if launcher == "warm":
             lines.append("# launcher warm: each runs as a fork of the warm server, with this "
                          "environment")
+        elif launcher == "accelerate" and spec.trainer.fork_launcher:
+            lines.append("# launcher accelerate: each `accelerate launch` runs as a fork of "
+                         "the fork server (fork_launcher), the script as a new interpreter")
         for _ in range(n):
             if not lease.has_free():
                 lines.append(f"# no room for more now: {lease.hopeless() or 'devices full'}")

@@ -24,7 +24,7 @@ from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store
-from sweep.warm import DEFAULT_PRELOAD, WarmError, WarmNotYet, WarmServer, cannot_take
+from sweep.warm import WarmError, WarmNotYet, WarmServer, cannot_take, server_modules
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
 WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
@@ -60,7 +60,8 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
-        self.warm: WarmServer | None = None  # launcher: warm, until it falls back to direct
+        # launcher warm (and accelerate's own process, with fork_launcher), until it falls back
+        self.warm: WarmServer | None = None
         self._warm_said: set[str] = set()  # what the user was told about the warm server
 
     def run(self) -> RunResult:
@@ -71,9 +72,12 @@ class Driver:
         if trainer.preload and trainer.launcher != "warm":
             self.events.message(f"trainer.preload is for launcher: warm; launcher is "
                                 f"{trainer.launcher}: nothing is preloaded")
-        if trainer.launcher == "warm":  # it imports while the rest gets ready
+        modules = server_modules(trainer.launcher, trainer.fork_launcher, trainer.preload,
+                                 trainer.gpus_per_trial)
+        if modules and self.spawn is process.TrialProcess:  # it imports while the rest gets
+            # ready (a spawn given to the driver, a test's, starts its own kind of process)
             try:
-                self.warm = WarmServer([*DEFAULT_PRELOAD, *trainer.preload],
+                self.warm = WarmServer(modules,
                                        {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
                                        self.own / "warm.log")
             except OSError as e:
@@ -246,9 +250,9 @@ class Driver:
                                     abort=self._stopping)
         except WarmNotYet:
             if not self._stopping():
-                self._say_warm("slow", f"launcher: warm: the fork server is still importing "
+                self._say_warm("slow", f"{self._served()}: the fork server is still importing "
                                f"{', '.join(self.warm.preload)} after {WARM_WAIT:.0f} s (see "
-                               f"{self.warm.log}): trials start as launcher: direct until it "
+                               f"{self.warm.log}): trials start {self._otherwise()} until it "
                                "is ready")
             return None
         except WarmError as e:
@@ -256,16 +260,26 @@ class Driver:
             return None
         if fresh:
             for name, error in hello["failed"].items():
-                self.events.message(f"launcher: warm: could not preload {name} ({error}); "
+                self.events.message(f"{self._served()}: could not preload {name} ({error}); "
                                     "trials import it themselves")
             if hello["cuda"]:
                 self._drop_warm("importing the preloaded modules initialised CUDA, which a "
                                 "fork cannot use (see the README: launcher warm)")
                 return None
             if "slow" in self._warm_said:
-                self.events.message("launcher: warm: the fork server is ready; trials start "
-                                    "as its forks")
+                self.events.message(f"{self._served()}: the fork server is ready; trials "
+                                    "start as its forks")
         return self.warm
+
+    def _served(self) -> str:
+        """Who the fork server serves, as the user's messages name it."""
+        return ("launcher: warm" if self.spec.trainer.launcher == "warm"
+                else "launcher: accelerate (fork_launcher)")
+
+    def _otherwise(self) -> str:
+        """How trials start without the fork server."""
+        return ("as launcher: direct" if self.spec.trainer.launcher == "warm"
+                else "with accelerate launch in a new interpreter")
 
     def _say_warm(self, key: str, text: str) -> None:
         if key not in self._warm_said:
@@ -273,7 +287,7 @@ class Driver:
             self.events.message(text)
 
     def _drop_warm(self, why: str) -> None:
-        self.events.message(f"launcher: warm: {why}; starting trials as launcher: direct")
+        self.events.message(f"{self._served()}: {why}; starting trials {self._otherwise()}")
         if self.warm is not None:
             self.warm.close(wait=0.0)
             self.warm = None
@@ -283,9 +297,9 @@ class Driver:
         server = self._warm_server()
         refused = cannot_take(plan.env, os.environ) if server is not None else []
         if refused:
-            self._say_warm("env", f"launcher: warm: trainer.env sets {', '.join(refused)}, "
+            self._say_warm("env", f"{self._served()}: trainer.env sets {', '.join(refused)}, "
                            "which python reads once as it starts, so a fork cannot take it: "
-                           "those trials start as launcher: direct")
+                           f"those trials start {self._otherwise()}")
         elif server is not None:
             try:
                 return self.spawn(plan, grace, wake, hold=hold, server=server)

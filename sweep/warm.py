@@ -47,6 +47,9 @@ from typing import Any
 from sweep import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
+# What `accelerate launch` imports before it starts the script (its own module is run afresh in
+# each fork, as `python -m accelerate.commands.launch` runs it).
+LAUNCH_PRELOAD = ("torch", "accelerate", "accelerate.commands.config", "accelerate.commands.utils")
 # The server's modules before it preloads (sweep's aside): a script's file of the same name
 # does not replace them in a fork (in a new interpreter, most are loaded before sys.path
 # is looked at). Modules preloaded or imported later do give way to the script's files.
@@ -64,6 +67,19 @@ class WarmError(RuntimeError):
 
 class WarmNotYet(WarmError):
     """The server is still importing."""
+
+
+def server_modules(launcher: str, fork_launcher: bool, preload: Sequence[str],
+                   width: int) -> list[str]:
+    """What a run's fork server imports; [] when the run has none. `launcher: warm` forks the
+    trainers (torch, accelerate, `preload`); `launcher: accelerate` with `fork_launcher`
+    forks each trial's `accelerate launch` process, which starts the script as a new
+    interpreter (`width` > 1: through torch's elastic launcher)."""
+    if launcher == "warm":
+        return list(dict.fromkeys([*DEFAULT_PRELOAD, *preload]))
+    if launcher == "accelerate" and fork_launcher:
+        return [*LAUNCH_PRELOAD, *(["torch.distributed.run"] if width > 1 else [])]
+    return []
 
 
 # ---- the wire: one JSON message per packet, with descriptors ----------------------------
@@ -365,6 +381,7 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) 
         start = {"__builtins__": builtins}  # the module, as in python's __main__
         if module:
             sys.argv = [argv[1], *argv[2:]]
+            sys.modules.pop(argv[1], None)  # run afresh, as `python -m` runs it
             spec = importlib.util.find_spec(argv[1])
             main_file = spec.origin if spec is not None else None
             runpy.run_module(argv[1], start, run_name="__main__", alter_sys=True)

@@ -157,28 +157,33 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
     assert len(set(seen)) == 2 and None not in seen
 
 
-def test_direct_and_warm_give_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path):
-    """The same study through `accelerate launch`, `launcher: direct` and `launcher: warm`: the
-    trainer's Accelerator sees the same device, mixed precision, processes, threads and
-    ACCELERATE_* variables, for a setting of `trainer.accelerate` and a searched one."""
+def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path):
+    """The same study through `accelerate launch` in a new interpreter (`fork_launcher:
+    false`), forked (the default), `launcher: direct` and `launcher: warm`: the trainer's
+    Accelerator sees the same device, mixed precision, processes, threads and ACCELERATE_*
+    variables, for a setting of `trainer.accelerate` and a searched one."""
     trainer = ROOT / "tests" / "trainers" / "state_probe.py"
     seen: dict[str, list[dict]] = {}
-    for launcher in ("accelerate", "direct", "warm"):
+    for name, launcher, fork in (("new", "accelerate", False), ("accelerate", "accelerate", True),
+                                 ("direct", "direct", True), ("warm", "warm", True)):
         study = write_study(
-            study={"name": launcher, "n_trials": 2,
+            study={"name": name, "n_trials": 2,
                    "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
-            trainer={"script": str(trainer), "launcher": launcher,
+            trainer={"script": str(trainer), "launcher": launcher, "fork_launcher": fork,
                      "accelerate": {"dynamo_backend": "no"}},
             params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
                                         "where": "accelerate"}},
-            name=f"{launcher}.yaml")
+            name=f"{name}.yaml")
         run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
         _, err = run.communicate(timeout=180)
         assert run.returncode == 0, err
-        trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
-        seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
-    assert seen["direct"] == seen["accelerate"]
-    assert seen["warm"] == seen["accelerate"]
+        trials = sorted((tmp_path / name / "trials").iterdir(), key=lambda p: int(p.name))
+        seen[name] = [json.loads((t / "state.json").read_text()) for t in trials]
+        forked = [(t / ".warm_pid").exists() for t in trials]
+        assert forked == [launcher == "warm" or (launcher == "accelerate" and fork)] * 2
+    assert seen["accelerate"] == seen["new"]
+    assert seen["direct"] == seen["new"]
+    assert seen["warm"] == seen["new"]
     assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
                for s in seen["direct"])

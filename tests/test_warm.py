@@ -20,10 +20,24 @@ from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
 import sweep
 from sweep import driver
-from sweep.launch import LaunchPlan, TrialPaths
+from sweep.config import TrainerSection
+from sweep.launch import (
+    ACCELERATE_CONFIG,
+    LaunchPlan,
+    TrialPaths,
+    build_launch,
+    prepare_trial_dir,
+)
 from sweep.process import TrialProcess, kill_leftovers
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
-from sweep.warm import PID_FILE, WarmServer, cannot_take, trainer_pid
+from sweep.warm import (
+    LAUNCH_PRELOAD,
+    PID_FILE,
+    WarmServer,
+    cannot_take,
+    server_modules,
+    trainer_pid,
+)
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
@@ -254,6 +268,62 @@ def test_the_server_ends_when_the_driver_does(tmp_path):
     warm._sock.close()
     assert warm._popen.wait(10) == 0
     assert not psutil.pid_exists(trainer)
+
+
+def test_what_a_run_preloads_follows_its_launcher():
+    assert server_modules("warm", True, ["transformers", "torch"], 1) == [
+        "torch", "accelerate", "transformers"]
+    assert server_modules("accelerate", True, ["transformers"], 1) == list(LAUNCH_PRELOAD)
+    assert server_modules("accelerate", True, [], 2)[-1] == "torch.distributed.run"
+    assert server_modules("accelerate", False, [], 1) == []
+    assert server_modules("direct", True, [], 1) == server_modules("python", True, [], 1) == []
+
+
+def test_a_forked_accelerate_launch_starts_the_script_as_a_new_one_does(tmp_path):
+    """`launcher: accelerate` with `fork_launcher`: the `accelerate launch` process is a fork
+    of a server that imported its modules, and it starts the script as a new interpreter
+    with the argv, environment, interpreter and flags a new `accelerate launch` gives it;
+    guard -> launcher -> script, one tree; a failing script's exit passes through alike."""
+    log = tmp_path / "warm.log"
+    warm = WarmServer(server_modules("accelerate", True, [], 1),
+                      {**os.environ, TRIAL_DIR_ENV: str(tmp_path)}, log)
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(ACCELERATE_CONFIG)
+    trainer = TrainerSection(script=PROBE, args=["--mode", "{mode}"], env={"ANSWER": 42},
+                             accelerate={"mixed_precision": "bf16"})
+    seen: dict[str, dict] = {}
+    try:
+        hello = warm.ready(60)
+        assert hello["failed"] == {} and hello["cuda"] is False
+        for name, mode, server in (("fork", "environ", warm), ("new", "environ", None),
+                                   ("forkfail", "exit3", warm), ("newfail", "exit3", None)):
+            paths = TrialPaths(tmp_path / "t")
+            p = build_launch(trainer, 3, {"x": 0.5}, 1, paths, config,
+                             places={"mode": mode})
+            prepare_trial_dir(p, {"x": 0.5})
+            proc = TrialProcess(p, 1.0, server=server)
+            assert proc.wait(60)
+            seen[name] = {"code": proc.exit_code, "guard": proc.pid,
+                          "err": p.paths.stderr.read_text().splitlines()[-1:],
+                          "forked": (p.paths.dir / PID_FILE).exists()}
+            if mode == "environ":
+                seen[name].update(record(p))
+            (p.paths.dir / PID_FILE).unlink(missing_ok=True)
+    finally:
+        warm.close()
+    fork, new = seen["fork"], seen["new"]
+    assert fork["forked"] and not new["forked"] and fork["code"] == new["code"] == 0
+    assert fork["environ"] == new["environ"] and fork["environ"]["ANSWER"] == "42"
+    assert fork["environ"]["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in fork["environ"]
+    for key in ("argv", "executable", "flags", "cwd", "path0", "cvd", "name"):
+        assert fork[key] == new[key], key
+    assert fork["parent"][1:3] == ["-m", "sweep.warm"]  # accelerate's process: a fork
+    assert new["parent"][1:3] == ["-m", "accelerate.commands.launch"]
+    assert fork["grandparent"] == fork["guard"] and new["grandparent"] == new["guard"]
+    assert seen["forkfail"]["code"] == seen["newfail"]["code"] == 1
+    assert seen["forkfail"]["err"] == seen["newfail"]["err"]  # accelerate's own error line
+    assert "CalledProcessError" in seen["forkfail"]["err"][0]
 
 
 # ---- through the driver ------------------------------------------------------------------

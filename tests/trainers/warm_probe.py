@@ -1,6 +1,7 @@
 """Records what a trial's process looks like from inside (for `launcher: warm` against a
 fresh interpreter), then behaves as --mode says: ok, exit3, exitneg, raise, interrupt, term,
-seeds (numpy's and torch's random state), env (what python took from its environment)."""
+seeds (numpy's and torch's random state), env (what python took from its environment),
+environ (its whole environment and interpreter)."""
 
 import time
 
@@ -46,6 +47,11 @@ def main() -> int:
                       faulthandler=faulthandler.is_enabled(), tz=time.tzname[0],
                       local=getattr(decimal, "MINE", None), path1=sys.path[1],
                       threads=torch.get_num_threads())
+    if args.mode == "environ":
+        record.update(environ=dict(os.environ), executable=sys.executable, flags=str(sys.flags),
+                      parent=Path(f"/proc/{os.getppid()}/cmdline").read_text().split("\0"),
+                      grandparent=int(Path(f"/proc/{os.getppid()}/stat").read_text()
+                                      .rpartition(")")[2].split()[1]))
     print(f"stdout of trial {os.environ['SWEEP_TRIAL_NUMBER']}")
     print(f"stderr of trial {os.environ['SWEEP_TRIAL_NUMBER']}", file=sys.stderr)
     Path(os.environ["SWEEP_TRIAL_DIR"], "probe.json").write_text(json.dumps(record))
