@@ -405,7 +405,8 @@ class Store:
         gpus: Sequence[int] = (),
         queued: bool = True,
     ) -> Asked:
-        """A new trial, owned on record (heartbeat, then owner) before its params are sampled.
+        """A new trial, owned on record (heartbeat and owner: one commit on a database) before
+        its params are sampled.
 
         `queued` False: the caller has just seen no WAITING trial, so the queue is not read
         (Optuna reads it in full at every ask). If sampling fails, the trial is told FAIL and
@@ -421,13 +422,17 @@ class Store:
             trial = optuna.Trial(self.study, self.study._storage.create_new_trial(
                 self.study._study_id))
         try:
-            self.beat(trial)
             record: dict[str, Any] = {
                 "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
                 "gpu": gpu, "dir": trial_dir(trial.number)}
             if len(gpus) > 1:
                 record[GPUS] = ",".join(map(str, gpus))
-            trial.set_user_attr(OWNER, record)
+            if self._optuna_beats:  # heartbeat and owner in one commit
+                _set_user_attrs(self.study, trial._trial_id, {OWNER: record}, beat=True)
+                trial._cached_frozen_trial.user_attrs[OWNER] = record
+            else:
+                self.beat(trial)
+                trial.set_user_attr(OWNER, record)
             params = sample(self.study, trial, searched, self.sampler_for)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
@@ -857,32 +862,42 @@ def _rdb(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | N
     return rdb if isinstance(rdb, optuna.storages.RDBStorage) else None
 
 
-def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]) -> None:
+def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any],
+                    beat: bool = False) -> None:
     """The user attributes of a trial, in one database transaction where the storage is one
     (Optuna commits each attribute on its own: a round trip each, on the way from one trial
-    to the next). UpdateFinishedTrialError if the trial is finished."""
+    to the next); `beat`: its first heartbeat too, in the same transaction (Optuna's
+    heartbeats must be on: a database). UpdateFinishedTrialError if the trial is finished."""
     storage = study._storage
     rdb = _rdb(storage)
-    if rdb is None or len(attrs) < 2:
+
+    def one_by_one() -> None:
+        if beat:
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
         for key, value in attrs.items():
             storage.set_trial_user_attr(trial_id, key, value)
+
+    if rdb is None or (len(attrs) < 2 and not beat):
+        one_by_one()
         return
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
     model = models.TrialUserAttributeModel
     try:
-        with _create_scoped_session(rdb.scoped_session) as session:  # three statements
+        with _create_scoped_session(rdb.scoped_session) as session:  # three or four statements
             trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
             rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+            if beat:  # the time is the database's, as in Optuna's record_heartbeat
+                session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
+                    trial_id=trial_id))
             session.execute(sqlalchemy.delete(model).where(
                 model.trial_id == trial_id, model.key.in_(list(attrs))))
             session.execute(sqlalchemy.insert(model), [
                 {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
                 for key, value in attrs.items()])
     except IntegrityError:  # another driver wrote one of them meanwhile: Optuna's way
-        for key, value in attrs.items():
-            storage.set_trial_user_attr(trial_id, key, value)
+        one_by_one()
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:

@@ -95,6 +95,18 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
     # a trial committed late below the settled line (other drivers' ids): counted afresh
     s._settled = (s._settled[0], collections.Counter({TrialState.COMPLETE: 5}))
     assert s.counts() == store.Counts(2, 1, 0, 0)
+    # a new trial's heartbeat and owner in one transaction, as Optuna's record_heartbeat and
+    # set_user_attr would write them; again (the heartbeat exists): Optuna's way
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    fresh = study.ask()
+    for owner in ({"pid": 1}, {"pid": 2}):
+        store._set_user_attrs(study, fresh._trial_id, {store.OWNER: owner}, beat=True)
+        with _create_scoped_session(study._storage._backend.scoped_session) as session:
+            beat = models.TrialHeartbeatModel.where_trial_id(fresh._trial_id, session)
+            assert beat is not None and beat.heartbeat is not None
+        assert study._storage.get_trial(fresh._trial_id).user_attrs == {store.OWNER: owner}
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
