@@ -23,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -263,7 +264,7 @@ class TrainerSection(_Model):
     accelerate: AccelerateSettings = AccelerateSettings()
     launcher: Literal["accelerate", "direct", "warm", "python"] = "accelerate"
     preload: list[ModuleName] = []
-    fork_launcher: bool = True
+    fork_launcher: StrictBool = True
     timeout: Annotated[float, Field(gt=0)] | None = None
     stop_grace: Annotated[float, Field(
         ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0

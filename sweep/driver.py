@@ -72,6 +72,9 @@ class Driver:
         if trainer.preload and trainer.launcher != "warm":
             self.events.message(f"trainer.preload is for launcher: warm; launcher is "
                                 f"{trainer.launcher}: nothing is preloaded")
+        if "fork_launcher" in trainer.model_fields_set and trainer.launcher != "accelerate":
+            self.events.message(f"trainer.fork_launcher is for launcher: accelerate; launcher "
+                                f"is {trainer.launcher}: it is ignored")
         modules = server_modules(trainer.launcher, trainer.fork_launcher, trainer.preload,
                                  trainer.gpus_per_trial)
         if modules and self.spawn is process.TrialProcess:  # it imports while the rest gets
@@ -79,7 +82,7 @@ class Driver:
             try:
                 self.warm = WarmServer(modules,
                                        {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
-                                       self.own / "warm.log")
+                                       self.own / "warm.log", abort=self._stopping)
             except OSError as e:
                 self._drop_warm(f"cannot start its fork server: {e}")
         try:
@@ -114,7 +117,7 @@ class Driver:
         while True:
             now = self.clock.now()
             self._react(now)
-            self._start_trials(now)
+            self._start_trials()
             if self._stopping():  # a signal came while starting: react to it first
                 continue
             if not self.running and not self._waiting():
@@ -189,13 +192,13 @@ class Driver:
             self.events.message(f"GPU {index} is free again: back in the pool")
         self._out = out
 
-    def _start_trials(self, now: float) -> None:
+    def _start_trials(self) -> None:
         if self.pool.slots == 0:
             self.policy.give_up(self.pool.hopeless() or "no GPU left in the pool")
         try:
             while (self.policy.room(self._budget()) > 0 and not self._stopping()
                    and self.pool.has_free()):
-                self._start_one(now)
+                self._start_one()
         finally:
             self.pool.unreserve()
         self._say_out()
@@ -297,9 +300,11 @@ class Driver:
         server = self._warm_server()
         refused = cannot_take(plan.env, os.environ) if server is not None else []
         if refused:
-            self._say_warm("env", f"{self._served()}: trainer.env sets {', '.join(refused)}, "
-                           "which python reads once as it starts, so a fork cannot take it: "
-                           f"those trials start {self._otherwise()}")
+            names = ", ".join("PYTHONPATH (a sitecustomize there)" if k == "PYTHONPATH" else k
+                              for k in refused)
+            self._say_warm("env", f"{self._served()}: trainer.env sets {names}, which python "
+                           "acts on once as it starts, so a fork cannot take it: those trials "
+                           f"start {self._otherwise()}")
         elif server is not None:
             try:
                 return self.spawn(plan, grace, wake, hold=hold, server=server)
@@ -307,7 +312,7 @@ class Driver:
                 self._drop_warm(str(e))
         return self.spawn(plan, grace, wake, hold=hold)
 
-    def _start_one(self, now: float) -> None:
+    def _start_one(self) -> None:
         spec, device = self.spec, self.pool.free_device()
         assert device is not None
         self._warm_server()  # before asking: a signal may end the wait for its imports
@@ -354,7 +359,8 @@ class Driver:
         self.heartbeat.add(asked.trial)
         single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
         reports = ReportReader(plan.paths.reports) if single else None
-        deadline = now + spec.trainer.timeout if spec.trainer.timeout else None
+        # the wait for a fork server's imports is not the trial's time
+        deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
             spec.trainer.stop_grace, deadline, reports)

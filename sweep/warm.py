@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ _BASE: frozenset[str] = frozenset()
 GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
 PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
 MAX_MESSAGE = 1 << 20
-FORK_PATIENCE = 30.0  # s the driver waits for the server to fork a trial
+FORK_PATIENCE = 5.0  # s the driver waits for the server to fork a trial (it takes ms)
 MAX_FDS = 64
 
 
@@ -109,9 +109,11 @@ class WarmServer:
     """The driver's handle on its fork server: start it, wait until it is ready, fork."""
 
     def __init__(self, preload: Sequence[str], env: Mapping[str, str], log: Path,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, abort: Callable[[], bool] = lambda: False,
+                 ) -> None:
         """Start the server with `env` (the driver's, with a SWEEP_TRIAL_DIR of its own, so
-        its forks on a GPU are known as sweep's); its own output goes to `log`."""
+        its forks on a GPU are known as sweep's); its own output goes to `log`. `abort()`
+        true (the driver was asked to stop) ends a wait for a fork's answer."""
         # torch.cuda.is_available() at a preload's import then asks NVML, not CUDA (which
         # would make every fork unable to use CUDA); trials get their own environment.
         env = {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -131,29 +133,23 @@ class WarmServer:
         finally:
             theirs.close()
         self._sock = mine
+        self._abort = abort
         self._lock = threading.Lock()
         self.log = log
         self.hello: dict[str, Any] | None = None
 
-    def ready(self, timeout: float, abort: Any = lambda: False) -> dict[str, Any]:
+    def ready(self, timeout: float, abort: Callable[[], bool] = lambda: False,
+              ) -> dict[str, Any]:
         """The server's hello once it has imported: {"cuda": whether importing initialised
         CUDA, "failed": {module: error}, "seconds": the imports' time}. Waits up to `timeout`
         s (0: a look) for it, then WarmNotYet; WarmError if it died; `abort()` true ends the
         wait with WarmNotYet too."""
         if self.hello is not None:
             return self.hello
-        deadline = time.monotonic() + timeout
         try:
-            while True:
-                self._sock.settimeout(max(0.001, min(0.1, deadline - time.monotonic())))
-                try:
-                    hello, _ = _receive(self._sock)
-                    break
-                except TimeoutError:
-                    if abort() or time.monotonic() >= deadline:
-                        raise WarmNotYet(f"still importing {', '.join(self.preload)}") from None
-        finally:
-            self._sock.settimeout(None)
+            hello = self._answer(time.monotonic() + timeout, abort)
+        except TimeoutError:
+            raise WarmNotYet(f"still importing {', '.join(self.preload)}") from None
         if hello is None:
             raise WarmError(f"the server ended while importing (exit {self._popen.poll()}; "
                             f"see {self.log})")
@@ -163,17 +159,24 @@ class WarmServer:
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, grace: float,
              trial_dir: str, fds: Sequence[int]) -> int:
         """Start one trial: its guard's pid. `fds`: control, status, stdout, stderr, then
-        what the guard holds; the caller keeps and closes its own copies."""
+        what the guard holds; the caller keeps and closes its own copies. WarmError if the
+        server does not answer within FORK_PATIENCE s, or before `abort()` (the server must
+        not be asked again then: a late answer would be taken for the next one's; a guard
+        it forks late never hears GO, so it starts nothing)."""
         message = {"argv": list(argv), "env": dict(env), "cwd": cwd, "grace": grace,
                    "dir": trial_dir}
         with self._lock:
-            self._sock.settimeout(FORK_PATIENCE)
             try:
+                self._sock.settimeout(FORK_PATIENCE)
                 _send(self._sock, message, fds)
-                reply, _ = _receive(self._sock)
-            except OSError as e:  # a timeout too: a fork it makes late stops at once, as
-                # its control pipe is closed by then
-                raise WarmError(f"the server stopped serving: {e or 'no answer'}") from None
+                reply = self._answer(time.monotonic() + FORK_PATIENCE, self._abort)
+            except TimeoutError:
+                raise WarmError("the run is stopping; the server had not answered yet"
+                                if self._abort() else
+                                f"the server stopped serving: no answer in {FORK_PATIENCE:.0f} s"
+                                ) from None
+            except OSError as e:
+                raise WarmError(f"the server stopped serving: {e}") from None
             finally:
                 self._sock.settimeout(None)
         if reply is None:
@@ -181,6 +184,20 @@ class WarmServer:
         if "error" in reply:
             raise WarmError(str(reply["error"]))
         return int(reply["pid"])
+
+    def _answer(self, deadline: float, abort: Callable[[], bool]) -> dict[str, Any] | None:
+        """The server's next message (None: it ended), looking at `abort()` every 0.1 s;
+        TimeoutError once `deadline` has passed or `abort()` is true."""
+        try:
+            while True:
+                self._sock.settimeout(max(0.001, min(0.1, deadline - time.monotonic())))
+                try:
+                    return _receive(self._sock)[0]
+                except TimeoutError:
+                    if abort() or time.monotonic() >= deadline:
+                        raise
+        finally:
+            self._sock.settimeout(None)
 
     def close(self, wait: float = 5.0) -> None:
         """Stop serving: the server ends once its guards have (it is killed after `wait` s,
@@ -443,13 +460,23 @@ APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONFAULTHAN
 LOCALE = ("LC_ALL", "LC_CTYPE", "LANG")  # python's encodings and UTF-8 mode come from them
 
 
+CUSTOMIZE = ("sitecustomize", "usercustomize")  # run by python's `site` as it starts
+
+
 def cannot_take(env: Mapping[str, str], server_env: Mapping[str, str]) -> list[str]:
     """The variables of a trial's `env` that a fork of a server started with `server_env`
     cannot honour: interpreter settings read once at start (PYTHONOPTIMIZE, PYTHONWARNINGS,
-    PYTHONHASHSEED, ..., and the locale). Such a trial must start as a new interpreter."""
+    PYTHONHASHSEED, ..., and the locale), and a PYTHONPATH that adds a folder holding a
+    sitecustomize or usercustomize module. Such a trial must start as a new interpreter."""
     read_at_start = [k for k in env if k in LOCALE or (
         k.startswith("PYTHON") and k not in APPLIED)]
-    return sorted(k for k in read_at_start if env[k] != server_env.get(k))
+    refused = [k for k in read_at_start if env[k] != server_env.get(k)]
+    theirs = server_env.get("PYTHONPATH", "").split(os.pathsep)
+    added = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in theirs]
+    if any(os.path.exists(os.path.join(d, name + end)) for d in added for name in CUSTOMIZE
+           for end in (".py", os.sep + "__init__.py")):
+        refused.append("PYTHONPATH")
+    return sorted(refused)
 
 
 def _shadowed(folders: Sequence[str]) -> list[str]:

@@ -136,6 +136,8 @@ BAD_FILES = [
      "trainer.gpu_memory_gb", "a size in GB"),
     ("gpus per trial as a boolean", bad(trainer={"gpus_per_trial": True}),
      "trainer.gpus_per_trial", "integer"),
+    ("fork_launcher as a word", bad(trainer={"fork_launcher": "yes"}),
+     "trainer.fork_launcher", "valid boolean"),
     ("a gpu listed twice", bad(gpus={"ids": [0, 1, 0]}), "gpus.ids", "listed more than once: 0"),
     ("an accelerate flag searched as choices",
      bad(trainer={"launcher": "accelerate"},

@@ -373,3 +373,17 @@ def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_stud
     assert run_cli("run", str(study), "--dry-run") == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "ACCELERATE_MIXED_PRECISION=no" in out[1]
+
+
+def test_launcher_settings_of_another_launcher_are_named_and_ignored(write_study, fake_gpus,
+                                                                      capsys):
+    """`preload` is warm's, `fork_launcher` accelerate's: a study of launcher python that
+    sets them runs, and says once each that they are ignored."""
+    study = write_study(study={"n_trials": 1},
+                        trainer={"preload": ["json"], "fork_launcher": False})
+    assert run_cli("run", str(study)) == 0
+    err = capsys.readouterr().err
+    assert err.count("trainer.preload is for launcher: warm; launcher is python") == 1
+    assert err.count("trainer.fork_launcher is for launcher: accelerate; launcher is python: "
+                     "it is ignored") == 1
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]

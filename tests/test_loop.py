@@ -176,6 +176,22 @@ def test_study_timeout_starts_nothing_after_it_and_lets_running_trials_finish(tm
     assert s.driver.policy.stop_reason == "study.timeout of 1 s reached"
 
 
+def test_a_trial_timeout_counts_from_its_start_not_from_a_wait_before_it(tmp_path):
+    """A start can wait (the fork server's imports, at the first trial): that wait is not
+    the trial's, so it does not count against `trainer.timeout`."""
+    s = Sweep(tmp_path, lambda p: Script(runs=3.0, result={"score": p["x"]}), gpus=1,
+              study={"n_trials": 2}, trainer={"timeout": 5.0})
+    spawn = s.driver.spawn
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        s.clock.t += 10.0  # as long as the loop is held before the trainer starts
+        return spawn(*args, **kwargs)
+
+    s.driver.spawn = slow
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE"]
+
+
 def test_first_signal_stops_every_trial_gently_and_a_second_kills(tmp_path):
     s = Sweep(tmp_path, lambda p: Script(runs=100, ignores_term=True), gpus=2,
               study={"n_trials": 4}, trainer={"grace_period": 30.0})

@@ -187,12 +187,20 @@ def test_a_preload_that_made_cuda_unusable_in_forks_is_reported(tmp_path, monkey
         warm.close()
 
 
-def test_what_a_fork_cannot_take_is_named():
+def test_what_a_fork_cannot_take_is_named(tmp_path):
     assert cannot_take({"PYTHONOPTIMIZE": "1", "PYTHONPATH": "/x", "TZ": "UTC",
                         "PYTHONWARNINGS": "error", "PYTHONHASHSEED": "0", "LC_ALL": "C",
                         "LANG": "C.UTF-8"},
                        {"PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}) == [
         "LC_ALL", "PYTHONOPTIMIZE", "PYTHONWARNINGS"]
+    # a folder the trial adds to PYTHONPATH with a sitecustomize that python would run
+    (tmp_path / "sitecustomize.py").write_text("print('hello')\n")
+    (tmp_path / "pkg" / "usercustomize").mkdir(parents=True)
+    (tmp_path / "pkg" / "usercustomize" / "__init__.py").write_text("")
+    for folder in (tmp_path, tmp_path / "pkg"):
+        assert cannot_take({"PYTHONPATH": f"/x:{folder}"}, {}) == ["PYTHONPATH"]
+        assert cannot_take({"PYTHONPATH": f"/x:{folder}"}, {"PYTHONPATH": str(folder)}) == []
+    assert cannot_take({"PYTHONPATH": f"{tmp_path / 'none'}"}, {}) == []
 
 
 def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
@@ -255,6 +263,34 @@ def test_kill_leftovers_finds_a_fork_by_its_pid_file(server, tmp_path):
     proc, trainer = sleeping(server, tmp_path, "4")
     assert trainer in kill_leftovers(proc.plan.paths.dir)
     assert proc.wait(10) and proc.exit_code == 128 + signal.SIGKILL
+
+
+def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothing(
+        tmp_path, monkeypatch):
+    """A stopped server: a start gives up after FORK_PATIENCE s, or at once when the driver
+    is asked to stop; the guard the server forks once it runs again starts nothing."""
+    stopping = threading.Event()
+    for name, patience, why in (("patience", 1.0, "no answer in 1 s"),
+                                ("signal", 6.0, "the run is stopping")):
+        monkeypatch.setattr(sweep.warm, "FORK_PATIENCE", patience)
+        warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)},
+                          tmp_path / f"{name}.log", abort=stopping.is_set)
+        warm.ready(30)
+        os.kill(warm._popen.pid, signal.SIGSTOP)
+        p = plan(tmp_path, name)
+        began = time.monotonic()
+        if name == "signal":
+            threading.Timer(0.3, stopping.set).start()
+        with pytest.raises(sweep.warm.WarmError, match=why):
+            TrialProcess(p, 1.0, server=warm)
+        took = time.monotonic() - began
+        assert took < 3.0
+        os.kill(warm._popen.pid, signal.SIGCONT)
+        time.sleep(0.5)  # it forks the guard now, which hears no GO
+        assert not (p.paths.dir / "probe.json").exists()
+        assert not (p.paths.dir / PID_FILE).exists()
+        warm.close()
+        assert warm._popen.returncode == 0
 
 
 def test_the_server_ends_when_the_driver_does(tmp_path):
