@@ -4,7 +4,8 @@ Each driver is a process doing what `sweep run` does to storage for every trial,
 trainer: under the budget lock, read the counts and `ask` (heartbeat, owner record, 2 params
 sampled by the random sampler); then tell COMPLETE with the attributes sweep stores. The
 drivers share one study until `--trials` are finished. Reported: wall time per trial (all
-drivers together) and each driver's median time per trial (lock waits included).
+drivers together), each driver's median time per trial (lock waits included), and the
+drivers' own CPU per trial.
 
 Storages: SQLite (a file), PostgreSQL (a throwaway server on loopback, as the tests start),
 the gRPC proxy (`sweep storage-proxy` in front of that PostgreSQL), and a journal file.
@@ -55,6 +56,7 @@ def driver(url: str, name: str, budget: int, index: int, out: multiprocessing.Qu
     store = Store(open_study(spec, open_storage(spec)), Owner(f"bench{index}", os.getpid(), 0),
                   60)
     done, per_trial = 0, []
+    cpu = time.process_time()
     while True:
         t0 = time.perf_counter()
         with store.budget_lock():
@@ -66,11 +68,13 @@ def driver(url: str, name: str, budget: int, index: int, out: multiprocessing.Qu
         store.tell_verdict(asked.trial, verdict, index, 0, {"gpu_util_mean": 50.0})
         per_trial.append(time.perf_counter() - t0)
         done += 1
-    out.put((done, per_trial))
+    out.put((done, per_trial, time.process_time() - cpu))
 
 
-def measure(url: str, name: str, trials: int, drivers: int) -> tuple[float, float, int]:
-    """(wall ms per trial, median ms per trial in a driver, trials finished)."""
+def measure(url: str, name: str, trials: int, drivers: int,
+            ) -> tuple[float, float, float, int]:
+    """(wall ms per trial, median ms per trial in a driver, the drivers' own CPU ms per
+    trial, trials finished)."""
     spec = spec_for(url, name)
     open_study(spec, open_storage(spec))  # created once, before the clock starts
     ctx = multiprocessing.get_context("spawn")
@@ -84,9 +88,11 @@ def measure(url: str, name: str, trials: int, drivers: int) -> tuple[float, floa
     wall = time.perf_counter() - t0
     for p in procs:
         p.join()
-    finished = sum(n for n, _ in results)
-    per_trial = [s for _, times in results for s in times]
-    return 1000 * wall / finished, 1000 * statistics.median(per_trial), finished
+    finished = sum(n for n, _, _ in results)
+    per_trial = [s for _, times, _ in results for s in times]
+    cpu = sum(c for _, _, c in results)
+    return (1000 * wall / finished, 1000 * statistics.median(per_trial),
+            1000 * cpu / finished, finished)
 
 
 @contextlib.contextmanager
@@ -130,16 +136,17 @@ def main() -> None:
                 else:
                     proxy_url = proxy_url or stack.enter_context(storage_proxy(pg))
                     url = proxy_url
-                wall, median, finished = measure(url, name, args.trials, n)
-                rows.append((kind, n, wall, median, finished))
+                wall, median, cpu, finished = measure(url, name, args.trials, n)
+                rows.append((kind, n, wall, median, cpu, finished))
                 print(f"{kind:10s} drivers={n}  wall/trial {wall:7.1f} ms  "
-                      f"driver median/trial {median:7.1f} ms  finished {finished}", flush=True)
+                      f"driver median/trial {median:7.1f} ms  CPU/trial {cpu:6.1f} ms  "
+                      f"finished {finished}", flush=True)
     print()
     print(f"| storage | drivers | wall ms per trial | a driver's median ms per trial | "
-          f"finished (of {args.trials}) |")
-    print("| --- | --- | --- | --- | --- |")
-    for kind, n, wall, median, finished in rows:
-        print(f"| {kind} | {n} | {wall:.1f} | {median:.1f} | {finished} |")
+          f"drivers' CPU ms per trial | finished (of {args.trials}) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for kind, n, wall, median, cpu, finished in rows:
+        print(f"| {kind} | {n} | {wall:.1f} | {median:.1f} | {cpu:.1f} | {finished} |")
 
 
 if __name__ == "__main__":
