@@ -43,6 +43,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of at least 1: {text!r}")
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
     from sweep import app, config, pool
 
@@ -62,9 +72,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _summary(args: argparse.Namespace) -> int:
     from sweep import summary
+    from sweep.errors import UsageError
 
     s = summary.load(args.study, storage=args.storage)
-    path = s.save(Path(args.csv) if args.csv else None)
+    try:
+        path = s.save(Path(args.csv) if args.csv else None)
+    except OSError as e:
+        raise UsageError(f"{e.filename or args.csv}: cannot write the summary CSV there "
+                         f"({e.strerror or e}); give --csv a file you can write") from None
     console = Console()
     console.print(summary.render(s, args.top))
     console.print(f"CSV: {path}", highlight=False)
@@ -202,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     summ = verbs.add_parser("summary", help="trials versus GPU use: table and summary.csv")
     summ.add_argument("study", help="the study YAML file")
     summ.add_argument("--csv", help="where to write the CSV (default <output_dir>/summary.csv)")
-    summ.add_argument("--top", type=int, default=5, help="how many best trials to show")
+    summ.add_argument("--top", type=_count, default=5, help="how many best trials to show")
     summ.set_defaults(func=_summary)
 
     gpus = verbs.add_parser(

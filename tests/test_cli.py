@@ -224,3 +224,13 @@ def test_the_summary_shows_every_metric_and_why_nothing_completed(write_study, f
     assert run_cli("summary", str(failing)) == 0
     out = capsys.readouterr().out
     assert "no COMPLETE trial yet" in out and "ValueError: boom" in out
+    # bad summary options: one line, exit 2
+    for bad in (["--top", "0"], ["--top", "-1"], ["--csv", str(tmp_path)]):
+        try:
+            code = run_cli("summary", str(study), *bad)
+        except SystemExit as e:  # argparse's own exit
+            code = int(e.code or 0)
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "at least 1" in err[-1] or "cannot write" in err[-1], err
+        assert "Traceback" not in "\n".join(err)
