@@ -77,8 +77,9 @@ class TrialProcess:
     """One trial's guard, launcher and trainer, in a new session.
 
     `on_change` is called from a reader thread when the command exits and when the whole tree
-    has ended (to wake the driver). With a `server` (`launcher: warm`), the guard and the
-    trainer are forks of that server instead of new interpreters.
+    has ended (to wake the driver). With a `server` (`launcher: warm`, or `accelerate` with
+    `fork_launcher`), the guard and the trainer (or accelerate's launcher) are forks of that
+    server instead of new interpreters.
     """
 
     def __init__(

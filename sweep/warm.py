@@ -1,4 +1,5 @@
-"""`trainer.launcher: warm`: a fork server that has imported what trainers import.
+"""`trainer.launcher: warm`: a fork server that has imported what trainers import; with
+`launcher: accelerate` and `fork_launcher`, the same server forks `accelerate launch`.
 
 The driver starts one server (`python -m sweep.warm FD MODULE...`) when the run starts. It
 imports the modules (torch, accelerate, `trainer.preload`), never touches CUDA, says whether
@@ -11,9 +12,11 @@ and files (control, status, stdout, stderr, the slot locks), and the server fork
               the script run as __main__ by `runpy`)
 
 so a trial is its own process under its own guard, exactly as with the other launchers, only
-without an interpreter start and the imports. A crash, an OOM or a SIGKILL ends that fork
-alone. The server is a child subreaper too: what a killed guard leaves behind comes back to
-it and is killed. It ends when the driver closes the socket (or dies), once its guards have.
+without an interpreter start and the imports. Under `launcher: accelerate` the "trainer" is
+`python -m accelerate.commands.launch ...`, which starts the script as a new interpreter. A
+crash, an OOM or a SIGKILL ends that fork alone. The server is a child subreaper too: what a
+killed guard leaves behind comes back to it and is killed. It ends when the driver closes the
+socket (or dies), once its guards have.
 
 What a fork shares with the server, and a fresh interpreter would not: modules imported at
 preload (and their state), the hash seed. Python's `random` is reseeded in each fork, as is
@@ -55,7 +58,7 @@ LAUNCH_PRELOAD = ("torch", "accelerate", "accelerate.commands.config", "accelera
 # is looked at). Modules preloaded or imported later do give way to the script's files.
 _BASE: frozenset[str] = frozenset()
 GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
-PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its trainer process
+PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its forked process
 MAX_MESSAGE = 1 << 20
 FORK_PATIENCE = 5.0  # s the driver waits for the server to fork a trial (it takes ms)
 MAX_FDS = 64
