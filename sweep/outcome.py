@@ -16,7 +16,11 @@ from sweep.protocol import ResultError, parse_result, parse_stdout
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"
 
-_LAUNCHER_FAILURE = re.compile(r"returned non-zero exit status (-?\d+)\.?\s*$")
+# CalledProcessError's last line: "returned non-zero exit status N." or, for a child killed by
+# a signal, "died with <Signals.SIGKILL: 9>." / "died with unknown signal N."
+_LAUNCHER_FAILURE = re.compile(
+    r"(?:returned non-zero exit status (-?\d+)|died with (?:<Signals\.\w+: |unknown signal )"
+    r"(\d+)>?)\.?\s*$")
 _OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
     r"CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory",
@@ -38,7 +42,8 @@ class Outcome:
 def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     """Remove `accelerate launch`'s own CalledProcessError traceback from the end of stderr.
 
-    Returns (the trainer's stderr, the trainer's exit code if the launcher reported it).
+    Returns (the trainer's stderr, the trainer's exit code if the launcher reported it; 128 + N
+    for a trainer killed by signal N, as the other launchers report it).
     """
     lines = stderr.rstrip().splitlines()
     if not lines:
@@ -46,10 +51,11 @@ def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     match = _LAUNCHER_FAILURE.search(lines[-1])
     if not match or "CalledProcessError" not in lines[-1]:
         return stderr, None
+    code = int(match.group(1)) if match.group(1) is not None else 128 + int(match.group(2))
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Traceback (most recent call last):"):
-            return "\n".join(lines[:i]), int(match.group(1))
-    return "\n".join(lines[:-1]), int(match.group(1))
+            return "\n".join(lines[:i]), code
+    return "\n".join(lines[:-1]), code
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -24,6 +24,21 @@ def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered():
     assert split_launcher_traceback("plain error\n") == ("plain error\n", None)
 
 
+@pytest.mark.parametrize(("end", "code"), [
+    ("died with <Signals.SIGKILL: 9>.", 137), ("died with <Signals.SIGSEGV: 11>.", 139),
+    ("died with unknown signal 77.", 205),
+])
+def test_a_trainer_killed_by_a_signal_under_accelerate_gets_the_code_other_launchers_give(
+        end, code):
+    """CalledProcessError words a signal death its own way; the code is 128 + N, as the
+    python launcher's guard reports it, and the launcher's traceback is not the reason."""
+    tail = ACCELERATE_TAIL.replace("returned non-zero exit status 3.", end)
+    stderr, got = split_launcher_traceback(tail)
+    assert got == code and stderr.splitlines()[-1] == "ValueError: boom"
+    verdict = judge(1, tail, None, ["m"])
+    assert verdict.exit_code == code and verdict.fail_reason == f"exit code {code}: ValueError: boom"
+
+
 @pytest.mark.parametrize(("exit_code", "stderr", "result", "stopped", "state", "reason"), [
     (0, "", '{"m": 1.5}', None, "COMPLETE", None),
     (1, ACCELERATE_TAIL, '{"m": 1}', None, "FAIL", "exit code 3: ValueError: boom"),
