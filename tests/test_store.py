@@ -192,21 +192,26 @@ def test_a_changed_metric_is_refused_like_a_changed_direction(tmp_path):
 @pytest.mark.slow
 def test_drivers_starting_at_once_on_a_new_database_all_open_it(tmp_path):
     """Four processes create the schema of one new SQLite file at the same moment, six times
-    over: none fails ("table ... already exists" was seen in CI)."""
+    over (six new files, a second apart; each process imports once): none fails ("table ...
+    already exists" was seen in CI)."""
     code = (
         "import sys, time\n"
         "from sweep import config\n"
         "from sweep.store import open_storage, open_study\n"
-        "spec = config.load(sys.argv[1])\n"
-        "time.sleep(max(0, float(sys.argv[2]) - time.time()))\n"
-        "open_study(spec, open_storage(spec))\n"
+        "at = float(sys.argv[1])\n"
+        "for i, path in enumerate(sys.argv[2:]):\n"
+        "    spec = config.load(path)\n"
+        "    time.sleep(max(0, at + i - time.time()))\n"
+        "    open_study(spec, open_storage(spec))\n"
     )
+    paths = []
     for round_ in range(6):
         path = tmp_path / f"race{round_}.yaml"
         path.write_text(yaml.safe_dump(study_dict(study={"name": f"race{round_}"})))
-        at = time.time() + 3.0  # after the imports, all at once
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(at)],
-                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
-        for p in procs:
-            _, err = p.communicate(timeout=60)
-            assert p.returncode == 0, err
+        paths.append(str(path))
+    at = time.time() + 4.0  # after the imports, all at once
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(at), *paths],
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
