@@ -56,7 +56,8 @@ class AccelerateEnv:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def cached(self, options: list[str]) -> dict[str, str] | None:
-        """The variables for `options` if a run has computed them on this host (reads only)."""
+        """The variables for `options` if a run has computed them on this host (reads only:
+        memory, then the cache file)."""
         if tuple(options) in self._known:
             return self._known[tuple(options)]
         try:
@@ -71,13 +72,10 @@ class AccelerateEnv:
     def get(self, options: list[str]) -> dict[str, str]:
         """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
-        if tuple(options) in self._known:  # each trial start asks: no hashing, no files
-            return self._known[tuple(options)]
-        cached = self._file(options)
-        try:
-            env = json.loads(cached.read_text())
-        except (OSError, ValueError):
+        env = self.cached(options)  # each trial start asks: from memory, no hashing, no files
+        if env is None:
             env = self._compute(options)
+            cached = self._file(options)
             tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
             tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
             tmp.replace(cached)
