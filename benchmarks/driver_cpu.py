@@ -67,6 +67,10 @@ def prefill(path: Path, k: int, kind: str = "sqlite") -> float:
                           distributions=dist, user_attrs={"gpu": i % 8, "host": "prefill"})
              for i in range(k)]
     study.add_trials(batch)
+    if kind == "sqlite":  # as sweep creates its files (its last connection checkpoints)
+        from sweep import sqlite
+
+        sqlite.adopt_wal(path)
     return time.perf_counter() - began
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import fcntl
 import hashlib
 import json
@@ -34,10 +35,11 @@ from optuna.distributions import (
     CategoricalDistribution,
     FloatDistribution,
 )
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweep import config, grpclock
+from sweep import config, grpclock, sqlite
 from sweep.config import FloatParam, IntParam, Searched, Spec
 from sweep.errors import UsageError
 from sweep.outcome import Outcome
@@ -137,6 +139,8 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
     if kind == "grpc":
         return _grpc_proxy(spec)
     engine_kwargs: dict[str, Any] = {}
+    db_file = sqlite.file_of(spec.storage_url)
+    new_file = db_file is not None and not db_file.exists()
     if spec.storage_url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
@@ -145,12 +149,17 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
+                rdb = optuna.storages.RDBStorage(
                     spec.storage_url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=spec.study.heartbeat_interval,
                     grace_period=spec.study.reclaim_seconds,
                 )
+            if db_file is not None:
+                if new_file:
+                    sqlite.adopt_wal(db_file)
+                sqlite.tune(rdb.engine)
+            return _Storage(rdb)
         except (IntegrityError, ProgrammingError, OperationalError,
                 optuna.exceptions.StorageInternalError) as e:
             # Drivers starting at once on a new database all create the schema: one wins,
@@ -160,6 +169,14 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
                 raise
             time.sleep(0.2 + 0.4 * attempt)
     raise AssertionError("unreachable")
+
+
+def close_storage(storage: optuna.storages.BaseStorage) -> None:
+    """Close a database storage's connections: SQLite then folds its write-ahead log into the
+    study file and removes it. It stays usable (on new connections)."""
+    rdb = _rdb(storage)
+    if rdb is not None:
+        rdb.engine.dispose()
 
 
 def _journal(url: str) -> optuna.storages.BaseStorage:
@@ -538,6 +555,10 @@ class Store:
                     except sqlalchemy.exc.SQLAlchemyError as e:
                         log.warning("could not release the budget lock: %s", describe(e))
 
+    def close(self) -> None:
+        """See `close_storage`."""
+        close_storage(self.study._storage)
+
     # ---- reading ----------------------------------------------------------------------
 
     def counts(self) -> Counts:
@@ -564,7 +585,9 @@ class Store:
     def _count_by_state(self) -> dict[TrialState, int] | None:
         """The study's trials counted by state where the storage is a database (None
         elsewhere), reading only the trials after the oldest unfinished one: those before it
-        are finished, so their states never change and their counts are kept."""
+        are finished, so their states never change and their counts are kept. No trial
+        appears below that line later: Optuna creates a trial holding its study's row (FOR
+        UPDATE; SQLite has one writer), so trial ids become visible in order."""
         rdb = _rdb(self.study._storage)
         if rdb is None:
             return None
@@ -574,10 +597,6 @@ class Store:
         model, (settled_id, settled) = models.TrialModel, self._settled
         mine = model.study_id == self.study._study_id
         with _create_scoped_session(rdb.scoped_session) as session:
-            before = session.execute(sqlalchemy.select(sqlalchemy.func.count(
-                model.trial_id)).where(mine, model.trial_id <= settled_id)).scalar_one()
-            if before != sum(settled.values()):  # a trial committed late, below the line
-                settled_id, settled = -1, collections.Counter()
             rows = session.execute(
                 sqlalchemy.select(model.trial_id, model.state)
                 .where(mine, model.trial_id > settled_id).order_by(model.trial_id)).all()
@@ -828,6 +847,64 @@ class Heartbeat:
 
 
 # ---- the private Optuna APIs sweep relies on (see tests/test_store.py's contract test) ------
+
+
+class _Storage(_CachedStorage):
+    """Optuna's cache over a database (what `optuna.create_study` wraps an `RDBStorage` in),
+    which also serves a trial this process has just created, until anything is written to it,
+    from the copy it keeps: the first read of a new trial (`optuna.Trial`'s, at every ask)
+    is not a round of six queries for a trial that holds nothing but its number and start."""
+
+    def __init__(self, backend: optuna.storages.RDBStorage) -> None:
+        super().__init__(backend)
+        self._created: optuna.trial.FrozenTrial | None = None
+
+    def _written(self, trial_id: int) -> None:
+        with self._lock:
+            if self._created is not None and self._created._trial_id == trial_id:
+                self._created = None
+
+    def create_new_trial(self, study_id: int,
+                         template_trial: optuna.trial.FrozenTrial | None = None) -> int:
+        trial_id = super().create_new_trial(study_id, template_trial)
+        with self._lock:
+            self._created = None
+            if template_trial is None:  # RUNNING, its number and start, nothing else
+                _, number = self._trial_id_to_study_id_and_number[trial_id]
+                self._created = copy.deepcopy(self._studies[study_id].trials[number])
+        return trial_id
+
+    def get_trial(self, trial_id: int) -> optuna.trial.FrozenTrial:
+        with self._lock:
+            created = self._created
+            if created is not None and created._trial_id == trial_id:
+                self._created = None
+                return created
+        return super().get_trial(trial_id)
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
+                        distribution: BaseDistribution) -> None:
+        self._written(trial_id)
+        super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        self._written(trial_id)
+        return super().set_trial_state_values(trial_id, state, values)
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int,
+                                     intermediate_value: float) -> None:
+        self._written(trial_id)
+        super().set_trial_intermediate_value(trial_id, step, intermediate_value)
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._written(trial_id)
+        super().set_trial_user_attr(trial_id, key, value)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._written(trial_id)
+        super().set_trial_system_attr(trial_id, key, value)
+
 
 
 def _backend(study: optuna.Study) -> tuple[str, Any] | None:

@@ -9,7 +9,7 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
-     "grpclock", "placement"},
+     "grpclock", "placement", "sqlite"},
     {"config"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},

@@ -3,7 +3,6 @@ rules that find a dead driver's trials, and the private Optuna APIs it relies on
 
 from __future__ import annotations
 
-import collections
 import inspect
 import os
 import subprocess
@@ -90,10 +89,10 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
                                    TrialState.WAITING: 1}
     assert s.counts() == store.Counts(1, 1, 0, 1)
     assert s._settled[0] == trial._trial_id  # the finished first trial is not read again
+    # no trial appears below that line later: Optuna creates trials holding the study's row
+    assert "for_update=True" in inspect.getsource(
+        optuna.storages.RDBStorage._create_new_trial)
     study.tell(study.ask(), 2.0)  # the queued one
-    assert s.counts() == store.Counts(2, 1, 0, 0)
-    # a trial committed late below the settled line (other drivers' ids): counted afresh
-    s._settled = (s._settled[0], collections.Counter({TrialState.COMPLETE: 5}))
     assert s.counts() == store.Counts(2, 1, 0, 0)
     # a new trial's heartbeat and owner in one transaction, as Optuna's record_heartbeat and
     # set_user_attr would write them; again (the heartbeat exists): Optuna's way
@@ -107,6 +106,39 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
             beat = models.TrialHeartbeatModel.where_trial_id(fresh._trial_id, session)
             assert beat is not None and beat.heartbeat is not None
         assert study._storage.get_trial(fresh._trial_id).user_attrs == {store.OWNER: owner}
+
+
+def test_a_new_trial_is_read_from_the_copy_its_creation_left_until_it_is_written(tmp_path):
+    """`store._Storage`: Optuna's cached storage, less the database read of a trial this
+    process has just created (what `optuna.Trial` reads at every ask)."""
+    import sqlalchemy
+
+    s = make_store(tmp_path)
+    study, storage = s.study, s.study._storage
+    assert isinstance(storage, store._Storage)
+    rdb = storage._backend
+    statements: list[str] = []
+    sqlalchemy.event.listen(rdb.engine, "before_cursor_execute",
+                            lambda *a: statements.append(a[2]))
+    trial_id = storage.create_new_trial(study._study_id)
+    statements.clear()
+    trial = optuna.Trial(study, trial_id)
+    assert statements == []
+    assert trial._cached_frozen_trial == rdb.get_trial(trial_id)  # what it would have read
+    assert trial._cached_frozen_trial.state == TrialState.RUNNING
+    # served once: the next read is the database's
+    statements.clear()
+    assert storage.get_trial(trial._trial_id) == rdb.get_trial(trial._trial_id)
+    assert statements
+    # written before it is read: read from the database
+    trial_id = storage.create_new_trial(study._study_id)
+    storage.set_trial_user_attr(trial_id, "a", 1)
+    assert storage.get_trial(trial_id).user_attrs == {"a": 1}
+    # made from a template (an enqueued trial), it is never served from a copy
+    study.enqueue_trial({"x": 0.25})
+    queued = study.ask()
+    assert queued._cached_frozen_trial.state == TrialState.RUNNING
+    assert queued.suggest_float("x", 0.0, 1.0) == 0.25
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):

@@ -1,0 +1,188 @@
+"""SQLite study files: WAL for the files sweep creates on a local filesystem, the journal
+mode of others left alone, readers that do not block a driver, commits a kill cannot undo."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import yaml
+from conftest import load_trials, spawn_cli, study_dict
+
+from sweep import config, sqlite
+from sweep.outcome import Outcome
+from sweep.store import Asked, Owner, Store, open_storage, open_study
+
+
+def part(mountpoint: str, fstype: str) -> SimpleNamespace:
+    return SimpleNamespace(mountpoint=mountpoint, fstype=fstype)
+
+
+MOUNTS = [part("/", "ext4"), part("/mnt/nfs", "nfs4"), part("/mnt/nfs/scratch", "xfs"),
+          part("/home", "fuse.sshfs"), part("/dev/shm", "tmpfs")]
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("/work/study.db", "ext4"),
+    ("/mnt/nfs/study.db", "nfs4"),
+    ("/mnt/nfs/scratch/a/study.db", "xfs"),  # the deepest mount point holds it
+    ("/mnt/nfsdata/study.db", "ext4"),  # a name that starts like a mount point is not in it
+    ("/home/me/study.db", "fuse.sshfs"),
+    ("/dev/shm/study.db", "tmpfs"),
+])
+def test_the_filesystem_of_a_path_is_that_of_its_deepest_mount_point(path, kind):
+    assert sqlite.filesystem(Path(path), MOUNTS) == kind
+
+
+def test_a_link_is_judged_by_where_it_points(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    mounts = [part("/", "ext4"), part(str(tmp_path / "real"), "nfs")]
+    assert sqlite.filesystem(tmp_path / "link" / "study.db", mounts) == "nfs"
+
+
+def mode_of(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
+
+def test_a_file_on_a_network_filesystem_keeps_its_journal_mode(tmp_path):
+    db = tmp_path / "study.db"
+    sqlite3.connect(db).close()
+    assert not sqlite.adopt_wal(db, [part("/", "nfs4")])
+    assert mode_of(db) == "delete"
+    assert sqlite.adopt_wal(db, [part("/", "ext4")])
+    assert mode_of(db) == "wal"
+
+
+def test_a_file_another_process_holds_locked_is_left_as_it_is(tmp_path, monkeypatch):
+    db = tmp_path / "study.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    monkeypatch.setattr(sqlite, "SWITCH_PATIENCE", 0.2)
+    try:
+        assert not sqlite.adopt_wal(db, [part("/", "ext4")])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert mode_of(db) == "delete"
+
+
+def spec_at(tmp_path: Path, db: Path) -> config.Spec:
+    path = tmp_path / "study.yaml"
+    data = study_dict(study={"storage": f"sqlite:///{db}"})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return config.load(path)
+
+
+def synchronous(storage: optuna.storages.BaseStorage) -> int:
+    engine = storage._backend.engine  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("PRAGMA synchronous").scalar())
+
+
+def local_only(path: Path) -> None:
+    if sqlite.filesystem(path) not in sqlite.LOCAL:
+        pytest.skip(f"{path} is not on a local filesystem")
+
+
+def a_store_with_a_trial(tmp_path: Path) -> tuple[Path, Store, Asked]:
+    """A new study file (WAL) with one trial asked: its file, its store, the trial."""
+    local_only(tmp_path)
+    db = tmp_path / "study.db"
+    spec = spec_at(tmp_path, db)
+    store = Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
+    return db, store, store.ask(spec.searched, 0, lambda n: f"/t/{n}", queued=False)
+
+
+def test_a_study_file_sweep_creates_is_in_wal_and_one_that_exists_keeps_its_mode(tmp_path):
+    local_only(tmp_path)
+    new = tmp_path / "new.db"
+    storage = open_storage(spec_at(tmp_path, new))
+    assert mode_of(new) == "wal"
+    assert synchronous(storage) == 1  # NORMAL: SQLite's advice under WAL
+
+    old = tmp_path / "old.db"
+    optuna.create_study(study_name="x", storage=f"sqlite:///{old}")  # Optuna's default mode
+    storage = open_storage(spec_at(tmp_path, old))
+    assert mode_of(old) == "delete"
+    assert synchronous(storage) == 2  # FULL, SQLite's default, where the journal is a file
+
+
+def test_a_reader_in_the_middle_of_a_read_does_not_hold_up_the_driver(tmp_path):
+    """A dashboard or a notebook reading the study file: under a rollback journal its read
+    lock keeps the driver's commit waiting (Optuna's "database is locked" after the timeout)."""
+    db, store, asked = a_store_with_a_trial(tmp_path)
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM trials").fetchone()[0] == 1  # holds its read
+    done = threading.Event()
+
+    def tell() -> None:
+        store.tell_verdict(asked.trial, Outcome("COMPLETE", [0.5], exit_code=0), 0, 0, {})
+        done.set()
+
+    threading.Thread(target=tell, daemon=True).start()
+    try:
+        assert done.wait(20), "the driver's tell waited for the reader"
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    assert store.study.get_trials(deepcopy=False)[0].state.name == "COMPLETE"
+
+
+KILLED_AFTER_TELL = """
+import os, signal, sys
+from sweep import config
+from sweep.outcome import Outcome
+from sweep.store import Asked, Owner, Store, open_storage, open_study
+spec = config.load(sys.argv[1])
+store = Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
+for i in range(3):
+    asked = store.ask(spec.searched, 0, lambda n: f"/t/{n}", queued=False)
+    store.tell_verdict(asked.trial, Outcome("COMPLETE", [i], exit_code=0), 0, 0, {})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_a_killed_driver_committed_is_in_the_file(tmp_path):
+    local_only(tmp_path)
+    db = tmp_path / "study.db"
+    spec = spec_at(tmp_path, db)
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_TELL, str(spec.source)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert Path(f"{db}-wal").exists()  # the log was not checkpointed into the file
+    study = optuna.load_study(study_name=spec.study.name, storage=f"sqlite:///{db}")
+    assert [(t.state.name, t.value) for t in study.trials] == [("COMPLETE", float(i))
+                                                               for i in range(3)]
+
+
+def test_a_finished_run_leaves_the_study_in_one_file(write_study, fake_gpus, tmp_path):
+    local_only(tmp_path)
+    path = write_study(study_dict(study={"n_trials": 2}))
+    done = spawn_cli("run", str(path))
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err
+    db = tmp_path / "probe.db"
+    assert mode_of(db) == "wal"
+    assert not Path(f"{db}-wal").exists() and not Path(f"{db}-shm").exists()
+    assert [t.state.name for t in load_trials(path)] == ["COMPLETE", "COMPLETE"]
+
+
+def test_closing_the_store_folds_the_log_into_the_file(tmp_path):
+    db, store, asked = a_store_with_a_trial(tmp_path)
+    store.tell_verdict(asked.trial, Outcome("COMPLETE", [0.5], exit_code=0), 0, 0, {})
+    assert Path(f"{db}-wal").exists()
+    store.close()
+    assert not Path(f"{db}-wal").exists()
+    assert store.study.trials[0].value == 0.5  # still readable, on a new connection
