@@ -6,10 +6,12 @@ A study of trainers that write their result and exit (plain python launcher, ran
 study that already holds K finished trials; the driver runs in this process's child, which
 reports its own CPU (user + system, its threads included, its trainers not). CPU per trial
 is the difference of the two runs over N2 - N1 trials, so the driver's start-up (imports,
-study load) drops out.
+study load) drops out; the median of --rounds rounds, each of them every study size in turn.
+A SQLite study is in WAL mode, as sweep creates its files.
 
 Usage: python benchmarks/driver_cpu.py [--at 100 10000] [--n1 40] [--n2 140] [--gpus 8]
                                        [--sampler random] [--storage sqlite|journal]
+                                       [--rounds 3] [--repo ../old]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,8 +48,10 @@ def storage_url(path: Path, kind: str) -> str:
     return f"sqlite:///{path}" if kind == "sqlite" else f"journal://{path}"
 
 
-def prefill(path: Path, k: int, kind: str = "sqlite") -> float:
-    """A study of `k` finished trials (as the benchmark's study would have them); seconds."""
+def prefill(path: Path, k: int, kind: str = "sqlite", wal: bool = True) -> float:
+    """A study of `k` finished trials (as the benchmark's study would have them); seconds.
+    `wal`: a SQLite file in WAL mode, as sweep creates its files since it has sweep/sqlite.py
+    (the last connection to it folds the log into the file)."""
     import optuna
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
@@ -67,15 +72,17 @@ def prefill(path: Path, k: int, kind: str = "sqlite") -> float:
                           distributions=dist, user_attrs={"gpu": i % 8, "host": "prefill"})
              for i in range(k)]
     study.add_trials(batch)
-    if kind == "sqlite":  # as sweep creates its files (its last connection checkpoints)
+    if kind == "sqlite" and wal:
         from sweep import sqlite
 
         sqlite.adopt_wal(path)
     return time.perf_counter() - began
 
 
-def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Namespace) -> float:
-    """CPU seconds of one `sweep run` driver that takes the study to `total` trials."""
+def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Namespace,
+               repo: Path = ROOT) -> float:
+    """CPU seconds of one `sweep run` driver (of the checkout `repo`) that takes the study to
+    `total` trials."""
     import yaml
 
     run_dir = work / f"run{total}"
@@ -94,9 +101,10 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))
     done = subprocess.run([sys.executable, "-c", RUN, str(study)], capture_output=True,
-                          text=True, check=True,
+                          text=True, check=True, cwd=repo,
                           env={**os.environ, "SWEEP_FAKE_GPUS": str(args.gpus),
-                               "SWEEP_LOCK_DIR": str(run_dir / "locks")})
+                               "SWEEP_LOCK_DIR": str(run_dir / "locks"),
+                               "PYTHONPATH": str(repo)})
     line = [x for x in done.stdout.splitlines() if x.startswith("CPU ")][-1]
     _, cpu, code = line.split()
     if code != "0":
@@ -105,28 +113,45 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
 
 
 def measure(at: list[int], n1: int = 40, n2: int = 140, gpus: int = 8,
-            sampler: str = "random", storage: str = "sqlite",
-            say: bool = True) -> dict[int, float]:
-    """CPU seconds per trial of the driver, with each of `at` trials already in the study."""
+            sampler: str = "random", storage: str = "sqlite", rounds: int = 3,
+            say: bool = True, repos: list[Path] | None = None) -> dict[int, float]:
+    """CPU seconds per trial of the driver, with each of `at` trials already in the study:
+    the median of `rounds` rounds, each of them every study size (and every checkout of
+    `repos`, this one first) in turn, so a busy spell of the machine hits them alike. Returns
+    this checkout's; prints all."""
     args = argparse.Namespace(gpus=gpus, sampler=sampler, storage=storage)
-    results = {}
+    repos = [ROOT, *(repos or [])]
+    per: dict[tuple[Path, int], list[float]] = {(r, k): [] for r in repos for k in at}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for k in at:
-            template = None
-            if k:
-                template = work / f"template{k}.{storage}"
-                took = prefill(template, k, storage)
-                if say:
-                    print(f"prefilled {k} trials in {took:.0f} s", flush=True)
-            low = driver_cpu(work, template, k + n1, args)
-            high = driver_cpu(work, template, k + n2, args)
-            results[k] = (high - low) / (n2 - n1)
-            if say:
-                print(f"study at {k} trials: driver CPU {low:.2f} s for {n1} trials, "
-                      f"{high:.2f} s for {n2}: {results[k] * 1000:.1f} ms per trial",
-                      flush=True)
-    return results
+        templates: dict[tuple[Path, int], Path | None] = {}
+        for repo in repos:
+            wal = (repo / "sweep" / "sqlite.py").exists()
+            for k in at:
+                done = next((t for (r, n), t in templates.items() if n == k and wal == (
+                    r / "sweep" / "sqlite.py").exists()), None)
+                if k and done is None:
+                    done = work / f"template{k}-{len(templates)}.{storage}"
+                    took = prefill(done, k, storage, wal)
+                    if say:
+                        print(f"prefilled {k} trials in {took:.0f} s", flush=True)
+                templates[repo, k] = done
+        for r in range(rounds):
+            for repo in repos:
+                for k in at:
+                    low = driver_cpu(work, templates[repo, k], k + n1, args, repo)
+                    high = driver_cpu(work, templates[repo, k], k + n2, args, repo)
+                    per[repo, k].append((high - low) / (n2 - n1))
+                    if say:
+                        print(f"round {r + 1}, {repo}, study at {k} trials: driver CPU "
+                              f"{low:.2f} s for {n1} trials, {high:.2f} s for {n2}: "
+                              f"{per[repo, k][-1] * 1000:.1f} ms per trial", flush=True)
+    if say:  # the least of the rounds: the code's own cost, the least disturbed by others
+        for repo in repos:
+            print(f"{repo}: " + ", ".join(
+                f"at {k}: median {statistics.median(per[repo, k]) * 1000:.1f} ms, least "
+                f"{min(per[repo, k]) * 1000:.1f} ms" for k in at), flush=True)
+    return {k: statistics.median(per[ROOT, k]) for k in at}
 
 
 def main() -> None:
@@ -137,9 +162,14 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sampler", default="random")
     parser.add_argument("--storage", default="sqlite", choices=["sqlite", "journal"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repo", type=Path, action="append", default=[],
+                        help="another checkout to measure beside this one (e.g. an older "
+                             "commit's worktree)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler, args.storage)
+    results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler, args.storage,
+                      args.rounds, repos=[r.resolve() for r in args.repo])
     print(json.dumps({str(k): round(v * 1000, 2) for k, v in results.items()}))
     if len(results) > 1:
         first, last = results[min(results)], results[max(results)]

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from sweep.driver import Driver
     from sweep.monitor import Monitor
 
+# s between reads of the best trials for the live view (a query over all of the study's
+# finished trials: at 10,000 trials, not one per trial that ends)
+BEST_EVERY = 2.0
+
 
 def _fmt(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -39,6 +43,7 @@ class Progress(Events):
         self._last_render = 0.0
         self._changed = True
         self.best: str = "-"
+        self._best_read = -math.inf  # when the best trials were last read from storage
 
     def __enter__(self) -> Progress:
         if self.console.is_terminal:
@@ -84,13 +89,15 @@ class Progress(Events):
     def render(self, driver: Driver) -> Group:
         """The live view: budget, best value, and each GPU with its trial and load."""
         spec = driver.spec
-        try:
-            best = driver.store.best()
-        except Exception:  # a storage hiccup costs one refresh of the view, not the run
-            best = []
-        if best:
-            self.best = "; ".join(f"#{n} {', '.join(_fmt(v) for v in values)}"
-                                  for n, values in best)
+        if time.monotonic() - self._best_read >= BEST_EVERY:
+            self._best_read = time.monotonic()
+            try:
+                best = driver.store.best()
+            except Exception:  # a storage hiccup costs one refresh of the view, not the run
+                best = []
+            if best:
+                self.best = "; ".join(f"#{n} {', '.join(_fmt(v) for v in values)}"
+                                      for n, values in best)
         counts = driver.counts()
         head = Text.assemble(
             (spec.study.name, "bold"),

@@ -5,7 +5,7 @@ journal_mode=WAL`, kept in the file), and its connections use `synchronous=NORMA
 - readers (`sweep summary`, notebooks, optuna-dashboard) never block the drivers' writes, nor
   they the readers;
 - a commit appends to the log instead of rewriting pages through a rollback journal with two
-  fsyncs: a trial's storage round takes about 40 % less time and CPU here;
+  fsyncs: a trial's storage round takes about 40 % less time here, a quarter less CPU;
 - a killed process loses nothing it committed; a power cut or an OS crash may lose the last
   commits (never the file's consistency): trials whose end was lost so are RUNNING with a dead
   owner, reclaimed and run again as any other.
@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,17 @@ def file_of(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
+
+
+def read_only_url(url: str) -> str | None:
+    """The URL that reads a SQLite study file as it is, without writing anything beside it
+    (`immutable`: a WAL file needs its `-shm` beside it otherwise, which a reader that cannot
+    write the folder cannot make; what a killed writer left in `-wal` is not seen). None
+    for other databases."""
+    path = file_of(url)
+    if path is None:
+        return None
+    return f"sqlite:///file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1&uri=true"
 
 
 def filesystem(path: Path, partitions: Iterable[Any] | None = None) -> str | None:

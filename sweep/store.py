@@ -262,15 +262,21 @@ def read_study(spec: Spec) -> optuna.Study | None:
         not url.database or not Path(url.database).exists()
     ):
         return None
-    try:
-        storage = optuna.storages.RDBStorage(spec.storage_url, skip_table_creation=True)
-        return optuna.load_study(study_name=spec.study.name, storage=storage)
-    except KeyError:
-        return None
-    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
-        if "no such table" in str(e.__cause__ or e) or "does not exist" in str(e.__cause__ or e):
+    read_only = sqlite.read_only_url(spec.storage_url)
+    for attempt in (spec.storage_url, read_only or spec.storage_url):
+        try:
+            storage = optuna.storages.RDBStorage(attempt, skip_table_creation=True)
+            return optuna.load_study(study_name=spec.study.name, storage=storage)
+        except KeyError:
             return None
-        raise unreachable(spec, e, "read") from None
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+            cause = str(e.__cause__ or e)
+            if "no such table" in cause or "does not exist" in cause:
+                return None
+            if read_only and attempt != read_only and "unable to open database" in cause:
+                continue  # a WAL file in a folder this reader cannot write: as last folded
+            raise unreachable(spec, e, "read") from None
+    raise AssertionError("unreachable")
 
 
 def _racing(error: Exception) -> bool:

@@ -186,3 +186,32 @@ def test_closing_the_store_folds_the_log_into_the_file(tmp_path):
     store.close()
     assert not Path(f"{db}-wal").exists()
     assert store.study.trials[0].value == 0.5  # still readable, on a new connection
+
+
+def test_a_study_in_a_folder_the_reader_cannot_write_is_read_as_last_folded(
+        write_study, fake_gpus, tmp_path):
+    """A WAL file needs its `-shm` beside it: a reader that cannot write the folder (a
+    colleague's results, a read-only mount) reads the file as it is (SQLite's `immutable`)."""
+    local_only(tmp_path)
+    path = write_study(study_dict(study={"n_trials": 2, "output_dir": str(tmp_path / "out")}))
+    done = spawn_cli("run", str(path))
+    assert done.wait(120) == 0
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (tmp_path / "probe.db").rename(folder / "probe.db")
+    data = yaml.safe_load(path.read_text())
+    data["study"]["storage"] = f"sqlite:///{folder / 'probe.db'}"
+    path.write_text(yaml.safe_dump(data))
+    locked = subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
+    if locked.returncode != 0:  # root writes anywhere else: only an immutable folder stops it
+        pytest.skip(f"chattr +i: {locked.stderr.decode().strip()}")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+            sqlite3.connect(folder / "probe.db").execute("SELECT 1 FROM trials").fetchone()
+        shown = subprocess.run([sys.executable, "-m", "sweep", "summary", str(path)],
+                               capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "COMPLETE" in shown.stdout or "best" in shown.stdout.lower(), shown.stdout
+    assert sorted(p.name for p in folder.iterdir()) == ["probe.db"]
