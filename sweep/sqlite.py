@@ -75,9 +75,18 @@ def filesystem(path: Path, partitions: Iterable[Any] | None = None) -> str | Non
     return kind
 
 
+def is_new(path: Path) -> bool:
+    """Whether there is no study file yet (an empty one: a process stopped as it made it)."""
+    try:
+        return path.stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
 def adopt_wal(path: Path, partitions: Iterable[Any] | None = None) -> bool:
-    """Switch a study file sweep has just created to WAL if it lies on a local filesystem;
-    True if it is in WAL now. A file another process holds locked stays as it is."""
+    """Make a new study file, or switch an empty one, in WAL if it lies on a local
+    filesystem; True if it is in WAL now. A file another process holds locked stays as it
+    is; a file that cannot be made is left to Optuna to say so."""
     if filesystem(path, partitions) not in LOCAL:
         return False
     try:

@@ -140,7 +140,8 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
         return _grpc_proxy(spec)
     engine_kwargs: dict[str, Any] = {}
     db_file = sqlite.file_of(spec.storage_url)
-    new_file = db_file is not None and not db_file.exists()
+    if db_file is not None and sqlite.is_new(db_file):
+        sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
     if spec.storage_url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
@@ -156,8 +157,6 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
                     grace_period=spec.study.reclaim_seconds,
                 )
             if db_file is not None:
-                if new_file:
-                    sqlite.adopt_wal(db_file)
                 sqlite.tune(rdb.engine)
             return _Storage(rdb)
         except (IntegrityError, ProgrammingError, OperationalError,
@@ -273,7 +272,8 @@ def read_study(spec: Spec) -> optuna.Study | None:
             cause = str(e.__cause__ or e)
             if "no such table" in cause or "does not exist" in cause:
                 return None
-            if read_only and attempt != read_only and "unable to open database" in cause:
+            if read_only and attempt != read_only and (
+                    "unable to open database" in cause or "readonly database" in cause):
                 continue  # a WAL file in a folder this reader cannot write: as last folded
             raise unreachable(spec, e, "read") from None
     raise AssertionError("unreachable")
@@ -924,7 +924,7 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     if isinstance(storage, JournalStorage):
         backend = storage._backend
         if isinstance(backend, JournalFileBackend):
-            return "file", f"{backend._file_path}.budget.lock"
+            return "file", f"{os.path.realpath(backend._file_path)}.budget.lock"
         return None
     rdb = _rdb(storage)
     if rdb is None:
@@ -932,7 +932,7 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     engine = rdb.engine
     url = engine.url
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        return "file", f"{url.database}.lock"
+        return "file", f"{os.path.realpath(url.database)}.lock"  # one lock per file, however named
     if url.get_backend_name() == "postgresql":
         return "postgresql", engine
     return None

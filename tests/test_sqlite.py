@@ -4,6 +4,8 @@ mode of others left alone, readers that do not block a driver, commits a kill ca
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -188,30 +190,68 @@ def test_closing_the_store_folds_the_log_into_the_file(tmp_path):
     assert store.study.trials[0].value == 0.5  # still readable, on a new connection
 
 
+NO_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+               "--inh-caps", "-dac_override,-dac_read_search,-fowner"]
+
+
+@pytest.mark.parametrize("how", ["a folder of mode 555", "an immutable folder"])
 def test_a_study_in_a_folder_the_reader_cannot_write_is_read_as_last_folded(
-        write_study, fake_gpus, tmp_path):
+        write_study, fake_gpus, tmp_path, how):
     """A WAL file needs its `-shm` beside it: a reader that cannot write the folder (a
     colleague's results, a read-only mount) reads the file as it is (SQLite's `immutable`)."""
     local_only(tmp_path)
+    prefix: list[str] = []
+    if how == "a folder of mode 555" and os.geteuid() == 0:  # root writes anywhere: drop that
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to read as root without its override of file modes")
+        prefix = NO_OVERRIDE
     path = write_study(study_dict(study={"n_trials": 2, "output_dir": str(tmp_path / "out")}))
-    done = spawn_cli("run", str(path))
-    assert done.wait(120) == 0
+    _, err = (done := spawn_cli("run", str(path))).communicate(timeout=120)
+    assert done.returncode == 0, err
     folder = tmp_path / "results"
     folder.mkdir()
     (tmp_path / "probe.db").rename(folder / "probe.db")
     data = yaml.safe_load(path.read_text())
     data["study"]["storage"] = f"sqlite:///{folder / 'probe.db'}"
     path.write_text(yaml.safe_dump(data))
-    locked = subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
-    if locked.returncode != 0:  # root writes anywhere else: only an immutable folder stops it
-        pytest.skip(f"chattr +i: {locked.stderr.decode().strip()}")
+    lock, unlock = ((["chmod", "555"], ["chmod", "755"]) if how == "a folder of mode 555"
+                    else (["chattr", "+i"], ["chattr", "-i"]))
+    locked = subprocess.run([*lock, str(folder)], capture_output=True)
+    if locked.returncode != 0:
+        pytest.skip(f"{lock}: {locked.stderr.decode().strip()}")
     try:
-        with pytest.raises(sqlite3.OperationalError, match="unable to open"):
-            sqlite3.connect(folder / "probe.db").execute("SELECT 1 FROM trials").fetchone()
-        shown = subprocess.run([sys.executable, "-m", "sweep", "summary", str(path)],
+        plain = subprocess.run([*prefix, sys.executable, "-c", PLAIN_READ, str(folder)],
+                               capture_output=True, text=True, timeout=60)
+        shown = subprocess.run([*prefix, sys.executable, "-m", "sweep", "summary", str(path)],
                                capture_output=True, text=True, timeout=120)
     finally:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+        subprocess.run([*unlock, str(folder)], check=True)
+    assert plain.returncode != 0, "a plain reader opened it: the test does not forbid writing"
     assert shown.returncode == 0, shown.stderr
     assert "COMPLETE" in shown.stdout or "best" in shown.stdout.lower(), shown.stdout
     assert sorted(p.name for p in folder.iterdir()) == ["probe.db"]
+
+
+PLAIN_READ = """
+import sqlite3, sys
+sqlite3.connect(sys.argv[1] + "/probe.db").execute("SELECT 1 FROM trials").fetchone()
+"""
+
+
+def test_an_empty_file_left_by_a_stopped_first_run_is_made_a_wal_study(tmp_path):
+    local_only(tmp_path)
+    db = tmp_path / "study.db"
+    db.touch()  # the first run was killed as it made the file
+    open_storage(spec_at(tmp_path, db))
+    assert mode_of(db) == "wal"
+
+
+def test_drivers_that_name_one_file_two_ways_share_its_budget_lock(tmp_path):
+    from sweep.store import _backend
+
+    (tmp_path / "real").mkdir()
+    db = tmp_path / "real" / "study.db"
+    (tmp_path / "link.db").symlink_to(db)
+    stores = [Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
+              for spec in (spec_at(tmp_path, db), spec_at(tmp_path, tmp_path / "link.db"))]
+    assert _backend(stores[0].study) == _backend(stores[1].study) == ("file", f"{db}.lock")
