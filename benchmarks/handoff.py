@@ -13,7 +13,8 @@ Reported, median and p95 over every hand-off (two trials in a row on one device)
   the count, the trial's creation and params), the spawn (plan, folder, start).
 
 Usage: python benchmarks/handoff.py [--trials 40] [--gpus 1 4] [--launchers warm python]
-                                    [--storage sqlite journal] [--seconds 0.3]
+                                    [--storage sqlite journal] [--seconds 0.3] [--rounds 2]
+                                    [--repo ../old]
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ sys.exit(code)
 
 
 def run_one(work: Path, launcher: str, gpus: int, storage: str,
-            args: argparse.Namespace) -> list[dict[str, float]]:
-    """One `sweep run`; a dict of times (s) per hand-off."""
+            args: argparse.Namespace, repo: Path = ROOT) -> list[dict[str, float]]:
+    """One `sweep run` of the checkout `repo`; a dict of times (s) per hand-off."""
     import yaml
 
     work.mkdir(parents=True)
@@ -98,9 +99,9 @@ def run_one(work: Path, launcher: str, gpus: int, storage: str,
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))
     done = subprocess.run(
-        [sys.executable, "-c", RUN, str(study)], capture_output=True, text=True,
+        [sys.executable, "-c", RUN, str(study)], capture_output=True, text=True, cwd=repo,
         env={**os.environ, "SWEEP_FAKE_GPUS": str(gpus), "SWEEP_LOCK_DIR": str(work / "locks"),
-             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+             "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])})
     line = [x for x in done.stdout.splitlines() if x.startswith("MARKS ")]
     if done.returncode != 0 or not line:
         raise RuntimeError(f"sweep run failed: {done.stderr[-800:]}")
@@ -130,29 +131,37 @@ def main() -> None:
     parser.add_argument("--storage", nargs="+", default=["sqlite", "journal"])
     parser.add_argument("--seconds", type=float, default=0.3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repo", type=Path, action="append", default=[],
+                        help="another checkout to measure beside this one, round by round")
     args = parser.parse_args()
-    print("| launcher | storage | devices | hand-offs | exit -> spawn, median / p95 ms | "
-          "tell ms | ask ms | spawn ms | exit -> spawned, median ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    repos = [ROOT, *(r.resolve() for r in args.repo)]
+    print("| checkout | launcher | storage | devices | hand-offs | exit -> spawn, median / p95 ms "
+          "| tell ms | ask ms | spawn ms | exit -> spawned, median ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for launcher in args.launchers:
             for storage in args.storage:
                 for gpus in args.gpus:
-                    rows = []
-                    for r in range(args.rounds):
-                        rows += run_one(Path(tmp) / f"{launcher}-{storage}-{gpus}-{r}",
-                                        launcher, gpus, storage, args)
+                    rows: dict[Path, list[dict[str, float]]] = {r: [] for r in repos}
+                    for r in range(args.rounds):  # interleaved: a busy spell hits all alike
+                        for i, repo in enumerate(repos):
+                            rows[repo] += run_one(
+                                Path(tmp) / f"{launcher}-{storage}-{gpus}-{r}-{i}", launcher,
+                                gpus, storage, args, repo)
+                    for repo in repos:
+                        print(f"| {repo.name} | {launcher} | {storage} | {gpus} | "
+                              f"{table_row(rows[repo])} |", flush=True)
 
-                    def ms(key: str, q: float = 0.5, rows: list = rows) -> float:
-                        values = sorted(x[key] for x in rows)
-                        if q == 0.5:
-                            return 1000 * statistics.median(values)
-                        return 1000 * values[int(q * (len(values) - 1))]
 
-                    print(f"| {launcher} | {storage} | {gpus} | {len(rows)} | "
-                          f"{ms('handoff'):.1f} / {ms('handoff', 0.95):.1f} | {ms('tell'):.1f} | "
-                          f"{ms('ask'):.1f} | {ms('spawn'):.1f} | {ms('through'):.1f} |",
-                          flush=True)
+def table_row(rows: list[dict[str, float]]) -> str:
+    def ms(key: str, q: float = 0.5) -> float:
+        values = sorted(x[key] for x in rows)
+        if q == 0.5:
+            return 1000 * statistics.median(values)
+        return 1000 * values[int(q * (len(values) - 1))]
+
+    return (f"{len(rows)} | {ms('handoff'):.1f} / {ms('handoff', 0.95):.1f} | {ms('tell'):.1f} "
+            f"| {ms('ask'):.1f} | {ms('spawn'):.1f} | {ms('through'):.1f}")
 
 
 if __name__ == "__main__":
