@@ -38,7 +38,7 @@ LOCAL = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "
 SWITCH_PATIENCE = 2.0  # s to wait for the lock that changing the journal mode takes
 
 
-def file_of(url: str) -> Path | None:
+def file_of(url: str | sqlalchemy.engine.URL) -> Path | None:
     """The database file of a `sqlite:///` URL (None: not SQLite, or in memory)."""
     parsed = sqlalchemy.engine.make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):

@@ -912,7 +912,6 @@ class _Storage(_CachedStorage):
         super().set_trial_system_attr(trial_id, key, value)
 
 
-
 def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     """("file", the lock file beside a SQLite or journal file), ("postgresql", the storage's
     SQLAlchemy engine) or ("grpc", (host, port) of the proxy)."""
@@ -930,10 +929,10 @@ def _backend(study: optuna.Study) -> tuple[str, Any] | None:
     if rdb is None:
         return None
     engine = rdb.engine
-    url = engine.url
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        return "file", f"{os.path.realpath(url.database)}.lock"  # one lock per file, however named
-    if url.get_backend_name() == "postgresql":
+    db_file = sqlite.file_of(engine.url)
+    if db_file is not None:
+        return "file", f"{os.path.realpath(db_file)}.lock"  # one lock per file, however named
+    if engine.url.get_backend_name() == "postgresql":
         return "postgresql", engine
     return None
 
