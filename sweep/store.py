@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import sys
 import threading
@@ -25,17 +26,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import psutil
 import sqlalchemy
+from optuna import distributions
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
     FloatDistribution,
 )
-from optuna.storages._cached_storage import _CachedStorage
+from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -428,35 +430,48 @@ class Store:
         gpus: Sequence[int] = (),
         queued: bool = True,
     ) -> Asked:
-        """A new trial, owned on record (heartbeat and owner: one commit on a database) before
-        its params are sampled.
+        """A new trial, owned on record (heartbeat and owner) before its params are sampled:
+        on a database, in the transaction that creates it, and its params in one more.
 
         `queued` False: the caller has just seen no WAITING trial, so the queue is not read
         (Optuna reads it in full at every ask). If sampling fails, the trial is told FAIL and
         the error raised.
         """
-        if queued:
+        def owner(number: int) -> dict[str, Any]:
+            record: dict[str, Any] = {
+                "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
+                "gpu": gpu, "dir": trial_dir(number)}
+            if len(gpus) > 1:
+                record[GPUS] = ",".join(map(str, gpus))
+            return record
+
+        storage = self.study._storage
+        owned = False
+        if not queued and isinstance(storage, _Storage) and self._optuna_beats:
+            owned = True  # Study.ask, less its look at the queue; the owner in its transaction
+            self.study._thread_local.cached_all_trials = None
+            trial = optuna.Trial(self.study, storage.create_owned_trial(
+                self.study._study_id, lambda number: {OWNER: owner(number)}))
+        elif queued:
             with warnings.catch_warnings():
                 # Optuna warns that heartbeats are meant for optimize(); sweep records its own.
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 trial = self.study.ask()
         else:  # Study.ask, less its look at the queue
             self.study._thread_local.cached_all_trials = None
-            trial = optuna.Trial(self.study, self.study._storage.create_new_trial(
-                self.study._study_id))
+            trial = optuna.Trial(self.study, storage.create_new_trial(self.study._study_id))
         try:
-            record: dict[str, Any] = {
-                "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
-                "gpu": gpu, "dir": trial_dir(trial.number)}
-            if len(gpus) > 1:
-                record[GPUS] = ",".join(map(str, gpus))
-            if self._optuna_beats:  # heartbeat and owner in one commit
-                _set_user_attrs(self.study, trial._trial_id, {OWNER: record}, beat=True)
-                trial._cached_frozen_trial.user_attrs[OWNER] = record
-            else:
-                self.beat(trial)
-                trial.set_user_attr(OWNER, record)
+            if not owned:
+                record = owner(trial.number)
+                if self._optuna_beats:  # heartbeat and owner in one commit
+                    _set_user_attrs(self.study, trial._trial_id, {OWNER: record}, beat=True)
+                    trial._cached_frozen_trial.user_attrs[OWNER] = record
+                else:
+                    self.beat(trial)
+                    trial.set_user_attr(OWNER, record)
             params = sample(self.study, trial, searched, self.sampler_for)
+            if owned:  # the params (and what the sampler noted) in one transaction
+                cast(_Storage, storage).flush(trial._trial_id)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
@@ -658,16 +673,26 @@ class Store:
         Returns (told: False if another driver finished the trial first, whether the sampler
         has now searched its whole space).
         """
+        kept = {k: v for k, v in attrs.items() if not (isinstance(v, float) and math.isnan(v))}
+        storage, trial_id = self.study._storage, trial._trial_id
+        if isinstance(storage, _Storage):  # the attributes go in the state's transaction
+            storage.stage_user_attrs(trial_id, kept)
+        else:
+            try:
+                _set_user_attrs(self.study, trial_id, kept)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return False, False
         try:
-            kept = {k: v for k, v in attrs.items()
-                    if not (isinstance(v, float) and math.isnan(v))}
-            _set_user_attrs(self.study, trial._trial_id, kept)
-            trial._cached_frozen_trial.user_attrs.update(kept)
+            done = _tell_as_in_optimize(
+                self.study, trial, values if state == "COMPLETE" else None, TrialState[state])
         except optuna.exceptions.UpdateFinishedTrialError:
             return False, False
-        done = _tell_as_in_optimize(
-            self.study, trial, values if state == "COMPLETE" else None, TrialState[state]
-        )
+        finally:
+            # still staged: Optuna saw the trial finished and wrote nothing
+            skipped = isinstance(storage, _Storage) and storage.unstage(trial_id)
+        if skipped:
+            return False, False
+        trial._cached_frozen_trial.user_attrs.update(kept)
         return True, done
 
     def tell_verdict(
@@ -799,13 +824,19 @@ class Store:
         owner = t.user_attrs.get(OWNER) or {}
         attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
                  ATTEMPT: t.user_attrs.get(ATTEMPT, 0)}
+        kept = {k: v for k, v in attrs.items() if v is not None}
         try:
-            _set_user_attrs(self.study, t._trial_id, {
-                k: v for k, v in attrs.items() if v is not None})
+            if isinstance(storage, _Storage):  # in the state's transaction
+                storage.stage_user_attrs(t._trial_id, kept)
+            else:
+                _set_user_attrs(self.study, t._trial_id, kept)
             if not storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 return False
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
+        finally:
+            if isinstance(storage, _Storage):
+                storage.unstage(t._trial_id)
         a = t.user_attrs
         self.requeue(t.params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
         return True
@@ -857,59 +888,254 @@ class Heartbeat:
 
 class _Storage(_CachedStorage):
     """Optuna's cache over a database (what `optuna.create_study` wraps an `RDBStorage` in),
-    which also serves a trial this process has just created, until anything is written to it,
-    from the copy it keeps: the first read of a new trial (`optuna.Trial`'s, at every ask)
-    is not a round of six queries for a trial that holds nothing but its number and start."""
+    plus a copy of each trial this driver created and runs, written through.
+
+    Nobody writes a running trial but its driver, or a driver that found it orphaned and fails
+    it (whose write then refuses this driver's next one). So the trial's reads (`optuna.Trial`'s
+    at each ask, Optuna's at each tell, a pruner's at each report) are served from the copy
+    instead of six queries each; a new trial is written with its owner and heartbeat, its
+    params in one more transaction (`create_owned_trial`, `flush`), and its last attributes
+    with its state (`stage_user_attrs`).
+    """
 
     def __init__(self, backend: optuna.storages.RDBStorage) -> None:
         super().__init__(backend)
-        self._created: optuna.trial.FrozenTrial | None = None
+        self._mine: dict[int, optuna.trial.FrozenTrial] = {}  # trial id -> as stored
+        self._pending: dict[int, list[tuple[Any, ...]]] = {}  # trial id -> writes to flush
+        self._staged: dict[int, dict[str, Any]] = {}  # trial id -> user attrs for its state
 
-    def _written(self, trial_id: int) -> None:
+    def _update(self, trial_id: int, change: Callable[[optuna.trial.FrozenTrial], None]) -> None:
         with self._lock:
-            if self._created is not None and self._created._trial_id == trial_id:
-                self._created = None
+            self._change(trial_id, change)
+
+    def _change(self, trial_id: int, change: Callable[[optuna.trial.FrozenTrial], None]) -> None:
+        """`change` the trial's copy, if there is one; the lock held."""
+        mine = self._mine.get(trial_id)
+        if mine is not None:
+            change(mine)
+
+    def _forget(self, trial_id: int) -> None:
+        with self._lock:
+            self._mine.pop(trial_id, None)
+            self._pending.pop(trial_id, None)
 
     def create_new_trial(self, study_id: int,
                          template_trial: optuna.trial.FrozenTrial | None = None) -> int:
         trial_id = super().create_new_trial(study_id, template_trial)
-        with self._lock:
-            self._created = None
-            if template_trial is None:  # RUNNING, its number and start, nothing else
+        if template_trial is None:  # RUNNING, its number and start, nothing else
+            with self._lock:
                 _, number = self._trial_id_to_study_id_and_number[trial_id]
-                self._created = copy.deepcopy(self._studies[study_id].trials[number])
+                self._mine[trial_id] = copy.deepcopy(self._studies[study_id].trials[number])
         return trial_id
+
+    def create_owned_trial(self, study_id: int,
+                           user_attrs: Callable[[int], Mapping[str, Any]]) -> int:
+        """A new RUNNING trial with its first heartbeat and the user attributes
+        `user_attrs(its number)` (a pure function: it runs inside the transaction), in the
+        transaction that creates it: Optuna's `_create_new_trial` (the study's row held, the
+        number counted) plus those rows. The trial's params and system attributes written
+        from now on are written to the database by `flush`, in one transaction."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        rdb = self._backend
+        for attempt in range(1, 6):  # Optuna's retries, for a deadlock on a server
+            try:
+                with _create_scoped_session(rdb.scoped_session) as session:
+                    models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+                    model = rdb._get_prepared_new_trial(study_id, None, session)
+                    trial_id, number = cast(int, model.trial_id), cast(int, model.number)
+                    attrs = _as_stored(dict(user_attrs(number)))
+                    session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
+                        trial_id=trial_id))
+                    session.execute(sqlalchemy.insert(models.TrialUserAttributeModel), [
+                        {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                        for k, v in attrs.items()])
+                    frozen = optuna.trial.FrozenTrial(
+                        number=number, state=TrialState.RUNNING, value=None, values=None,
+                        datetime_start=cast(datetime, model.datetime_start),
+                        datetime_complete=None, params={}, distributions={}, user_attrs=attrs,
+                        system_attrs={}, intermediate_values={}, trial_id=trial_id)
+                break
+            except optuna.exceptions.StorageInternalError:
+                if attempt == 5:
+                    raise
+                time.sleep(random.random() * 2.0)
+        with self._lock:
+            self._studies.setdefault(study_id, _StudyInfo())
+            self._add_trials_to_cache(study_id, [frozen])
+            self._mine[trial_id] = copy.deepcopy(frozen)
+            self._pending[trial_id] = []
+        return trial_id
+
+    def flush(self, trial_id: int) -> None:
+        """Write what `create_owned_trial` left pending, in one transaction (as Optuna's
+        `set_trial_param` and `set_trial_system_attr` would, each in its own); none is left
+        pending from now on."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with self._lock:
+            writes = self._pending.pop(trial_id, [])
+        if not writes:
+            return
+        rdb = self._backend
+        try:
+            with _create_scoped_session(rdb.scoped_session, True) as session:
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+                rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+                rows = []
+                for kind, *args in writes:
+                    if kind == "system":
+                        rdb._set_trial_attr_without_commit(
+                            session, models.TrialSystemAttributeModel, trial_id, *args)
+                        continue
+                    name, value, distribution, known = args
+                    if known is None:  # the study's first of that name, as far as we know
+                        rdb._set_trial_param_without_commit(
+                            session, trial_id, name, value, distribution)
+                        continue
+                    distributions.check_distribution_compatibility(known, distribution)
+                    rows.append({"trial_id": trial_id, "param_name": name, "param_value": value,
+                                 "distribution_json": distributions.distribution_to_json(
+                                     distribution)})
+                if rows:  # as Optuna's _set_trial_param_without_commit adds them
+                    session.execute(sqlalchemy.insert(models.TrialParamModel), rows)
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        with self._lock:
+            study_id, _ = self._trial_id_to_study_id_and_number[trial_id]
+            known = self._studies[study_id].param_distribution
+            for kind, *args in writes:
+                if kind == "param":
+                    known.setdefault(args[0], args[2])
 
     def get_trial(self, trial_id: int) -> optuna.trial.FrozenTrial:
         with self._lock:
-            created = self._created
-            if created is not None and created._trial_id == trial_id:
-                self._created = None
-                return created
+            mine = self._mine.get(trial_id)
+            if mine is not None:
+                return copy.deepcopy(mine)
         return super().get_trial(trial_id)
 
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                         distribution: BaseDistribution) -> None:
-        self._written(trial_id)
-        super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+        def change(t: optuna.trial.FrozenTrial) -> None:
+            t.params[param_name] = distribution.to_external_repr(param_value_internal)
+            t.distributions[param_name] = distribution
 
-    def set_trial_state_values(self, trial_id: int, state: TrialState,
-                               values: Sequence[float] | None = None) -> bool:
-        self._written(trial_id)
-        return super().set_trial_state_values(trial_id, state, values)
+        with self._lock:
+            pending = self._pending.get(trial_id)
+            if pending is not None:
+                study_id, _ = self._trial_id_to_study_id_and_number[trial_id]
+                known = self._studies[study_id].param_distribution.get(param_name)
+                pending.append(("param", param_name, param_value_internal, distribution, known))
+                self._change(trial_id, change)
+                return
+        try:
+            super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        self._update(trial_id, change)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        stored = _as_stored({key: value})
+        with self._lock:
+            pending = self._pending.get(trial_id)
+            if pending is not None:
+                pending.append(("system", key, value))
+                self._change(trial_id, lambda t: t.system_attrs.update(stored))
+                return
+        try:
+            super().set_trial_system_attr(trial_id, key, value)
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        self._update(trial_id, lambda t: t.system_attrs.update(stored))
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self.flush(trial_id)
+        try:
+            super().set_trial_user_attr(trial_id, key, value)
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        stored = _as_stored({key: value})
+        self._update(trial_id, lambda t: t.user_attrs.update(stored))
 
     def set_trial_intermediate_value(self, trial_id: int, step: int,
                                      intermediate_value: float) -> None:
-        self._written(trial_id)
-        super().set_trial_intermediate_value(trial_id, step, intermediate_value)
+        self.flush(trial_id)
+        try:
+            super().set_trial_intermediate_value(trial_id, step, intermediate_value)
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        self._update(trial_id, lambda t: t.intermediate_values.__setitem__(
+            step, float(intermediate_value)))
 
-    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._written(trial_id)
-        super().set_trial_user_attr(trial_id, key, value)
+    def stage_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """User attributes to write with the trial's next state (`set_trial_state_values`,
+        in its transaction); read from now on. Dropped if that write fails."""
+        stored = _as_stored(dict(attrs))
+        with self._lock:
+            self._staged.setdefault(trial_id, {}).update(stored)
+        self._update(trial_id, lambda t: t.user_attrs.update(stored))
 
-    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._written(trial_id)
-        super().set_trial_system_attr(trial_id, key, value)
+    def unstage(self, trial_id: int) -> bool:
+        """Drop the attributes staged for a trial; True if there were any (no state was
+        written since they were staged)."""
+        with self._lock:
+            return self._staged.pop(trial_id, None) is not None
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        with self._lock:
+            attrs = self._staged.pop(trial_id, None)
+            self._pending.pop(trial_id, None)  # a trial told before its params were written
+        try:
+            if attrs:
+                return self._set_state_and_attrs(trial_id, state, values, attrs)
+            return super().set_trial_state_values(trial_id, state, values)
+        finally:  # told (or refused: finished elsewhere): read from the database from now on
+            self._forget(trial_id)
+
+    def _set_state_and_attrs(self, trial_id: int, state: TrialState,
+                             values: Sequence[float] | None, attrs: Mapping[str, Any]) -> bool:
+        """Optuna's `RDBStorage.set_trial_state_values`, with the user attributes `attrs`
+        written in its transaction."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        rdb = self._backend
+        model = models.TrialUserAttributeModel
+        try:
+            with _create_scoped_session(rdb.scoped_session) as session:
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+                rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+                session.execute(sqlalchemy.delete(model).where(
+                    model.trial_id == trial_id, model.key.in_(list(attrs))))
+                session.execute(sqlalchemy.insert(model), [
+                    {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                    for k, v in attrs.items()])
+                for objective, v in enumerate(values or ()):
+                    rdb._set_trial_value_without_commit(session, trial, objective, v)
+                if state == TrialState.RUNNING and trial.state != TrialState.WAITING:
+                    return False
+                trial.state = state
+                if state == TrialState.RUNNING:
+                    trial.datetime_start = datetime.now()
+                if state.is_finished():
+                    trial.datetime_complete = datetime.now()
+        except IntegrityError:
+            return False
+        return True
+
+
+def _as_stored(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attributes as a database gives them back (JSON: a tuple is read as a list)."""
+    return json.loads(json.dumps(attrs))
 
 
 def _backend(study: optuna.Study) -> tuple[str, Any] | None:
@@ -980,6 +1206,14 @@ def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]
                 for key, value in attrs.items()])
     except IntegrityError:  # another driver wrote one of them meanwhile: Optuna's way
         one_by_one()
+        return
+    except BaseException:
+        if isinstance(storage, _Storage):
+            storage._forget(trial_id)
+        raise
+    if isinstance(storage, _Storage):  # its copy of the trial, as written
+        stored = _as_stored(dict(attrs))
+        storage._update(trial_id, lambda t: t.user_attrs.update(stored))
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:

@@ -70,6 +70,25 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
 
     assert {"study", "trial", "value_or_values", "state", "skip_if_finished"} <= set(
         inspect.signature(_tell_with_warning).parameters)
+    # what store._Storage builds on: Optuna's cache, and the steps of its RDBStorage's
+    # writes, run in one transaction of sweep's instead of one each
+    from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+
+    assert {"param_distribution", "trials"} <= set(vars(_StudyInfo()))
+    cached = vars(study._storage)
+    assert {"_studies", "_lock", "_trial_id_to_study_id_and_number"} <= set(cached)
+    assert callable(_CachedStorage._add_trials_to_cache)
+    rdb_type = optuna.storages.RDBStorage
+    for name, params in {
+        "_get_prepared_new_trial": ["study_id", "template_trial", "session"],
+        "_set_trial_param_without_commit": ["session", "trial_id", "param_name",
+                                            "param_value_internal", "distribution",
+                                            "previous_distribution"],
+        "_set_trial_attr_without_commit": ["session", "model_cls", "trial_id", "key", "value"],
+        "_set_trial_value_without_commit": ["session", "trial", "objective", "value"],
+        "check_trial_is_updatable": ["trial_id", "trial_state"],
+    }.items():
+        assert list(inspect.signature(getattr(rdb_type, name)).parameters)[1:] == params, name
     # the budget lock finds the database behind Optuna's cached storage
     assert study._storage._backend.engine.url.get_backend_name() == "sqlite"
     # a trial's attributes written in one transaction, as Trial.set_user_attr would
@@ -108,51 +127,117 @@ def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
         assert study._storage.get_trial(fresh._trial_id).user_attrs == {store.OWNER: owner}
 
 
-def test_a_new_trial_is_read_from_the_copy_its_creation_left_until_it_is_written(tmp_path):
-    """`store._Storage`: Optuna's cached storage, less the database read of a trial this
-    process has just created (what `optuna.Trial` reads at every ask)."""
+def watch(storage) -> list[str]:
+    """The statements a database storage runs from now on, and "COMMIT" at each commit."""
     import sqlalchemy
 
+    seen: list[str] = []
+    engine = storage._backend.engine
+    sqlalchemy.event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    sqlalchemy.event.listen(engine, "commit", lambda *a: seen.append("COMMIT"))
+    return seen
+
+
+def test_a_running_trial_is_read_from_its_copy_written_through(tmp_path):
+    """`store._Storage` keeps a copy of each trial its driver runs, written through: every
+    read of it (Optuna's at each ask, at each tell, a pruner's at each report) is what the
+    database would give, with no query, until the trial is told."""
     s = make_store(tmp_path)
-    study, storage = s.study, s.study._storage
+    storage = s.study._storage
     assert isinstance(storage, store._Storage)
     rdb = storage._backend
-    statements: list[str] = []
-    sqlalchemy.event.listen(rdb.engine, "before_cursor_execute",
-                            lambda *a: statements.append(a[2]))
-    trial_id = storage.create_new_trial(study._study_id)
-    statements.clear()
-    trial = optuna.Trial(study, trial_id)
-    assert statements == []
-    assert trial._cached_frozen_trial == rdb.get_trial(trial_id)  # what it would have read
-    assert trial._cached_frozen_trial.state == TrialState.RUNNING
-    # served once: the next read is the database's
-    statements.clear()
-    assert storage.get_trial(trial._trial_id) == rdb.get_trial(trial._trial_id)
-    assert statements
-    # written before it is read: read from the database
-    trial_id = storage.create_new_trial(study._study_id)
-    storage.set_trial_user_attr(trial_id, "a", 1)
-    assert storage.get_trial(trial_id).user_attrs == {"a": 1}
-    # made from a template (an enqueued trial), it is never served from a copy
-    study.enqueue_trial({"x": 0.25})
-    queued = study.ask()
-    assert queued._cached_frozen_trial.state == TrialState.RUNNING
-    assert queued.suggest_float("x", 0.0, 1.0) == 0.25
+    seen = watch(storage)
+    space = {"x": config.FloatParam(type="float", low=0.0, high=1.0),
+             "lr": config.FloatParam(type="float", low=1e-5, high=1.0, log=True),
+             "n": config.IntParam(type="int", low=1, high=9, step=2),
+             "opt": config.CategoricalParam(type="categorical", choices=["adam", None, 3])}
+    for _ in range(2):  # the second: the study knows the distributions (Optuna's cache)
+        seen.clear()
+        asked = s.ask(space, gpu=0, trial_dir=str, queued=False)
+        # the trial with its owner and heartbeat, then its four params: two transactions
+        assert seen.count("COMMIT") == 2
+        assert sum(x.startswith("INSERT INTO trial_params") for x in seen) in (1, 4)
+    trial, trial_id = asked.trial, asked.trial._trial_id
+
+    def read_alike() -> None:
+        seen.clear()
+        mine = storage.get_trial(trial_id)
+        assert seen == []
+        assert mine == rdb.get_trial(trial_id)
+        mine.user_attrs["mutated"] = True  # a caller's change is not the storage's
+        mine.params.clear()
+        assert storage.get_trial(trial_id) == rdb.get_trial(trial_id)
+
+    read_alike()
+    trial.report(0.5, 0)
+    trial.report(float("inf"), 3)
+    read_alike()
+    trial.set_user_attr("pair", (1, {"k": [2.5]}))  # read back from JSON as a list
+    storage.set_trial_system_attr(trial_id, "grid_id", 7)
+    read_alike()
+    assert not trial.should_prune()
+    # the tell: its attributes, values and state in one transaction, then read from the
+    # database (the copy is gone)
+    seen.clear()
+    assert s.tell(trial, "COMPLETE", [0.25], {"gpu": 0, "exit_code": 0, "peak": float("nan")})
+    assert seen.count("COMMIT") == 1
+    told = rdb.get_trial(trial_id)
+    assert (told.state, told.values, told.user_attrs["gpu"]) == (TrialState.COMPLETE, [0.25], 0)
+    assert "peak" not in told.user_attrs
+    assert storage.get_trial(trial_id) == told
+    assert trial_id not in storage._mine
+
+
+def test_a_trial_failed_by_another_driver_is_not_told_again_from_a_stale_copy(tmp_path):
+    """The copy says RUNNING; another driver, which took this one for dead, has failed the
+    trial: the tell writes nothing and says so, and the trial is read from the database."""
+    s = make_store(tmp_path)
+    asked = s.ask(searched(s), gpu=0, trial_dir=str)
+    other = Store(optuna.load_study(study_name=s.study.study_name,
+                                    storage=s.study._storage._backend), Owner("b", 1, 0.0), 2)
+    [theirs] = other.study.get_trials(deepcopy=False)
+    assert other.fail_orphan(store.Orphan(theirs, "driver died", None))
+    assert s.tell(asked.trial, "COMPLETE", [1.0], {"exit_code": 0}) == (False, False)
+    trial = s.study._storage.get_trial(asked.trial._trial_id)
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["fail_reason"] == "driver died" and "exit_code" not in trial.user_attrs
+    assert s.study._storage._staged == {}
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_a_param_whose_distribution_changed_is_refused_as_optuna_refuses_it(tmp_path, known):
+    """The params written together at the end of the ask are checked as Optuna checks each:
+    against the distribution the study has under that name (`known`: as this process
+    remembers it; else as read from the database). The trial fails, with no params."""
+    s = make_store(tmp_path)
+    if known:
+        s.ask(searched(s), gpu=0, trial_dir=str, queued=False)
+    else:
+        s.study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.5}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+            value=1.0))
+    changed = {"y": config.IntParam(type="int", low=0, high=3),
+               "x": config.CategoricalParam(type="categorical", choices=["a", "b"])}
+    with pytest.raises(ValueError, match="distribution"):
+        s.ask(changed, gpu=0, trial_dir=str, queued=False)
+    failed = s.study.get_trials(deepcopy=False)[-1]
+    assert failed.state == TrialState.FAIL and failed.params == {}
+    storage = s.study._storage
+    assert failed._trial_id not in storage._mine and failed._trial_id not in storage._pending
 
 
 def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
+    """The trial, its first heartbeat and its owner in one commit; its params after it."""
     s = make_store(tmp_path)
-    seen: dict = {}
-
-    def trial_dir(number: int) -> str:
-        frozen = s.study.get_trials(deepcopy=False)[number]
-        seen["owner_before_params"] = (store.OWNER in frozen.user_attrs, dict(frozen.params))
-        return f"/trials/{number}"
-
-    asked = s.ask(searched(s), gpu=3, trial_dir=trial_dir)
+    seen = watch(s.study._storage)
+    asked = s.ask(searched(s), gpu=3, trial_dir=lambda number: f"/trials/{number}",
+                  queued=False)  # the driver's ask when it has seen no queued trial
     frozen = s.study.get_trials(deepcopy=False)[asked.number]
-    assert seen["owner_before_params"] == (False, {})
+    commits = [i for i, x in enumerate(seen) if x == "COMMIT"]
+    first = seen[:commits[0]]
+    assert [x.split("(")[0].strip() for x in first if x.startswith("INSERT")] == [
+        "INSERT INTO trials", "INSERT INTO trial_heartbeats", "INSERT INTO trial_user_attributes"]
+    assert any(x.startswith("INSERT INTO trial_params") for x in seen[commits[0]:])
     owner = frozen.user_attrs[store.OWNER]
     assert owner == {"host": HOST, "pid": os.getpid(), "started": s.owner.started, "gpu": 3,
                      "dir": "/trials/0"}
