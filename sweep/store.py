@@ -1018,6 +1018,27 @@ class _Storage(_CachedStorage):
                 return copy.deepcopy(mine)
         return super().get_trial(trial_id)
 
+    def _write(self, trial_id: int, write: Callable[[], None],
+               change: Callable[[optuna.trial.FrozenTrial], None],
+               pending: tuple[Any, ...] | None = None) -> None:
+        """`write` to the database, then `change` the trial's copy alike; or, while the
+        trial's writes are pending (`create_owned_trial`), only note `pending` for `flush`.
+        A failed write drops the copy: the database's state is not known here."""
+        with self._lock:
+            queue = self._pending.get(trial_id)
+            if queue is not None and pending is not None:
+                queue.append(pending)
+                self._change(trial_id, change)
+                return
+        if queue is not None:
+            self.flush(trial_id)
+        try:
+            write()
+        except BaseException:
+            self._forget(trial_id)
+            raise
+        self._update(trial_id, change)
+
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                         distribution: BaseDistribution) -> None:
         def change(t: optuna.trial.FrozenTrial) -> None:
@@ -1025,55 +1046,28 @@ class _Storage(_CachedStorage):
             t.distributions[param_name] = distribution
 
         with self._lock:
-            pending = self._pending.get(trial_id)
-            if pending is not None:
-                study_id, _ = self._trial_id_to_study_id_and_number[trial_id]
-                known = self._studies[study_id].param_distribution.get(param_name)
-                pending.append(("param", param_name, param_value_internal, distribution, known))
-                self._change(trial_id, change)
-                return
-        try:
-            super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
-        except BaseException:
-            self._forget(trial_id)
-            raise
-        self._update(trial_id, change)
+            study_id, _ = self._trial_id_to_study_id_and_number[trial_id]
+            known = self._studies[study_id].param_distribution.get(param_name)
+        write = super().set_trial_param
+        self._write(trial_id, lambda: write(trial_id, param_name, param_value_internal,
+                                            distribution), change,
+                    ("param", param_name, param_value_internal, distribution, known))
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        stored = _as_stored({key: value})
-        with self._lock:
-            pending = self._pending.get(trial_id)
-            if pending is not None:
-                pending.append(("system", key, value))
-                self._change(trial_id, lambda t: t.system_attrs.update(stored))
-                return
-        try:
-            super().set_trial_system_attr(trial_id, key, value)
-        except BaseException:
-            self._forget(trial_id)
-            raise
-        self._update(trial_id, lambda t: t.system_attrs.update(stored))
+        stored, write = _as_stored({key: value}), super().set_trial_system_attr
+        self._write(trial_id, lambda: write(trial_id, key, value),
+                    lambda t: t.system_attrs.update(stored), ("system", key, value))
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self.flush(trial_id)
-        try:
-            super().set_trial_user_attr(trial_id, key, value)
-        except BaseException:
-            self._forget(trial_id)
-            raise
-        stored = _as_stored({key: value})
-        self._update(trial_id, lambda t: t.user_attrs.update(stored))
+        stored, write = _as_stored({key: value}), super().set_trial_user_attr
+        self._write(trial_id, lambda: write(trial_id, key, value),
+                    lambda t: t.user_attrs.update(stored))
 
     def set_trial_intermediate_value(self, trial_id: int, step: int,
                                      intermediate_value: float) -> None:
-        self.flush(trial_id)
-        try:
-            super().set_trial_intermediate_value(trial_id, step, intermediate_value)
-        except BaseException:
-            self._forget(trial_id)
-            raise
-        self._update(trial_id, lambda t: t.intermediate_values.__setitem__(
-            step, float(intermediate_value)))
+        write = super().set_trial_intermediate_value
+        self._write(trial_id, lambda: write(trial_id, step, intermediate_value),
+                    lambda t: t.intermediate_values.__setitem__(step, float(intermediate_value)))
 
     def stage_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
         """User attributes to write with the trial's next state (`set_trial_state_values`,
