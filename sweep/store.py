@@ -939,12 +939,24 @@ class _Storage(_CachedStorage):
         from optuna.storages._rdb.storage import _create_scoped_session
 
         rdb = self._backend
+        studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
         for attempt in range(1, 6):  # Optuna's retries, for a deadlock on a server
             try:
                 with _create_scoped_session(rdb.scoped_session) as session:
-                    models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-                    model = rdb._get_prepared_new_trial(study_id, None, session)
-                    trial_id, number = cast(int, model.trial_id), cast(int, model.number)
+                    if session.execute(sqlalchemy.select(studies.c.study_id).where(
+                            studies.c.study_id == study_id).with_for_update()).first() is None:
+                        raise KeyError(models.NOT_FOUND_MSG)
+                    # the start as Optuna stores it (naive UTC), by its own model's setter
+                    start = models.TrialModel(datetime_start=datetime.now())
+                    trial_id = cast(Any, session.execute(sqlalchemy.insert(trials).values(
+                        study_id=study_id, number=None, state=TrialState.RUNNING,
+                        datetime_start=start._datetime_start_utc))).inserted_primary_key[0]
+                    number = session.execute(  # Optuna's TrialModel.count_past_trials
+                        sqlalchemy.select(sqlalchemy.func.count(trials.c.trial_id)).where(
+                            trials.c.study_id == study_id, trials.c.trial_id < trial_id)
+                    ).scalar_one()
+                    session.execute(sqlalchemy.update(trials).where(
+                        trials.c.trial_id == trial_id).values(number=number))
                     attrs = _as_stored(dict(user_attrs(number)))
                     session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
                         trial_id=trial_id))
@@ -953,9 +965,9 @@ class _Storage(_CachedStorage):
                         for k, v in attrs.items()])
                     frozen = optuna.trial.FrozenTrial(
                         number=number, state=TrialState.RUNNING, value=None, values=None,
-                        datetime_start=cast(datetime, model.datetime_start),
-                        datetime_complete=None, params={}, distributions={}, user_attrs=attrs,
-                        system_attrs={}, intermediate_values={}, trial_id=trial_id)
+                        datetime_start=start.datetime_start, datetime_complete=None,
+                        params={}, distributions={}, user_attrs=attrs, system_attrs={},
+                        intermediate_values={}, trial_id=trial_id)
                 break
             except optuna.exceptions.StorageInternalError:
                 if attempt == 5:
@@ -982,8 +994,7 @@ class _Storage(_CachedStorage):
         rdb = self._backend
         try:
             with _create_scoped_session(rdb.scoped_session, True) as session:
-                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-                rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+                rdb.check_trial_is_updatable(trial_id, _state_of(session, trial_id))
                 rows = []
                 for kind, *args in writes:
                     if kind == "system":
@@ -1086,45 +1097,64 @@ class _Storage(_CachedStorage):
     def set_trial_state_values(self, trial_id: int, state: TrialState,
                                values: Sequence[float] | None = None) -> bool:
         with self._lock:
-            attrs = self._staged.pop(trial_id, None)
+            attrs = self._staged.pop(trial_id, None) or {}
             self._pending.pop(trial_id, None)  # a trial told before its params were written
         try:
-            if attrs:
-                return self._set_state_and_attrs(trial_id, state, values, attrs)
+            if state.is_finished():
+                return self._finish(trial_id, state, values, attrs)
             return super().set_trial_state_values(trial_id, state, values)
         finally:  # told (or refused: finished elsewhere): read from the database from now on
             self._forget(trial_id)
 
-    def _set_state_and_attrs(self, trial_id: int, state: TrialState,
-                             values: Sequence[float] | None, attrs: Mapping[str, Any]) -> bool:
-        """Optuna's `RDBStorage.set_trial_state_values`, with the user attributes `attrs`
-        written in its transaction."""
+    def _finish(self, trial_id: int, state: TrialState, values: Sequence[float] | None,
+                attrs: Mapping[str, Any]) -> bool:
+        """Optuna's `RDBStorage.set_trial_state_values` to a finished `state`, with the user
+        attributes `attrs` written in its transaction."""
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
 
         rdb = self._backend
-        model = models.TrialUserAttributeModel
+        trials, attributes = models.TrialModel.__table__, models.TrialUserAttributeModel.__table__
+        stored = models.TrialValueModel.__table__
         try:
             with _create_scoped_session(rdb.scoped_session) as session:
-                trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
-                rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
-                session.execute(sqlalchemy.delete(model).where(
-                    model.trial_id == trial_id, model.key.in_(list(attrs))))
-                session.execute(sqlalchemy.insert(model), [
-                    {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                    for k, v in attrs.items()])
-                for objective, v in enumerate(values or ()):
-                    rdb._set_trial_value_without_commit(session, trial, objective, v)
-                if state == TrialState.RUNNING and trial.state != TrialState.WAITING:
-                    return False
-                trial.state = state
-                if state == TrialState.RUNNING:
-                    trial.datetime_start = datetime.now()
-                if state.is_finished():
-                    trial.datetime_complete = datetime.now()
+                rdb.check_trial_is_updatable(trial_id, _state_of(session, trial_id, True))
+                if attrs:
+                    session.execute(sqlalchemy.delete(attributes).where(
+                        attributes.c.trial_id == trial_id, attributes.c.key.in_(list(attrs))))
+                    session.execute(sqlalchemy.insert(attributes), [
+                        {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
+                        for k, v in attrs.items()])
+                if values:
+                    rows = []
+                    for objective, v in enumerate(values):
+                        value, kind = models.TrialValueModel.value_to_stored_repr(float(v))
+                        rows.append({"trial_id": trial_id, "objective": objective,
+                                     "value": value, "value_type": kind})
+                    session.execute(sqlalchemy.delete(stored).where(
+                        stored.c.trial_id == trial_id))
+                    session.execute(sqlalchemy.insert(stored), rows)
+                # the end as Optuna stores it (naive UTC), by its own model's setter
+                end = models.TrialModel(datetime_complete=datetime.now())
+                session.execute(sqlalchemy.update(trials).where(
+                    trials.c.trial_id == trial_id).values(
+                        state=state, datetime_complete=end._datetime_complete_utc))
         except IntegrityError:
             return False
         return True
+
+
+def _state_of(session: Any, trial_id: int, for_update: bool = False) -> TrialState:
+    """A trial's state, read as Optuna's `TrialModel.find_or_raise_by_id` reads the trial
+    (KeyError if there is none)."""
+    from optuna.storages._rdb import models
+
+    trials = models.TrialModel.__table__
+    query = sqlalchemy.select(trials.c.state).where(trials.c.trial_id == trial_id)
+    state = session.execute(query.with_for_update() if for_update else query).scalar()
+    if state is None:
+        raise KeyError(models.NOT_FOUND_MSG)
+    return cast(TrialState, state)
 
 
 def _as_stored(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import optuna
@@ -186,6 +186,79 @@ def test_a_running_trial_is_read_from_its_copy_written_through(tmp_path):
     assert "peak" not in told.user_attrs
     assert storage.get_trial(trial_id) == told
     assert trial_id not in storage._mine
+
+
+@pytest.fixture
+def far_time_zone(monkeypatch):
+    """This process in UTC+14 for the test."""
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def stored_rows(storage, trial_id: int) -> dict[str, list[dict]]:
+    """Every row of a trial in Optuna's tables, less their ids and its number; each time
+    (naive UTC, as Optuna stores them) checked to be within a minute of now, then left out."""
+    import sqlalchemy
+
+    utc_now = datetime.now(timezone.utc).replace(tzinfo=None)
+    out: dict[str, list[dict]] = {}
+    with storage._backend.engine.connect() as connection:
+        for table in ("trials", "trial_values", "trial_user_attributes", "trial_params",
+                      "trial_system_attributes", "trial_heartbeats",
+                      "trial_intermediate_values"):
+            rows = []
+            for row in connection.execute(sqlalchemy.text(
+                    f"SELECT * FROM {table} WHERE trial_id = :i"), {"i": trial_id}).mappings():
+                kept = {}
+                for k, v in row.items():
+                    if k in ("datetime_start", "datetime_complete", "heartbeat"):
+                        assert abs(datetime.fromisoformat(v) - utc_now) < timedelta(minutes=1)
+                    elif not k.endswith("_id") and k != "number":
+                        kept[k] = v
+                rows.append(kept)
+            out[table] = sorted(rows, key=repr)
+    return out
+
+
+@pytest.mark.parametrize("told", [("COMPLETE", [float("-inf")]), ("FAIL", None)])
+def test_what_sweep_writes_in_one_transaction_is_what_optuna_writes_in_several(
+        tmp_path, told, far_time_zone):
+    """`store._Storage`'s own transactions (a trial with its owner and heartbeat; its params
+    and a sampler's notes; its attributes with its state) leave the rows Optuna's own calls
+    leave: checked against the installed Optuna's RDBStorage, table by table, in a time zone
+    far from UTC (Optuna stores naive UTC times)."""
+    assert time.localtime().tm_gmtoff == 14 * 3600
+    s = make_store(tmp_path)
+    storage, study_id = s.study._storage, s.study._study_id
+    rdb = storage._backend
+    state, values = TrialState[told[0]], told[1]
+    owner = {"host": "h", "pid": 1, "dir": "/t", "gpu": (0, 1)}
+    dist = optuna.distributions.CategoricalDistribution(["a", None, 2.5])
+    attrs = {"gpu": 0, "exit_code": 1, "metric_acc": 0.5, "fail_reason": "x"}
+
+    theirs = rdb.create_new_trial(study_id)  # Optuna, one call (and commit) at a time
+    rdb.record_heartbeat(theirs)
+    rdb.set_trial_user_attr(theirs, store.OWNER, owner)
+    rdb.set_trial_param(theirs, "c", 1.0, dist)
+    rdb.set_trial_system_attr(theirs, "grid_id", 3)
+    for key, value in attrs.items():
+        rdb.set_trial_user_attr(theirs, key, value)
+    assert rdb.set_trial_state_values(theirs, state, values)
+
+    mine = storage.create_owned_trial(study_id, lambda number: {store.OWNER: owner})
+    storage.set_trial_param(mine, "c", 1.0, dist)
+    storage.set_trial_system_attr(mine, "grid_id", 3)
+    storage.flush(mine)
+    storage.stage_user_attrs(mine, attrs)
+    assert storage.set_trial_state_values(mine, state, values)
+
+    assert stored_rows(storage, mine) == stored_rows(storage, theirs)
+    a, b = rdb.get_trial(theirs), rdb.get_trial(mine)
+    assert (b.number, b.state, b.values) == (a.number + 1, a.state, a.values)
+    assert (b.params, b.user_attrs, b.system_attrs) == (a.params, a.user_attrs, a.system_attrs)
 
 
 def test_a_trial_failed_by_another_driver_is_not_told_again_from_a_stale_copy(tmp_path):
