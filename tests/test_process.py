@@ -4,6 +4,7 @@ nothing the command started outlives the trial, whatever it did to hide."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -132,3 +133,25 @@ def _runs_for(proc: psutil.Process, trial_dir: Path) -> bool:
         return proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir)
     except psutil.Error:
         return False
+
+
+def test_the_guard_asks_the_kernel_whether_a_child_is_left():
+    """`guard.has_children`: none, a live one, one exited but not reaped, none again (in a
+    fresh interpreter: this one may have children of its own)."""
+    code = textwrap.dedent("""
+        import subprocess, time
+        from sweep import guard
+        seen = [guard.has_children()]
+        live = subprocess.Popen(["sleep", "30"])
+        seen.append(guard.has_children())
+        live.kill()
+        while not open(f"/proc/{live.pid}/stat").read().split(") ")[1].startswith("Z"):
+            time.sleep(0.01)
+        seen.append(guard.has_children())  # a zombie is still a child
+        live.wait()
+        seen.append(guard.has_children())
+        print(seen)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parent.parent)
+    assert done.stdout.strip() == "[False, True, True, False]"
