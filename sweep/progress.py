@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 # s between reads of the best trials for the live view (a query over all of the study's
 # finished trials: at 10,000 trials, not one per trial that ends)
 BEST_EVERY = 2.0
+RENDER_EVERY = 0.1  # s between redraws of the live view when something changed
 
 
 def _fmt(value: float | None) -> str:
@@ -38,6 +39,7 @@ class Progress(Events):
 
     def __init__(self, console: Console | None = None, monitor: Monitor | None = None) -> None:
         self.console = console or Console(stderr=True)
+        self._plain = not self.console.is_terminal  # lines as plain text: a log, a pipe
         self.monitor = monitor
         self.live: Live | None = None
         self._last_render = 0.0
@@ -55,9 +57,17 @@ class Progress(Events):
         if self.live is not None:
             self.live.__exit__(None, None, None)
 
+    def _say(self, line: Text) -> None:
+        """One line: through rich on a terminal, as plain text elsewhere (what rich writes
+        there without wrapping, at a tenth of its cost: two lines per trial)."""
+        if self._plain:
+            self.console.file.write(line.plain + "\n")
+        else:
+            self.console.print(line)
+
     def started(self, trial: Started) -> None:
         self._changed = True
-        self.console.print(Text.assemble(
+        self._say(Text.assemble(
             (f"trial {trial.number}", "cyan"),
             f" started on {trial.where}: "
             f"{_params(trial.params, max(60, self.console.width - 30))}",
@@ -70,18 +80,19 @@ class Progress(Events):
         if done.state == "PRUNED":
             values = f"pruned at {values}"
         detail = values or (done.fail_reason or "")
-        self.console.print(Text.assemble(
+        self._say(Text.assemble(
             (f"trial {done.number} {done.state}", colour),
             f" on {done.where} in {done.seconds:.1f} s: {detail}",
         ))
 
     def message(self, text: str) -> None:
-        self.console.print(Text(text, style="yellow"))
+        self._say(Text(text, style="yellow"))
 
     def tick(self, driver: Driver) -> None:
         if self.live is None:
             return
-        if not self._changed and time.monotonic() - self._last_render < 0.5:
+        # at most 10 redraws a second while trials come and go, one every 0.5 s otherwise
+        if time.monotonic() - self._last_render < (RENDER_EVERY if self._changed else 0.5):
             return
         self._last_render, self._changed = time.monotonic(), False
         self.live.update(self.render(driver), refresh=True)

@@ -234,3 +234,29 @@ def test_the_summary_shows_every_metric_and_why_nothing_completed(write_study, f
         err = capsys.readouterr().err.strip().splitlines()
         assert "at least 1" in err[-1] or "cannot write" in err[-1], err
         assert "Traceback" not in "\n".join(err)
+
+
+def test_off_a_terminal_each_event_is_one_plain_line_however_long():
+    """A log or a pipe gets one line per start, finish and message: no colour codes, no
+    wrapping at the console's width."""
+    import io
+
+    from rich.console import Console
+
+    from sweep.events import Finished, Started
+    from sweep.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(Console(file=out, width=40))
+    params = {f"param_{i}": 0.123456 * i for i in range(12)}
+    with progress:
+        progress.started(Started(7, 2, params, 0.0))
+        progress.finished(Finished(7, "PRUNED", [0.25], 2, 3.04, None))
+        progress.finished(Finished(8, "FAIL", None, 1, 0.5, "exit code 3: Traceback"))
+        progress.message("GPU 1 left out: in use by others")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("trial 7 started on GPU 2: param_0=0 param_1=0.1235 ")
+    assert lines[1:] == ["trial 7 PRUNED on GPU 2 in 3.0 s: pruned at 0.25",
+                         "trial 8 FAIL on GPU 1 in 0.5 s: exit code 3: Traceback",
+                         "GPU 1 left out: in use by others"]
+    assert "\x1b" not in out.getvalue()
