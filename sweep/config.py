@@ -317,7 +317,7 @@ class Spec(_Model):
     study: StudySection
     trainer: TrainerSection
     gpus: GpusSection = GpusSection()
-    params: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN)], Param] = {}
+    params: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN, max_length=200)], Param] = {}
     source: Path = Path("study.yaml")
 
     @property
@@ -810,6 +810,42 @@ def _grid_space(spec: Spec) -> dict[str, list[Any]]:
     return space
 
 
+def _check_grid(spec: Spec, space: Any) -> None:
+    """A grid names every searched param (Optuna's GridSampler fails at the first trial
+    otherwise), and only values each param can take."""
+    key = "study.sampler.search_space"
+    if not isinstance(space, dict):
+        raise ConfigError(str(spec.source), key, "give a mapping of param name -> list of values")
+    unknown = sorted(set(space) - set(spec.searched))
+    if unknown:
+        raise ConfigError(str(spec.source), key, f"not a searched param: {', '.join(unknown)}")
+    missing = sorted(set(spec.searched) - set(space))
+    if missing:
+        raise ConfigError(str(spec.source), key, f"gives no values for {', '.join(missing)}: "
+                          "a grid needs values for every searched param")
+    for name, values in space.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(str(spec.source), f"{key}.{name}", "give a non-empty list of values")
+        bad = next((v for v in values if not _takes(spec.searched[name], v)), _NONE)
+        if bad is not _NONE:
+            raise ConfigError(str(spec.source), f"{key}.{name}",
+                              f"{bad!r} is not a value params.{name} can take")
+
+
+_NONE = object()
+
+
+def _takes(param: Searched, value: Any) -> bool:
+    """Whether a searched param can take `value` (in its range, or one of its choices)."""
+    if isinstance(param, (CategoricalParam, BoolParam)):
+        return any(value == c and type(value) is type(c) for c in param.choices)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(param, IntParam) and not isinstance(value, int):
+        return False
+    return bool(param.low <= value <= param.high)
+
+
 def grid_size(spec: Spec) -> int | None:
     """How many points a grid sampler has (None for other samplers)."""
     cfg = spec.study.sampler
@@ -876,12 +912,7 @@ def build_sampler(spec: Spec, trial: int | None = None) -> Any:
                           f"(pip install {' '.join(missing)})")
     if cfg.type == "grid":
         space = kwargs.pop("search_space", None) or _grid_space(spec)
-        unknown = sorted(set(space) - set(spec.searched))
-        if unknown:
-            raise ConfigError(
-                str(spec.source), "study.sampler.search_space",
-                f"not a searched param: {', '.join(unknown)}",
-            )
+        _check_grid(spec, space)
         kwargs["search_space"] = space
     return _construct(str(spec.source), "study.sampler", classes[cfg.type], kwargs)
 

@@ -23,7 +23,7 @@ from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
-from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store
+from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store, Taken
 from sweep.warm import WarmError, WarmNotYet, WarmServer, cannot_take, server_modules
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
@@ -388,8 +388,12 @@ class Driver:
         fresh = run.reports.read_rest() if rest else run.reports.read()
         prune = self._prunes and not rest
         for step, value in fresh if prune else fresh[-1:]:
-            if self.store.report(run.trial, step, value):
-                run.last_report = (step, value)
+            try:
+                if self.store.report(run.trial, step, value):
+                    run.last_report = (step, value)
+            except Taken:  # this driver was taken for dead (frozen): the trial is not ours
+                run.stop(Stop.TAKEN, now)
+                return
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
         if run.reports.error is not None:
@@ -424,6 +428,8 @@ class Driver:
         self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
                                       time.time() - run.process.started, verdict.fail_reason,
                                       lease.devices if lease is not None else ()))
+        if not told:  # the other driver counted it, and queued its params again
+            return
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
                                    see=str(run.process.plan.paths.stderr))

@@ -44,6 +44,7 @@ class Stop(str, enum.Enum):
     INTERRUPTED = "interrupted"
     DRIVER_ERROR = "driver error"
     BAD_REPORT = "bad report"
+    TAKEN = "told by another driver"  # which took this one for dead (it was frozen)
 
 
 class Process(Protocol):

@@ -105,6 +105,7 @@ class ResultError(ValueError):
 
 MAX_STEP = 2**31 - 1  # what every Optuna storage keeps as a step
 MAX_EXTRAS = 64  # other numeric keys of a result kept with the trial
+MAX_EXTRA_KEY = 100  # characters of such a key (databases cap an attribute's name)
 
 
 def _number(value: Any) -> float | None:
@@ -122,7 +123,8 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
     """A result file's text -> (objective values in `metrics` order, other numeric keys).
 
     Raises ResultError with the trial's fail_reason when the objective cannot be read. Other
-    keys are kept only when they are finite numbers (at most MAX_EXTRAS of them).
+    keys are kept only when they are finite numbers (at most MAX_EXTRAS of them) under a name
+    any storage takes: printable, at most MAX_EXTRA_KEY characters.
     """
     try:
         data = _loads(text)
@@ -147,8 +149,9 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
     extras: dict[str, float] = {}
     for key, value in data.items():
         number = _number(value)
-        if key not in metrics and number is not None and len(extras) < MAX_EXTRAS:
-            extras[str(key)] = number
+        if (key not in metrics and number is not None and len(extras) < MAX_EXTRAS
+                and len(key) <= MAX_EXTRA_KEY and key.isprintable()):
+            extras[key] = number
     return values, extras
 
 

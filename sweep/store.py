@@ -111,6 +111,10 @@ class LockAbandoned(Exception):
     """The wait for the budget lock was given up: the driver is stopping."""
 
 
+class Taken(Exception):
+    """Another driver has told this driver's trial (it took this one for dead)."""
+
+
 @dataclass(frozen=True)
 class Asked:
     """A trial just asked and owned: its params (searched ones) and its place in retries."""
@@ -653,9 +657,12 @@ class Store:
     # ---- following and telling ---------------------------------------------------------
 
     def report(self, trial: optuna.Trial, step: int, value: float) -> bool:
-        """Store an intermediate value; False if Optuna refuses it (the step is skipped)."""
+        """Store an intermediate value; False if Optuna refuses it (the step is skipped).
+        Taken if another driver has told the trial meanwhile."""
         try:
             trial.report(value, step)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise Taken(trial.number) from None
         except (ValueError, OverflowError, TypeError) as e:
             log.debug("trial %d: report (%r, %r) refused: %s", trial.number, step, value, e)
             return False
@@ -837,8 +844,11 @@ class Store:
         finally:
             if isinstance(storage, _Storage):
                 storage.unstage(t._trial_id)
-        a = t.user_attrs
-        self.requeue(t.params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
+        # a queued trial's own params, where the driver died before it had written them all
+        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        if params:  # none: the driver died before sampling them, so no trainer ran
+            a = t.user_attrs
+            self.requeue(params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
         return True
 
 

@@ -387,3 +387,49 @@ def test_launcher_settings_of_another_launcher_are_named_and_ignored(write_study
     assert err.count("trainer.fork_launcher is for launcher: accelerate; launcher is python: "
                      "it is ignored") == 1
     assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
+
+
+def test_a_trial_another_driver_failed_meanwhile_is_stopped_at_its_next_report(
+        write_study, fake_gpus, capsys):
+    """A driver taken for dead (frozen longer than reclaim_after) while its trial reports:
+    another driver has failed the trial (and queued its params again). The next report stops
+    the trial; this driver neither crashes nor retries it, and goes on to its budget."""
+    import threading
+    import time
+
+    from optuna.trial import TrialState
+
+    fake_gpus(1)
+    study = write_study(study={"n_trials": 1},
+                        trainer={"max_retries": 1,
+                                 "args": ["--mode", "report", "--steps", "30", "--sleep", "0.1"]})
+    url = f"sqlite:///{study.parent / 'probe.db'}"
+
+    reports = study.parent / "probe" / "trials" / "0" / "reports.jsonl"
+
+    def fail_trial_0_once_it_reports() -> None:  # as a driver that reclaims it would
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if not reports.exists():  # nor, before it, the study
+                continue
+            other = optuna.load_study(study_name="probe", storage=url)
+            if other.trials[0].intermediate_values:
+                other.tell(0, state=TrialState.FAIL)
+                return
+
+    other = threading.Thread(target=fail_trial_0_once_it_reports)
+    began = time.monotonic()
+    other.start()
+    try:
+        assert run_cli("run", str(study)) == 0
+    finally:
+        other.join()
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    stopped = reports.parent
+    assert (stopped / "stopped_gracefully").exists()  # SIGTERM'd, not run to its 30 steps
+    assert not (stopped / "probe.json").exists()
+    assert not any("retry_of" in t.user_attrs for t in trials)
+    assert "trial 0 was already told by another driver" in capsys.readouterr().err
+    assert time.monotonic() - began < 30

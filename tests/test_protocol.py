@@ -120,6 +120,13 @@ def test_result_keys_that_are_not_finite_numbers_are_not_kept():
     assert extras == {"n": 2.0}
 
 
+def test_result_keys_no_storage_takes_as_a_name_are_not_kept():
+    """PostgreSQL refuses a NUL in a name, and an attribute name over 512 characters."""
+    _, extras = parse_result(json.dumps(
+        {"m": 1, "k" * 101: 1, "nul\u0000": 2, "tab\t": 3, "k" * 100: 4, "ünï": 5}), ["m"])
+    assert extras == {"k" * 100: 4.0, "ünï": 5.0}
+
+
 def test_should_stop_turns_sigterm_into_a_flag(tmp_path):
     code = (
         "import os, signal, time\n"

@@ -331,7 +331,7 @@ def test_a_trial_cut_right_after_ask_is_reclaimed_once_the_grace_has_passed(tmp_
     assert s.fail_orphan(found[0])
     assert not s.fail_orphan(found[0])  # told once only
     states = [t.state for t in s.study.get_trials(deepcopy=False)]
-    assert states == [TrialState.FAIL, TrialState.WAITING]
+    assert states == [TrialState.FAIL]  # it had no params yet: nothing to queue again
 
 
 def test_a_dead_driver_on_this_host_is_reclaimed_at_once_a_live_one_never(tmp_path):
@@ -357,6 +357,23 @@ def test_another_hosts_trial_is_reclaimed_when_its_heartbeat_is_stale(tmp_path):
     assert [o.trial.number for o in found] == [theirs.number]
     assert found[0].reason == "driver on elsewhere died (no heartbeat)"
     assert found[0].trial_dir is None  # another host's processes are not ours to kill
+
+
+def test_an_orphan_is_queued_again_with_the_params_it_was_given(tmp_path):
+    """A queued trial whose driver died before it wrote the params it was given is queued
+    again with those params (not with what it wrote, to be sampled afresh under its name); a
+    trial whose driver died before it had any params is not queued again (no trainer ran)."""
+    s = make_store(tmp_path)
+    s.study.enqueue_trial({"x": 0.125})
+    queued = s.study.ask()  # taken to run; its param not written yet
+    fresh = s.study.ask()
+    for trial in (queued, fresh):
+        frozen = s.study._storage.get_trial(trial._trial_id)
+        assert frozen.params == {}
+        assert s.fail_orphan(store.Orphan(frozen, "driver died", None))
+    waiting = [t for t in s.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 0.125}]
+    assert waiting[0].user_attrs == {"retry_of": queued.number, "attempt": 1}
 
 
 def test_a_trial_whose_params_cannot_be_sampled_is_told_fail(tmp_path):
