@@ -36,6 +36,7 @@ from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
     FloatDistribution,
+    IntDistribution,
 )
 from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.trial import TrialState
@@ -361,10 +362,16 @@ def check_params(spec: Spec, study: optuna.Study) -> list[str]:
                 f"the file says {_kind(dist)}; a param's type, log scale and choices cannot "
                 "change: rename the param or the study")
         if old != dist:
-            low, high = getattr(old, "low", None), getattr(old, "high", None)
-            notes.append(f"params.{name}: range changed from [{low}, {high}] to "
-                         f"[{getattr(dist, 'low', None)}, {getattr(dist, 'high', None)}]")
+            notes.append(f"params.{name}: range changed from {_range(old)} to {_range(dist)}")
     return notes
+
+
+def _range(dist: BaseDistribution) -> str:
+    """"[low, high]", and its step where it has one: "[0.0, 0.5] step 0.1"."""
+    step = getattr(dist, "step", None)
+    text = f"[{getattr(dist, 'low', None)}, {getattr(dist, 'high', None)}]"
+    return text if step is None or (isinstance(dist, IntDistribution) and step == 1) else \
+        f"{text} step {step}"
 
 
 def suggest(trial: optuna.Trial, name: str, param: Searched) -> Any:

@@ -179,3 +179,15 @@ def test_a_study_file_that_is_a_fifo_or_an_output_dir_that_cannot_be_made(write_
     assert run_cli("run", str(study)) == 2
     assert "study.output_dir: cannot create /proc/sweep-cannot" in capsys.readouterr().err
     assert not (tmp_path / "probe.db").exists()  # the study was not created
+
+
+def test_a_changed_step_is_said_as_such():
+    """Removing a float's step used to read "range changed from [0.0, 0.5] to [0.0, 0.5]"."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    from sweep import store
+
+    assert store._range(FloatDistribution(0.0, 0.5, step=0.1)) == "[0.0, 0.5] step 0.1"
+    assert store._range(FloatDistribution(0.0, 0.5)) == "[0.0, 0.5]"
+    assert store._range(IntDistribution(1, 9)) == "[1, 9]"
+    assert store._range(IntDistribution(1, 9, step=2)) == "[1, 9] step 2"
