@@ -968,10 +968,7 @@ class _Storage(_CachedStorage):
                     trial_id = cast(Any, session.execute(sqlalchemy.insert(trials).values(
                         study_id=study_id, number=None, state=TrialState.RUNNING,
                         datetime_start=start._datetime_start_utc))).inserted_primary_key[0]
-                    number = session.execute(  # Optuna's TrialModel.count_past_trials
-                        sqlalchemy.select(sqlalchemy.func.count(trials.c.trial_id)).where(
-                            trials.c.study_id == study_id, trials.c.trial_id < trial_id)
-                    ).scalar_one()
+                    number = _number_after(session, study_id, trial_id)
                     session.execute(sqlalchemy.update(trials).where(
                         trials.c.trial_id == trial_id).values(number=number))
                     attrs = _as_stored(dict(user_attrs(number)))
@@ -1159,6 +1156,25 @@ class _Storage(_CachedStorage):
         except IntegrityError:
             return False
         return True
+
+
+def _number_after(session: Any, study_id: int, trial_id: int) -> int:
+    """The number of a study's new trial `trial_id`: Optuna's `count_past_trials` (how many
+    of the study's trials have a smaller id), read as the number of the one just before it
+    plus one. The same: every trial was numbered so, holding its study's row. And one index
+    step instead of a scan of the whole study (1 ms at 10,000 trials, at every trial)."""
+    from optuna.storages._rdb import models
+
+    trials = models.TrialModel.__table__
+    mine = (trials.c.study_id == study_id, trials.c.trial_id < trial_id)
+    last = session.execute(sqlalchemy.select(trials.c.number).where(*mine).order_by(
+        trials.c.trial_id.desc()).limit(1)).first()
+    if last is None:
+        return 0
+    if last.number is not None:
+        return int(last.number) + 1
+    return int(session.execute(  # never seen: Optuna's count, as it is
+        sqlalchemy.select(sqlalchemy.func.count(trials.c.trial_id)).where(*mine)).scalar_one())
 
 
 def _state_of(session: Any, trial_id: int, for_update: bool = False) -> TrialState:

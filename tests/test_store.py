@@ -261,6 +261,33 @@ def test_what_sweep_writes_in_one_transaction_is_what_optuna_writes_in_several(
     assert (b.params, b.user_attrs, b.system_attrs) == (a.params, a.user_attrs, a.system_attrs)
 
 
+def test_new_trials_are_numbered_as_optuna_numbers_them_whoever_made_the_others(tmp_path):
+    """A trial's number is how many of its study's trials came before it (Optuna's rule),
+    with trials made by Optuna's own calls (queued, added, asked) and by sweep's in between,
+    and another study's trials interleaved."""
+    s = make_store(tmp_path)
+    study, storage = s.study, s.study._storage
+    other = optuna.create_study(study_name="other", storage=storage)
+    made = []
+    for i in range(12):
+        if i % 4 == 0:
+            study.enqueue_trial({"x": 0.5})
+        elif i % 4 == 1:
+            study.add_trial(optuna.trial.create_trial(
+                params={"x": 0.5}, distributions={"x": optuna.distributions.FloatDistribution(
+                    0, 1)}, value=1.0))
+        elif i % 4 == 2:
+            other.ask()
+            study.ask()
+        made.append(storage.create_owned_trial(study._study_id, lambda number: {"n": number}))
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t._trial_id)
+    assert [t.number for t in trials] == list(range(len(trials)))
+    for trial_id in made:
+        trial = storage.get_trial(trial_id)
+        assert trial.user_attrs == {"n": trial.number}
+        assert storage._backend.get_trial(trial_id).number == trial.number
+
+
 def test_a_trial_failed_by_another_driver_is_not_told_again_from_a_stale_copy(tmp_path):
     """The copy says RUNNING; another driver, which took this one for dead, has failed the
     trial: the tell writes nothing and says so, and the trial is read from the database."""
