@@ -112,7 +112,7 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
     return float(cpu)
 
 
-def measure(at: list[int], n1: int = 40, n2: int = 140, gpus: int = 8,
+def measure(at: list[int], n1: int = 40, n2: int = 340, gpus: int = 8,
             sampler: str = "random", storage: str = "sqlite", rounds: int = 3,
             say: bool = True, repos: list[Path] | None = None) -> dict[int, float]:
     """CPU seconds per trial of the driver, with each of `at` trials already in the study:
@@ -158,7 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--at", type=int, nargs="+", default=[100, 10_000])
     parser.add_argument("--n1", type=int, default=40)
-    parser.add_argument("--n2", type=int, default=140)
+    parser.add_argument("--n2", type=int, default=340)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--sampler", default="random")
     parser.add_argument("--storage", default="sqlite", choices=["sqlite", "journal"])
