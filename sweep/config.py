@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import json
 import math
 import os
 import re
@@ -495,6 +496,14 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in parts if not (isinstance(p, str) and p.startswith(tags)))
 
 
+MAX_ARG_BYTES = 120_000  # of one param's value as text: Linux takes 128 KB per argv or env string
+
+
+def _text_size(value: Any) -> int:
+    """Bytes of a param value as the trainer's command line or environment carries it."""
+    return len((value if isinstance(value, str) else json.dumps(value, default=str)).encode())
+
+
 def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     """Make paths absolute, fill defaults that depend on the file's place, check what exists."""
     file, base = str(path), path.resolve().parent
@@ -533,6 +542,15 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         problem = _accelerate_values(name, param)
         if problem:
             raise ConfigError(file, f"params.{name}", problem)
+    if trainer.pass_params != "file":
+        for name, param in spec.params.items():
+            values = [param.value] if isinstance(param, FixedParam) else getattr(
+                param, "choices", [])
+            size = max((_text_size(v) for v in values), default=0)
+            if size > MAX_ARG_BYTES:
+                raise ConfigError(file, f"params.{name}", f"a value of {size // 1024} KB: one "
+                                  "argument or environment variable holds at most 128 KB; "
+                                  "use trainer.pass_params: file")
     for name in trainer.env:
         if not ENV_NAME.match(name):
             raise ConfigError(file, f"trainer.env.{short(name, 40)}",
@@ -826,24 +844,10 @@ def _check_grid(spec: Spec, space: Any) -> None:
     for name, values in space.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(str(spec.source), f"{key}.{name}", "give a non-empty list of values")
-        bad = next((v for v in values if not _takes(spec.searched[name], v)), _NONE)
-        if bad is not _NONE:
-            raise ConfigError(str(spec.source), f"{key}.{name}",
-                              f"{bad!r} is not a value params.{name} can take")
-
-
-_NONE = object()
-
-
-def _takes(param: Searched, value: Any) -> bool:
-    """Whether a searched param can take `value` (in its range, or one of its choices)."""
-    if isinstance(param, (CategoricalParam, BoolParam)):
-        return any(value == c and type(value) is type(c) for c in param.choices)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if isinstance(param, IntParam) and not isinstance(value, int):
-        return False
-    return bool(param.low <= value <= param.high)
+        for value in values:
+            problem = outside(spec.searched[name], value)
+            if problem:
+                raise ConfigError(str(spec.source), f"{key}.{name}", problem)
 
 
 def grid_size(spec: Spec) -> int | None:
