@@ -267,8 +267,11 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
         raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
     study.enqueue_trial(dict(old.params), user_attrs={RERUN_OF: number},  # type: ignore[union-attr]
                         skip_if_exists=False)
-    done = sum(1 for t in trials if t.state in FINISHED)
-    note = ("it runs first at the next `sweep run`" if done < spec.study.n_trials else
-            f"the budget of {spec.study.n_trials} is met: `sweep run {path} --n-trials "
-            f"{done + 1}` runs it")
+    # the budget once every trial that is running or queued (this one too) has run
+    needed = 1 + sum(1 for t in trials
+                     if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))
+    budget = spec.study.n_trials
+    note = ("it runs at the next `sweep run`, before new trials" if needed <= budget else
+            f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
+            f"{needed}` runs it (and what is running or queued before it)")
     return f"queued trial {number}'s params again; {note}"

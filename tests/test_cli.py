@@ -181,11 +181,18 @@ def test_logs_and_rerun_of_a_trial(write_study, fake_gpus, tmp_path, capsys):
     assert run_cli("logs", str(study), "9") == 2
     capsys.readouterr()
     assert run_cli("rerun", str(study), "0") == 0
-    assert "the budget of 2 is met" in capsys.readouterr().out
-    assert run_cli("run", str(study), "--n-trials", "3") == 0
-    first, _, again = load_trials(study)
+    assert "the budget of 2 leaves no room for it: `sweep run" in capsys.readouterr().out
+    assert run_cli("rerun", str(study), "1") == 0  # a second one: the budget it needs grows
+    assert "--n-trials 4` runs it" in capsys.readouterr().out
+    assert run_cli("run", str(study), "--n-trials", "4") == 0
+    first, second, again, again_1 = load_trials(study)
     assert again.params == first.params and again.user_attrs["rerun_of"] == 0
+    assert again_1.params == second.params and again_1.user_attrs["rerun_of"] == 1
     assert (tmp_path / "probe" / "trials" / "2" / "params.json").exists()
+    big = write_study(study_dict(study={"n_trials": 9}))
+    capsys.readouterr()
+    assert run_cli("rerun", str(big), "0") == 0
+    assert "it runs at the next `sweep run`, before new trials" in capsys.readouterr().out
     assert run_cli("rerun", str(study), "7") == 2
 
 
