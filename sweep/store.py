@@ -974,9 +974,7 @@ class _Storage(_CachedStorage):
                     attrs = _as_stored(dict(user_attrs(number)))
                     session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
                         trial_id=trial_id))
-                    session.execute(sqlalchemy.insert(models.TrialUserAttributeModel), [
-                        {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                        for k, v in attrs.items()])
+                    _put_user_attrs(session, trial_id, attrs, fresh=True)
                     frozen = optuna.trial.FrozenTrial(
                         number=number, state=TrialState.RUNNING, value=None, values=None,
                         datetime_start=start.datetime_start, datetime_complete=None,
@@ -1128,17 +1126,12 @@ class _Storage(_CachedStorage):
         from optuna.storages._rdb.storage import _create_scoped_session
 
         rdb = self._backend
-        trials, attributes = models.TrialModel.__table__, models.TrialUserAttributeModel.__table__
-        stored = models.TrialValueModel.__table__
+        trials, stored = models.TrialModel.__table__, models.TrialValueModel.__table__
         try:
             with _create_scoped_session(rdb.scoped_session) as session:
                 rdb.check_trial_is_updatable(trial_id, _state_of(session, trial_id, True))
                 if attrs:
-                    session.execute(sqlalchemy.delete(attributes).where(
-                        attributes.c.trial_id == trial_id, attributes.c.key.in_(list(attrs))))
-                    session.execute(sqlalchemy.insert(attributes), [
-                        {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                        for k, v in attrs.items()])
+                    _put_user_attrs(session, trial_id, attrs)
                 if values:
                     rows = []
                     for objective, v in enumerate(values):
@@ -1156,6 +1149,20 @@ class _Storage(_CachedStorage):
         except IntegrityError:
             return False
         return True
+
+
+def _put_user_attrs(session: Any, trial_id: int, attrs: Mapping[str, Any],
+                    fresh: bool = False) -> None:
+    """A trial's user attributes as rows of Optuna's table, replacing those of the same keys
+    (`fresh`: a trial created in this transaction, which has none)."""
+    from optuna.storages._rdb import models
+
+    table = models.TrialUserAttributeModel.__table__
+    if not fresh:
+        session.execute(sqlalchemy.delete(table).where(
+            table.c.trial_id == trial_id, table.c.key.in_(list(attrs))))
+    session.execute(sqlalchemy.insert(table), [
+        {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in attrs.items()])
 
 
 def _number_after(session: Any, study_id: int, trial_id: int) -> int:
@@ -1248,29 +1255,22 @@ def _set_user_attrs(study: optuna.Study, trial_id: int, attrs: Mapping[str, Any]
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    model = models.TrialUserAttributeModel
-    try:
-        with _create_scoped_session(rdb.scoped_session) as session:  # three or four statements
-            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-            rdb.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
-            if beat:  # the time is the database's, as in Optuna's record_heartbeat
-                session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
-                    trial_id=trial_id))
-            session.execute(sqlalchemy.delete(model).where(
-                model.trial_id == trial_id, model.key.in_(list(attrs))))
-            session.execute(sqlalchemy.insert(model), [
-                {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-                for key, value in attrs.items()])
-    except IntegrityError:  # another driver wrote one of them meanwhile: Optuna's way
-        one_by_one()
-        return
-    except BaseException:
-        if isinstance(storage, _Storage):
-            storage._forget(trial_id)
-        raise
-    if isinstance(storage, _Storage):  # its copy of the trial, as written
+    def in_one() -> None:
+        try:
+            with _create_scoped_session(rdb.scoped_session) as session:  # 3 or 4 statements
+                rdb.check_trial_is_updatable(trial_id, _state_of(session, trial_id))
+                if beat:  # the time is the database's, as in Optuna's record_heartbeat
+                    session.execute(sqlalchemy.insert(models.TrialHeartbeatModel).values(
+                        trial_id=trial_id))
+                _put_user_attrs(session, trial_id, attrs)
+        except IntegrityError:  # another driver wrote one of them meanwhile: Optuna's way
+            one_by_one()
+
+    if isinstance(storage, _Storage):  # and its copy of the trial, alike
         stored = _as_stored(dict(attrs))
-        storage._update(trial_id, lambda t: t.user_attrs.update(stored))
+        storage._write(trial_id, in_one, lambda t: t.user_attrs.update(stored))
+    else:
+        in_one()
 
 
 def _heartbeat_enabled(storage: optuna.storages.BaseStorage) -> bool:
