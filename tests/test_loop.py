@@ -19,7 +19,7 @@ from sweep.driver import Driver
 from sweep.monitor import Monitor, NoReader
 from sweep.pool import Pool, fake_devices
 from sweep.store import Owner, Store
-from sweep.testing.fakes import FakeClock, FakeSpawn, Script
+from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
 
 TrialScript = Callable[[dict[str, Any]], Script]
 
@@ -253,10 +253,12 @@ def test_a_gpu_held_after_a_trial_is_cleaned_without_stalling_the_loop(
 def test_energy_is_not_given_to_a_trial_that_shared_its_device_midway(tmp_path):
     """Defect 6 of issue 8: sharing was looked at only when the trial ended."""
     pool = Pool(fake_devices("1"), capacity=2)
-    pool.lease(1)
-    pool.lease(2)
-    assert pool.release(2).shared  # type: ignore[union-attr]
-    lease = pool.release(1)
-    assert lease is not None and lease.shared  # alone at its start and its end, shared between
-    pool.lease(3)
-    assert not pool.release(3).shared  # type: ignore[union-attr]
+    first = lease(pool, 1)
+    second = lease(pool, 2)
+    pool.release(second)
+    assert second.shared
+    pool.release(first)
+    assert first.shared  # alone at its start and its end, shared between
+    third = lease(pool, 3)
+    pool.release(third)
+    assert not third.shared
