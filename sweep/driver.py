@@ -227,7 +227,8 @@ class Driver:
         return port
 
     def view(self) -> View:
-        """The run now, for a progress display."""
+        """The run now, for a progress display (the counts as last read: the loop has just
+        read them to decide on starting, so this reads no storage)."""
         counts = self._budget()
         return View(
             self.spec.study.name, self.spec.study.n_trials, counts.finished,
@@ -235,11 +236,6 @@ class Driver:
                   for r in self.running.values()),
             tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
             self.store.best)
-
-    def counts(self) -> Counts:
-        """The study's trials by state: as last read (under the budget lock before each ask,
-        and every heartbeat interval), plus what this driver did since."""
-        return self._budget()
 
     def _adjust_counts(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
         """What this driver just did to the study, added to the counts last read: they are
@@ -254,6 +250,8 @@ class Driver:
             waiting=max(0, c.waiting + waiting))
 
     def _budget(self) -> Counts:
+        """The study's trials by state: as last read (under the budget lock before each ask,
+        and every heartbeat interval), plus what this driver did since."""
         if self._counts is None:
             self._counts = self.store.counts()
             self._counts_adjusted = False
@@ -498,4 +496,5 @@ class Driver:
             if not run.judged:
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
+                run.judged_now(self.clock.now())
         self.running.clear()

@@ -504,3 +504,20 @@ def test_a_dry_run_places_wide_trials_and_ports_as_a_run_would(write_study, fake
     assert [line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for line in lines] == [
         "0,1", "2,3"]
     assert len({line.split("SWEEP_MAIN_PORT=")[1].split()[0] for line in lines}) == 2
+
+
+def test_a_card_others_use_joins_the_sweep_once_freed_and_the_user_is_told(tmp_path):
+    """The rule of `test_a_card_freed_during_the_sweep_joins_it`, on the fake clock: GPU 0 is
+    left out while a colleague's process runs on it; the loop looks again every poll while
+    blocked, and the first look after the colleague is done starts a trial there."""
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=2, study={"n_trials": 4})
+    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
+    s.pool.probe, s.pool.rules.skip_busy = probe, True
+    s.clock.at(1.5, lambda: probe.looks.update({0: idle()}))
+    said: list[str] = []
+    s.driver.events.message = said.append  # type: ignore[method-assign]
+    assert s.run() == 0
+    assert [p.started for p in s.spawn.processes] == [0.0, 1.0, 1.5, 2.0]
+    assert [t.user_attrs["gpu"] for t in s.trials] == [1, 1, 0, 1]
+    assert said == ["GPU 0 left out: in use by others (pid 4242)",
+                    "GPU 0 is free again: back in the pool"]
