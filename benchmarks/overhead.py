@@ -83,6 +83,7 @@ def monitor_cost(samples: int = 300) -> float:
     from sweep.nvml import Nvml
     from sweep.pool import Pool, fake_devices
     from sweep.testing import fake_pynvml
+    from sweep.testing.fakes import lease
 
     class Pids:
         def __init__(self, pid: int) -> None:
@@ -100,8 +101,7 @@ def monitor_cost(samples: int = 300) -> float:
             m = Monitor(Nvml(), pool, Path(tmp) / "s.csv")
             m.create_csv()
             for i in range(8):
-                pool.lease(i)
-                pool.attach(i, Pids(10 + i))
+                lease(pool, i, Pids(10 + i))
                 m.trial_started(i, i)
             t0 = time.thread_time()
             for _ in range(samples):

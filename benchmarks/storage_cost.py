@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from optuna.trial import TrialState  # noqa: E402
+
 from sweep import config  # noqa: E402
 from sweep.outcome import Outcome  # noqa: E402
 from sweep.store import Owner, Store, open_storage, open_study  # noqa: E402
@@ -64,7 +66,8 @@ def driver(url: str, name: str, budget: int, index: int, out: multiprocessing.Qu
             if counts.finished + counts.running >= budget:
                 break
             asked = store.ask(spec.searched, gpu=index, trial_dir=lambda n: f"/t/{n}")
-        verdict = Outcome("COMPLETE", [asked.params["x"]], exit_code=0, extras={"loss": 1.0})
+        verdict = Outcome(TrialState.COMPLETE, [asked.params["x"]], exit_code=0,
+                          extras={"loss": 1.0})
         store.tell_verdict(asked.trial, verdict, index, 0, {"gpu_util_mean": 50.0})
         per_trial.append(time.perf_counter() - t0)
         done += 1

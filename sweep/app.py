@@ -23,6 +23,7 @@ from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
+from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, RunResult
 from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
@@ -180,7 +181,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} "
                  "done or running in storage; params sampled in memory)"]
         if lease.slots == 0:
-            lines.append(f"# no trial can start: {lease.hopeless()}")
+            lines.append(f"# no trial can start: {lease.acquire()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
         own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
         launcher = spec.trainer.launcher
@@ -192,15 +193,16 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             lines.append("# launcher accelerate: each `accelerate launch` runs as a fork of "
                          "the fork server (fork_launcher), the script as a new interpreter")
         for _ in range(n):
-            if not lease.has_free():
-                lines.append(f"# no room for more now: {lease.hopeless() or 'devices full'}")
+            held = lease.acquire()
+            if isinstance(held, Refusal):
+                shown = held.text if held.kind.ends_run else "devices full"
+                lines.append(f"# no room for more now: {shown}")
                 break
             trial = study.ask()
             params = sample(study, trial, spec.searched, (lambda n: config.build_sampler(
                 spec, n)) if config.reseeds(spec) else None)
-            gpu = lease.lease(trial.number)
-            held = lease.lease_of(trial.number)
-            pins = ",".join(lease.pin(i) for i in held.devices) if held else None
+            held.bind(trial.number)
+            gpu, pins = held.device, ",".join(held.pins)
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
             params = {**params, **spec.fixed}
             direct = None

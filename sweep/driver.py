@@ -14,11 +14,14 @@ import os
 import time
 from typing import Any
 
+from optuna.trial import TrialState
+
 from sweep import config, hostlock, launch, placement, process
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
-from sweep.events import Events, Finished, Started
+from sweep.events import Events, Finished, Running, Started, View
 from sweep.monitor import Monitor
+from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
@@ -56,6 +59,7 @@ class Driver:
         self._announced = False
         self._prunes = spec.study.pruner.type != "none"
         self._oom: set[int] = set()  # trials judged out of memory, until their device is free
+        self._blocked = False  # the pool's last refusal: others hold the devices (look again)
         self._learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
@@ -125,7 +129,7 @@ class Driver:
                     return
                 self._counts = None  # others' trials may have failed since: look once more
                 continue
-            self.events.tick(self)
+            self.events.tick(self.view())
             self.clock.wait(self._next_wakeup(now))
             self._supervise(self.clock.now())
 
@@ -135,7 +139,7 @@ class Driver:
         if self.policy.stop_reason:
             return False
         return self._orphan_wait is not None or (
-            self.pool.blocked and self.policy.room(self._budget()) > 0)
+            self._blocked and self.policy.room(self._budget()) > 0)
 
     def _stopping(self) -> bool:
         """A signal came that the loop has not reacted to yet."""
@@ -164,7 +168,7 @@ class Driver:
 
     def _next_wakeup(self, now: float) -> float:
         times = [self._next_look]
-        if self.pool.blocked:  # other sweeps of this host hold the devices: look again soon
+        if self._blocked:  # other sweeps of this host hold the devices: look again soon
             times.append(now + POLL_SECONDS)
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
@@ -179,33 +183,37 @@ class Driver:
         """`gpu_memory_gb: auto`: promise each trial the largest peak seen, with a margin."""
         if peak is not None and peak == peak:
             self._peaks.append(peak)
-        self.pool.rules.want_mb = placement.learned_mb(self._peaks)
-        self.pool.rules.alone = self.pool.rules.want_mb is None
+        self.pool.expect(placement.learned_mb(self._peaks))
 
     def _say_out(self) -> None:
         """Tell the user when devices go out because others use them, and come back."""
-        seen = self.pool.verdicts
-        out = {i for i, why in seen.items() if why and why.startswith("in use by others")}
-        for index in sorted(out - self._out):
+        seen = self.pool.left_out()
+        for index in sorted(set(seen) - self._out):
             self.events.message(f"GPU {index} left out: {seen[index]}")
-        for index in sorted(self._out - out):
+        for index in sorted(self._out - set(seen)):
             self.events.message(f"GPU {index} is free again: back in the pool")
-        self._out = out
+        self._out = set(seen)
 
     def _start_trials(self) -> None:
-        if self.pool.slots == 0:
-            self.policy.give_up(self.pool.hopeless() or "no GPU left in the pool")
-        try:
-            while (self.policy.room(self._budget()) > 0 and not self._stopping()
-                   and self.pool.has_free()):
-                self._start_one()
-        finally:
-            self.pool.unreserve()
+        """Start trials while the budget has room and the pool gives devices; a refusal that
+        ends the run gives up."""
+        while self.policy.room(self._budget()) > 0 and not self._stopping():
+            got = self.pool.acquire()
+            if isinstance(got, Refusal):
+                self._refused(got)
+                break
+            self._blocked = False
+            try:
+                self._start_one(got)
+            finally:
+                if got.trial is None:  # not asked after all (a signal, the budget spent)
+                    self.pool.release(got)
         self._say_out()
-        if not self.running and self.pool.blocked and self.policy.room(self._budget()) > 0:
-            hopeless = self.pool.hopeless()
-            if hopeless:
-                self.policy.give_up(hopeless)
+
+    def _refused(self, refusal: Refusal) -> None:
+        self._blocked = refusal.kind is Why.BLOCKED
+        if refusal.kind.ends_run:
+            self.policy.give_up(refusal.text)
 
     def _port(self, lease: Lease) -> int:
         """A rendezvous port for a multi-GPU trial, held with its device slots."""
@@ -215,13 +223,19 @@ class Driver:
         if taken is None:
             raise RuntimeError("no free TCP port for the trial's rendezvous")
         port, slot = taken
-        lease.slots.append(slot)
+        lease.hold(slot)
         return port
 
-    def counts(self) -> Counts:
-        """The study's trials by state: as last read (under the budget lock before each ask,
-        and every heartbeat interval), plus what this driver did since."""
-        return self._budget()
+    def view(self) -> View:
+        """The run now, for a progress display (the counts as last read: the loop has just
+        read them to decide on starting, so this reads no storage)."""
+        counts = self._budget()
+        return View(
+            self.spec.study.name, self.spec.study.n_trials, counts.finished,
+            tuple(Running(r.number, r.device, r.params, r.process.started)
+                  for r in self.running.values()),
+            tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
+            self.store.best)
 
     def _adjust_counts(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
         """What this driver just did to the study, added to the counts last read: they are
@@ -236,6 +250,8 @@ class Driver:
             waiting=max(0, c.waiting + waiting))
 
     def _budget(self) -> Counts:
+        """The study's trials by state: as last read (under the budget lock before each ask,
+        and every heartbeat interval), plus what this driver did since."""
         if self._counts is None:
             self._counts = self.store.counts()
             self._counts_adjusted = False
@@ -312,9 +328,10 @@ class Driver:
                 self._drop_warm(str(e))
         return self.spawn(plan, grace, wake, hold=hold)
 
-    def _start_one(self) -> None:
-        spec, device = self.spec, self.pool.free_device()
-        assert device is not None
+    def _start_one(self, lease: Lease) -> None:
+        """Ask a trial for `lease`'s devices, bind the lease to it, and start it. Returns
+        without asking (the lease unbound) on a signal or once the budget is spent."""
+        spec, device = self.spec, lease.device
         self._warm_server()  # before asking: a signal may end the wait for its imports
         if self._stopping():
             return
@@ -327,7 +344,7 @@ class Driver:
                 queued = self._budget().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(launch.trial_dir(spec, n)),
-                    self.pool.reserved_devices(), queued=queued)
+                    lease.devices, queued=queued)
         except LockAbandoned:
             return
         self._adjust_counts(running=1, waiting=-1 if queued else 0)
@@ -338,24 +355,21 @@ class Driver:
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
         params = {**asked.params, **spec.fixed}
+        lease.bind(asked.number)
         try:
-            self.pool.lease(asked.number, device)
-            lease = self.pool.lease_of(asked.number)
-            assert lease is not None
             port = self._port(lease) if len(lease.devices) > 1 else None
             direct = self.accelerate_env.get(launch.direct_settings(
                 spec, params, self.accelerate_env.config_dir)) \
                 if spec.trainer.launcher in ("direct", "warm") else None
             plan = launch.plan_trial(spec, asked.number, params, device, self.own,
-                                     ",".join(self.pool.pin(i) for i in lease.devices), port,
-                                     direct)
+                                     ",".join(lease.pins), port, direct)
             launch.prepare_trial_dir(plan, launch.script_params(params, spec.params))
             proc = self._spawn(plan, lease.fds())
         except BaseException as e:
-            self.pool.release(asked.number)
+            self.pool.release(lease)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
             raise
-        self.pool.attach(asked.number, proc)
+        lease.attach(proc)
         self.heartbeat.add(asked.trial)
         single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
         reports = ReportReader(plan.paths.reports) if single else None
@@ -363,7 +377,7 @@ class Driver:
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline, reports)
+            spec.trainer.stop_grace, deadline, reports, lease)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
@@ -406,7 +420,7 @@ class Driver:
         trainer = self.spec.trainer
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
                               trainer.result.patterns if trainer.result else [])
-        lease = self.pool.lease_of(run.number)
+        lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
         told, exhausted = self.store.tell_verdict(
@@ -414,12 +428,12 @@ class Driver:
             lease.devices if lease is not None else ())
         if verdict.oom:
             self._oom.add(run.number)
-        if self._learns and verdict.state != "FAIL":
+        if self._learns and verdict.state is not TrialState.FAIL:
             self._learn(usage.get("gpu_mem_peak_mb"))
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         if told:
-            self._adjust_counts(finished=verdict.state != "FAIL", running=-1)
+            self._adjust_counts(finished=verdict.state is not TrialState.FAIL, running=-1)
         else:
             self._counts = None
             self.events.message(f"trial {run.number} was already told by another driver")
@@ -440,7 +454,7 @@ class Driver:
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
-        lease = self.pool.lease_of(run.number)
+        lease = run.lease
         devices = lease.devices if lease is not None else (run.device,)
         on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in devices}
         clear = run.clear_device(set().union(*on.values()), now)
@@ -454,11 +468,10 @@ class Driver:
                     self.events.message(f"GPU {index} taken out of the pool: {reason}")
         del self.running[run.number]
         run.process.close()
-        self.pool.release(run.number)
-        if run.number in self._oom:
-            self._oom.discard(run.number)
-            for index in devices:
-                self.pool.block_oom(index)
+        oom = run.number in self._oom
+        self._oom.discard(run.number)
+        if lease is not None:
+            self.pool.release(lease, oom=oom)
 
     # ---- the end ------------------------------------------------------------------------
 
@@ -478,8 +491,10 @@ class Driver:
         runs = list(self.running.values())
         process.stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
-            self.pool.release(run.number)
+            if run.lease is not None:
+                self.pool.release(run.lease)
             if not run.judged:
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
+                run.judged_now(self.clock.now())
         self.running.clear()

@@ -1,10 +1,14 @@
-"""What the driver tells a progress display: a trial started, a trial finished, a message."""
+"""What the driver tells a progress display: a trial started, a trial finished, a message,
+and on each turn of its loop a `View` of the run."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from optuna.trial import TrialState
 
 log = logging.getLogger("sweep")
 
@@ -28,7 +32,7 @@ class Finished:
     """What the driver told about one trial."""
 
     number: int
-    state: str
+    state: TrialState  # COMPLETE, PRUNED or FAIL
     values: list[float] | None
     gpu: int
     seconds: float
@@ -40,6 +44,32 @@ class Finished:
         return where(self.gpu, self.gpus)
 
 
+@dataclass(frozen=True)
+class Running:
+    """One trial running now, as a display shows it."""
+
+    number: int
+    gpu: int
+    params: Mapping[str, Any]
+    started: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class View:
+    """The run at one moment, for a display: nothing in it changes the run.
+
+    `best` reads the best trials from storage (a query over every finished trial: a display
+    calls it every few seconds, not at every view)."""
+
+    study: str
+    n_trials: int
+    finished: int
+    running: tuple[Running, ...]
+    devices: tuple[int, ...]
+    quarantined: frozenset[int]
+    best: Callable[[], list[tuple[int, list[float]]]] = lambda: []
+
+
 def where(gpu: int, gpus: tuple[int, ...]) -> str:
     return f"GPUs {','.join(map(str, gpus))}" if len(gpus) > 1 else f"GPU {gpu}"
 
@@ -49,6 +79,6 @@ class Events:
 
     def started(self, trial: Started) -> None: ...
     def finished(self, done: Finished) -> None: ...
-    def tick(self, view: Any) -> None: ...
+    def tick(self, view: View) -> None: ...
     def message(self, text: str) -> None:
         log.warning(text)

@@ -222,7 +222,7 @@ class Monitor:
                         self._usage[lease.trial].add(reading, mem)
             rows.append([
                 round(now, 3), self.host, gpu,
-                ";".join(str(t) for t in sorted(x.trial for x in leases)),
+                ";".join(str(t) for t in sorted(x.trial for x in leases if x.trial is not None)),
                 reading.util_gpu, reading.util_mem, reading.mem_used_mb, reading.mem_total_mb,
                 reading.power_w,
             ])

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
 from sweep.protocol import ResultError, parse_result, parse_stdout
 
-COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
+COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"
 
 # CalledProcessError's last line: "returned non-zero exit status N." or, for a child killed by
@@ -29,9 +31,10 @@ _OOM = re.compile(
 
 @dataclass(frozen=True)
 class Outcome:
-    """What to tell Optuna about a trial, and the user attributes to store with it."""
+    """What to tell Optuna about a trial, and the user attributes to store with it. `state`
+    is COMPLETE, PRUNED or FAIL."""
 
-    state: str
+    state: TrialState
     values: list[float] | None = None
     fail_reason: str | None = None
     exit_code: int | None = None

@@ -12,12 +12,55 @@ The pool asks `admit` for each device it considers, least loaded first. The rule
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 MARGIN = 1.2  # `gpu_memory_gb: auto` promises the largest peak seen, times this,
 EXTRA_MB = 512.0  # plus this (the CUDA context, allocator slack)
+
+
+class Why(enum.Enum):
+    """Why a device, or the whole pool, takes no trial now."""
+
+    # one device (`admit`, `in_use_by_others`, the pool's own rules)
+    OOM_BLOCKED = "a trial ran out of memory here"
+    IN_USE_BY_OTHERS = "in use by others"
+    NO_FREE_MEMORY = "not enough free memory now"
+    TOO_SMALL = "less memory in all than a trial needs"
+    ONE_UNTIL_PEAK = "one trial per device until a trial's peak memory is known"
+    MIG_ALONE = "a MIG instance, and a trial needs several devices"
+    # the whole pool (`Pool.acquire`)
+    FULL = "every device holds as many of this sweep's trials as it may"
+    BLOCKED = "devices have room, but others hold or use them now"
+    GIVE_UP = "no device has taken a trial for too long"
+    NEVER = "no device can ever take a trial"
+
+    @property
+    def permanent(self) -> bool:
+        """It holds for the rest of the run: waiting changes nothing."""
+        return self in (Why.TOO_SMALL, Why.MIG_ALONE, Why.NEVER)
+
+    @property
+    def ends_run(self) -> bool:
+        """The run gives up (exit 1): no trial can start, now or by waiting."""
+        return self in (Why.GIVE_UP, Why.NEVER)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why no trial goes there: the kind decides what follows, `text` is what the user reads."""
+
+    kind: Why
+    text: str
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind.permanent
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -44,7 +87,7 @@ def outstanding(held: Iterable[Held]) -> float:
 
 
 def in_use_by_others(look: Look, ours: set[int], sweeps_hold: bool, busy_memory_mb: float,
-                     visible: set[int] | None = None) -> str | None:
+                     visible: set[int] | None = None) -> Refusal | None:
     """Why the device is someone else's now, or None.
 
     `ours`: pids of this host's sweep trials. `sweeps_hold`: a sweep of this host holds a slot
@@ -59,29 +102,33 @@ def in_use_by_others(look: Look, ours: set[int], sweeps_hold: bool, busy_memory_
     )
     if others:
         shown = ", ".join(str(p) for p in others[:3]) + (" ..." if len(others) > 3 else "")
-        return f"in use by others (pid {shown})"
+        return Refusal(Why.IN_USE_BY_OTHERS, f"in use by others (pid {shown})")
     if not sweeps_hold and not math.isnan(look.used_mb) and look.used_mb > busy_memory_mb:
-        return f"in use by others ({look.used_mb:.0f} MB used, over gpus.busy_memory_mb)"
+        return Refusal(Why.IN_USE_BY_OTHERS,
+                       f"in use by others ({look.used_mb:.0f} MB used, over gpus.busy_memory_mb)")
     return None
 
 
 def admit(
     look: Look | None, held: list[Held], want_mb: float | None, oom_blocked: bool,
-    busy: str | None,
-) -> str | None:
+    busy: Refusal | None,
+) -> Refusal | None:
     """Why the device may not take one more trial that needs `want_mb` (None: unknown), or
     None if it may. `look` None: no NVML (a simulated pool): only the slot count decides."""
     if oom_blocked:
-        return "a trial ran out of memory here; waiting for memory to be freed"
+        return Refusal(Why.OOM_BLOCKED,
+                       "a trial ran out of memory here; waiting for memory to be freed")
     if busy:
         return busy
     if look is None or want_mb is None:
         return None
     if look.total_mb < want_mb:
-        return f"{look.total_mb:.0f} MB in all, a trial needs {want_mb:.0f} MB"
+        return Refusal(Why.TOO_SMALL,
+                       f"{look.total_mb:.0f} MB in all, a trial needs {want_mb:.0f} MB")
     free = look.total_mb - look.used_mb - outstanding(held)
     if free < want_mb:
-        return f"{max(0.0, free):.0f} MB free for a trial that needs {want_mb:.0f} MB"
+        return Refusal(Why.NO_FREE_MEMORY,
+                       f"{max(0.0, free):.0f} MB free for a trial that needs {want_mb:.0f} MB")
     return None
 
 

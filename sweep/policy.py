@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from optuna.trial import TrialState
+
 from sweep.config import Spec
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -110,12 +112,12 @@ class Policy:
         return OnSignal.STOP_ALL if self.signals == 1 else OnSignal.KILL_ALL
 
     def after(
-        self, state: str, attempt: int, oom: bool = False, interrupted: bool = False,
+        self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False,
         fail_reason: str | None = None, see: str = "",
     ) -> Followup:
         """What follows a trial told `state` (COMPLETE, PRUNED or FAIL) on its `attempt`;
         `see` names where the user should look if the run gives up."""
-        if state != "FAIL":
+        if state is not TrialState.FAIL:
             self.streak = 0
             return Followup()
         if interrupted:

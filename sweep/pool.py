@@ -18,7 +18,7 @@ from sweep import placement
 from sweep.errors import UsageError
 from sweep.hostlock import HostSlots, Slot
 from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
-from sweep.placement import Held, Look
+from sweep.placement import Held, Look, Refusal, Why
 
 FAKE_ENV = "SWEEP_FAKE_GPUS"
 
@@ -147,32 +147,30 @@ class Rules:
 MIG_ALONE = "a MIG instance: CUDA shows a process one at most, so only one-device trials"
 
 
-def _never(reason: str) -> bool:
-    """Whether a refusal holds for the whole run (the device never fits a trial)."""
-    return " in all, a trial needs " in reason or reason == MIG_ALONE
-
-
-def _hint(reasons: Sequence[str]) -> str:
+def _hint(reasons: Sequence[Refusal]) -> str:
     """What the user can do about these refusals."""
+    kinds = {r.kind for r in reasons}
     hints = []
-    if any(r.startswith("in use by others") for r in reasons):
+    if Why.IN_USE_BY_OTHERS in kinds:
         hints.append("gpus.skip_busy: false shares cards with others; gpus.busy_memory_mb "
                      "sets what counts as in use")
-    if any(" in all, a trial needs " in r or " free for a trial that needs " in r
-           for r in reasons):
+    if kinds & {Why.TOO_SMALL, Why.NO_FREE_MEMORY}:
         hints.append("lower trainer.gpu_memory_gb, or use cards with more memory")
-    if MIG_ALONE in reasons:
+    if Why.MIG_ALONE in kinds:
         hints.append("use whole GPUs for trainer.gpus_per_trial > 1")
     return f" ({'; '.join(hints)})" if hints else ""
 
 
-@dataclass
+@dataclass(eq=False)
 class Lease:
-    """One trial on its devices (`devices[0]` is its main one, `device`). `shared` turns true
-    once another trial held one of its devices too."""
+    """Devices held for one trial (`devices[0]` is its main one, `device`), from `Pool.acquire`
+    until `Pool.release`. `trial` is None until `bind` names the trial (its number is known
+    only once Optuna has asked it); the devices count as taken from the start. `shared` turns
+    true once another trial held one of its devices too."""
 
-    trial: int
     devices: tuple[int, ...]
+    pins: tuple[str, ...]  # what each device is pinned by (`Pool.pin`)
+    trial: int | None = None
     shared: bool = False
     process: PidSource | None = None
     slots: list[Slot] = field(default_factory=list)  # host-wide slots, one per device
@@ -181,6 +179,20 @@ class Lease:
     @property
     def device(self) -> int:
         return self.devices[0]
+
+    def bind(self, trial: int) -> None:
+        """Name the trial these devices are for (once)."""
+        if self.trial is not None:
+            raise RuntimeError(f"the lease of trial {self.trial} was bound again ({trial})")
+        self.trial = trial
+
+    def attach(self, process: PidSource) -> None:
+        """Name the trial's process tree, for the monitor's per-process memory."""
+        self.process = process
+
+    def hold(self, slot: Slot) -> None:
+        """Hold one more host-wide slot (a rendezvous port) until the lease is released."""
+        self.slots.append(slot)
 
     def fds(self) -> tuple[int, ...]:
         """The descriptors that hold its host-wide slots (the guard keeps them open)."""
@@ -192,9 +204,10 @@ class Pool:
     counting, when `host` is given, the trials of every other sweep on this host; `width`
     devices per trial (`trainer.gpus_per_trial`).
 
-    The driver leases and releases; the monitor's thread reads `holders()`. Devices are
-    chosen least loaded first (host-wide), lowest index on ties: spread, then stack; a trial's
-    further devices are those closest to its first (NVLink, PCIe switch) where the probe says.
+    The driver's thread calls `acquire` and `release` (and `expect`, `quarantine`); the
+    monitor's thread reads `holders()`. Devices are chosen least loaded first (host-wide),
+    lowest index on ties: spread, then stack; a trial's further devices are those closest to
+    its first (NVLink, PCIe switch) where the probe says.
     """
 
     def __init__(
@@ -210,12 +223,10 @@ class Pool:
         self.clock = clock
         self.width = width
         self.quarantined: dict[int, str] = {}
-        self.out: dict[int, str] = {}  # devices with room the rules refused now, and why
-        self.verdicts: dict[int, str | None] = {}  # each device's last look (None: admitted)
+        self.out: dict[int, Refusal] = {}  # devices with room the rules refused now, and why
+        self.verdicts: dict[int, Refusal | None] = {}  # each device's last look (None: admitted)
         self.oom_blocked: set[int] = set()
-        self.blocked = False  # room here, but other sweeps or other users hold the devices
-        self._leases: dict[int, Lease] = {}
-        self._reserved: tuple[tuple[int, ...], list[Slot]] | None = None
+        self._held: list[Lease] = []  # every lease not released, bound or not
         self._lock = threading.Lock()
         self._keys = {d.index: d.uuid or f"sim{d.index}" for d in devices}
         self._migs = {d.index for d in devices if d.parent is not None}
@@ -232,31 +243,90 @@ class Pool:
         uuid = next((d.uuid for d in self.devices if d.index == index), None)
         return uuid or str(index)
 
-    def has_free(self) -> bool:
-        """Whether devices have room now; their slots are then held for the next `lease`."""
-        return self._reserve() is not None
+    def acquire(self) -> Lease | Refusal:
+        """The devices of the next trial, or why there are none now.
 
-    def free_device(self) -> int | None:
-        """The main device the next lease gets (None: no room for a trial)."""
-        found = self._reserve()
-        return found[0] if found else None
+        A `Lease` holds its devices (and their host-wide slots) at once: `bind` it to the trial
+        once it is asked, and `release` it in every case, bound or not. A `Refusal`'s kind
+        says what follows: `FULL` (this sweep's trials fill every device: one ends first),
+        `BLOCKED` (room here, but others hold or use the devices: look again soon), or a kind
+        that `ends_run` (no device can take a trial, ever or for `rules.hopeless_after` s
+        while none of this pool's trials runs; devices other sweeps of this host hold are
+        waited for, as they free when those trials end).
+        """
+        if self.slots == 0:
+            return self._hopeless() or Refusal(Why.NEVER, "no GPU left in the pool")
+        load = self._load()
+        room = ranked(load, self.capacity, set(self.quarantined))
+        chosen = self._reserve(room, load)
+        if chosen is None:
+            if not room:
+                return Refusal(Why.FULL, "devices full")
+            hopeless = self._hopeless()
+            if hopeless is not None:
+                return hopeless
+            said = [f"GPU {i}: {why.text}" for i in room if (why := self.verdicts.get(i))]
+            return Refusal(Why.BLOCKED,
+                           "; ".join(said) or "other sweeps of this host hold the devices")
+        devices, slots = chosen
+        lease = Lease(devices, tuple(self.pin(i) for i in devices), slots=slots)
+        with self._lock:
+            for other in self._held:
+                if set(other.devices) & set(devices):
+                    other.shared = lease.shared = True
+            self._held.append(lease)
+        return lease
 
-    def reserved_devices(self) -> tuple[int, ...]:
-        """The devices `has_free` holds for the next lease (empty: none)."""
-        return self._reserved[0] if self._reserved is not None else ()
+    def release(self, lease: Lease, oom: bool = False) -> None:
+        """Free the devices of `lease` and their host-wide slots (again: nothing happens).
+        `oom`: its trial ran out of memory: no trial goes to its devices until one of the
+        trials still on them ends (none: nothing to wait for, and nothing is blocked)."""
+        with self._lock:
+            if not any(x is lease for x in self._held):
+                return
+            self._held = [x for x in self._held if x is not lease]
+        for index in lease.devices:
+            self.oom_blocked.discard(index)  # memory was freed there
+            if oom and any(index in x.devices for x in self._held):
+                self.oom_blocked.add(index)
+        for slot in lease.slots:
+            slot.release()
+
+    def expect(self, mb: float | None) -> None:
+        """`gpu_memory_gb: auto`: promise each trial `mb` from now on; None (no peak known
+        yet): one trial per device."""
+        self.rules.want_mb = mb
+        self.rules.alone = mb is None
+
+    def quarantine(self, index: int, reason: str) -> None:
+        """Take a device out of the pool for the rest of the run."""
+        self.quarantined[index] = reason
+
+    def left_out(self) -> dict[int, str]:
+        """The devices left out at the last `acquire` because others use them, and why."""
+        return {i: r.text for i, r in self.verdicts.items()
+                if r is not None and r.kind is Why.IN_USE_BY_OTHERS}
+
+    def holders(self) -> dict[int, list[Lease]]:
+        """Each device's leases bound to a trial now (a copy, safe to read from another
+        thread)."""
+        with self._lock:
+            out: dict[int, list[Lease]] = {d.index: [] for d in self.devices}
+            for lease in self._held:
+                if lease.trial is not None:
+                    for index in lease.devices:
+                        out.setdefault(index, []).append(lease)
+            return out
 
     def _load(self) -> dict[int, int]:
         load = {d.index: 0 for d in self.devices}
-        for lease in self._leases.values():
+        for lease in self._held:
             for index in lease.devices:
                 load[index] += 1
         return load
 
-    def _reserve(self) -> tuple[int, ...] | None:
-        if self._reserved is not None:
-            return self._reserved[0]
-        load = self._load()
-        room = ranked(load, self.capacity, set(self.quarantined))
+    def _reserve(self, room: list[int], load: Mapping[int, int],
+                 ) -> tuple[tuple[int, ...], list[Slot]] | None:
         held = {i: self.host.held(self._keys[i]) if self.host else load[i] for i in room}
         self.out = {}
         order = sorted(room, key=lambda i: (held[i], i))  # host-wide load decides
@@ -266,7 +336,7 @@ class Pool:
                 refusal = self._refusal(index, held[index] > 0)
                 self.verdicts[index] = refusal
                 if refusal is not None:
-                    if held[index] == 0 or _never(refusal):  # else: sweeps' trials end
+                    if held[index] == 0 or refusal.permanent:  # else: sweeps' trials end
                         self.out[index] = refusal
                     continue
                 slot = None
@@ -289,12 +359,9 @@ class Pool:
             for _, slot in taken:
                 if slot is not None:
                     slot.release()
-            self.blocked = bool(room)
             return None
-        chosen = tuple(i for i, _ in taken)
-        self._reserved = (chosen, [s for _, s in taken if s is not None])
-        self.blocked, self._hopeless_since = False, None
-        return chosen
+        self._hopeless_since = None
+        return tuple(i for i, _ in taken), [s for _, s in taken if s is not None]
 
     def _by_closeness(self, first: int, rest: list[int], held: Mapping[int, int]) -> list[int]:
         if self.probe is None:
@@ -302,13 +369,14 @@ class Pool:
         probe = self.probe
         return sorted(rest, key=lambda i: (probe.closeness(first, i), held[i], i))
 
-    def _refusal(self, index: int, sweeps_hold: bool) -> str | None:
+    def _refusal(self, index: int, sweeps_hold: bool) -> Refusal | None:
         rules = self.rules
         if self.width > 1 and index in self._migs:
-            return MIG_ALONE
-        mine = [x for x in self._leases.values() if index in x.devices]
+            return Refusal(Why.MIG_ALONE, MIG_ALONE)
+        mine = [x for x in self._held if index in x.devices]
         if rules.alone and mine:
-            return "one trial per device until a trial's peak memory is known"
+            return Refusal(Why.ONE_UNTIL_PEAK,
+                           "one trial per device until a trial's peak memory is known")
         if self.probe is None or not (rules.skip_busy or rules.want_mb is not None):
             return placement.admit(None, [], None, index in self.oom_blocked, None)
         look = self.probe.look(index)
@@ -323,105 +391,34 @@ class Pool:
         promised = [Held(rules.want_mb or 0.0, x.used_mb.get(index)) for x in mine]
         return placement.admit(look, promised, rules.want_mb, index in self.oom_blocked, busy)
 
-    def hopeless(self) -> str | None:
+    def _hopeless(self) -> Refusal | None:
         """Why no trial can start while none of this pool's trials runs: at once when no
         device ever could (too small, MIG for a trial of several, fewer devices than a trial
         needs), else once that has held for `rules.hopeless_after` s; None otherwise.
 
         Devices other sweeps of this host hold are waited for: they free as trials end."""
         usable = [d.index for d in self.devices if d.index not in self.quarantined]
-        if self._leases:
+        if self._held:
             self._hopeless_since = None
             return None
         if len(usable) < self.width:
-            return (f"trainer.gpus_per_trial is {self.width}, the pool has {len(usable)} "
-                    "usable device" + "s" * (len(usable) != 1))
+            return Refusal(Why.NEVER, f"trainer.gpus_per_trial is {self.width}, the pool has "
+                           f"{len(usable)} usable device" + "s" * (len(usable) != 1))
         fits = [i for i in usable if i not in self.out]
         if len(fits) >= self.width:
             self._hopeless_since = None
             return None
         reasons = [self.out[i] for i in usable if i in self.out]
-        why = "; ".join(f"GPU {i}: {self.out[i]}" for i in usable if i in self.out)
+        why = "; ".join(f"GPU {i}: {self.out[i].text}" for i in usable if i in self.out)
         if self.width > 1:
             why = f"a trial needs {self.width} devices, {len(fits)} can take one now; {why}"
         why += _hint(reasons)
-        never = [i for i in usable if i in self.out and _never(self.out[i])]
+        never = [i for i in usable if i in self.out and self.out[i].permanent]
         if len(usable) - len(never) < self.width:
-            return f"no device can ever take a trial: {why}"
+            return Refusal(Why.NEVER, f"no device can ever take a trial: {why}")
         now = self.clock()
         if self._hopeless_since is None:
             self._hopeless_since = now
         if now - self._hopeless_since < self.rules.hopeless_after:
             return None
-        return f"no device can take a trial: {why}"
-
-    def block_oom(self, index: int) -> None:
-        """A trial ran out of memory on `index`: no trial goes there until one of the trials
-        still on it ends (none: nothing to wait for, and nothing is blocked)."""
-        if any(index in x.devices for x in self._leases.values()):
-            self.oom_blocked.add(index)
-
-    def unreserve(self) -> None:
-        """Give back the slots `has_free` held that no lease took."""
-        if self._reserved is not None:
-            for slot in self._reserved[1]:
-                slot.release()
-            self._reserved = None
-
-    def lease(self, trial: int, device: int | None = None) -> int:
-        """Give `trial` the devices `free_device` named (or, for one-device trials, `device`,
-        which must have room); its main device. RuntimeError when there is no room."""
-        with self._lock:
-            if self._reserved is None or (device is not None and
-                                          self._reserved[0][0] != device):
-                self.unreserve()
-                if device is not None:
-                    if self.width != 1 or self._load()[device] >= self.capacity:
-                        raise RuntimeError(f"no room on device {device}")
-                    slot = self.host.take(self._keys[device]) if self.host else None
-                    if self.host is not None and slot is None:
-                        raise RuntimeError(f"device {device} is full on this host")
-                    self._reserved = ((device,), [slot] if slot else [])
-                elif self._reserve() is None:
-                    raise RuntimeError("no free device")
-            assert self._reserved is not None
-            (devices, slots), self._reserved = self._reserved, None
-            lease = Lease(trial, devices, slots=slots)
-            for other in self._leases.values():
-                if set(other.devices) & set(devices):
-                    other.shared = lease.shared = True
-            self._leases[trial] = lease
-        return devices[0]
-
-    def attach(self, trial: int, process: PidSource) -> None:
-        """Name the process tree of `trial`, for the monitor's per-process memory."""
-        with self._lock:
-            if trial in self._leases:
-                self._leases[trial].process = process
-
-    def lease_of(self, trial: int) -> Lease | None:
-        return self._leases.get(trial)
-
-    def release(self, trial: int) -> Lease | None:
-        """Free the devices of `trial` (their host slots too); its lease, or None."""
-        with self._lock:
-            lease = self._leases.pop(trial, None)
-        if lease is not None:
-            for index in lease.devices:
-                self.oom_blocked.discard(index)  # memory was freed there
-            for slot in lease.slots:
-                slot.release()
-        return lease
-
-    def holders(self) -> dict[int, list[Lease]]:
-        """Each device's leases now (a copy, safe to read from another thread)."""
-        with self._lock:
-            out: dict[int, list[Lease]] = {d.index: [] for d in self.devices}
-            for lease in self._leases.values():
-                for index in lease.devices:
-                    out.setdefault(index, []).append(lease)
-            return out
-
-    def quarantine(self, index: int, reason: str) -> None:
-        """Take a device out of the pool for the rest of the run."""
-        self.quarantined[index] = reason
+        return Refusal(Why.GIVE_UP, f"no device can take a trial: {why}")

@@ -28,6 +28,7 @@ import psutil
 from sweep import guard
 from sweep.launch import LaunchPlan
 from sweep.outcome import Outcome, judge_files
+from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.warm import GO, WarmServer, trainer_pid
 
@@ -243,12 +244,40 @@ def kill_leftovers(trial_dir: str | Path) -> list[int]:
     return killed
 
 
+class Phase(enum.Enum):
+    """Where a running trial is in its life, as the driver has seen it (`RunningTrial`)."""
+
+    RUNNING = "running"  # its command runs (or exited, not judged yet); reports are followed
+    STOPPING = "stopping"  # a `Stop` reason was given: the guard escalates TERM -> KILL
+    TOLD = "told"  # the command exited, the trial was judged and told; leftovers get the grace
+    ENDED = "ended"  # its whole tree is gone; its devices are cleared, then released
+
+    @property
+    def told(self) -> bool:
+        return self in (Phase.TOLD, Phase.ENDED)
+
+
+# The moves `RunningTrial._move` allows: a trial is told once, after which no stop counts.
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.RUNNING: frozenset({Phase.STOPPING, Phase.TOLD}),
+    Phase.STOPPING: frozenset({Phase.TOLD}),
+    Phase.TOLD: frozenset({Phase.ENDED}),
+    Phase.ENDED: frozenset(),
+}
+
+
+class PhaseError(RuntimeError):
+    """A move `MOVES` does not allow: a defect in the driver, never the user's."""
+
+
 @dataclass
 class RunningTrial:
     """What the driver knows of one trial from its start until its processes are gone.
 
-    Its life: running -> (stopped: a `Stop` reason, the guard escalates) -> command exited
-    (judged and told) -> ended (the tree is gone; the device may be leased again).
+    Its life is `phase`, changed by `_move` only (see `MOVES`): RUNNING -> (STOPPING: a
+    `Stop` reason, the guard escalates) -> TOLD (the command exited: judged and told) ->
+    ENDED (the tree is gone; the device may be leased again once no process holds it).
+    The deadlines (`deadline`, the guard's, `cleanup_at`) say when `tick` acts next.
     """
 
     trial: Any  # optuna.Trial: reports and pruning go through it
@@ -261,16 +290,31 @@ class RunningTrial:
     grace: float
     deadline: float | None = None  # trainer.timeout, on the driver's clock
     reports: ReportReader | None = None
-    stop_reason: Stop | None = None
+    lease: Lease | None = None  # its devices, released by the driver once it ended
+    phase: Phase = Phase.RUNNING
+    stop_reason: Stop | None = None  # set with the move to STOPPING, kept after
     last_report: tuple[int, float] | None = None
-    judged: bool = False
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
 
+    def _move(self, to: Phase) -> None:
+        """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
+        if to not in MOVES[self.phase]:
+            raise PhaseError(f"trial {self.number}: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+    @property
+    def judged(self) -> bool:
+        """The trial was told (its command exited, or the driver gave up on it)."""
+        return self.phase.told
+
     def stop(self, reason: Stop, now: float) -> None:
-        """Stop the trial (SIGTERM, grace, SIGKILL in its guard); the first reason is kept."""
-        if self.stop_reason is None:
-            self.stop_reason = reason
+        """Stop the trial (SIGTERM, grace, SIGKILL in its guard); the first reason is kept.
+        Once told, the leftovers already have their grace: nothing changes."""
+        if self.phase is not Phase.RUNNING:
+            return
+        self._move(Phase.STOPPING)
+        self.stop_reason = reason
         if self._force_at is None and not self.process.ended:
             self.process.stop()
             self._force_at = now + self.grace + GUARD_MARGIN
@@ -286,7 +330,7 @@ class RunningTrial:
         if self.process.ended:
             return
         if (self.deadline is not None and now >= self.deadline
-                and self.stop_reason is None and not self.process.command_exited):
+                and self.phase is Phase.RUNNING and not self.process.command_exited):
             self.stop(Stop.TIMEOUT, now)
         if self._force_at is not None and now >= self._force_at:
             self.process.force_kill()
@@ -294,14 +338,17 @@ class RunningTrial:
 
     def judged_now(self, now: float) -> None:
         """The command exited and the trial was told; its leftovers get the guard's grace."""
-        self.judged = True
+        self._move(Phase.TOLD)
         if self._force_at is None:
             self._force_at = now + self.grace + GUARD_MARGIN
 
     def clear_device(self, held: set[int], now: float) -> bool | None:
-        """After the tree ended: is the device free of the trial's processes? `held` are the
-        pids NVML shows on it. True: free; None: some were SIGKILLed, look again at
-        `cleanup_at`; False: they survived a second after SIGKILL (the device is unusable)."""
+        """After the tree ended (the trial was told): is the device free of the trial's
+        processes? `held` are the pids NVML shows on it. True: free; None: some were
+        SIGKILLed, look again at `cleanup_at`; False: they survived a second after SIGKILL
+        (the device is unusable)."""
+        if self.phase is not Phase.ENDED:
+            self._move(Phase.ENDED)
         left = held & self.process.seen_pids
         if not left:
             return True
@@ -312,7 +359,7 @@ class RunningTrial:
 
     @property
     def follows_reports(self) -> bool:
-        return self.reports is not None and self.stop_reason is None and not self.judged
+        return self.reports is not None and self.phase is Phase.RUNNING
 
     def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str]) -> Outcome:
         """`outcome.judge` of this trial's files, exit code, stop and last report."""
@@ -337,11 +384,10 @@ class RunningTrial:
         times = [self._force_at]
         if self.follows_reports and poll is not None:
             times.append(now if self.reports is not None and self.reports.more else now + poll)
-        if self.stop_reason is None and not self.process.command_exited:
+        if self.phase is Phase.RUNNING and not self.process.command_exited:
             times.append(self.deadline)
         known = [t for t in times if t is not None]
         return min(known) if known else None
-
 
 
 @contextlib.contextmanager

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from optuna.trial import TrialState
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sweep.events import Events, Finished, Started
+from sweep.events import Events, Finished, Started, View
 
 if TYPE_CHECKING:
-    from sweep.driver import Driver
     from sweep.monitor import Monitor
 
 # s between reads of the best trials for the live view (a query over all of the study's
@@ -29,8 +31,19 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _params(params: dict[str, object], width: int = 60) -> str:
-    text = " ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in params.items())
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line: each control character (a newline, a tab, a terminal escape)
+    written as its escape sequence, as Python writes it in a string."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _params(params: Mapping[str, object], width: int = 60) -> str:
+    """`k=v k=v ...` on one line, cut to `width` (shown as plain text, never as markup)."""
+    text = " ".join(_one_line(f"{k}={_fmt(v) if isinstance(v, float) else v}")
+                    for k, v in params.items())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -75,63 +88,62 @@ class Progress(Events):
 
     def finished(self, done: Finished) -> None:
         self._changed = True
-        colour = {"COMPLETE": "green", "PRUNED": "yellow"}.get(done.state, "red")
+        colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow"}.get(
+            done.state, "red")
         values = ", ".join(_fmt(v) for v in done.values or [])
-        if done.state == "PRUNED":
+        if done.state is TrialState.PRUNED:
             values = f"pruned at {values}"
         detail = values or (done.fail_reason or "")
         self._say(Text.assemble(
-            (f"trial {done.number} {done.state}", colour),
+            (f"trial {done.number} {done.state.name}", colour),
             f" on {done.where} in {done.seconds:.1f} s: {detail}",
         ))
 
     def message(self, text: str) -> None:
         self._say(Text(text, style="yellow"))
 
-    def tick(self, driver: Driver) -> None:
+    def tick(self, view: View) -> None:
         if self.live is None:
             return
         # at most 10 redraws a second while trials come and go, one every 0.5 s otherwise
         if time.monotonic() - self._last_render < (RENDER_EVERY if self._changed else 0.5):
             return
         self._last_render, self._changed = time.monotonic(), False
-        self.live.update(self.render(driver), refresh=True)
+        self.live.update(self.render(view), refresh=True)
 
-    def render(self, driver: Driver) -> Group:
+    def render(self, view: View) -> Group:
         """The live view: budget, best value, and each GPU with its trial and load."""
-        spec = driver.spec
         if time.monotonic() - self._best_read >= BEST_EVERY:
             self._best_read = time.monotonic()
             try:
-                best = driver.store.best()
+                best = view.best()
             except Exception:  # a storage hiccup costs one refresh of the view, not the run
                 best = []
             if best:
                 self.best = "; ".join(f"#{n} {', '.join(_fmt(v) for v in values)}"
                                       for n, values in best)
-        counts = driver.counts()
         head = Text.assemble(
-            (spec.study.name, "bold"),
-            f": {counts.finished}/{spec.study.n_trials} finished, {len(driver.running)} "
+            (view.study, "bold"),
+            f": {view.finished}/{view.n_trials} finished, {len(view.running)} "
             f"running, best {self.best}",
         )
         table = Table(box=None, pad_edge=False)
         for col in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
             table.add_column(col)
         now = time.time()
-        for device in driver.pool.devices:
-            runs = [r for r in driver.running.values() if r.device == device.index]
-            reading = self.monitor.latest.get(device.index) if self.monitor else None
+        for index in view.devices:
+            runs = [r for r in view.running if r.gpu == index]
+            reading = self.monitor.latest.get(index) if self.monitor else None
             util = _fmt(reading.util_gpu) if reading else "-"
             mem = _fmt(reading.mem_used_mb) if reading else "-"
-            if device.index in driver.pool.quarantined:
-                table.add_row(str(device.index), "[red]out of pool[/]", "", util, mem, "")
+            if index in view.quarantined:
+                table.add_row(str(index), "[red]out of pool[/]", "", util, mem, "")
             for r in runs or [None]:  # type: ignore[list-item]
                 if r is None:
-                    table.add_row(str(device.index), "[dim]idle[/]", "", util, mem, "")
+                    table.add_row(str(index), "[dim]idle[/]", "", util, mem, "")
                 else:
                     table.add_row(
-                        str(device.index), str(r.number), f"{now - r.process.started:.0f} s",
+                        str(index), str(r.number), f"{now - r.started:.0f} s",
                         util, mem, Text(_params(r.params, max(40, self.console.width - 40))),
                     )
         return Group(head, table)

@@ -679,7 +679,7 @@ class Store:
         return bool(trial.should_prune())
 
     def tell(
-        self, trial: optuna.Trial, state: str, values: list[float] | None,
+        self, trial: optuna.Trial, state: TrialState, values: list[float] | None,
         attrs: Mapping[str, Any],
     ) -> tuple[bool, bool]:
         """Store `attrs`, then tell `state` (COMPLETE, PRUNED, FAIL).
@@ -698,7 +698,7 @@ class Store:
                 return False, False
         try:
             done = _tell_as_in_optimize(
-                self.study, trial, values if state == "COMPLETE" else None, TrialState[state])
+                self.study, trial, values if state is TrialState.COMPLETE else None, state)
         except optuna.exceptions.UpdateFinishedTrialError:
             return False, False
         finally:
@@ -732,7 +732,7 @@ class Store:
         if gpu is not None:
             attrs.update({GPU: gpu, ATTEMPT: attempt or 0})
         try:
-            self.tell(trial, "FAIL", None, attrs)
+            self.tell(trial, TrialState.FAIL, None, attrs)
         except Exception as e:  # storage gone too: nothing more can be done from here
             log.error("could not tell trial %d: %s", trial.number, describe(e))
 

@@ -248,6 +248,7 @@ def test_off_a_terminal_each_event_is_one_plain_line_however_long():
     wrapping at the console's width."""
     import io
 
+    from optuna.trial import TrialState
     from rich.console import Console
 
     from sweep.events import Finished, Started
@@ -258,8 +259,8 @@ def test_off_a_terminal_each_event_is_one_plain_line_however_long():
     params = {f"param_{i}": 0.123456 * i for i in range(12)}
     with progress:
         progress.started(Started(7, 2, params, 0.0))
-        progress.finished(Finished(7, "PRUNED", [0.25], 2, 3.04, None))
-        progress.finished(Finished(8, "FAIL", None, 1, 0.5, "exit code 3: Traceback"))
+        progress.finished(Finished(7, TrialState.PRUNED, [0.25], 2, 3.04, None))
+        progress.finished(Finished(8, TrialState.FAIL, None, 1, 0.5, "exit code 3: Traceback"))
         progress.message("GPU 1 left out: in use by others")
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("trial 7 started on GPU 2: param_0=0 param_1=0.1235 ")

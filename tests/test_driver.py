@@ -146,12 +146,14 @@ def test_a_valid_result_counts_whatever_the_trainer_leaves_behind(write_study, f
 
 def test_too_many_failures_in_a_row_stop_the_run_with_an_error(write_study, fake_gpus,
                                                                tmp_path, capsys):
+    """Real crashes, the CLI's line and no process left; on several devices the rule is
+    `test_loop`'s (exact there, as real processes end in either order)."""
+    fake_gpus(1)
     study = write_study(study={"n_trials": 5, "max_consecutive_failures": 3},
                         trainer={"args": ["--mode", "crash", "--sleep", "0"]})
     assert run_cli("run", str(study)) == 1
     trials = load_trials(study)
-    assert 3 <= len(trials) <= 4  # the second GPU may have started one more
-    assert all(t.state.name == "FAIL" for t in trials)
+    assert [t.state.name for t in trials] == ["FAIL"] * 3
     assert "stopped after 3 failed trials in a row" in capsys.readouterr().err
     assert processes_mentioning(str(tmp_path)) == []
 
@@ -270,17 +272,6 @@ def test_a_direction_that_contradicts_the_stored_study_is_a_usage_error(write_st
     err = capsys.readouterr().err
     assert "study.direction" in err and "['minimize']" in err
     assert len(load_trials(study)) == 1
-
-
-def test_study_timeout_stops_starting_trials_and_lets_running_ones_finish(write_study,
-                                                                         fake_gpus, capsys):
-    study = write_study(study={"n_trials": 100, "timeout": 1.0},
-                        trainer={"args": ["--sleep", "0.8"]})
-    assert run_cli("run", str(study)) == 0
-    trials = load_trials(study)
-    assert 2 <= len(trials) <= 6
-    assert all(t.state.name == "COMPLETE" for t in trials)
-    assert "study.timeout of 1 s reached" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode", ["env", "file"])

@@ -11,7 +11,9 @@ import time
 from conftest import load_trials, spawn_cli, study_dict, wait_until
 
 from sweep.hostlock import HostSlots
-from sweep.pool import Pool, fake_devices
+from sweep.placement import Refusal, Why
+from sweep.pool import Lease, Pool, fake_devices
+from sweep.testing.fakes import lease
 
 
 def test_slots_are_shared_by_every_holder_on_the_host(tmp_path):
@@ -38,13 +40,16 @@ def test_a_device_holds_no_more_trials_than_the_strictest_sweep_on_it_allows(tmp
 def test_a_pool_leases_least_loaded_first_across_sweeps(tmp_path):
     mine = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))
     theirs = Pool(fake_devices("3"), capacity=2, host=HostSlots(tmp_path, 2))
-    assert [theirs.lease(t) for t in range(3)] == [0, 1, 2]  # spread
-    assert [mine.lease(t) for t in range(3)] == [0, 1, 2]  # then stack
-    assert not mine.has_free() and mine.blocked  # room here, none on the host
-    theirs.release(1)
-    assert mine.has_free() and mine.free_device() == 1
-    mine.unreserve()
-    assert theirs.lease(9) == 1
+    held = [lease(theirs, t) for t in range(3)]
+    assert [x.device for x in held] == [0, 1, 2]  # spread
+    assert [lease(mine, t).device for t in range(3)] == [0, 1, 2]  # then stack
+    assert mine.acquire() == Refusal(Why.BLOCKED, "other sweeps of this host hold the devices")
+    theirs.release(held[1])
+    reserved = mine.acquire()
+    assert isinstance(reserved, Lease) and reserved.device == 1  # its host slot is held
+    assert not isinstance(theirs.acquire(), Lease)
+    mine.release(reserved)
+    assert lease(theirs, 9).device == 1
 
 
 def test_the_slots_of_a_killed_driver_free_within_a_second(tmp_path):
@@ -138,6 +143,6 @@ def test_a_device_other_sweeps_fill_is_waited_for_not_given_up(tmp_path):
     probe = FakeProbe({0: Look(80 * 1024, 70 * 1024, {})})
     mine = Pool(devices(1), 16, host=HostSlots(tmp_path, 16), probe=probe,
                 rules=Rules(want_mb=20 * 1024, hopeless_after=0))
-    assert not mine.has_free() and mine.blocked
-    assert mine.hopeless() is None  # waited for, as the README says
+    assert mine.acquire() == Refusal(  # waited for, as the README says
+        Why.BLOCKED, "GPU 0: 10240 MB free for a trial that needs 20480 MB")
     theirs.release()

@@ -14,6 +14,7 @@ from sweep.nvml import Nvml
 from sweep.pool import Pool, fake_devices
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
+from sweep.testing.fakes import lease
 
 
 class Pids:
@@ -31,8 +32,7 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
     devices = Pool(fake_devices("2"))
     monitor = Monitor(nvml, devices, tmp_path / "gpu_samples.csv")
     monitor.create_csv()  # no thread: the test samples by hand
-    devices.lease(7)
-    devices.attach(7, Pids({111, 112}))
+    lease(devices, 7, Pids({111, 112}))
     monitor.trial_started(7, 0)
     for t, (util, used) in enumerate([(10, 1), (90, 3), (50, 2)]):
         gpus[0].util_gpu = util
@@ -58,7 +58,7 @@ def test_without_nvml_figures_are_nan_but_holders_are_recorded(tmp_path):
     devices = Pool(fake_devices("1"))
     monitor = Monitor(NoReader(), devices, tmp_path / "gpu_samples.csv")
     monitor.create_csv()
-    devices.lease(3)
+    lease(devices, 3)
     monitor.trial_started(3, 0)
     monitor.sample_once(now=5.0)
     stats = monitor.trial_finished(3, shared=False)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from optuna.trial import TrialState
 
 from sweep.outcome import judge, split_launcher_traceback
+
+COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 
 ACCELERATE_TAIL = """some err
 ValueError: boom
@@ -40,24 +43,24 @@ def test_a_trainer_killed_by_a_signal_under_accelerate_gets_the_code_other_launc
 
 
 @pytest.mark.parametrize(("exit_code", "stderr", "result", "stopped", "state", "reason"), [
-    (0, "", '{"m": 1.5}', None, "COMPLETE", None),
-    (1, ACCELERATE_TAIL, '{"m": 1}', None, "FAIL", "exit code 3: ValueError: boom"),
-    (2, "", None, None, "FAIL", "exit code 2: no stderr"),
+    (0, "", '{"m": 1.5}', None, COMPLETE, None),
+    (1, ACCELERATE_TAIL, '{"m": 1}', None, FAIL, "exit code 3: ValueError: boom"),
+    (2, "", None, None, FAIL, "exit code 2: no stderr"),
     (1, "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB\nmore\n", None, None,
-     "FAIL", "out of memory: RuntimeError: CUDA out of memory."),
-    (0, "", None, None, "FAIL", "no result: the trainer exited 0"),
-    (0, "", "{", None, "FAIL", "result file is not valid JSON"),
-    (0, "", '{"m": NaN}', None, "FAIL", "metric 'm' is not a finite number"),
-    (143, "", None, "timeout", "FAIL", "timeout after 60 s"),
-    (0, "", '{"m": 1.5}', "timeout", "FAIL", "timeout after 60 s"),
-    (143, "", None, "interrupted", "FAIL", "interrupted"),
+     FAIL, "out of memory: RuntimeError: CUDA out of memory."),
+    (0, "", None, None, FAIL, "no result: the trainer exited 0"),
+    (0, "", "{", None, FAIL, "result file is not valid JSON"),
+    (0, "", '{"m": NaN}', None, FAIL, "metric 'm' is not a finite number"),
+    (143, "", None, "timeout", FAIL, "timeout after 60 s"),
+    (0, "", '{"m": 1.5}', "timeout", FAIL, "timeout after 60 s"),
+    (143, "", None, "interrupted", FAIL, "interrupted"),
     # issue 8, defect 3: a clean exit with a valid result is COMPLETE whatever stderr says
     (0, "CUDA out of memory. Tried to allocate 2 GiB; retrying with batch 16\n", '{"m": 1.5}',
-     None, "COMPLETE", None),
+     None, COMPLETE, None),
 ])
 def test_judge(exit_code, stderr, result, stopped, state, reason):
     out = judge(exit_code, stderr, result, ["m"], stopped, timeout=60)
-    assert out.state == state
+    assert out.state is state
     if reason is None:
         assert out.fail_reason is None and out.values == [1.5]
     else:
@@ -78,5 +81,5 @@ def test_a_pruned_trial_is_pruned_with_its_last_report_whatever_its_exit():
     for code in (0, 143, 137):
         out = judge(code, "Traceback ...\nKeyboardInterrupt", None, ["m"], "pruned",
                     last_report=(3, 0.25))
-        assert (out.state, out.values, out.fail_reason) == ("PRUNED", [0.25], None)
+        assert (out.state, out.values, out.fail_reason) == (PRUNED, [0.25], None)
     assert not judge(0, "CUDA out of memory", '{"m": 1}', ["m"]).oom

@@ -17,11 +17,11 @@ from test_loop import Sweep
 from sweep import placement
 from sweep.monitor import Monitor, NoReader, NvmlProbe
 from sweep.nvml import Nvml
-from sweep.placement import Held, Look
-from sweep.pool import Device, Pool, Rules
+from sweep.placement import Held, Look, Refusal, Why
+from sweep.pool import Device, Lease, Pool, Rules
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
-from sweep.testing.fakes import Script
+from sweep.testing.fakes import Script, lease
 
 GB = 1024.0
 
@@ -54,56 +54,63 @@ def idle(total_gb: float = 141) -> Look:
 def test_a_card_others_use_is_left_out_and_taken_back_once_freed():
     probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
     pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True))
-    assert pool.lease(1) == 1  # GPU 0 is a colleague's
-    assert pool.out == {0: "in use by others (pid 4242)"}
-    assert not pool.has_free() and pool.blocked
+    assert lease(pool, 1).device == 1  # GPU 0 is a colleague's
+    busy = Refusal(Why.IN_USE_BY_OTHERS, "in use by others (pid 4242)")
+    assert pool.out == {0: busy} and pool.left_out() == {0: busy.text}
+    assert pool.acquire() == Refusal(Why.BLOCKED, f"GPU 0: {busy.text}")
     probe.looks[0] = idle()  # the colleague's job ended
-    assert pool.lease(2) == 0 and pool.out == {}
+    assert lease(pool, 2).device == 0 and pool.out == {} and pool.left_out() == {}
 
 
 def test_memory_in_use_with_no_process_shown_is_busy_unless_a_sweep_holds_the_card():
     probe = FakeProbe({0: Look(141 * GB, 5000.0, {}), 1: idle()})
     pool = Pool(devices(2), 2, probe=probe, rules=Rules(skip_busy=True, busy_memory_mb=1024))
-    assert pool.lease(1) == 1 and "5000 MB used" in pool.out[0]
+    assert lease(pool, 1).device == 1 and pool.out[0] == Refusal(
+        Why.IN_USE_BY_OTHERS, "in use by others (5000 MB used, over gpus.busy_memory_mb)")
     probe.looks[1] = Look(141 * GB, 30 * GB, {777: None})  # our trial's own memory and pid
     probe.sweeps = {777}
-    assert pool.lease(2) == 1  # its own trial's memory does not make a card busy
+    assert lease(pool, 2).device == 1  # its own trial's memory does not make a card busy
 
 
 def test_processes_of_other_sweeps_on_this_host_do_not_make_a_card_busy():
     probe = FakeProbe({0: Look(141 * GB, 9 * GB, {555: 9 * GB})}, sweeps={555})
     pool = Pool(devices(1), 2, probe=probe, rules=Rules(skip_busy=True))
-    assert pool.lease(1) == 0
+    assert lease(pool, 1).device == 0
 
 
 def test_with_skip_busy_off_a_busy_card_is_used():
     probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB})})
-    assert Pool(devices(1), 1, probe=probe, rules=Rules(skip_busy=False)).lease(1) == 0
+    assert lease(Pool(devices(1), 1, probe=probe, rules=Rules(skip_busy=False)), 1).device == 0
 
 
 def test_memory_promised_to_running_trials_is_respected():
     """40 GB per trial on a 141 GB card: the promises fill it, not what NVML shows yet."""
     probe = FakeProbe({0: idle()})
     pool = Pool(devices(1), 16, probe=probe, rules=Rules(want_mb=40 * GB))
-    assert [pool.lease(n) for n in range(3)] == [0, 0, 0]
-    assert not pool.has_free()  # 141 - 0.3 - 3 x 40 promised = 20.7 GB < 40
-    assert pool.verdicts[0].endswith("for a trial that needs 40960 MB")  # ours will end
-    for n in range(3):  # the trials allocated what they were promised
-        pool.lease_of(n).used_mb[0] = 40 * GB  # type: ignore[union-attr]
+    held = [lease(pool, n) for n in range(3)]
+    assert [x.device for x in held] == [0, 0, 0]
+    # 141 - 0.3 - 3 x 40 promised = 20.7 GB < 40; ours will end: waited for, not "out"
+    full = Refusal(Why.NO_FREE_MEMORY, "21204 MB free for a trial that needs 40960 MB")
+    assert pool.acquire() == Refusal(Why.BLOCKED, f"GPU 0: {full.text}")
+    assert pool.verdicts[0] == full and pool.out == {}
+    for x in held:  # the trials allocated what they were promised
+        x.used_mb[0] = 40 * GB
     probe.looks[0] = Look(141 * GB, 120.3 * GB, {})
-    assert not pool.has_free()
-    pool.release(0)
+    assert not isinstance(pool.acquire(), Lease)
+    pool.release(held[0])
     probe.looks[0] = Look(141 * GB, 80.3 * GB, {})
-    assert pool.lease(3) == 0
+    assert lease(pool, 3).device == 0
 
 
 def test_a_device_smaller_than_a_trial_stops_the_sweep_at_once():
     probe = FakeProbe({0: idle(80), 1: idle(80)})
     pool = Pool(devices(2), 16, probe=probe, rules=Rules(want_mb=100 * GB))
-    assert not pool.has_free()
-    reason = pool.hopeless()
-    assert reason is not None and reason.startswith("no device can ever take a trial")
-    assert "GPU 0: 81920 MB in all, a trial needs 102400 MB" in reason
+    refusal = pool.acquire()
+    assert isinstance(refusal, Refusal) and refusal.kind is Why.NEVER and refusal.permanent
+    assert refusal.text == (
+        "no device can ever take a trial: GPU 0: 81920 MB in all, a trial needs 102400 MB; "
+        "GPU 1: 81920 MB in all, a trial needs 102400 MB (lower trainer.gpu_memory_gb, or "
+        "use cards with more memory)")
 
 
 def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever():
@@ -111,40 +118,50 @@ def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever()
     probe = FakeProbe({0: Look(141 * GB, GB, {1: GB}), 1: Look(141 * GB, GB, {2: GB})})
     pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True, hopeless_after=10),
                 clock=lambda: now[0])
-    assert not pool.has_free() and pool.hopeless() is None  # a colleague's job may end soon
+    waiting = Refusal(Why.BLOCKED, "GPU 0: in use by others (pid 1); "
+                      "GPU 1: in use by others (pid 2)")
+    assert pool.acquire() == waiting  # a colleague's job may end soon
     now[0] = 9.9
-    assert not pool.has_free() and pool.hopeless() is None
+    assert pool.acquire() == waiting
     now[0] = 10.0
-    assert not pool.has_free()
-    assert pool.hopeless() == ("no device can take a trial: GPU 0: in use by others (pid 1); "
-                               "GPU 1: in use by others (pid 2) (gpus.skip_busy: false shares "
-                               "cards with others; gpus.busy_memory_mb sets what counts as in "
-                               "use)")
+    assert pool.acquire() == Refusal(Why.GIVE_UP, (
+        "no device can take a trial: GPU 0: in use by others (pid 1); GPU 1: in use by others "
+        "(pid 2) (gpus.skip_busy: false shares cards with others; gpus.busy_memory_mb sets "
+        "what counts as in use)"))
     probe.looks[1] = idle()  # freed: the wait starts again
-    assert pool.has_free() and pool.hopeless() is None
+    freed = pool.acquire()
+    assert isinstance(freed, Lease) and freed.device == 1
+    pool.release(freed)
+    probe.looks[1] = Look(141 * GB, GB, {2: GB})
+    now[0] = 19.9
+    assert pool.acquire() == waiting
 
 
 def test_a_device_that_ran_out_of_memory_takes_no_trial_until_one_of_its_trials_ends():
     pool = Pool(devices(2), 4)
-    assert [pool.lease(n) for n in range(3)] == [0, 1, 0]
-    pool.release(2)
-    pool.block_oom(0)  # trial 2 ran out of memory on GPU 0, beside trial 0
-    assert [pool.lease(n) for n in (3, 4)] == [1, 1]
-    assert pool.verdicts[0] == "a trial ran out of memory here; waiting for memory to be freed"
-    pool.release(0)  # memory freed on GPU 0
-    assert pool.lease(5) == 0
-    pool.release(5)
-    pool.block_oom(0)  # alone on it: nothing to wait for, nothing blocked
+    held = [lease(pool, n) for n in range(3)]
+    assert [x.device for x in held] == [0, 1, 0]
+    pool.release(held[2], oom=True)  # trial 2 ran out of memory on GPU 0, beside trial 0
+    assert [lease(pool, n).device for n in (3, 4)] == [1, 1]
+    assert pool.verdicts[0] == Refusal(
+        Why.OOM_BLOCKED, "a trial ran out of memory here; waiting for memory to be freed")
+    pool.release(held[0])  # memory freed on GPU 0
+    fifth = lease(pool, 5)
+    assert fifth.device == 0
+    pool.release(fifth, oom=True)  # alone on it: nothing to wait for, nothing blocked
     assert 0 not in pool.oom_blocked
 
 
 def test_auto_runs_one_trial_per_device_until_a_peak_is_known():
     probe = FakeProbe({0: idle()})
     pool = Pool(devices(1), 16, probe=probe, rules=Rules(alone=True))
-    assert pool.lease(1) == 0 and not pool.has_free()
-    pool.rules.alone, pool.rules.want_mb = False, placement.learned_mb([10 * GB])
-    assert [pool.lease(n) for n in range(2, 12)] == [0] * 10  # 141 GB / 12.5 GB: 11 in all
-    assert not pool.has_free()
+    assert lease(pool, 1).device == 0
+    assert pool.acquire() == Refusal(
+        Why.BLOCKED, "GPU 0: one trial per device until a trial's peak memory is known")
+    pool.expect(placement.learned_mb([10 * GB]))
+    assert (pool.rules.want_mb, pool.rules.alone) == (10 * GB * 1.2 + 512, False)
+    assert [lease(pool, n).device for n in range(2, 12)] == [0] * 10  # 141 / 12.5 GB: 11
+    assert not isinstance(pool.acquire(), Lease)
 
 
 @pytest.mark.parametrize(("peaks", "expected"), [
@@ -292,29 +309,29 @@ class Topology(FakeProbe):
 def test_a_two_gpu_trial_gets_two_devices_joined_by_nvlink_where_there_are():
     pool = Pool(devices(4), 1, probe=Topology(), width=2)
     assert pool.slots == 2
-    assert pool.lease(1) == 0 and pool.lease_of(1).devices == (0, 2)  # type: ignore[union-attr]
-    assert pool.lease(2) == 1 and pool.lease_of(2).devices == (1, 3)  # type: ignore[union-attr]
-    assert not pool.has_free()
+    first, second = lease(pool, 1), lease(pool, 2)
+    assert (first.devices, second.devices) == ((0, 2), (1, 3))
+    assert first.pins == ("GPU-0", "GPU-2")
+    assert pool.acquire() == Refusal(Why.FULL, "devices full")
     assert {i: [x.trial for x in leases] for i, leases in pool.holders().items()} == {
         0: [1], 1: [2], 2: [1], 3: [2]}
-    pool.release(1)
-    assert pool.free_device() == 0 and pool.lease(3) == 0
+    pool.release(first)
+    assert lease(pool, 3).devices == (0, 2)
 
 
 def test_without_topology_a_wide_trial_takes_the_least_loaded_devices():
     pool = Pool(devices(3), 2, width=2)
-    assert pool.lease(1) == 0 and pool.lease_of(1).devices == (0, 1)  # type: ignore[union-attr]
-    assert pool.lease(2) == 2 and pool.lease_of(2).devices == (2, 0)  # type: ignore[union-attr]
-    assert pool.lease(3) == 1 and pool.lease_of(3).devices == (1, 2)  # type: ignore[union-attr]
-    pool.release(1)  # GPUs 0 and 1 have a slot each again; 2 is full
-    assert pool.lease(4) == 0 and pool.lease_of(4).devices == (0, 1)  # type: ignore[union-attr]
-    assert not pool.has_free()
+    held = [lease(pool, n) for n in (1, 2, 3)]
+    assert [x.devices for x in held] == [(0, 1), (2, 0), (1, 2)]
+    pool.release(held[0])  # GPUs 0 and 1 have a slot each again; 2 is full
+    assert lease(pool, 4).devices == (0, 1)
+    assert not isinstance(pool.acquire(), Lease)
 
 
 def test_a_trial_wider_than_the_pool_stops_the_sweep_at_once():
     pool = Pool(devices(2), 1, width=4)
-    assert not pool.has_free()
-    assert pool.hopeless() == "trainer.gpus_per_trial is 4, the pool has 2 usable devices"
+    assert pool.acquire() == Refusal(
+        Why.NEVER, "trainer.gpus_per_trial is 4, the pool has 2 usable devices")
 
 
 def test_two_concurrent_two_gpu_trials_get_their_own_devices_and_ports(tmp_path):
@@ -487,3 +504,20 @@ def test_a_dry_run_places_wide_trials_and_ports_as_a_run_would(write_study, fake
     assert [line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0] for line in lines] == [
         "0,1", "2,3"]
     assert len({line.split("SWEEP_MAIN_PORT=")[1].split()[0] for line in lines}) == 2
+
+
+def test_a_card_others_use_joins_the_sweep_once_freed_and_the_user_is_told(tmp_path):
+    """The rule of `test_a_card_freed_during_the_sweep_joins_it`, on the fake clock: GPU 0 is
+    left out while a colleague's process runs on it; the loop looks again every poll while
+    blocked, and the first look after the colleague is done starts a trial there."""
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=2, study={"n_trials": 4})
+    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
+    s.pool.probe, s.pool.rules.skip_busy = probe, True
+    s.clock.at(1.5, lambda: probe.looks.update({0: idle()}))
+    said: list[str] = []
+    s.driver.events.message = said.append  # type: ignore[method-assign]
+    assert s.run() == 0
+    assert [p.started for p in s.spawn.processes] == [0.0, 1.0, 1.5, 2.0]
+    assert [t.user_attrs["gpu"] for t in s.trials] == [1, 1, 0, 1]
+    assert said == ["GPU 0 left out: in use by others (pid 4242)",
+                    "GPU 0 is free again: back in the pool"]

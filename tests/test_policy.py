@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from optuna.trial import TrialState
 
 from sweep.policy import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Counts, OnSignal, Policy
+
+FAIL = TrialState.FAIL
 
 
 @pytest.mark.parametrize(("counts", "grid", "room"), [
@@ -38,20 +41,20 @@ def test_first_signal_stops_gently_the_next_ones_kill():
 
 def test_retries_follow_max_retries_and_out_of_memory_only_with_retry_oom():
     p = Policy(n_trials=9, max_retries=1, max_consecutive_failures=99)
-    assert p.after("FAIL", attempt=0).retry
-    assert not p.after("FAIL", attempt=1).retry
-    assert not p.after("FAIL", attempt=0, oom=True).retry
-    assert Policy(n_trials=9, max_retries=1, retry_oom=True).after("FAIL", 0, oom=True).retry
-    assert not p.after("FAIL", attempt=0, interrupted=True).retry
+    assert p.after(FAIL, attempt=0).retry
+    assert not p.after(FAIL, attempt=1).retry
+    assert not p.after(FAIL, attempt=0, oom=True).retry
+    assert Policy(n_trials=9, max_retries=1, retry_oom=True).after(FAIL, 0, oom=True).retry
+    assert not p.after(FAIL, attempt=0, interrupted=True).retry
 
 
 def test_a_streak_of_failures_gives_up_and_a_success_resets_it():
     p = Policy(n_trials=9, max_consecutive_failures=2)
-    assert p.after("FAIL", 0).give_up is None
-    assert p.after("PRUNED", 0).give_up is None  # a pruned trial is no failure
-    assert p.after("FAIL", 0).give_up is None
-    assert p.after("FAIL", 0, interrupted=True).give_up is None  # Ctrl-C is not the trainer's
-    follow = p.after("FAIL", 0, fail_reason="exit code 3: boom", see="/t/3/stderr.log")
+    assert p.after(FAIL, 0).give_up is None
+    assert p.after(TrialState.PRUNED, 0).give_up is None  # a pruned trial is no failure
+    assert p.after(FAIL, 0).give_up is None
+    assert p.after(FAIL, 0, interrupted=True).give_up is None  # Ctrl-C is not the trainer's
+    follow = p.after(FAIL, 0, fail_reason="exit code 3: boom", see="/t/3/stderr.log")
     assert follow.give_up == ("stopped after 2 failed trials in a row (last: exit code 3: boom); "
                               "see /t/3/stderr.log")
     assert p.exit_code() == EXIT_FAILED and p.room(Counts(0, 0)) == 0

@@ -10,8 +10,10 @@ import pytest
 from sweep import pool
 from sweep.errors import UsageError
 from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
+from sweep.placement import Refusal, Why
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
+from sweep.testing.fakes import lease
 
 GPUS = [GpuInfo(i, "H200", f"GPU-{i}aaa-{i}", 143_000.0) for i in range(4)]
 
@@ -113,10 +115,39 @@ def test_the_next_trial_goes_to_the_least_loaded_device_with_room(load, capacity
 def test_pool_leases_and_releases():
     p = pool.Pool(pool.fake_devices("2"), capacity=1)
     assert p.slots == 2
-    assert p.lease(10) == 0 and p.lease(11) == 1
-    assert not p.has_free()
-    p.release(10)
-    assert p.lease(12) == 0
-    p.release(11)
+    first, second = lease(p, 10), lease(p, 11)
+    assert (first.device, second.device) == (0, 1)
+    assert p.acquire() == Refusal(Why.FULL, "devices full")
+    p.release(first)
+    p.release(first)  # again: nothing happens
+    third = lease(p, 12)
+    assert third.device == 0
+    p.release(second)
     p.quarantine(1, "full")
-    assert not p.has_free() and p.slots == 1
+    assert p.acquire() == Refusal(Why.FULL, "devices full") and p.slots == 1
+    p.release(third)
+    p.quarantine(0, "full")
+    assert p.acquire() == Refusal(
+        Why.NEVER, "trainer.gpus_per_trial is 1, the pool has 0 usable devices")
+
+
+def test_a_lease_counts_from_acquire_and_is_bound_once():
+    """The devices are held before the trial is asked (its number is known only after), so
+    two acquires never get the same slot; an unbound lease is released like any other."""
+    p = pool.Pool(pool.fake_devices("1"), capacity=1)
+    held = p.acquire()
+    assert isinstance(held, pool.Lease) and held.trial is None and held.pins == ("0",)
+    assert p.acquire() == Refusal(Why.FULL, "devices full")
+    assert p.holders() == {0: []}  # the monitor sees bound leases only
+    held.bind(3)
+    assert p.holders() == {0: [held]}
+    with pytest.raises(RuntimeError, match="bound again"):
+        held.bind(4)
+    p.release(held)
+    assert p.holders() == {0: []} and isinstance(p.acquire(), pool.Lease)
+
+
+def test_whether_a_refusal_is_permanent_is_its_kind():
+    assert {w for w in Why if w.permanent} == {Why.TOO_SMALL, Why.MIG_ALONE, Why.NEVER}
+    assert {w for w in Why if w.ends_run} == {Why.NEVER, Why.GIVE_UP}
+    assert Refusal(Why.TOO_SMALL, "x").permanent and not Refusal(Why.BLOCKED, "x").permanent

@@ -130,7 +130,8 @@ def test_a_reader_in_the_middle_of_a_read_does_not_hold_up_the_driver(tmp_path):
     done = threading.Event()
 
     def tell() -> None:
-        store.tell_verdict(asked.trial, Outcome("COMPLETE", [0.5], exit_code=0), 0, 0, {})
+        verdict = Outcome(optuna.trial.TrialState.COMPLETE, [0.5], exit_code=0)
+        store.tell_verdict(asked.trial, verdict, 0, 0, {})
         done.set()
 
     threading.Thread(target=tell, daemon=True).start()
@@ -144,6 +145,7 @@ def test_a_reader_in_the_middle_of_a_read_does_not_hold_up_the_driver(tmp_path):
 
 KILLED_AFTER_TELL = """
 import os, signal, sys
+import optuna
 from sweep import config
 from sweep.outcome import Outcome
 from sweep.store import Asked, Owner, Store, open_storage, open_study
@@ -151,7 +153,8 @@ spec = config.load(sys.argv[1])
 store = Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
 for i in range(3):
     asked = store.ask(spec.searched, 0, lambda n: f"/t/{n}", queued=False)
-    store.tell_verdict(asked.trial, Outcome("COMPLETE", [i], exit_code=0), 0, 0, {})
+    verdict = Outcome(optuna.trial.TrialState.COMPLETE, [i], exit_code=0)
+    store.tell_verdict(asked.trial, verdict, 0, 0, {})
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -183,7 +186,8 @@ def test_a_finished_run_leaves_the_study_in_one_file(write_study, fake_gpus, tmp
 
 def test_closing_the_store_folds_the_log_into_the_file(tmp_path):
     db, store, asked = a_store_with_a_trial(tmp_path)
-    store.tell_verdict(asked.trial, Outcome("COMPLETE", [0.5], exit_code=0), 0, 0, {})
+    verdict = Outcome(optuna.trial.TrialState.COMPLETE, [0.5], exit_code=0)
+    store.tell_verdict(asked.trial, verdict, 0, 0, {})
     assert Path(f"{db}-wal").exists()
     store.close()
     assert not Path(f"{db}-wal").exists()

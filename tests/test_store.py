@@ -179,7 +179,8 @@ def test_a_running_trial_is_read_from_its_copy_written_through(tmp_path):
     # the tell: its attributes, values and state in one transaction, then read from the
     # database (the copy is gone)
     seen.clear()
-    assert s.tell(trial, "COMPLETE", [0.25], {"gpu": 0, "exit_code": 0, "peak": float("nan")})
+    assert s.tell(trial, TrialState.COMPLETE, [0.25],
+                  {"gpu": 0, "exit_code": 0, "peak": float("nan")})
     assert seen.count("COMMIT") == 1
     told = rdb.get_trial(trial_id)
     assert (told.state, told.values, told.user_attrs["gpu"]) == (TrialState.COMPLETE, [0.25], 0)
@@ -297,7 +298,7 @@ def test_a_trial_failed_by_another_driver_is_not_told_again_from_a_stale_copy(tm
                                     storage=s.study._storage._backend), Owner("b", 1, 0.0), 2)
     [theirs] = other.study.get_trials(deepcopy=False)
     assert other.fail_orphan(store.Orphan(theirs, "driver died", None))
-    assert s.tell(asked.trial, "COMPLETE", [1.0], {"exit_code": 0}) == (False, False)
+    assert s.tell(asked.trial, TrialState.COMPLETE, [1.0], {"exit_code": 0}) == (False, False)
     trial = s.study._storage.get_trial(asked.trial._trial_id)
     assert trial.state == TrialState.FAIL
     assert trial.user_attrs["fail_reason"] == "driver died" and "exit_code" not in trial.user_attrs

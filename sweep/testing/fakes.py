@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.launch import LaunchPlan
+from sweep.pool import Lease, PidSource, Pool
 from sweep.protocol import PARAMS_ENV
 
 
@@ -189,3 +190,14 @@ class FakeSpawn:
         for p in self.processes:
             edges += [(p.started, 1), (p.ended_at if p.ended_at is not None else float("inf"), -1)]
         return max(itertools.accumulate(d for _, d in sorted(edges))) if edges else 0
+
+
+def lease(pool: Pool, trial: int, process: PidSource | None = None) -> Lease:
+    """`pool.acquire()` bound to `trial` (and its process), as the driver does; AssertionError
+    with the refusal if the pool has no room."""
+    got = pool.acquire()
+    assert isinstance(got, Lease), got
+    got.bind(trial)
+    if process is not None:
+        got.attach(process)
+    return got
