@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from sweep import searchspace, storageurl, yamlfile
+from sweep import placeholders, searchspace, storageurl, yamlfile
 from sweep.errors import ConfigError, Problem, short
 from sweep.searchspace import (
     PARAM_TYPES,
@@ -495,11 +495,11 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     if runnable:
         check(_check_output_dir, file, output_dir)
     for i, arg in enumerate(trainer.args):
-        check(_check_places, file, f"trainer.args.{i}", arg)
+        check(placeholders.check, file, f"trainer.args.{i}", arg)
     for name, value in trainer.env.items():
-        check(_check_places, file, f"trainer.env.{short(name, 40)}", str(value))
+        check(placeholders.check, file, f"trainer.env.{short(name, 40)}", str(value))
     if trainer.result is not None and trainer.result.file is not None:
-        check(_check_places, file, "trainer.result.file", trainer.result.file)
+        check(placeholders.check, file, "trainer.result.file", trainer.result.file)
     if trainer.result is not None and trainer.result.patterns:
         groups = {g for p in trainer.result.patterns for g in re.compile(p).groupindex}
         for metric in study.objective_metrics:
@@ -605,46 +605,6 @@ def _env_clashes(spec: Spec) -> list[tuple[str, str]]:
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PLACES = ("trial_dir", "trial_number", "study_dir", "output_dir")
-
-
-_TOKEN = re.compile(
-    r"\{\{|\}\}|\$\$|\$\{(?P<braced>[A-Za-z_]\w*)\}|\$(?P<bare>[A-Za-z_]\w*)"
-    r"|\{(?P<place>[^{}]*)\}"
-)
-
-
-def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
-    """`text` with its placeholders filled ({trial_dir}, ...; `{{` and `}}` are braces) and,
-    given `env`, `$NAME` / `${NAME}` of it expanded (`$$` is a dollar; unknown names stay).
-
-    An unknown placeholder raises KeyError."""
-
-    def one(m: re.Match[str]) -> str:
-        token = m.group(0)
-        if token in ("{{", "}}"):
-            return token[0]
-        if m.group("place") is not None:
-            return places[m.group("place")]
-        if env is None:
-            return token
-        if token == "$$":
-            return "$"
-        return env.get(m.group("braced") or m.group("bare"), token)
-
-    return _TOKEN.sub(one, text)
-
-
-def _check_places(file: str, key: str, text: str) -> None:
-    """`text` uses only known placeholders."""
-    try:
-        fill(text, {name: "" for name in PLACES})
-    except KeyError as e:
-        raise ConfigError(file, key, f"unknown placeholder {{{e.args[0]}}}: use "
-                          f"{', '.join('{' + p + '}' for p in PLACES)}; a literal brace is "
-                          "doubled ({{ }})") from None
-
-
 def _check_output_dir(file: str, output_dir: Path) -> None:
     """`output_dir` is a folder, or can be created as one (checked, not created)."""
     if output_dir.exists():

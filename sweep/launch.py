@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep.config import Spec, TrainerSection, env_name, fill
+from sweep.config import Spec, TrainerSection, env_name
+from sweep.placeholders import fill
 
 ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
 # sweep's own accelerate config: one process, no distribution, so a user's
