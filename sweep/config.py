@@ -358,7 +358,7 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
         if first["type"] == "extra_forbidden":
             section, _, name = key.rpartition(".")
             fields = _fields(section, data)
-            close = difflib.get_close_matches(name, fields, n=1, cutoff=0.75)
+            close = difflib.get_close_matches(name, fields, n=1)
             if close:
                 meant.add(f"{section}.{close[0]}" if section else close[0])
                 msg = f"unknown key `{short(name, 40)}` (did you mean `{close[0]}`?)"

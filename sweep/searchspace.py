@@ -7,6 +7,7 @@ a study file; `config` puts these pieces into its `Spec` and checks them when it
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -244,7 +245,10 @@ def _construct(file: str, key: str, cls: type, kwargs: dict[str, Any]) -> Any:
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         for k in kwargs:
             if k not in accepted:
-                raise ConfigError(file, f"{key}.{k}", f"{cls.__name__} has no argument {k!r}")
+                close = difflib.get_close_matches(k, list(accepted), n=1)
+                meant = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(file, f"{key}.{k}",
+                                  f"{cls.__name__} has no argument {k!r}{meant}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         return cls(**kwargs)
