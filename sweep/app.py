@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, pool
+from sweep import config, hostlock, launch, pool, searchspace, storageurl
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.driver import Driver
@@ -24,7 +24,7 @@ from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
 from sweep.placement import Refusal
-from sweep.policy import EXIT_INTERRUPTED, RunResult
+from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
 from sweep.store import (
@@ -61,8 +61,9 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
         raise
     return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
                  grid=spec.study.sampler.type == "grid",
-                 sampler_for=(lambda number: config.build_sampler(spec, number))
-                 if config.reseeds(spec) else None)
+                 sampler_for=(lambda number: searchspace.build_sampler(
+                     spec.study.sampler, spec.searched, str(spec.source), number))
+                 if searchspace.reseeds(spec.study.sampler) else None)
 
 
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
@@ -76,8 +77,9 @@ def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
     return nvml, nvml
 
 
-def run(spec: Spec, devices: list[Device], console: Console | None = None) -> RunResult:
-    """Run or continue the study to its budget on `devices`, with live progress."""
+def run(spec: Spec, devices: list[Device] | None, console: Console | None = None) -> RunResult:
+    """Run or continue the study to its budget on `devices`, with live progress (`None`
+    where `spent` said the study has nothing left to run)."""
     return execute(spec, devices, console)[0]
 
 
@@ -91,7 +93,7 @@ def run_file(
     line, then raises KeyboardInterrupt; a run that gives up raises SweepError.
     """
     spec = config.load(path, n_trials=n_trials, gpus=gpus, storage=storage)
-    devices = pool.select(pool.discover(), spec.gpus.ids, str(path))
+    devices = None if spent(spec) else pool.select(pool.discover(), spec.gpus.ids, str(path))
     result, study = execute(spec, devices, console)
     if result.exit_code == EXIT_INTERRUPTED:
         raise KeyboardInterrupt(result.message)
@@ -100,10 +102,34 @@ def run_file(
     return study
 
 
+def spent(spec: Spec) -> RunResult | None:
+    """What a run says when the stored study has nothing left to run (its finished trials
+    meet the budget and none is running), read without writing anything; None when it may
+    have. Such a run needs no device pool."""
+    study = read_study(spec)
+    if study is None:
+        return None
+    store = Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
+                  grid=spec.study.sampler.type == "grid")
+    try:
+        counts = store.counts()
+    finally:
+        store.close()
+    if counts.finished < spec.study.n_trials or counts.running:
+        return None
+    return _spent(counts.finished, spec.study.n_trials)
+
+
+def _spent(finished: int, n_trials: int) -> RunResult:
+    return RunResult(EXIT_OK, f"the budget is spent ({finished}/{n_trials} trials finished): "
+                              "nothing to run; raise study.n_trials (or --n-trials) to run more")
+
+
 def execute(
-    spec: Spec, devices: list[Device], console: Console | None = None
+    spec: Spec, devices: list[Device] | None, console: Console | None = None
 ) -> tuple[RunResult, Any]:
-    """`run`, returning the `optuna.Study` too."""
+    """`run`, returning the `optuna.Study` too. Without `devices` (`spent` said the budget is
+    spent) the study is checked against the file as for a run, and nothing runs."""
     import optuna
 
     # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
@@ -115,6 +141,11 @@ def execute(
                          f"{e.strerror or e}") from None
     notes: list[str] = []
     store = open_store(spec, notes)
+    if devices is None:
+        try:  # its finished trials only grow: the budget stays spent
+            return _spent(store.counts().finished, spec.study.n_trials), store.study
+        finally:
+            store.close()
     reader, nvml = nvml_reader(devices)
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
     own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
@@ -131,9 +162,9 @@ def execute(
             return Driver(spec, store, lease, monitor, progress).run(), store.study
     except storage_lost_errors() as e:
         raise SweepError(
-            f"{spec.source}: lost the storage {config.shown_url(spec.storage_url)} during the "
-            f"run ({config.redact(describe(e), spec.storage_url)}); once it is back, run again: "
-            "trials left RUNNING are reclaimed") from e
+            f"{spec.source}: lost the storage {storageurl.shown_url(spec.storage_url)} during "
+            f"the run ({storageurl.redact(describe(e), spec.storage_url)}); once it is back, run "
+            "again: trials left RUNNING are reclaimed") from e
     finally:
         gc.unfreeze()
         store.close()
@@ -167,7 +198,8 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        sampler=config.build_sampler(spec), directions=spec.study.objective_directions)
+        sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
+        directions=spec.study.objective_directions)
     for trial in _stored_trials(spec):
         study.add_trial(trial)
     for params in spec.study.enqueue:
@@ -199,8 +231,9 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
                 lines.append(f"# no room for more now: {shown}")
                 break
             trial = study.ask()
-            params = sample(study, trial, spec.searched, (lambda n: config.build_sampler(
-                spec, n)) if config.reseeds(spec) else None)
+            params = sample(study, trial, spec.searched, (lambda n: searchspace.build_sampler(
+                spec.study.sampler, spec.searched, str(spec.source), n))
+                if searchspace.reseeds(spec.study.sampler) else None)
             held.bind(trial.number)
             gpu, pins = held.device, ",".join(held.pins)
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None

@@ -1,7 +1,8 @@
 """The command line: `sweep run | summary | status | logs | rerun | gpus | storage-proxy`.
 
-Every error a user can cause is one line on stderr and exit code 2 (1 for a failed run, 130
-when interrupted); the traceback is shown only with `--debug`.
+Every error a user can cause is one line on stderr (a study file's: one line per problem) and
+exit code 2 (1 for a failed run, 130 when interrupted); `--debug` adds the traceback and keeps
+the exit code.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,9 +59,12 @@ def _run(args: argparse.Namespace) -> int:
     from sweep import app, config, pool
 
     spec = config.load(args.study, n_trials=args.n_trials, gpus=args.gpus, storage=args.storage)
-    devices = pool.select(pool.discover(), spec.gpus.ids, str(args.study))
+    spent = app.spent(spec)  # then nothing runs, and no device pool is needed
+    devices = None if spent else pool.select(pool.discover(), spec.gpus.ids, str(args.study))
     if args.dry_run:
-        print("\n".join(app.dry_run(spec, devices)))
+        lines = app.dry_run(spec, devices) if devices is not None else [
+            f"# dry run: {spent.message if spent else ''}"]
+        print("\n".join(lines))
         return 0
     console = Console(stderr=True, soft_wrap=True)
     result = app.run(spec, devices, console)
@@ -274,9 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SweepError as e:
-        if args.debug:
-            raise
-        print(f"sweep: error: {e}", file=sys.stderr)
+        if args.debug:  # the traceback too, and the same exit code
+            traceback.print_exc()
+        for line in str(e).splitlines() or [""]:  # a study file's problems: one line each
+            print(f"sweep: error: {line}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -16,7 +16,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep import config, hostlock, launch, placement, process
+from sweep import hostlock, launch, placement, process, searchspace
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
@@ -46,7 +46,8 @@ class Driver:
         self.spawn = spawn
         self.clock = clock or process.WallClock()
         self._own_clock = clock is None
-        self.policy = Policy.of(spec, config.grid_size(spec), self.clock.now())
+        self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
+                                self.clock.now())
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
         self.own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
         self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", store.owner.host)

@@ -1,6 +1,9 @@
-"""The errors a user sees as one line."""
+"""The errors a user sees, one line each."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 class SweepError(Exception):
@@ -15,9 +18,35 @@ class UsageError(SweepError):
     exit_code = 2
 
 
-class ConfigError(UsageError):
-    """A study file that does not validate: `file: key: what is wrong`."""
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in a study file: `file: key: what is wrong`, with what to do."""
 
-    def __init__(self, file: str, key: str, message: str) -> None:
+    file: str
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message}" if self.key else (
+            f"{self.file}: {self.message}")
+
+
+class ConfigError(UsageError):
+    """A study file that does not validate: every `Problem` found, one line each (`file`,
+    `key` and `message` are the first's)."""
+
+    def __init__(self, file: str, key: str, message: str, *more: Problem) -> None:
+        self.problems = (Problem(file, key, message), *more)
         self.file, self.key, self.message = file, key, message
-        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @classmethod
+    def of(cls, problems: Sequence[Problem]) -> ConfigError:
+        """One error for `problems` (at least one)."""
+        first, *rest = problems
+        return cls(first.file, first.key, first.message, *rest)
+
+
+def short(text: str, width: int = 60) -> str:
+    """`text` cut to `width` characters: error messages never echo unbounded input."""
+    return text if len(text) <= width else text[: width - 1] + "…"

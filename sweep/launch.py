@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep.config import Spec, TrainerSection, fill
+from sweep.config import Spec, TrainerSection, env_name
+from sweep.placeholders import fill
 
 ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
 # sweep's own accelerate config: one process, no distribution, so a user's
@@ -131,11 +132,6 @@ def script_params(
 def _env_text(value: Any) -> str:
     """An env value from the study file as text; YAML's booleans as `true` / `false`."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
-def env_name(param: str) -> str:
-    """The variable that carries `param` with `pass_params: env`: SWEEP_PARAM_<NAME>."""
-    return "SWEEP_PARAM_" + re.sub(r"[^A-Za-z0-9_]", "_", param).upper()
 
 
 def build_launch(

@@ -13,7 +13,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sweep import config, grpclock
+from sweep import grpclock, storageurl
 from sweep.errors import UsageError
 
 
@@ -31,9 +31,9 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
     from optuna.storages._grpc.servicer import OptunaStorageProxyService
 
     grpc = grpclock.import_grpc()
-    if config.storage_kind(storage_url) != "rdb":
+    if storageurl.storage_kind(storage_url) != "rdb":
         raise UsageError(f"--storage: the proxy serves a database (sqlite:///..., "
-                         f"postgresql://...), not {config.shown_url(storage_url)}")
+                         f"postgresql://...), not {storageurl.shown_url(storage_url)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         with warnings.catch_warnings():  # e.g. SQLAlchemy's about a query string it ignores
@@ -41,8 +41,8 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
             storage = optuna.storages.get_storage(storage_url)
     except Exception as e:
         cause = str(getattr(e, "orig", None) or e).splitlines()[0]
-        raise UsageError(f"--storage: cannot open {config.shown_url(storage_url)}: "
-                         f"{config.redact(cause, storage_url)}") from None
+        raise UsageError(f"--storage: cannot open {storageurl.shown_url(storage_url)}: "
+                         f"{storageurl.redact(cause, storage_url)}") from None
     # SO_REUSEPORT would let a second proxy share the port and split the drivers between two
     # locks: refuse a taken port instead.
     server = grpc.server(ThreadPoolExecutor(max_workers=threads),
@@ -67,7 +67,7 @@ def serve(storage_url: str, host: str, port: int, threads: int, say: Any = print
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    say(f"storage proxy for {config.shown_url(storage_url)} on {host}:{port} "
+    say(f"storage proxy for {storageurl.shown_url(storage_url)} on {host}:{port} "
         f"(drivers use storage: grpc://<this host>:{port})", flush=True)
     stop.wait()
     server.stop(grace=2).wait()

@@ -42,11 +42,12 @@ from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweep import config, grpclock, sqlite
-from sweep.config import FloatParam, IntParam, Searched, Spec
-from sweep.errors import UsageError
+from sweep import grpclock, searchspace, sqlite, storageurl
+from sweep.config import Spec
+from sweep.errors import UsageError, short
 from sweep.outcome import Outcome
 from sweep.policy import Counts
+from sweep.searchspace import FloatParam, IntParam, Searched
 
 log = logging.getLogger("sweep")
 
@@ -140,7 +141,7 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
     """The study's storage: a database with Optuna's heartbeats on (the driver records them
     for its trials), a journal file, or a gRPC storage proxy (neither has heartbeats: sweep
     writes its own, see `Store.orphans`)."""
-    kind = config.storage_kind(spec.storage_url)
+    kind = storageurl.storage_kind(spec.storage_url)
     if kind == "journal":
         return _journal(spec.storage_url)
     if kind == "grpc":
@@ -188,13 +189,13 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
 def _journal(url: str) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    return JournalStorage(JournalFileBackend(str(config.journal_path(url))))
+    return JournalStorage(JournalFileBackend(str(storageurl.journal_path(url))))
 
 
 def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
     grpc = grpclock.import_grpc()
 
-    host, port = config.grpc_address(spec.storage_url)
+    host, port = storageurl.grpc_address(spec.storage_url)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
@@ -234,15 +235,15 @@ def describe(error: BaseException) -> str:
         cause = f"{name}: {details()}" if name else str(details())
     else:
         cause = str(getattr(error, "orig", None) or error).strip() or type(error).__name__
-    return config.short(cause.splitlines()[0], 160)
+    return short(cause.splitlines()[0], 160)
 
 
 def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError:
     """The one line for a storage that cannot be used: no secret of its URL is shown."""
     cause = describe(error)
-    return UsageError(f"{spec.source}: study.storage: cannot {doing} "
-                      f"{config.shown_url(spec.storage_url)}: "
-                      f"{config.redact(config.short(cause, 200), spec.storage_url)}")
+    return UsageError(f"{spec.source}: {spec.storage_from}: cannot {doing} "
+                      f"{storageurl.shown_url(spec.storage_url)}: "
+                      f"{storageurl.redact(short(cause, 200), spec.storage_url)}")
 
 
 def read_study(spec: Spec) -> optuna.Study | None:
@@ -252,9 +253,9 @@ def read_study(spec: Spec) -> optuna.Study | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kind = config.storage_kind(spec.storage_url)
+    kind = storageurl.storage_kind(spec.storage_url)
     if kind != "rdb":
-        if kind == "journal" and not config.journal_path(spec.storage_url).exists():
+        if kind == "journal" and not storageurl.journal_path(spec.storage_url).exists():
             return None
         try:
             storage = open_storage(spec)
@@ -301,8 +302,8 @@ def open_study(
     study = optuna.create_study(
         storage=storage,
         study_name=spec.study.name,
-        sampler=config.build_sampler(spec),
-        pruner=config.build_pruner(spec),
+        sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
+        pruner=searchspace.build_pruner(spec.study.pruner, str(spec.source)),
         directions=directions,
         load_if_exists=True,
     )
@@ -333,7 +334,7 @@ def open_study(
 
 def _kind(dist: BaseDistribution) -> str:
     if isinstance(dist, CategoricalDistribution):
-        return f"categorical {config.short(repr(list(dist.choices)), 60)}"
+        return f"categorical {short(repr(list(dist.choices)), 60)}"
     kind = "float" if isinstance(dist, FloatDistribution) else "int"
     return f"{kind}{' (log)' if getattr(dist, 'log', False) else ''}"
 
@@ -350,7 +351,7 @@ def check_params(spec: Spec, study: optuna.Study) -> list[str]:
         for name, dist in t.distributions.items():
             stored.setdefault(name, dist)
     notes = []
-    for name, dist in config.distributions(spec).items():
+    for name, dist in searchspace.distributions(spec.searched).items():
         old = stored.get(name)
         if old is None:
             if stored:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweep import config, store
+from sweep import config, storageurl, store
 from sweep.config import Spec
 from sweep.errors import UsageError
 
@@ -68,7 +68,7 @@ def _load_study(spec: Spec) -> Any:
     study = store.read_study(spec)
     if study is None:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
-                         f"{config.shown_url(spec.storage_url)} yet; run the study first")
+                         f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
     return study
 
 

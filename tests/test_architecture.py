@@ -10,6 +10,7 @@ import sweep
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
      "grpclock", "placement", "sqlite"},
+    {"storageurl", "searchspace", "placeholders"},
     {"config"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},

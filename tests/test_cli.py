@@ -268,3 +268,40 @@ def test_off_a_terminal_each_event_is_one_plain_line_however_long():
                          "trial 8 FAIL on GPU 1 in 0.5 s: exit code 3: Traceback",
                          "GPU 1 left out: in use by others"]
     assert "\x1b" not in out.getvalue()
+
+
+def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_gpus,
+                                                              monkeypatch, capsys, tmp_path):
+    """Issue 21 part 5: the quickstart's "run again: nothing runs" exited 2 without a GPU."""
+    import optuna
+
+    import sweep
+    from sweep import app, config
+
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study)) == 0
+    monkeypatch.delenv("SWEEP_FAKE_GPUS")
+    fake_pynvml.install(monkeypatch, None)  # no GPU, no simulation
+    db = (tmp_path / "probe.db").read_bytes()
+    capsys.readouterr()
+    assert run_cli("run", str(study)) == 0
+    spent = ("the budget is spent (2/2 trials finished): nothing to run; raise "
+             "study.n_trials (or --n-trials) to run more")
+    assert capsys.readouterr().err.splitlines()[0] == f"probe: {spent}"
+    assert run_cli("run", str(study), "--dry-run") == 0
+    assert capsys.readouterr().out == f"# dry run: {spent}\n"
+    assert len(sweep.run(study).trials) == 2
+    assert (tmp_path / "probe.db").read_bytes() == db  # nothing ran, nothing changed
+    # the file must still agree with the stored study
+    edited = write_study(study_dict(study={"n_trials": 2, "direction": "maximize"}),
+                         name="edited.yaml")
+    assert run_cli("run", str(edited)) == 2
+    assert "study.direction: study 'probe' in storage optimises" in capsys.readouterr().err
+    # with budget left, or a trial running (it may fail), the pool is needed
+    assert run_cli("run", str(study), "--n-trials", "3") == 2
+    assert "no GPUs found" in capsys.readouterr().err
+    spec = config.load(study)
+    optuna.load_study(study_name="probe", storage=spec.storage_url).ask()
+    assert app.spent(spec) is None
+    assert run_cli("run", str(study)) == 2
+    assert "no GPUs found" in capsys.readouterr().err

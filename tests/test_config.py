@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import PROBE, study_dict
 
-from sweep import config, launch
+from sweep import config, launch, searchspace
 from sweep.errors import ConfigError
 
 
@@ -36,8 +36,12 @@ def test_repo_studies_load():
 
     for path in sorted((Path(__file__).parent.parent / "studies").glob("*.yaml")):
         spec = config.load(path)
-        config.build_sampler(spec)
-        config.build_pruner(spec)
+        searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source))
+        searchspace.build_pruner(spec.study.pruner, str(spec.source))
+
+
+FLOAT = {"type": "float", "low": 0.0, "high": 1.0}
+INT = {"type": "int", "low": 1, "high": 4}
 
 
 def bad(**sections):
@@ -57,6 +61,14 @@ BAD_FILES = [
     ("zero budget", bad(study={"n_trials": 0}), "study.n_trials", "greater than 0"),
     ("misspelt direction", bad(study={"direction": "minimise"}), "study.direction", "minimize"),
     ("path in name", bad(study={"name": "../etc"}), "study.name", "pattern"),
+    ("name that is the parent folder", bad(study={"name": ".."}), "study.name",
+     "'..' cannot name a study (its output_dir and database are named after it)"),
+    ("name that is this folder", bad(study={"name": "."}), "study.name",
+     "'.' cannot name a study"),
+    ("name that reads as an option", bad(study={"name": "-rf"}), "study.name",
+     "not '.', '..' or a leading '-'"),
+    ("name with a slash", bad(study={"name": "a/b"}), "study.name", "pattern"),
+    ("name with a NUL", bad(study={"name": "a\x00b"}), "study.name", "contains a NUL byte"),
     ("negative timeout", bad(study={"timeout": -5}), "study.timeout", "greater than 0"),
     ("negative trial timeout", bad(trainer={"timeout": -1}), "trainer.timeout", "greater than 0"),
     ("low above high", bad(params={"x": {"type": "float", "low": 2, "high": 1}}),
@@ -81,7 +93,8 @@ BAD_FILES = [
      "study.storage", "folder does not exist"),
     ("bad sampler", bad(study={"sampler": {"type": "annealing"}}), "study.sampler.type", "tpe"),
     ("bad sampler kwarg", bad(study={"sampler": {"type": "tpe", "n_startup": 3}}),
-     "study.sampler.n_startup", "TPESampler has no argument 'n_startup'"),
+     "study.sampler.n_startup",
+     "TPESampler has no argument 'n_startup' (did you mean 'n_startup_trials'?)"),
     ("bad pruner kwarg", bad(study={"pruner": {"type": "median", "warmup": 3}}),
      "study.pruner.warmup", "MedianPruner has no argument 'warmup'"),
     ("enqueue unknown param", bad(study={"enqueue": [{"z": 1}]}), "study.enqueue.0",
@@ -230,7 +243,7 @@ def test_params_become_optuna_distributions(write_study):
         "act": {"type": "categorical", "choices": ["relu", "gelu"]},
         "epochs": {"type": "fixed", "value": 3},
     }))
-    d = config.distributions(spec)
+    d = searchspace.distributions(spec.searched)
     assert list(d) == ["lr", "layers", "act"]
     assert d["lr"].log and d["lr"].low == 1e-5
     assert d["layers"].high == 4 and d["layers"].step == 1
@@ -247,3 +260,149 @@ def test_config_error_names_file_and_key(tmp_path):
 def test_accelerate_config_is_single_process_and_not_distributed():
     data = yaml.safe_load(launch.ACCELERATE_CONFIG)
     assert data["distributed_type"] == "NO" and data["num_processes"] == 1
+
+
+def misspelt(section, right, wrong):
+    data = study_dict()
+    data[section][wrong] = data[section].pop(right)
+    return data
+
+
+@pytest.mark.parametrize(("data", "line"), [
+    (misspelt("study", "n_trials", "n_trial"),
+     "study.n_trial: unknown key `n_trial` (did you mean `n_trials`?)"),
+    (misspelt("trainer", "script", "scirpt"),
+     "trainer.scirpt: unknown key `scirpt` (did you mean `script`?)"),
+    (misspelt("gpus", "sample_interval", "sample_intervall"),
+     "gpus.sample_intervall: unknown key `sample_intervall` (did you mean `sample_interval`?)"),
+    (bad(params={"x": {"type": "float", "low": 0, "hihg": 1}}),
+     "params.x.hihg: unknown key `hihg` (did you mean `high`?)"),
+    ({**study_dict(), "parms": {}}, "parms: unknown key `parms` (did you mean `params`?)"),
+    (bad(study={"zzz": 1}), "study.zzz: unknown key `zzz` (study takes name, storage, "
+     "output_dir, direction, directions, metric, metrics, n_trials, timeout, sampler, "
+     "pruner, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
+     "grace_period)"),
+    ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
+])
+def test_a_misspelt_key_says_which_key_was_meant_and_nothing_else(write_study, data, line):
+    """Issue 21 part 5: `n_trial` read as "`n_trials`: required key is missing"."""
+    path = write_study(data)
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == f"{path}: {line}"
+
+
+def test_every_mistake_of_a_file_is_reported_at_once_one_line_each(write_study, capsys,
+                                                                   fake_gpus, tmp_path):
+    from sweep import cli
+
+    path = write_study(bad(study={"n_trials": 0, "timeout": "soon"},
+                           trainer={"timeout": -1, "launcher": "slurm"},
+                           params={"x": {"type": "float", "low": 2, "high": 1},
+                                   "c": {"type": "categorical", "choices": [[1]]}}))
+    assert cli.main(["run", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.removeprefix(f"sweep: error: {path}: ").split(": ")[0] for line in lines] == [
+        "study.n_trials", "study.timeout", "trainer.launcher", "trainer.timeout",
+        "params.x", "params.c.choices.0"]
+    assert all(line.startswith(f"sweep: error: {path}: ") for line in lines)
+    assert lines[4].endswith("low (2.0) must not be above high (1.0)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_every_mistake_found_after_the_sections_validate_is_reported_at_once(write_study,
+                                                                            tmp_path):
+    (tmp_path / "afile").write_text("")
+    path = write_study(bad(
+        study={"output_dir": "afile", "enqueue": [{"x": 7}], "storage": "nosuchdb://h/d"},
+        trainer={"script": "nope.py", "args": ["{trail_dir}"], "env": {"A=B": "1"}},
+    ))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert [p.key for p in e.value.problems] == [
+        "study.storage", "study.output_dir", "trainer.args.0", "trainer.env.A=B",
+        "trainer.script", "study.enqueue.0.x"]
+    assert str(e.value).count("\n") == 5
+    assert e.value.key == "study.storage"  # the first, as a single error had it
+
+
+@pytest.mark.parametrize(("params", "env", "line"), [
+    ({"lr": FLOAT, "LR": FLOAT}, {},
+     "params.LR: params 'lr' and 'LR' are both passed as $SWEEP_PARAM_LR"),
+    ({"model.depth": INT, "model_depth": INT}, {},
+     "params.model_depth: params 'model.depth' and 'model_depth' are both passed as "
+     "$SWEEP_PARAM_MODEL_DEPTH"),
+    ({"model-depth": {"type": "fixed", "value": 3}, "model.depth": INT}, {},
+     "params.model.depth: params 'model-depth' and 'model.depth' are both passed as "
+     "$SWEEP_PARAM_MODEL_DEPTH"),
+    ({"lr": FLOAT}, {"SWEEP_PARAM_LR": "0.1"},
+     "trainer.env.SWEEP_PARAM_LR: $SWEEP_PARAM_LR is also how param 'lr' is passed"),
+])
+def test_params_that_share_an_environment_variable_are_refused(write_study, params, env,
+                                                                line):
+    """Issue 26 item 3: the trainer got one value while the study recorded two."""
+    path = write_study(bad(trainer={"pass_params": "env", "env": env}, params=params))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value).startswith(f"{path}: {line}")
+    assert len(e.value.problems) == 1
+    assert {launch.env_name(name) for name in params} | set(env) == {
+        line.split("$")[1].split()[0]}  # the variable the driver would set
+
+
+def test_params_that_share_a_variable_are_fine_when_not_passed_by_environment(write_study):
+    for way in ("args", "file"):
+        spec = config.load(write_study(bad(trainer={"pass_params": way},
+                                           params={"lr": FLOAT, "LR": FLOAT})))
+        assert list(spec.params) == ["lr", "LR"]
+    spec = config.load(write_study(bad(
+        trainer={"pass_params": "env", "launcher": "accelerate"},
+        params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                    "where": "accelerate"},
+                "MIXED_PRECISION": {"type": "categorical", "choices": ["a", "b"]}})))
+    assert len(spec.params) == 2  # one goes to accelerate, not to the environment
+
+
+@pytest.mark.parametrize(("source", "flag"), [("env", None), ("flag", "--storage")])
+def test_a_bad_storage_url_names_where_it_came_from(write_study, monkeypatch, capsys,
+                                                    fake_gpus, source, flag):
+    """Issue 26 item 12: a URL from $SWEEP_STORAGE was blamed on a file's study.storage."""
+    from sweep import cli
+
+    path = write_study()
+    args = ["run", str(path)]
+    if source == "env":
+        monkeypatch.setenv("SWEEP_STORAGE", "not a url")
+    else:
+        args += ["--storage", "not a url"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    where = flag or "$SWEEP_STORAGE"
+    assert err == f"sweep: error: {path}: {where}: not a database URL (e.g. " \
+                  "sqlite:///sweep.db or postgresql://user@host/db)\n"
+
+
+def test_an_unreachable_storage_from_the_environment_is_blamed_on_it(write_study,
+                                                                     monkeypatch, tmp_path,
+                                                                     capsys):
+    from sweep import cli
+
+    (tmp_path / "dir.db").mkdir()  # exists, and no database opens it
+    monkeypatch.setenv("SWEEP_STORAGE", f"sqlite:///{tmp_path / 'dir.db'}")
+    path = write_study()
+    assert cli.main(["status", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep: error: {path}: $SWEEP_STORAGE: cannot read "), err
+
+
+def test_with_debug_a_usage_error_keeps_exit_2_and_adds_the_traceback(write_study, capsys,
+                                                                     fake_gpus):
+    """Issue 26 item 12: with --debug, a bad storage URL exited 1."""
+    from sweep import cli
+
+    path = write_study(study={"storage": "not a url"})
+    assert cli.main(["--debug", "run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ConfigError" in err
+    assert err.splitlines()[-1] == f"sweep: error: {path}: study.storage: not a database " \
+                                   "URL (e.g. sqlite:///sweep.db or postgresql://user@host/db)"

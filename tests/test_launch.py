@@ -140,7 +140,7 @@ def test_params_by_environment_or_file_leave_argv_alone(mode):
 
 
 def test_params_where_accelerate_go_on_the_launchers_command_line():
-    from sweep.config import BoolParam, CategoricalParam, FloatParam
+    from sweep.searchspace import BoolParam, CategoricalParam, FloatParam
 
     trainer = TrainerSection(script=Path("/t/train.py"))
     passing = {

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import study_dict
 
-from sweep import config
+from sweep import config, searchspace
 from sweep.driver import Driver
 from sweep.monitor import Monitor, NoReader
 from sweep.pool import Pool, fake_devices
@@ -34,7 +34,8 @@ class Sweep:
         path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
         self.spec = config.load(path)
         study = optuna.create_study(
-            sampler=config.build_sampler(self.spec), pruner=config.build_pruner(self.spec),
+            sampler=searchspace.build_sampler(self.spec.study.sampler, self.spec.searched),
+            pruner=searchspace.build_pruner(self.spec.study.pruner),
             directions=self.spec.study.objective_directions,
         )
         self.store = Store(study, Owner("test-host", os.getpid(), 0.0),

@@ -6,12 +6,20 @@ import optuna
 import pytest
 from conftest import load_trials, run_cli, study_dict
 
-from sweep import config
+from sweep import config, searchspace
 from sweep.errors import ConfigError
 
 DISCRETE = {"a": {"type": "categorical", "choices": ["x", "y"]},
             "n": {"type": "int", "low": 1, "high": 3},
             "f": {"type": "float", "low": 0.0, "high": 1.0, "step": 0.5}}
+
+
+def sampler_of(spec):
+    return searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source))
+
+
+def pruner_of(spec):
+    return searchspace.build_pruner(spec.study.pruner, str(spec.source))
 
 
 def spec_with(write_study, params=None, **study):
@@ -33,21 +41,21 @@ def spec_with(write_study, params=None, **study):
     ({"type": "bruteforce"}, optuna.samplers.BruteForceSampler, {}),
 ])
 def test_each_sampler_type_is_built_with_its_arguments(write_study, cfg, cls, attrs):
-    sampler = config.build_sampler(spec_with(write_study, sampler=cfg))
+    sampler = sampler_of(spec_with(write_study, sampler=cfg))
     assert type(sampler) is cls
     for key, value in attrs.items():
         assert getattr(sampler, key) == value
 
 
 def test_tpe_keeps_constant_liar_for_parallel_asks(write_study):
-    sampler = config.build_sampler(spec_with(write_study, sampler={"type": "tpe"}))
+    sampler = sampler_of(spec_with(write_study, sampler={"type": "tpe"}))
     assert sampler._constant_liar is True
 
 
 def test_grid_comes_from_discrete_params_or_an_explicit_search_space(write_study):
-    grid = config.build_sampler(spec_with(write_study, DISCRETE, sampler={"type": "grid"}))
+    grid = sampler_of(spec_with(write_study, DISCRETE, sampler={"type": "grid"}))
     assert grid._search_space == {"a": ["x", "y"], "f": [0.0, 0.5, 1.0], "n": [1, 2, 3]}
-    explicit = config.build_sampler(spec_with(
+    explicit = sampler_of(spec_with(
         write_study, sampler={"type": "grid", "search_space": {"x": [0.1, 0.9]}}))
     assert explicit._search_space == {"x": [0.1, 0.9]}
     with pytest.raises(ConfigError, match="grid needs a search_space for float param 'x'"):
@@ -69,7 +77,7 @@ def test_grid_comes_from_discrete_params_or_an_explicit_search_space(write_study
      optuna.pruners.PatientPruner, {"_patience": 2}),
 ])
 def test_each_pruner_type_is_built_with_its_arguments(write_study, cfg, cls, attrs):
-    pruner = config.build_pruner(spec_with(write_study, pruner=cfg))
+    pruner = pruner_of(spec_with(write_study, pruner=cfg))
     assert type(pruner) is cls
     for key, value in attrs.items():
         assert getattr(pruner, key) == value

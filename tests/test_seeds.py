@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_trials, run_cli, study_dict
 
-from sweep import config
+from sweep import searchspace
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
@@ -32,6 +32,7 @@ def test_a_rerun_of_a_seeded_study_never_repeats_and_two_fresh_runs_agree(
 
 
 def test_per_trial_seeds_differ_by_trial_and_keep_the_sequence_samplers_seed():
-    assert config.trial_seed(0, 1) != config.trial_seed(0, 2) != config.trial_seed(1, 1)
-    assert config.trial_seed(0, 7) == config.trial_seed(0, 7)
-    assert set(config.PER_TRIAL_SEED).isdisjoint({"qmc", "grid", "bruteforce"})
+    seed = searchspace.trial_seed
+    assert seed(0, 1) != seed(0, 2) != seed(1, 1)
+    assert searchspace.trial_seed(0, 7) == searchspace.trial_seed(0, 7)
+    assert set(searchspace.PER_TRIAL_SEED).isdisjoint({"qmc", "grid", "bruteforce"})

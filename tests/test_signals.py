@@ -111,14 +111,14 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
                                                                              fake_gpus):
     import optuna
 
-    from sweep import config
+    from sweep import config, searchspace
     from sweep.store import open_storage, open_study
 
     data = study_dict(study={"n_trials": 2, "heartbeat_interval": 1, "grace_period": 1})
     study_file = write_study(data)
     spec = config.load(study_file)
     study = open_study(spec, open_storage(spec))
-    trial = study.ask(config.distributions(spec))
+    trial = study.ask(searchspace.distributions(spec.searched))
     trial.set_user_attr("host", "elsewhere")
     trial.set_user_attr("driver_pid", 1)
     study._storage.record_heartbeat(trial._trial_id)

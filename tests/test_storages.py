@@ -15,7 +15,7 @@ import pytest
 from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
-from sweep import config, grpclock, proxy, summary
+from sweep import config, grpclock, proxy, searchspace, storageurl, summary
 from sweep.store import Owner, Store, open_storage, open_study
 
 
@@ -68,7 +68,7 @@ def test_without_optuna_heartbeats_a_silent_driver_is_reclaimed_by_this_drivers_
     spec = config.load(write_study(study={"storage": f"journal:///{tmp_path}/j.log",
                                           "reclaim_after": 5}))
     study = open_study(spec, open_storage(spec))
-    searched = {"x": config.FloatParam(type="float", low=0.0, high=1.0)}
+    searched = {"x": searchspace.FloatParam(type="float", low=0.0, high=1.0)}
     other = Store(study, Owner("elsewhere", 1, 0.0), 5)
     silent = other.ask(searched, gpu=0, trial_dir=str)
     beating = other.ask(searched, gpu=1, trial_dir=str)
@@ -378,6 +378,6 @@ def test_a_lock_held_by_drivers_that_keep_asking_is_waited_for_not_gone_around(
 
 
 def test_ipv6_proxy_addresses_keep_their_brackets():
-    assert config.grpc_address("grpc://[::1]:13000") == ("[::1]", 13000)
+    assert storageurl.grpc_address("grpc://[::1]:13000") == ("[::1]", 13000)
     with pytest.raises(ValueError):
-        config.grpc_address("grpc://::1:13000")
+        storageurl.grpc_address("grpc://::1:13000")

@@ -17,7 +17,7 @@ import yaml
 from conftest import study_dict
 from optuna.trial import TrialState
 
-from sweep import config, store
+from sweep import config, searchspace, store
 from sweep.store import Owner, Store, open_storage, open_study
 
 HOST = "this-host"
@@ -39,7 +39,7 @@ def dead_owner() -> Owner:
 
 
 def searched(store_: Store) -> dict:
-    return {"x": config.FloatParam(type="float", low=0.0, high=1.0)}
+    return {"x": searchspace.FloatParam(type="float", low=0.0, high=1.0)}
 
 
 def test_private_optuna_apis_sweep_relies_on_still_exist_and_behave(tmp_path):
@@ -147,10 +147,10 @@ def test_a_running_trial_is_read_from_its_copy_written_through(tmp_path):
     assert isinstance(storage, store._Storage)
     rdb = storage._backend
     seen = watch(storage)
-    space = {"x": config.FloatParam(type="float", low=0.0, high=1.0),
-             "lr": config.FloatParam(type="float", low=1e-5, high=1.0, log=True),
-             "n": config.IntParam(type="int", low=1, high=9, step=2),
-             "opt": config.CategoricalParam(type="categorical", choices=["adam", None, 3])}
+    space = {"x": searchspace.FloatParam(type="float", low=0.0, high=1.0),
+             "lr": searchspace.FloatParam(type="float", low=1e-5, high=1.0, log=True),
+             "n": searchspace.IntParam(type="int", low=1, high=9, step=2),
+             "opt": searchspace.CategoricalParam(type="categorical", choices=["adam", None, 3])}
     for _ in range(2):  # the second: the study knows the distributions (Optuna's cache)
         seen.clear()
         asked = s.ask(space, gpu=0, trial_dir=str, queued=False)
@@ -317,8 +317,8 @@ def test_a_param_whose_distribution_changed_is_refused_as_optuna_refuses_it(tmp_
         s.study.add_trial(optuna.trial.create_trial(
             params={"x": 0.5}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
             value=1.0))
-    changed = {"y": config.IntParam(type="int", low=0, high=3),
-               "x": config.CategoricalParam(type="categorical", choices=["a", "b"])}
+    changed = {"y": searchspace.IntParam(type="int", low=0, high=3),
+               "x": searchspace.CategoricalParam(type="categorical", choices=["a", "b"])}
     with pytest.raises(ValueError, match="distribution"):
         s.ask(changed, gpu=0, trial_dir=str, queued=False)
     failed = s.study.get_trials(deepcopy=False)[-1]

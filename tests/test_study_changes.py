@@ -151,7 +151,8 @@ def test_an_unreachable_database_is_exit_2_in_every_verb(write_study, capsys):
     ("choices equal to Optuna",
      yaml.safe_dump(edit(params={"mp": {"type": "categorical", "choices": [True, 1]}})).encode(),
      "choices True and 1 are the same to Optuna"),
-    ("a param named on", b"params:\n  on: {type: float, low: 0, high: 1}\n",
+    ("a param named on",  # else a whole study file: every mistake of a file is one line
+     yaml.safe_dump(edit(params={True: {"type": "float", "low": 0, "high": 1}})).encode(),
      "params.True: a param name must be text"),
     ("a metric no pattern captures",
      yaml.safe_dump(edit(trainer={"result": {"stdout": "acc (?P<acc>[0-9.]+)"}})).encode(),
