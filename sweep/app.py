@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, pool
+from sweep import config, hostlock, launch, pool, trialdir
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.driver import Driver
@@ -64,6 +64,11 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
                  if config.reseeds(spec) else None)
 
 
+def folder_owner(spec: Spec) -> trialdir.Owner:
+    """Who `spec`'s output_dir belongs to: its study, in its storage (as shown to users)."""
+    return trialdir.Owner(spec.study.name, config.shown_url(spec.storage_url))
+
+
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
     """What the monitor reads devices with: NVML, or nothing for a simulated pool."""
     if not devices or devices[0].simulated:
@@ -107,16 +112,18 @@ def execute(
 
     # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:  # the one real test that output_dir can be made, before storage is touched
-        launch.prepare_output_dir(spec.output_dir)
+    # before storage is touched: output_dir can be made, is this user's and this study's;
+    # the host's lock folder can be trusted
+    trialdir.claim_output_dir(spec.output_dir, folder_owner(spec), spec.source)
+    try:
+        lock_dir(host_name())
     except OSError as e:
-        raise UsageError(f"{spec.source}: study.output_dir: cannot create {spec.output_dir}: "
-                         f"{e.strerror or e}") from None
+        raise UsageError(f"the host's lock folder: {e}") from None
     notes: list[str] = []
     store = open_store(spec, notes)
     reader, nvml = nvml_reader(devices)
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
-    own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+    own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
                       host=store.owner.host)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
@@ -232,7 +239,8 @@ def trial_log(
     """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
     comes, until the trial is finished."""
     spec = config.load(path, runnable=False, storage=storage)
-    paths = launch.TrialPaths.of(spec.output_dir, number)
+    trialdir.check_belongs(spec.output_dir, folder_owner(spec), spec.source)
+    paths = trialdir.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")

@@ -29,6 +29,7 @@ from sweep import guard
 from sweep.launch import LaunchPlan
 from sweep.outcome import Outcome, judge_files
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.trialdir import open_log
 from sweep.warm import GO, WarmServer, trainer_pid
 
 GUARD = Path(guard.__file__)
@@ -96,7 +97,7 @@ class TrialProcess:
         status_r, status_w = os.pipe()
         self._popen: subprocess.Popen[bytes] | None = None
         try:
-            with open(plan.paths.stdout, "wb") as out, open(plan.paths.stderr, "wb") as err:
+            with open_log(plan.paths.stdout) as out, open_log(plan.paths.stderr) as err:
                 if server is not None:
                     self.pid = server.fork(
                         plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,

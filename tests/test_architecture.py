@@ -8,9 +8,10 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
      "grpclock", "placement", "sqlite"},
-    {"config"},
+    {"config", "hostlock"},
+    {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"driver"},
