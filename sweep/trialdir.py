@@ -278,6 +278,21 @@ def _remove(path: Path) -> None:
         raise OSError(e.errno, e.strerror, e.filename or str(path)) from e
 
 
+STALE_MARGIN_NS = 1_000_000_000  # a file's clock may differ this much from command.sh's
+
+
+def written_before(result: Path, paths: TrialPaths) -> bool:
+    """Whether the trial's result file was last written before the trial was prepared (its
+    command.sh), by over a second: left by something else, it must not count. Only files of
+    command.sh's file system are compared (another one's clock may differ)."""
+    try:
+        found, prepared = os.stat(result), os.stat(paths.command)
+    except OSError:
+        return False
+    return (found.st_dev == prepared.st_dev
+            and found.st_mtime_ns < prepared.st_mtime_ns - STALE_MARGIN_NS)
+
+
 def open_log(path: Path) -> Any:
     """A trial's stdout.log or stderr.log, emptied, for the trainer to write (binary): never
     through a symbolic link, nor another user's file. TrialFileError (naming it) if not."""

@@ -300,7 +300,7 @@ def test_the_monitor_warns_once_while_samples_cannot_be_written(tmp_path, caplog
         return real(now)
 
     monitor.sample_once = sample  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="sweep.monitor"):
+    with caplog.at_level(logging.WARNING, logger="sweep"):
         monitor._run()
     assert calls == 8
     assert len([r for r in caplog.records if "GPU samples" in r.getMessage()]) == 2
@@ -315,3 +315,32 @@ def test_a_samples_file_made_again_gets_its_header(tmp_path):
 def test_every_unsafe_path_is_an_oserror_that_names_it(tmp_path):
     e = UnsafePath(tmp_path / "x", "is a symbolic link")
     assert isinstance(e, OSError) and str(e) == f"{tmp_path}/x is a symbolic link"
+
+
+def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path):
+    """Item 1, the second guard: a result file last written before the trial was prepared
+    (put back with its old time, say) is not the trial's."""
+    old = tmp_path / "out" / "results" / "0.json"
+    s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 1,
+                     "output_dir": str(tmp_path / "out")},
+              trainer={"result": {"file": "{output_dir}/results/{trial_number}.json"}})
+
+    def restored(plan: Any, grace: float, on_change: Any, hold: Any = ()) -> Any:
+        old.parent.mkdir(parents=True, exist_ok=True)
+        old.write_text(json.dumps({"score": 0.7524}))
+        prepared = plan.paths.command.stat().st_mtime_ns
+        os.utime(old, ns=(prepared - 2_000_000_000, prepared - 2_000_000_000))
+        return spawn(plan, grace, on_change, hold)
+
+    spawn = s.spawn
+    s.driver.spawn = restored
+    assert s.run() == 1
+    [trial] = s.trials
+    assert trial.user_attrs["fail_reason"] == (
+        f"no result: {old} was last written before the trial started (left by an earlier "
+        "run?)")
+    (tmp_path / "b").mkdir()
+    fresh = Sweep(tmp_path / "b", lambda p: Script(result={"score": 0.25}), gpus=1,
+                  study={"n_trials": 1})
+    assert fresh.run() == 0 and fresh.trials[0].value == 0.25  # one written now counts
