@@ -64,11 +64,6 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
                  if config.reseeds(spec) else None)
 
 
-def folder_owner(spec: Spec) -> trialdir.Owner:
-    """Who `spec`'s output_dir belongs to: its study, in its storage (as shown to users)."""
-    return trialdir.Owner(spec.study.name, config.shown_url(spec.storage_url))
-
-
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
     """What the monitor reads devices with: NVML, or nothing for a simulated pool."""
     if not devices or devices[0].simulated:
@@ -114,7 +109,7 @@ def execute(
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # before storage is touched: output_dir can be made, is this user's and this study's;
     # the host's lock folder can be trusted
-    trialdir.claim_output_dir(spec.output_dir, folder_owner(spec), spec.source)
+    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
     try:
         lock_dir(host_name())
     except OSError as e:
@@ -239,7 +234,7 @@ def trial_log(
     """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
     comes, until the trial is finished."""
     spec = config.load(path, runnable=False, storage=storage)
-    trialdir.check_belongs(spec.output_dir, folder_owner(spec), spec.source)
+    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
     paths = trialdir.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
     if not log.exists():

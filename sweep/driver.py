@@ -349,7 +349,7 @@ class Driver:
             plan = launch.plan_trial(spec, asked.number, params, device, self.own,
                                      ",".join(self.pool.pin(i) for i in lease.devices), port,
                                      direct)
-            trialdir.ensure_driver_dir(spec.output_dir, self.own)
+            trialdir.ensure_driver_dir(spec, self.own)
             trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
                                        trialdir.arg_secrets(spec.trainer.args, os.environ))
             proc = self._spawn(plan, lease.fds())

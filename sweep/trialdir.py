@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweep.config import Spec, shown_url
 from sweep.errors import UsageError
 from sweep.safefs import (
     UnsafePath,
@@ -120,6 +121,11 @@ class Owner:
     storage: str
 
 
+def owner_of(spec: Spec) -> Owner:
+    """Who `spec`'s output_dir belongs to: its study, in its storage (password hidden)."""
+    return Owner(spec.study.name, shown_url(spec.storage_url))
+
+
 def read_marker(output_dir: Path) -> Owner | None:
     """The study `output_dir` belongs to, from its `study.json`; None if it has none (yet)."""
     try:
@@ -132,38 +138,48 @@ def read_marker(output_dir: Path) -> Owner | None:
 
 
 def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
-    """Make `output_dir` (trusted: see `check_trusted`) the folder of `owner`'s trials, or find
-    it is already: UsageError, in one line, if it holds another study's (another name, or
-    the same name in another storage). Drivers of one study on several hosts share it."""
+    """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
+    `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
+    study's (another name, or the same name in another storage). Drivers of one study on
+    several hosts share it."""
     prepare_output_dir(output_dir, source=source)
-    marker = output_dir / MARKER_NAME
-    found = read_marker(output_dir)
-    if found is None:
-        tmp = output_dir / f".{MARKER_NAME}.{os.getpid()}.tmp"
-        try:
-            write_file(tmp, json.dumps({"study": owner.study, "storage": owner.storage},
-                                       indent=1) + "\n", 0o644)
-            try:
-                os.link(tmp, marker)  # the first driver's claim wins; others read it
-            except FileExistsError:
-                pass
-        except OSError as e:
-            raise UsageError(f"{source}: study.output_dir: cannot write {marker}: "
-                             f"{e.strerror or e}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        found = read_marker(output_dir)
+    try:
+        found = _mark(output_dir, owner)
+    except OSError as e:
+        raise UsageError(f"{source}: study.output_dir: cannot write "
+                         f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
     if found != owner:
         raise UsageError(foreign(source, output_dir, found))
 
 
+def _mark(output_dir: Path, owner: Owner) -> Owner | None:
+    """Write `owner` into `output_dir`'s study.json unless it has one: whom it names now."""
+    found = read_marker(output_dir)
+    if found is not None:
+        return found
+    tmp = output_dir / f".{MARKER_NAME}.{os.getpid()}.tmp"
+    try:
+        write_file(tmp, json.dumps({"study": owner.study, "storage": owner.storage},
+                                   indent=1) + "\n", 0o644)
+        try:
+            os.link(tmp, output_dir / MARKER_NAME)  # the first claim wins; others read it
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_marker(output_dir)
+
+
 def foreign(source: Path, output_dir: Path, found: Owner | None) -> str:
     """The line that refuses `output_dir` holding the trials of `found`."""
-    whose = ("an unreadable study.json" if found is None or found.study == "<unreadable>"
-             else f"study {found.study!r} (storage {found.storage})")
-    return (f"{source}: study.output_dir: {output_dir} holds the trials of {whose}, see "
+    return (f"{source}: study.output_dir: {output_dir} holds the trials of {_whose(found)}, see "
             f"{output_dir / MARKER_NAME}: give this study another output_dir, or remove that "
             "folder to start afresh")
+
+
+def _whose(found: Owner | None) -> str:
+    return ("an unreadable study.json" if found is None or found.study == "<unreadable>"
+            else f"study {found.study!r} (storage {found.storage})")
 
 
 def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
@@ -191,16 +207,23 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
     except OSError as e:
         if source is None:
             raise
-        raise UsageError(f"{source}: study.output_dir: {cannot(e, output_dir)}; use a folder "
-                         "of your own") from None
+        mine = "; use a folder of your own" if isinstance(e, UnsafePath) else ""
+        raise UsageError(f"{source}: study.output_dir: {cannot(e, output_dir)}{mine}") from None
 
 
-def ensure_driver_dir(output_dir: Path, own: Path) -> None:
-    """Before each trial: re-create the driver's folder if it is gone (`output_dir` removed
-    during the run); one `stat` when it is there. TrialFileError if it cannot be."""
-    if not (own / ACCELERATE_CONFIG_NAME).is_file():
-        with _trial_files(own):
-            prepare_output_dir(output_dir, own)
+def ensure_driver_dir(spec: Spec, own: Path) -> None:
+    """Before each trial: re-create the driver's folder `own`, and the study.json of `spec`'s
+    output_dir, if they are gone (`output_dir` removed during the run); one `stat` when they
+    are there. TrialFileError if they cannot be, or another study has taken it since."""
+    if (own / ACCELERATE_CONFIG_NAME).is_file():
+        return
+    output_dir, owner = spec.output_dir, owner_of(spec)
+    with _trial_files(own):
+        prepare_output_dir(output_dir, own)
+        found = _mark(output_dir, owner)
+        if found != owner:
+            raise UnsafePath(output_dir, "was removed during the run and now holds the "
+                             f"trials of {_whose(found)}")
 
 
 class TrialFileError(OSError):
@@ -251,10 +274,7 @@ def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
     make_own_folder(paths.dir.parent, FOLDER_MODE)
     _remove(paths.dir)
-    try:
-        os.mkdir(paths.dir, FOLDER_MODE)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(paths.dir)) from e
+    os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here
     make_own_folder(paths.dir, FOLDER_MODE)
     write_file(paths.params, json.dumps(dict(params), indent=2) + "\n", FILE_MODE)
     write_file(paths.command, command_script(plan, secrets), SCRIPT_MODE)

@@ -220,3 +220,18 @@ def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
 
     folder = lock_dir("host")
     assert [stat.S_IMODE(p.stat().st_mode) for p in (own_lock_dir, folder)] == [0o1777] * 2
+
+
+def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
+        write_study, own_lock_dir, tmp_path):
+    from sweep import app, config
+    from sweep.errors import UsageError
+
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir()
+    own_lock_dir.symlink_to(elsewhere)
+    spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
+    with pytest.raises(UsageError, match=r"^the host's lock folder: .*locks is a symbolic "
+                       r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"):
+        app.execute(spec, [])
+    assert not (tmp_path / "s.db").exists() and list(elsewhere.iterdir()) == []

@@ -89,8 +89,8 @@ def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_
     out = tmp_path / "out"
     first = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out),
                                               "storage": f"sqlite:///{tmp_path}/a.db"})
-    trialdir.claim_output_dir(out, app.folder_owner(first), first.source)
-    trialdir.claim_output_dir(out, app.folder_owner(first), first.source)  # again: its own
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)  # again: its own
     assert json.loads((out / "study.json").read_text()) == {
         "study": "a", "storage": f"sqlite:///{tmp_path}/a.db"}
     second = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out),
@@ -110,14 +110,14 @@ def test_the_same_name_in_another_storage_is_another_study(tmp_path):
                                           "storage": f"sqlite:///{tmp_path}/1.db"})
     b = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
                                           "storage": f"sqlite:///{tmp_path}/2.db"})
-    trialdir.claim_output_dir(out, app.folder_owner(a), a.source)
+    trialdir.claim_output_dir(out, trialdir.owner_of(a), a.source)
     with pytest.raises(UsageError, match="holds the trials of study 's' "):
-        trialdir.claim_output_dir(out, app.folder_owner(b), b.source)
+        trialdir.claim_output_dir(out, trialdir.owner_of(b), b.source)
 
 
 def test_the_marker_shows_no_password(tmp_path):
     spec = load(tmp_path, study={"storage": "postgresql://me:hunter2@db:5432/s"})
-    assert "hunter2" not in app.folder_owner(spec).storage
+    assert "hunter2" not in trialdir.owner_of(spec).storage
 
 
 def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
@@ -125,7 +125,7 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
     out = tmp_path / "out"
     mine = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out)})
     theirs = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out)})
-    trialdir.claim_output_dir(out, app.folder_owner(theirs), theirs.source)
+    trialdir.claim_output_dir(out, trialdir.owner_of(theirs), theirs.source)
     (out / "trials" / "0").mkdir(parents=True)
     (out / "trials" / "0" / "stdout.log").write_text("study b's trial 0\n")
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
@@ -158,7 +158,7 @@ def test_an_output_dir_of_another_user_is_refused_in_one_line(tmp_path):
     os.chown(out, NOBODY, -1)
     spec = load(tmp_path, study={"output_dir": str(out)})
     with pytest.raises(UsageError) as refused:
-        trialdir.claim_output_dir(out, app.folder_owner(spec), spec.source)
+        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
     assert str(refused.value).startswith(
         f"{spec.source}: study.output_dir: {out} is owned by nobody, not by root who runs "
         "sweep")
@@ -171,7 +171,7 @@ def test_an_output_dir_writable_by_every_user_is_refused(tmp_path):
     out.chmod(0o777)
     spec = load(tmp_path, study={"output_dir": str(out)})
     with pytest.raises(UsageError, match=r"out is writable by every user \(mode 777\)"):
-        trialdir.claim_output_dir(out, app.folder_owner(spec), spec.source)
+        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
 
 
 def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
@@ -180,9 +180,9 @@ def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
     shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
     spec = load(tmp_path, study={"output_dir": str(shared / "out")})
     with pytest.raises(UsageError, match=r"is inside .*shared, writable by every user"):
-        trialdir.claim_output_dir(spec.output_dir, app.folder_owner(spec), spec.source)
+        trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
     shared.chmod(0o1777)  # sticky, as /tmp
-    trialdir.claim_output_dir(spec.output_dir, app.folder_owner(spec), spec.source)
+    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
 
 
 # ---- item 8: no secret in command.sh ------------------------------------------------
@@ -279,6 +279,25 @@ def test_the_drivers_folder_is_made_again_when_output_dir_was_removed(tmp_path):
     assert s.run() == 0
     assert s.states() == ["COMPLETE", "COMPLETE"]
     assert seen == [True, True]  # there when trial 1 started, as for trial 0
+    assert trialdir.read_marker(s.spec.output_dir) == trialdir.owner_of(s.spec)
+
+
+def test_an_output_dir_another_study_took_meanwhile_fails_the_trial_and_stops(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 3})
+
+    def taken(done: Any) -> None:
+        if done.number == 0:
+            shutil.rmtree(s.spec.output_dir)
+            s.spec.output_dir.mkdir()
+            (s.spec.output_dir / "study.json").write_text(
+                json.dumps({"study": "other", "storage": "sqlite:///other.db"}))
+
+    s.driver.events.finished = taken  # type: ignore[method-assign]
+    assert s.run() == 1
+    assert s.states() == ["COMPLETE", "FAIL"]
+    assert s.trials[1].user_attrs["fail_reason"] == (
+        f"could not prepare the trial: {s.spec.output_dir} was removed during the run and "
+        "now holds the trials of study 'other' (storage sqlite:///other.db)")
 
 
 def test_the_monitor_warns_once_while_samples_cannot_be_written(tmp_path, caplog):
