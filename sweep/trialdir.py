@@ -199,6 +199,12 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
     UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if source is None:
+            raise
+        raise UsageError(f"{source}: study.output_dir: cannot create {output_dir}: "
+                         f"{e.strerror or e}") from None
+    try:
         check_output_dir(output_dir)
         if own is not None:
             make_own_folder(own.parent, FOLDER_MODE)
