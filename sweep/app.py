@@ -163,9 +163,11 @@ def make_pool(spec: Spec, devices: list[Device], reader: Reader, nvml: bool,
 
 def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     """The commands of the next trials `run` would start, sampled in memory from a copy of the
-    stored study (if there is one). Writes nothing, to storage or to disk."""
+    stored study (if there is one). Writes nothing, to storage or to disk. Refuses, as `run`
+    would, an output_dir that holds another study's trials."""
     import optuna
 
+    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         sampler=config.build_sampler(spec), directions=spec.study.objective_directions)

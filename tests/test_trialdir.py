@@ -131,6 +131,8 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
         list(app.trial_log(mine.source, 0))
     assert list(app.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
+    with pytest.raises(UsageError, match="holds the trials of study 'b'"):
+        app.dry_run(mine, [])  # as a run would
 
 
 # ---- item 6: no link followed, no other user's folder trusted -------------------------
