@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, pool, searchspace, storageurl
+from sweep import config, hostlock, launch, pool, searchspace, storageurl, trialdir
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.driver import Driver
@@ -134,11 +134,13 @@ def execute(
 
     # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:  # the one real test that output_dir can be made, before storage is touched
-        launch.prepare_output_dir(spec.output_dir)
+    # before storage is touched: output_dir can be made, is this user's and this study's;
+    # the host's lock folder can be trusted
+    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    try:
+        lock_dir(host_name())
     except OSError as e:
-        raise UsageError(f"{spec.source}: study.output_dir: cannot create {spec.output_dir}: "
-                         f"{e.strerror or e}") from None
+        raise UsageError(f"the host's lock folder: {e}") from None
     notes: list[str] = []
     store = open_store(spec, notes)
     if devices is None:
@@ -148,7 +150,7 @@ def execute(
             store.close()
     reader, nvml = nvml_reader(devices)
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
-    own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+    own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
                       host=store.owner.host)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
@@ -193,9 +195,11 @@ def make_pool(spec: Spec, devices: list[Device], reader: Reader, nvml: bool,
 
 def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     """The commands of the next trials `run` would start, sampled in memory from a copy of the
-    stored study (if there is one). Writes nothing, to storage or to disk."""
+    stored study (if there is one). Writes nothing, to storage or to disk. Refuses, as `run`
+    would, an output_dir that holds another study's trials."""
     import optuna
 
+    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
@@ -267,7 +271,8 @@ def trial_log(
     """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
     comes, until the trial is finished."""
     spec = config.load(path, runnable=False, storage=storage)
-    paths = launch.TrialPaths.of(spec.output_dir, number)
+    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    paths = trialdir.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")

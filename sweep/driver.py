@@ -16,7 +16,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep import hostlock, launch, placement, process, searchspace
+from sweep import hostlock, launch, placement, process, searchspace, trialdir
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
@@ -72,7 +72,7 @@ class Driver:
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
         the warm server."""
-        launch.prepare_output_dir(self.spec.output_dir, self.own)
+        trialdir.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
         trainer = self.spec.trainer
         if trainer.preload and trainer.launcher != "warm":
             self.events.message(f"trainer.preload is for launcher: warm; launcher is "
@@ -364,8 +364,16 @@ class Driver:
                 if spec.trainer.launcher in ("direct", "warm") else None
             plan = launch.plan_trial(spec, asked.number, params, device, self.own,
                                      ",".join(lease.pins), port, direct)
-            launch.prepare_trial_dir(plan, launch.script_params(params, spec.params))
+            trialdir.ensure_driver_dir(spec, self.own)
+            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
+                                       trialdir.arg_secrets(spec.trainer.args, os.environ))
             proc = self._spawn(plan, lease.fds())
+        except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
+            self.pool.release(lease)
+            self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
+            self._adjust_counts(running=-1)
+            self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
+            return
         except BaseException as e:
             self.pool.release(lease)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")

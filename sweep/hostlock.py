@@ -4,34 +4,86 @@ A device with `capacity` slots has the files `<key>.0.lock` ... `<key>.<capacity
 `<lock dir>/<host>/`; a driver holds a slot while it holds the lock. The kernel drops the lock
 when the driver's process ends, even by SIGKILL, so a dead sweep frees its devices at once,
 and the lock is taken before the trial's processes exist (NVML could not show them yet).
-The lock dir is `$SWEEP_LOCK_DIR`, else `/tmp/sweep-locks` (shared by every user: a lock file
-another user created is locked through a read-only descriptor).
+The lock dir is `$SWEEP_LOCK_DIR`, else `/tmp/sweep-locks`, shared by every user: its folders
+are sticky (mode 1777), a lock file another user created is locked through a read-only
+descriptor, and nothing another user put there is trusted: no symbolic link is followed, a
+folder writable by others without the sticky bit is refused, and each lock file is checked
+after opening (a regular file, no other hard links). A refusal is a `safefs.UnsafePath`.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
+from sweep.safefs import DIR_FLAGS, UnsafePath, file_problem, shared_folder_problem
+
 LOCK_DIR_ENV = "SWEEP_LOCK_DIR"
 DEFAULT_DIR = Path("/tmp/sweep-locks")
+SHARED_MODE = 0o1777
 
 
 def lock_dir(host: str) -> Path:
-    """The folder of this host's slot files, created world-writable (sticky) if missing."""
+    """The folder of this host's slot files, created world-writable and sticky if missing.
+    UnsafePath if it, or the lock dir, is a symbolic link or may be changed by anyone."""
     base = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR)
     folder = base / re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    for path in (base, folder):
-        if not path.is_dir():
-            path.mkdir(parents=True, exist_ok=True)
-            try:
-                path.chmod(0o1777)
-            except OSError:
-                pass
+    if not os.path.lexists(base):
+        base.parent.mkdir(parents=True, exist_ok=True)
+        _make_shared(base, None)
+    top = _open_shared(base, None, fix=True)
+    try:
+        _make_shared(folder, top)
+        os.close(_open_shared(folder, top, fix=True))
+    finally:
+        os.close(top)
     return folder
+
+
+def _make_shared(path: Path, parent_fd: int | None) -> None:
+    """Create the shared folder `path` (in `parent_fd`, if given) with mode 1777, unless
+    something is there already."""
+    name: str | Path = path.name if parent_fd is not None else path
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        return
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        os.fchmod(fd, SHARED_MODE)  # after the umask, and never through a link
+    finally:
+        os.close(fd)
+
+
+def _refused(path: Path, why: str) -> UnsafePath:
+    return UnsafePath(path, f"{why}: remove it, or set ${LOCK_DIR_ENV} to a folder of your own")
+
+
+def _open_shared(path: Path, parent_fd: int | None, fix: bool = False) -> int:
+    """A descriptor of the shared folder `path` (opened in `parent_fd`, if given), checked:
+    UnsafePath if it is a link, not a folder, or writable by others without the sticky
+    bit (with `fix`, a folder of this user's own is made sticky instead)."""
+    name: str | Path = path.name if parent_fd is not None else path
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refused(path, "is a symbolic link or not a folder") from None
+        raise
+    st = os.fstat(fd)
+    problem = shared_folder_problem(st)
+    if problem and fix and st.st_uid == os.geteuid():
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_ISVTX)
+        problem = None
+    if problem:
+        os.close(fd)
+        raise _refused(path, problem)
+    return fd
 
 
 MUTEX_WAIT = 2.0  # s a sweep waits for another's `take` of the same device
@@ -39,11 +91,31 @@ MUTEX_WAIT = 2.0  # s a sweep waits for another's `take` of the same device
 
 def open_lock(path: Path) -> int:
     """A descriptor to flock `path` with, creating it; another user's lock file (mode 0644)
-    is opened read-only, which locks as well."""
+    is opened read-only, which locks as well. No symbolic link is followed (the file's, its
+    folder's or the folder above); UnsafePath if what was opened is not a regular file of
+    one link, or a folder may be changed by anyone."""
+    top = _open_shared(path.parent.parent, None)
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
+        folder = _open_shared(path.parent, top)
+    finally:
+        os.close(top)
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO would block a read-only open
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDWR | os.O_CREAT | flags, 0o644, dir_fd=folder)
+        except PermissionError:
+            fd = os.open(path.name, os.O_RDONLY | flags, dir_fd=folder)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise _refused(path, "is not a regular file (a symbolic link?)") from None
+        raise
+    finally:
+        os.close(folder)
+    problem = file_problem(os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise _refused(path, problem)
+    return fd
 
 
 def _lock_within(fd: int, seconds: float) -> bool:

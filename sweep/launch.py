@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -17,57 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep import protocol
+from sweep import protocol, trialdir
 from sweep.config import Spec, TrainerSection, env_name
 from sweep.placeholders import fill
-
-ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
-# sweep's own accelerate config: one process, no distribution, so a user's
-# default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
-ACCELERATE_CONFIG = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: 'NO'
-num_machines: 1
-num_processes: 1
-machine_rank: 0
-mixed_precision: 'no'
-use_cpu: false
-"""
-
-
-@dataclass(frozen=True)
-class TrialPaths:
-    """The files of one trial, all under `<output_dir>/trials/<number>/`."""
-
-    dir: Path
-
-    @classmethod
-    def of(cls, output_dir: Path, number: int) -> TrialPaths:
-        return cls(output_dir / "trials" / str(number))
-
-    @property
-    def params(self) -> Path:
-        return self.dir / "params.json"
-
-    @property
-    def result(self) -> Path:
-        return self.dir / "result.json"
-
-    @property
-    def reports(self) -> Path:
-        return self.dir / "reports.jsonl"
-
-    @property
-    def stdout(self) -> Path:
-        return self.dir / "stdout.log"
-
-    @property
-    def stderr(self) -> Path:
-        return self.dir / "stderr.log"
-
-    @property
-    def command(self) -> Path:
-        return self.dir / "command.sh"
+from sweep.trialdir import ACCELERATE_CONFIG as ACCELERATE_CONFIG
+from sweep.trialdir import ACCELERATE_CONFIG_NAME as ACCELERATE_CONFIG_NAME
+from sweep.trialdir import TrialPaths as TrialPaths
+from sweep.trialdir import driver_dir as driver_dir
+from sweep.trialdir import prepare_output_dir as prepare_output_dir
+from sweep.trialdir import prepare_trial_dir as prepare_trial_dir
 
 
 @dataclass(frozen=True)
@@ -236,14 +193,7 @@ def direct_settings(spec: Spec, params: Mapping[str, Any], config_dir: Path) -> 
 
 
 def trial_dir(spec: Spec, number: int) -> Path:
-    return TrialPaths.of(spec.output_dir, number).dir
-
-
-def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
-    """The files of one driver process (its accelerate config, its GPU samples): drivers on
-    several hosts may share `output_dir` on a cluster filesystem."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
-    return output_dir / "drivers" / f"{safe}.{pid}"
+    return trialdir.trial_dir(spec.output_dir, number)
 
 
 def plan_trial(
@@ -263,23 +213,3 @@ def plan_trial(
 def spec_places(spec: Spec) -> dict[str, str]:
     """The placeholders every trial of `spec` shares."""
     return {"study_dir": str(spec.source.parent), "output_dir": str(spec.output_dir)}
-
-
-def prepare_output_dir(output_dir: Path, own: Path | None = None) -> None:
-    """Create `output_dir`, and the driver's folder `own` (if given) with sweep's accelerate
-    config."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if own is not None:
-        own.mkdir(parents=True, exist_ok=True)
-        (own / ACCELERATE_CONFIG_NAME).write_text(ACCELERATE_CONFIG)
-
-
-def prepare_trial_dir(plan: LaunchPlan, params: Mapping[str, Any]) -> None:
-    """Create the trial directory afresh with params.json (the script's params: not those
-    `where: accelerate`) and command.sh."""
-    paths = plan.paths
-    paths.dir.mkdir(parents=True, exist_ok=True)
-    for stale in (paths.result, paths.reports):
-        stale.unlink(missing_ok=True)
-    paths.params.write_text(json.dumps(dict(params), indent=2) + "\n")
-    paths.command.write_text("#!/bin/sh\n" + plan.command_line() + "\n")

@@ -227,14 +227,22 @@ class Monitor:
                 reading.power_w,
             ])
         with open(self.csv_path, "a", newline="") as f:
-            csv.writer(f).writerows(rows)
+            out = csv.writer(f)
+            if f.tell() == 0:  # re-created (output_dir removed during the run): a header
+                out.writerow(SAMPLE_COLUMNS)
+            out.writerows(rows)
         return rows
 
     def _run(self) -> None:
+        failing = False  # said once until a sample goes through again
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 self.sample_once()
+                failing = False
             except Exception as e:  # a sample lost; the next one may go through
-                log.warning("GPU sample failed: %s", e)
+                if not failing:
+                    log.warning("GPU samples not written (said once until they are again): "
+                                "%s", e)
+                failing = True
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

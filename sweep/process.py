@@ -27,9 +27,10 @@ import psutil
 
 from sweep import guard
 from sweep.launch import LaunchPlan
-from sweep.outcome import Outcome, judge_files
+from sweep.outcome import FAIL, Outcome, judge_files
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.trialdir import open_log, written_before
 from sweep.warm import GO, WarmServer, trainer_pid
 
 GUARD = Path(guard.__file__)
@@ -97,7 +98,7 @@ class TrialProcess:
         status_r, status_w = os.pipe()
         self._popen: subprocess.Popen[bytes] | None = None
         try:
-            with open(plan.paths.stdout, "wb") as out, open(plan.paths.stderr, "wb") as err:
+            with open_log(plan.paths.stdout) as out, open_log(plan.paths.stderr) as err:
                 if server is not None:
                     self.pid = server.fork(
                         plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,
@@ -363,10 +364,16 @@ class RunningTrial:
 
     def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str]) -> Outcome:
         """`outcome.judge` of this trial's files, exit code, stop and last report."""
-        paths = self.process.plan.paths
-        return judge_files(paths.stderr, self.process.plan.result, self.process.exit_code,
-                           metrics, stdout=paths.stdout, patterns=patterns,
-                           stop=self.stop_text(), timeout=timeout, last_report=self.last_report)
+        paths, result = self.process.plan.paths, self.process.plan.result
+        verdict = judge_files(paths.stderr, result, self.process.exit_code,
+                              metrics, stdout=paths.stdout, patterns=patterns,
+                              stop=self.stop_text(), timeout=timeout,
+                              last_report=self.last_report)
+        if verdict.state != FAIL and not patterns and written_before(result, paths):
+            return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
+                f"no result: {result} was last written before the trial started (left by "
+                "an earlier run?)"))
+        return verdict
 
     def stop_text(self) -> str | None:
         """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""

@@ -8,10 +8,11 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
      "grpclock", "placement", "sqlite"},
     {"storageurl", "searchspace", "placeholders"},
-    {"config"},
+    {"config", "hostlock"},
+    {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"driver"},

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
 import time
 
+import pytest
 from conftest import load_trials, spawn_cli, study_dict, wait_until
 
-from sweep.hostlock import HostSlots
+from sweep.hostlock import HostSlots, take_port
 from sweep.placement import Refusal, Why
 from sweep.pool import Lease, Pool, fake_devices
 from sweep.testing.fakes import lease
@@ -146,3 +149,94 @@ def test_a_device_other_sweeps_fill_is_waited_for_not_given_up(tmp_path):
     assert mine.acquire() == Refusal(  # waited for, as the README says
         Why.BLOCKED, "GPU 0: 10240 MB free for a trial that needs 20480 MB")
     theirs.release()
+
+
+# ---- issue 26 item 6: what another user put in the shared lock folder is not trusted ----
+
+NOBODY = 65534
+
+
+def test_a_lock_file_planted_as_a_link_is_never_followed(own_lock_dir, tmp_path):
+    """Another user who made symlinks named like sweep's lock files had root's sweep create
+    files where they pointed."""
+    from sweep.hostlock import lock_dir
+    from sweep.safefs import UnsafePath
+
+    folder = lock_dir("host")
+    target = tmp_path / "victim-dir" / "chosen"
+    target.parent.mkdir()
+    (folder / "gpu0.mutex").symlink_to(target)
+    with pytest.raises(UnsafePath, match=r"gpu0.mutex is not a regular file"):
+        HostSlots(folder, 1).take("gpu0")
+    assert not target.exists()
+    (folder / "gpu0.mutex").unlink()
+    (folder / "gpu0.0.lock").symlink_to(target)
+    with pytest.raises(UnsafePath, match=r"gpu0.0.lock is not a regular file"):
+        HostSlots(folder, 1).take("gpu0")
+    assert not target.exists()
+    os.mkfifo(folder / "port.29600.lock")  # a FIFO would block a read-only open
+    with pytest.raises(UnsafePath, match=r"port.29600.lock is not a regular file"):
+        take_port(folder, range(29600, 29601))
+
+
+def test_a_host_folder_planted_as_a_link_is_refused(own_lock_dir, tmp_path):
+    from sweep.hostlock import lock_dir
+    from sweep.safefs import UnsafePath
+
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir()
+    own_lock_dir.mkdir(mode=0o1777)
+    (own_lock_dir / "host").symlink_to(elsewhere)
+    with pytest.raises(UnsafePath, match=r"host is a symbolic link or not a folder: remove "
+                       r"it, or set \$SWEEP_LOCK_DIR to a folder of your own"):
+        lock_dir("host")
+    with pytest.raises(UnsafePath):
+        HostSlots(own_lock_dir / "host", 1).take("gpu0")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_another_users_host_folder_is_used_only_if_sticky(own_lock_dir):
+    """Sweeps of different users still share the host's slots (never one device twice), in
+    a folder another user made, as long as no one may replace the files of others there."""
+    from sweep.hostlock import lock_dir
+    from sweep.safefs import UnsafePath
+
+    own_lock_dir.mkdir(mode=0o755)
+    own_lock_dir.chmod(0o1777)
+    theirs = own_lock_dir / "host"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    theirs.chmod(0o777)
+    with pytest.raises(UnsafePath, match=r"host is owned by nobody and writable by others "
+                       r"without the sticky bit \(mode 777\)"):
+        lock_dir("host")
+    theirs.chmod(0o1777)
+    assert lock_dir("host") == theirs
+    held = theirs / "gpu0.0.lock"  # their sweep's slot file: locked read-only here
+    held.touch(mode=0o644)
+    os.chown(held, NOBODY, NOBODY)
+    slot = HostSlots(theirs, 1).take("gpu0")
+    assert slot is not None and HostSlots(theirs, 1).held("gpu0") == 1
+
+
+def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
+    from sweep.hostlock import lock_dir
+
+    folder = lock_dir("host")
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (own_lock_dir, folder)] == [0o1777] * 2
+
+
+def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
+        write_study, own_lock_dir, tmp_path):
+    from sweep import app, config
+    from sweep.errors import UsageError
+
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir()
+    own_lock_dir.symlink_to(elsewhere)
+    spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
+    with pytest.raises(UsageError, match=r"^the host's lock folder: .*locks is a symbolic "
+                       r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"):
+        app.execute(spec, [])
+    assert not (tmp_path / "s.db").exists() and list(elsewhere.iterdir()) == []

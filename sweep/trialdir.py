@@ -1,0 +1,382 @@
+"""The folders and files of a sweep in `output_dir`: whose they are, and writing them safely.
+
+`output_dir` belongs to one study: `study.json` there names it and its storage, and a driver
+of another study refuses the folder before it writes anything (`claim_output_dir`). A trial's
+folder `trials/<number>/` is made anew before the trial starts, so no file in it (nor its
+declared result file) is older than the trial. Trial folders are 0700 and their files 0600
+(`command.sh` 0700), never written through a symbolic link; `command.sh` leaves out the
+values of variables whose names look secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sweep.config import Spec
+from sweep.errors import UsageError
+from sweep.safefs import (
+    UnsafePath,
+    check_output_dir,
+    make_own_folder,
+    open_for_writing,
+    write_file,
+)
+from sweep.storageurl import shown_url
+
+MARKER_NAME = "study.json"
+ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
+# sweep's own accelerate config: one process, no distribution, so a user's
+# default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
+ACCELERATE_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: 'NO'
+num_machines: 1
+num_processes: 1
+machine_rank: 0
+mixed_precision: 'no'
+use_cpu: false
+"""
+FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
+# names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
+SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
+SHORTEST_SECRET = 6  # shorter values of such variables are not looked for in the arguments
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """The files of one trial, all under `<output_dir>/trials/<number>/`."""
+
+    dir: Path
+
+    @classmethod
+    def of(cls, output_dir: Path, number: int) -> TrialPaths:
+        return cls(output_dir / "trials" / str(number))
+
+    @property
+    def params(self) -> Path:
+        return self.dir / "params.json"
+
+    @property
+    def result(self) -> Path:
+        return self.dir / "result.json"
+
+    @property
+    def reports(self) -> Path:
+        return self.dir / "reports.jsonl"
+
+    @property
+    def stdout(self) -> Path:
+        return self.dir / "stdout.log"
+
+    @property
+    def stderr(self) -> Path:
+        return self.dir / "stderr.log"
+
+    @property
+    def command(self) -> Path:
+        return self.dir / "command.sh"
+
+
+class Plan(Protocol):
+    """What `prepare_trial_dir` needs of a `launch.LaunchPlan`."""
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+    @property
+    def paths(self) -> TrialPaths: ...
+    @property
+    def result(self) -> Path: ...
+
+
+def trial_dir(output_dir: Path, number: int) -> Path:
+    return TrialPaths.of(output_dir, number).dir
+
+
+def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
+    """The files of one driver process (its accelerate config, its GPU samples): drivers on
+    several hosts may share `output_dir` on a cluster filesystem."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
+    return output_dir / "drivers" / f"{safe}.{pid}"
+
+
+# ---- whose output_dir -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The study an `output_dir` belongs to: its name and its storage as shown to users."""
+
+    study: str
+    storage: str
+
+
+def owner_of(spec: Spec) -> Owner:
+    """Who `spec`'s output_dir belongs to: its study, in its storage (password hidden)."""
+    return Owner(spec.study.name, shown_url(spec.storage_url))
+
+
+def read_marker(output_dir: Path) -> Owner | None:
+    """The study `output_dir` belongs to, from its `study.json`; None if it has none (yet)."""
+    try:
+        data = json.loads((output_dir / MARKER_NAME).read_text())
+        return Owner(str(data["study"]), str(data["storage"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return Owner("<unreadable>", "<unreadable>")
+
+
+def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
+    """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
+    `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
+    study's (another name, or the same name in another storage). Drivers of one study on
+    several hosts share it."""
+    prepare_output_dir(output_dir, source=source)
+    try:
+        found = _mark(output_dir, owner)
+    except OSError as e:
+        raise UsageError(f"{source}: study.output_dir: cannot write "
+                         f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
+    if found != owner:
+        raise UsageError(foreign(source, output_dir, found))
+
+
+def _mark(output_dir: Path, owner: Owner) -> Owner | None:
+    """Write `owner` into `output_dir`'s study.json unless it has one: whom it names now."""
+    found = read_marker(output_dir)
+    if found is not None:
+        return found
+    tmp = output_dir / f".{MARKER_NAME}.{os.getpid()}.tmp"
+    try:
+        write_file(tmp, json.dumps({"study": owner.study, "storage": owner.storage},
+                                   indent=1) + "\n", 0o644)
+        try:
+            os.link(tmp, output_dir / MARKER_NAME)  # the first claim wins; others read it
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_marker(output_dir)
+
+
+def foreign(source: Path, output_dir: Path, found: Owner | None) -> str:
+    """The line that refuses `output_dir` holding the trials of `found`."""
+    return (f"{source}: study.output_dir: {output_dir} holds the trials of {_whose(found)}, see "
+            f"{output_dir / MARKER_NAME}: give this study another output_dir, or remove that "
+            "folder to start afresh")
+
+
+def _whose(found: Owner | None) -> str:
+    return ("an unreadable study.json" if found is None or found.study == "<unreadable>"
+            else f"study {found.study!r} (storage {found.storage})")
+
+
+def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
+    """UsageError if `output_dir` is marked as another study's (an unmarked one may be)."""
+    found = read_marker(output_dir)
+    if found is not None and found != owner:
+        raise UsageError(foreign(source, output_dir, found))
+
+
+# ---- making folders and files ---------------------------------------------------------
+
+
+def prepare_output_dir(output_dir: Path, own: Path | None = None,
+                       source: Path | None = None) -> None:
+    """Create `output_dir` (and check it: this user's, not writable by all), and the driver's
+    folder `own` (if given) with sweep's accelerate config. With `source`, a problem is a
+    UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if source is None:
+            raise
+        raise UsageError(f"{source}: study.output_dir: cannot create {output_dir}: "
+                         f"{e.strerror or e}") from None
+    try:
+        check_output_dir(output_dir)
+        if own is not None:
+            make_own_folder(own.parent, FOLDER_MODE)
+            make_own_folder(own, FOLDER_MODE)
+            write_file(own / ACCELERATE_CONFIG_NAME, ACCELERATE_CONFIG, FILE_MODE)
+    except OSError as e:
+        if source is None:
+            raise
+        mine = "; use a folder of your own" if isinstance(e, UnsafePath) else ""
+        raise UsageError(f"{source}: study.output_dir: {cannot(e, output_dir)}{mine}") from None
+
+
+def ensure_driver_dir(spec: Spec, own: Path) -> None:
+    """Before each trial: re-create the driver's folder `own`, and the study.json of `spec`'s
+    output_dir, if they are gone (`output_dir` removed during the run); one `stat` when they
+    are there. TrialFileError if they cannot be, or another study has taken it since."""
+    if (own / ACCELERATE_CONFIG_NAME).is_file():
+        return
+    output_dir, owner = spec.output_dir, owner_of(spec)
+    with _trial_files(own):
+        prepare_output_dir(output_dir, own)
+        found = _mark(output_dir, owner)
+        if found != owner:
+            raise UnsafePath(output_dir, "was removed during the run and now holds the "
+                             f"trials of {_whose(found)}")
+
+
+class TrialFileError(OSError):
+    """A trial's folder or files, or the driver's folder, could not be made: `why` says
+    which path and why (the disk is full, the folder read-only or gone, a planted link)."""
+
+    def __init__(self, why: str, cause: OSError) -> None:
+        super().__init__(cause.errno, why, cause.filename)
+        self.why = why
+
+    def __str__(self) -> str:
+        return self.why
+
+
+@contextlib.contextmanager
+def _trial_files(fallback: Path) -> Iterator[None]:
+    """Any OSError inside as a TrialFileError naming its path (`fallback` if it names none)."""
+    try:
+        yield
+    except TrialFileError:
+        raise
+    except OSError as e:
+        raise TrialFileError(cannot(e, fallback), e) from e
+
+
+def cannot(e: OSError, fallback: Path) -> str:
+    """An OSError as "cannot write PATH: why"."""
+    if isinstance(e, UnsafePath):
+        return str(e)
+    return f"cannot write {e.filename or fallback}: {e.strerror or e}"
+
+
+def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
+                      secrets: Mapping[str, str] | None = None) -> None:
+    """Make the trial's folder anew (0700; whatever an earlier trial of that number left is
+    removed), with params.json (the script's params) and command.sh, and remove the trial's
+    declared result file if it lies elsewhere: no file the trial is judged by is older than
+    it. `secrets` (see `arg_secrets`) are left out of command.sh's arguments, as are the
+    values of the trial's variables whose names look secret. TrialFileError (naming the
+    path) if it cannot be done."""
+    with _trial_files(plan.paths.dir):
+        _prepare_trial_dir(plan, params, secrets or {})
+
+
+def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
+                       secrets: Mapping[str, str]) -> None:
+    paths = plan.paths
+    paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
+    make_own_folder(paths.dir.parent, FOLDER_MODE)
+    _remove(paths.dir)
+    os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here
+    make_own_folder(paths.dir, FOLDER_MODE)
+    write_file(paths.params, json.dumps(dict(params), indent=2) + "\n", FILE_MODE)
+    write_file(paths.command, command_script(plan, secrets), SCRIPT_MODE)
+    if plan.result.parent != paths.dir:
+        _remove(plan.result)
+
+
+def _remove(path: Path) -> None:
+    """Remove `path`, a folder with what is in it or a file (or a link: not what it points
+    to). An OSError names the path."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
+        else:
+            os.unlink(path)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, e.filename or str(path)) from e
+
+
+STALE_MARGIN_NS = 1_000_000_000  # a file's clock may differ this much from command.sh's
+
+
+def written_before(result: Path, paths: TrialPaths) -> bool:
+    """Whether the trial's result file was last written before the trial was prepared (its
+    command.sh), by over a second: left by something else, it must not count. Only files of
+    command.sh's file system are compared (another one's clock may differ)."""
+    try:
+        found, prepared = os.stat(result), os.stat(paths.command)
+    except OSError:
+        return False
+    return (found.st_dev == prepared.st_dev
+            and found.st_mtime_ns < prepared.st_mtime_ns - STALE_MARGIN_NS)
+
+
+def open_log(path: Path) -> Any:
+    """A trial's stdout.log or stderr.log, emptied, for the trainer to write (binary): never
+    through a symbolic link, nor another user's file. TrialFileError (naming it) if not."""
+    with _trial_files(path):
+        return os.fdopen(open_for_writing(path, FILE_MODE), "wb")
+
+
+# ---- command.sh -----------------------------------------------------------------------
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable's name says its value is a secret (a token, a key, a password)."""
+    return (not name.startswith("SWEEP_") and name not in ("PWD", "OLDPWD")
+            and bool(SECRET_NAME.search(name)))
+
+
+def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
+    names look secret: their values are left out of command.sh."""
+    names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
+    return {n: environ[n] for n in sorted(names) if n in environ and secret_name(n)}
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
+
+
+def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
+    """command.sh: the trial's exact command as a shell script, except that the values of
+    the trial's variables whose names look secret, and of `secrets` in its arguments, are
+    left out: the script takes them from its caller's environment, and says so."""
+    hidden = {**secrets, **{k: v for k, v in plan.env.items() if secret_name(k)}}
+    values = sorted(((v, k) for k, v in hidden.items() if len(v) >= SHORTEST_SECRET),
+                    key=lambda vk: -len(vk[0]))
+    in_args: set[str] = set()
+    words = [_quote(arg, values, in_args) for arg in plan.argv]
+    env = " ".join(f"{k}={_ref(k) if secret_name(k) else shlex.quote(v)}"
+                   for k, v in sorted(plan.env.items()))
+    lines = ["#!/bin/sh"]
+    names = sorted({*(k for k in plan.env if secret_name(k)), *in_args})
+    if names:
+        lines.append(f"# left out (their names look secret): {', '.join(names)}; set "
+                     "them in your environment to run this (they come from trainer.env "
+                     "or the driver's environment)")
+    lines.append(f"{env} {' '.join(words)}")
+    return "\n".join(lines) + "\n"
+
+
+def _ref(name: str) -> str:
+    return f'"${{{name}:?is left out of command.sh: set it}}"'
+
+
+def _quote(arg: str, values: list[tuple[str, str]], found: set[str]) -> str:
+    """`arg` as one shell word, each secret value in it replaced by a reference to its
+    variable."""
+    for value, name in values:
+        if value in arg:
+            found.add(name)
+            return _ref(name).join(_quote(part, values, found) if part else ""
+                                   for part in arg.split(value))
+    return shlex.quote(arg)

@@ -1,0 +1,367 @@
+"""Trial folders and files that can be trusted (issue 26, items 1, 6, 8 and 10): a folder of
+one study, made anew for each trial; no link followed, no other user's folder written in;
+secrets left out of command.sh; a full or removed output_dir fails one trial, not the run."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import study_dict
+from test_loop import Sweep
+
+from sweep import app, config, launch, trialdir
+from sweep.errors import UsageError
+from sweep.monitor import SAMPLE_COLUMNS, Monitor, NoReader
+from sweep.pool import Pool, fake_devices
+from sweep.safefs import UnsafePath
+from sweep.testing.fakes import Script
+from sweep.trialdir import TrialFileError, TrialPaths
+
+NOBODY = 65534
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def load(tmp_path: Path, name: str = "study.yaml", **sections: Any) -> config.Spec:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
+    return config.load(path)
+
+
+def plan_of(tmp_path: Path, number: int = 0, env: dict[str, str] | None = None,
+            args: list[str] | None = None, **sections: Any) -> launch.LaunchPlan:
+    trainer = {"env": env or {}, "args": args or [], **sections.pop("trainer", {})}
+    spec = load(tmp_path, trainer=trainer, **sections)
+    return launch.plan_trial(spec, number, {"x": 0.5}, 0)
+
+
+# ---- item 1: a trial folder belongs to one study, and to one trial --------------------
+
+
+def test_a_result_file_left_by_an_earlier_trial_of_that_number_never_counts(tmp_path):
+    """Item 1: a study restarted in the same output_dir, whose trainer writes no result,
+    COMPLETEd with the old trial's `result.file` value (0.7524)."""
+    old = tmp_path / "out" / "results" / "0.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"score": 0.7524}))
+    stale = tmp_path / "out" / "trials" / "0"
+    stale.mkdir(parents=True)
+    (stale / "checkpoint.pt").write_text("another trial's")
+    s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 1,
+                     "output_dir": str(tmp_path / "out")},
+              trainer={"result": {"file": "{output_dir}/results/{trial_number}.json"}})
+    assert s.run() == 1
+    [trial] = s.trials
+    assert trial.state.name == "FAIL"
+    assert trial.user_attrs["fail_reason"].startswith(f"no result: nothing at {old}")
+    assert not (stale / "checkpoint.pt").exists()  # the folder was made anew
+
+
+def test_prepare_makes_the_trial_folder_anew_even_where_a_link_or_file_was(tmp_path):
+    plan = plan_of(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("mine")
+    plan.paths.dir.parent.mkdir(parents=True)
+    plan.paths.dir.symlink_to(victim)
+    trialdir.prepare_trial_dir(plan, {"x": 0.5})
+    assert not plan.paths.dir.is_symlink() and plan.paths.dir.is_dir()
+    assert (victim / "keep").read_text() == "mine"  # the link was removed, not its target
+    assert sorted(p.name for p in plan.paths.dir.iterdir()) == ["command.sh", "params.json"]
+
+
+def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_path):
+    """Item 1: two studies in one output_dir overwrote each other's trial folders and swapped
+    values; the second is refused in one line, and its storage is never created."""
+    out = tmp_path / "out"
+    first = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out),
+                                              "storage": f"sqlite:///{tmp_path}/a.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)  # again: its own
+    assert json.loads((out / "study.json").read_text()) == {
+        "study": "a", "storage": f"sqlite:///{tmp_path}/a.db"}
+    second = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out),
+                                               "storage": f"sqlite:///{tmp_path}/b.db"})
+    with pytest.raises(UsageError) as refused:
+        app.execute(second, [])
+    assert str(refused.value) == (
+        f"{second.source}: study.output_dir: {out} holds the trials of study 'a' (storage "
+        f"sqlite:///{tmp_path}/a.db), see {out}/study.json: give this study another "
+        "output_dir, or remove that folder to start afresh")
+    assert not (tmp_path / "b.db").exists()
+
+
+def test_the_same_name_in_another_storage_is_another_study(tmp_path):
+    out = tmp_path / "out"
+    a = load(tmp_path, "a.yaml", study={"name": "s", "output_dir": str(out),
+                                          "storage": f"sqlite:///{tmp_path}/1.db"})
+    b = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
+                                          "storage": f"sqlite:///{tmp_path}/2.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(a), a.source)
+    with pytest.raises(UsageError, match="holds the trials of study 's' "):
+        trialdir.claim_output_dir(out, trialdir.owner_of(b), b.source)
+
+
+def test_the_marker_shows_no_password(tmp_path):
+    spec = load(tmp_path, study={"storage": "postgresql://me:hunter2@db:5432/s"})
+    assert "hunter2" not in trialdir.owner_of(spec).storage
+
+
+def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
+    """Item 1: `sweep logs` of the old study showed the new study's trial 0."""
+    out = tmp_path / "out"
+    mine = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out)})
+    theirs = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out)})
+    trialdir.claim_output_dir(out, trialdir.owner_of(theirs), theirs.source)
+    (out / "trials" / "0").mkdir(parents=True)
+    (out / "trials" / "0" / "stdout.log").write_text("study b's trial 0\n")
+    with pytest.raises(UsageError, match="holds the trials of study 'b'"):
+        list(app.trial_log(mine.source, 0))
+    assert list(app.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
+    with pytest.raises(UsageError, match="holds the trials of study 'b'"):
+        app.dry_run(mine, [])  # as a run would
+
+
+# ---- item 6: no link followed, no other user's folder trusted -------------------------
+
+
+def test_a_planted_log_link_never_truncates_what_it_points_to(tmp_path):
+    """Item 6: a pre-made `trials/0/stdout.log -> victim` had sweep truncate the victim."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "stdout.log").symlink_to(victim)
+    with pytest.raises(TrialFileError, match=r"stdout.log is a symbolic link"):
+        trialdir.open_log(folder / "stdout.log")
+    os.link(victim, folder / "stderr.log")
+    with pytest.raises(TrialFileError, match=r"stderr.log has other hard links"):
+        trialdir.open_log(folder / "stderr.log")
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_an_output_dir_of_another_user_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chown(out, NOBODY, -1)
+    spec = load(tmp_path, study={"output_dir": str(out)})
+    with pytest.raises(UsageError) as refused:
+        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    assert str(refused.value).startswith(
+        f"{spec.source}: study.output_dir: {out} is owned by nobody, not by root who runs "
+        "sweep")
+    assert not (out / "study.json").exists()
+
+
+def test_an_output_dir_writable_by_every_user_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    spec = load(tmp_path, study={"output_dir": str(out)})
+    with pytest.raises(UsageError, match=r"out is writable by every user \(mode 777\)"):
+        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+
+
+def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
+    spec = load(tmp_path, study={"output_dir": str(shared / "out")})
+    with pytest.raises(UsageError, match=r"is inside .*shared, writable by every user"):
+        trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    shared.chmod(0o1777)  # sticky, as /tmp
+    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+
+
+# ---- item 8: no secret in command.sh ------------------------------------------------
+
+
+def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
+    """Item 8: `$HF_TOKEN` in trainer.args and `WANDB_API_KEY` in trainer.env were written
+    into a 0644 command.sh in 0755 folders."""
+    environ = {**os.environ, "HF_TOKEN": "hf_abcdefghijkl"}
+    spec = load(tmp_path, trainer={
+        "env": {"WANDB_API_KEY": "wandb-secret-1234", "MODE": "fast"},
+        "args": ["--token=$HF_TOKEN", "--name", "run"]})
+    plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+                               TrialPaths.of(spec.output_dir, 0),
+                               spec.output_dir / "accelerate_config.yaml",
+                               places=launch.spec_places(spec), environ=environ)
+    assert "--token=hf_abcdefghijkl" in plan.argv  # the trainer gets it
+    trialdir.prepare_trial_dir(plan, {"x": 0.5},
+                               trialdir.arg_secrets(spec.trainer.args, environ))
+    paths = plan.paths
+    assert (mode(paths.dir), mode(paths.dir.parent)) == (0o700, 0o700)
+    assert (mode(paths.params), mode(paths.command)) == (0o600, 0o700)
+    text = paths.command.read_text()
+    assert "hf_abcdefghijkl" not in text and "wandb-secret-1234" not in text
+    assert "# left out (their names look secret): HF_TOKEN, WANDB_API_KEY;" in text
+    assert "MODE=fast" in text
+    # runnable by its owner with the secrets from the environment: here, a script that
+    # prints what it got
+    paths.command.write_text(text.replace(str(spec.trainer.script), str(tmp_path / "p.py")))
+    (tmp_path / "p.py").write_text(
+        "import os, sys; print(sys.argv[1:], os.environ['WANDB_API_KEY'])")
+    done = subprocess.run([str(paths.command)], capture_output=True, text=True, check=True,
+                          env={**environ, "WANDB_API_KEY": "wandb-secret-1234"})
+    assert done.stdout.split("] ")[1].strip() == "wandb-secret-1234"
+    assert "'--token=hf_abcdefghijkl'" in done.stdout
+    unset = subprocess.run([str(paths.command)], capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"]})
+    assert unset.returncode != 0 and "is left out of command.sh: set it" in unset.stderr
+
+
+def test_logs_are_private(tmp_path):
+    with trialdir.open_log(tmp_path / "stdout.log") as f:
+        f.write(b"x")
+    assert mode(tmp_path / "stdout.log") == 0o600
+
+
+def test_secret_looking_names():
+    assert [n for n in ("HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+                        "MODE", "CUDA_VISIBLE_DEVICES", "SWEEP_PARAM_KEY_SIZE")
+            if trialdir.secret_name(n)] == ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD",
+                                            "AWS_SECRET_ACCESS_KEY"]
+
+
+# ---- item 10: a full, read-only or removed output_dir --------------------------------
+
+
+def test_a_trial_that_cannot_be_prepared_fails_alone_and_the_run_stops_starting(
+        tmp_path, monkeypatch):
+    """Item 10: a full output_dir ended the run with a bare OSError naming no path and turned
+    the healthy running trials into `FAIL driver error`."""
+    s = Sweep(tmp_path, lambda p: Script(runs=5.0), gpus=3, study={"n_trials": 6})
+    full = TrialPaths.of(s.spec.output_dir, 2).dir
+    real_mkdir = os.mkdir
+
+    def mkdir(path: Any, *args: Any, **kw: Any) -> None:
+        if Path(path) == full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_mkdir(path, *args, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert s.run() == 1
+    states = {t.number: (t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials}
+    reason = f"cannot write {full}: No space left on device"
+    assert states == {0: ("COMPLETE", None), 1: ("COMPLETE", None),
+                      2: ("FAIL", f"could not prepare the trial: {reason}")}
+    assert s.driver.policy.stop_reason == f"trial 2 could not be prepared: {reason}"
+    assert s.driver.policy.result(s.store.counts()).message.startswith(
+        f"trial 2 could not be prepared: {reason}; 2/6 trials finished")
+
+
+def test_the_drivers_folder_is_made_again_when_output_dir_was_removed(tmp_path):
+    """Item 10: with output_dir deleted mid-run, `launcher: accelerate` failed every later
+    trial on the missing accelerate config."""
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 2})
+    config_file = s.driver.own / launch.ACCELERATE_CONFIG_NAME
+    seen: list[bool] = []
+
+    def removed(done: Any) -> None:
+        if done.number == 0:
+            shutil.rmtree(s.spec.output_dir)
+
+    s.driver.events.finished = removed  # type: ignore[method-assign]
+    s.driver.events.started = lambda st: seen.append(config_file.is_file())  # type: ignore
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE"]
+    assert seen == [True, True]  # there when trial 1 started, as for trial 0
+    assert trialdir.read_marker(s.spec.output_dir) == trialdir.owner_of(s.spec)
+
+
+def test_an_output_dir_another_study_took_meanwhile_fails_the_trial_and_stops(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 3})
+
+    def taken(done: Any) -> None:
+        if done.number == 0:
+            shutil.rmtree(s.spec.output_dir)
+            s.spec.output_dir.mkdir()
+            (s.spec.output_dir / "study.json").write_text(
+                json.dumps({"study": "other", "storage": "sqlite:///other.db"}))
+
+    s.driver.events.finished = taken  # type: ignore[method-assign]
+    assert s.run() == 1
+    assert s.states() == ["COMPLETE", "FAIL"]
+    assert s.trials[1].user_attrs["fail_reason"] == (
+        f"could not prepare the trial: {s.spec.output_dir} was removed during the run and "
+        "now holds the trials of study 'other' (storage sqlite:///other.db)")
+
+
+def test_the_monitor_warns_once_while_samples_cannot_be_written(tmp_path, caplog):
+    """Item 10: the monitor logged a warning every second once its folder was gone."""
+    pool = Pool(fake_devices("1"), 1)
+    monitor = Monitor(NoReader(), pool, tmp_path / "gone" / "samples.csv", 0.0)
+    calls = 0
+    real = monitor.sample_once
+
+    def sample(now: float | None = None) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            (tmp_path / "gone").mkdir()  # back: the next failure is said again
+        if calls == 6:
+            shutil.rmtree(tmp_path / "gone")
+        if calls == 8:
+            monitor._stop.set()
+        return real(now)
+
+    monitor.sample_once = sample  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="sweep"):
+        monitor._run()
+    assert calls == 8
+    assert len([r for r in caplog.records if "GPU samples" in r.getMessage()]) == 2
+
+
+def test_a_samples_file_made_again_gets_its_header(tmp_path):
+    monitor = Monitor(NoReader(), Pool(fake_devices("1"), 1), tmp_path / "s.csv", 1.0)
+    monitor.sample_once(1.0)
+    assert (tmp_path / "s.csv").read_text().splitlines()[0] == ",".join(SAMPLE_COLUMNS)
+
+
+def test_every_unsafe_path_is_an_oserror_that_names_it(tmp_path):
+    e = UnsafePath(tmp_path / "x", "is a symbolic link")
+    assert isinstance(e, OSError) and str(e) == f"{tmp_path}/x is a symbolic link"
+
+
+def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path):
+    """Item 1, the second guard: a result file last written before the trial was prepared
+    (put back with its old time, say) is not the trial's."""
+    old = tmp_path / "out" / "results" / "0.json"
+    s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 1,
+                     "output_dir": str(tmp_path / "out")},
+              trainer={"result": {"file": "{output_dir}/results/{trial_number}.json"}})
+
+    def restored(plan: Any, grace: float, on_change: Any, hold: Any = ()) -> Any:
+        old.parent.mkdir(parents=True, exist_ok=True)
+        old.write_text(json.dumps({"score": 0.7524}))
+        prepared = plan.paths.command.stat().st_mtime_ns
+        os.utime(old, ns=(prepared - 2_000_000_000, prepared - 2_000_000_000))
+        return spawn(plan, grace, on_change, hold)
+
+    spawn = s.spawn
+    s.driver.spawn = restored
+    assert s.run() == 1
+    [trial] = s.trials
+    assert trial.user_attrs["fail_reason"] == (
+        f"no result: {old} was last written before the trial started (left by an earlier "
+        "run?)")
+    (tmp_path / "b").mkdir()
+    fresh = Sweep(tmp_path / "b", lambda p: Script(result={"score": 0.25}), gpus=1,
+                  study={"n_trials": 1})
+    assert fresh.run() == 0 and fresh.trials[0].value == 0.25  # one written now counts
