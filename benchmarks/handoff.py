@@ -38,7 +38,7 @@ with open(os.environ["SWEEP_RESULT_FILE"], "w") as f:
 """
 RUN = """
 import json, sys, time
-from sweep import cli, driver, process, store
+from sweep import cli, driver, launchers, process, store
 marks = []
 
 def timed(cls, name, kind, number):
@@ -52,7 +52,8 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
-timed(driver.Driver, "_spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
+for launcher in (launchers.Launcher, launchers.WarmLauncher):  # warm's spawn is its own
+    timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
 init = process.TrialProcess.__init__
 
 def heard(self, plan, grace, on_change=lambda: None, hold=(), server=None):

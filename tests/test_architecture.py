@@ -13,6 +13,7 @@ LAYERS = [
     {"config"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},
+    {"launchers"},
     {"driver"},
     {"progress", "summary"},
     {"app"},
