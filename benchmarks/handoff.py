@@ -52,7 +52,7 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
-for launcher in (launchers.Launcher, launchers.WarmLauncher):  # warm's spawn is its own
+for launcher in (launchers.BaseLauncher, launchers.WarmLauncher):  # warm's spawn is its own
     timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
 init = process.TrialProcess.__init__
 

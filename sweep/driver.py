@@ -219,7 +219,7 @@ class Driver:
     def _start_one(self) -> None:
         spec, device, launcher = self.spec, self.pool.free_device(), self.launcher
         assert device is not None and launcher is not None
-        launcher.get_ready(self._stopping)  # before asking: a signal may end the wait
+        launcher.get_ready()  # before asking: a signal may end the wait
         if self._stopping():
             return
         try:

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sweep import launch, process
 from sweep.accelenv import AccelerateEnv
@@ -44,12 +44,26 @@ Say = Callable[[str], None]
 Abort = Callable[[], bool]
 
 
-class Launcher:
-    """Starts the trials of one run: `accelerate launch` per trial (this class, the default);
-    the subclasses change how."""
+class Launcher(Protocol):
+    """How the trials of one run start (`make` picks the one the study names); each method's
+    contract is on `BaseLauncher`'s."""
 
-    name = "accelerate"
-    through_accelerate = True  # the trial's command is `accelerate launch ...`
+    def prepare(self) -> None: ...
+    def get_ready(self) -> None: ...
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None) -> LaunchPlan: ...
+    def note(self, params: Mapping[str, Any]) -> str | None: ...
+    def header(self) -> list[str]: ...
+    def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+              hold: Sequence[int] = ()) -> Process: ...
+    def close(self) -> None: ...
+
+
+class BaseLauncher:
+    """What the launchers share: a plan by `launch.plan_trial`, a spawn by the run's `spawn`
+    (`process.TrialProcess`: a guard, then the command, new interpreters both)."""
+
+    through_accelerate = False  # the trial's command is `accelerate launch ...`
 
     def __init__(self, spec: Spec, spawn: Spawn = process.TrialProcess) -> None:
         self.spec = spec
@@ -58,9 +72,9 @@ class Launcher:
     def prepare(self) -> None:
         """Before the first trial is asked: what a run needs once (a few seconds at most)."""
 
-    def get_ready(self, abort: Abort) -> None:
-        """Before each trial is asked: a launcher still getting ready may wait here (until
-        `abort()` is true)."""
+    def get_ready(self) -> None:
+        """Before each trial is asked: a launcher still getting ready may wait here (warm: for
+        its server's imports, until the run is asked to stop)."""
 
     def plan(self, number: int, params: Mapping[str, Any], device: int,
              pin: str | None = None, port: int | None = None) -> LaunchPlan:
@@ -87,18 +101,19 @@ class Launcher:
         """End what the launcher holds (running trials are the driver's to end)."""
 
 
-class PythonLauncher(Launcher):
+class AccelerateLauncher(BaseLauncher):
+    """The default: `accelerate launch` as a new process per trial, the command a user would
+    type (sweep's accelerate config, the device, the options)."""
+
+    through_accelerate = True
+
+
+class PythonLauncher(BaseLauncher):
     """`python script.py`: the device and sweep's variables, nothing of accelerate."""
 
-    name = "python"
-    through_accelerate = False
 
-
-class DirectLauncher(Launcher):
+class DirectLauncher(BaseLauncher):
     """The script in one interpreter, with the variables `accelerate launch` would set."""
-
-    name = "direct"
-    through_accelerate = False
 
     def __init__(self, spec: Spec, host: str, spawn: Spawn = process.TrialProcess,
                  dry: bool = False) -> None:
@@ -133,7 +148,6 @@ class WarmLauncher(DirectLauncher):
     """`direct`'s plans, each started as a fork of a server that imported the trainers'
     modules; `direct` itself whenever the server cannot serve (the user is told why, once)."""
 
-    name = "warm"
 
     def __init__(self, spec: Spec, host: str, own: Path, say: Say, abort: Abort,
                  spawn: Spawn = process.TrialProcess, dry: bool = False,
@@ -165,7 +179,7 @@ class WarmLauncher(DirectLauncher):
     def header(self) -> list[str]:
         return ["# launcher warm: each runs as a fork of the warm server, with this environment"]
 
-    def get_ready(self, abort: Abort) -> None:
+    def get_ready(self) -> None:
         self._ready()
 
     def _ready(self) -> WarmServer | None:
@@ -258,4 +272,4 @@ def make(spec: Spec, host: str, own: Path, say: Say = lambda _: None,
         return DirectLauncher(spec, host, spawn, dry)
     if trainer.launcher == "python":
         return PythonLauncher(spec, spawn)
-    return Launcher(spec, spawn)
+    return AccelerateLauncher(spec, spawn)

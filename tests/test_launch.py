@@ -238,7 +238,8 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
                                        spawn=lambda *a, **k: None))
              for name in ("accelerate", "direct", "warm", "python")}
-    assert kinds == {"accelerate": launchers.Launcher, "direct": launchers.DirectLauncher,
+    assert kinds == {"accelerate": launchers.AccelerateLauncher,
+                     "direct": launchers.DirectLauncher,
                      "warm": launchers.WarmLauncher, "python": launchers.PythonLauncher}
     default = launchers.make(_spec(tmp_path), "h", tmp_path)
     plan = default.plan(3, {"x": 0.5}, 1)

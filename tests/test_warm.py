@@ -241,7 +241,7 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_trials_start_as_d
     launcher = launchers.make(spec, "h", tmp_path / "own", said.append)
     try:
         assert isinstance(launcher, launchers.WarmLauncher) and launcher.server is not None
-        launcher.get_ready(lambda: False)
+        launcher.get_ready()
         assert launcher.server is None
         assert said == ["launcher: warm: importing the preloaded modules left threads running "
                         "(holder): a fork would find their locks held forever; starting "
@@ -444,6 +444,22 @@ def test_a_killed_guard_leaves_nothing_behind(server, tmp_path):
     assert proc.lost and proc.exit_code == 128 + signal.SIGKILL
     assert wait_until(lambda: not psutil.pid_exists(trainer) or psutil.Process(
         trainer).status() == psutil.STATUS_ZOMBIE, 5)
+
+
+def test_a_fork_dies_with_its_guard_even_when_its_server_is_gone(tmp_path):
+    """Server and guard SIGKILLed (no one left to find the fork: its /proc environment is
+    the server's, and no file names it): the fork dies with its guard."""
+    warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)}, tmp_path / "warm.log")
+    try:
+        warm.ready(30)
+        proc, trainer = sleeping(warm, tmp_path, "6")
+        os.kill(warm._popen.pid, signal.SIGKILL)
+        warm._popen.wait()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda: not alive(trainer), 5)
+        assert proc.wait(10)
+    finally:
+        warm.close()
 
 
 def test_a_force_kill_from_the_driver_ends_the_fork_with_its_guard(server, tmp_path):
