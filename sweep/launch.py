@@ -1,7 +1,7 @@
 """A trial as a command: its argv, environment and files, decided from its inputs (pure).
 
 `build_launch` decides everything about a trial's process from its inputs and is unit-tested;
-`sweep.process` carries the decision out.
+each launcher of `sweep.launchers` plans with it, and `sweep.process` carries the plan out.
 """
 
 from __future__ import annotations

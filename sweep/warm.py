@@ -392,7 +392,8 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGCHLD, _SIGCHLD)
+        if _SIGCHLD is not None:  # None: set outside Python, which cannot be given back
+            signal.signal(signal.SIGCHLD, _SIGCHLD)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)
