@@ -134,6 +134,9 @@ class DirectLauncher(BaseLauncher):
 
     def plan(self, number: int, params: Mapping[str, Any], device: int,
              pin: str | None = None, port: int | None = None) -> LaunchPlan:
+        """As the base's, with accelerate's variables beneath sweep's: for launch options not
+        seen before (a searched `where: accelerate` param) they are asked of accelerate once
+        (a few seconds) and cached; then the plan is pure again."""
         return launch.plan_trial(self.spec, number, params, device, pin, port,
                                  self._variables(params), through_accelerate=False)
 
