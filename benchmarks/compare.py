@@ -3,9 +3,10 @@
 N trials of benchmarks/bench_trainer.py (torch + accelerate imported, an Accelerator built,
 then --seconds of "work") on K simulated devices, each way in turn, for several rounds:
 
-- sweep with each launcher: `accelerate` (default: its `accelerate launch` forked from the
-  fork server), `accelerate-new` (`fork_launcher: false`: `accelerate launch` as a new
-  interpreter per trial), `direct`, `warm`, `python`;
+- sweep with each launcher: `accelerate` (the default: `accelerate launch` as a new process
+  per trial, the command a user would type), `direct` (one interpreter with the variables
+  accelerate would set), `warm` (forks of a server that imported torch and accelerate),
+  `python`;
 - by hand: one loop per device of `CUDA_VISIBLE_DEVICES=i accelerate launch ... trainer`, as
   the accelerate articles do it (`xargs -P` with a device per slot);
 - Optuna's multi-GPU recipe: one `study.optimize` process per device on one SQLite study, its
@@ -38,8 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = ROOT / "benchmarks" / "bench_trainer.py"
-WAYS = ["sweep-accelerate", "sweep-accelerate-new", "sweep-direct", "sweep-warm",
-        "sweep-python", "by-hand", "optuna-recipe"]
+WAYS = ["sweep-accelerate", "sweep-direct", "sweep-warm", "sweep-python", "by-hand",
+        "optuna-recipe"]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
@@ -51,8 +52,7 @@ def sweep_way(launcher: str, work: Path, args: argparse.Namespace) -> None:
     study.write_text(yaml.safe_dump({
         "study": {"name": "bench", "direction": "minimize", "metric": "score",
                   "n_trials": args.trials, "sampler": {"type": "random", "seed": 0}},
-        "trainer": {"script": str(TRAINER), "launcher": launcher.removesuffix("-new"),
-                    "fork_launcher": not launcher.endswith("-new"),
+        "trainer": {"script": str(TRAINER), "launcher": launcher,
                     "args": ["--seconds", str(args.seconds)]},
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))

@@ -8,7 +8,7 @@
 #     COMPLETE, the children gone, nothing left on the GPU, the device not taken out of the pool;
 #   - packing: 8 short trials with trials_per_gpu 1, 4 and gpu_memory_gb: auto, trials/hour each
 #     ("PACK" lines), auto running its first trial alone and packing the rest;
-#   - launchers: 8 short trials through accelerate (forked, and new: fork_launcher false), direct,
+#   - launchers: 8 short trials through accelerate (a new `accelerate launch` per trial), direct,
 #     warm and python ("LAUNCHER" lines;
 #     under warm each fork must still initialise CUDA itself and see one device).
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
@@ -170,14 +170,11 @@ done
 
 # Launchers (issue 13): the same 8 short trials of a small real model through each launcher,
 # one trial per GPU: trials/hour.
-# accelerate-new: launcher accelerate with fork_launcher: false (a new interpreter per launch).
-for launcher in accelerate accelerate-new direct warm python; do
-  fork=$([ "$launcher" = accelerate-new ] && echo false || echo true)
+for launcher in accelerate direct warm python; do
   cat > "$work/launch_$launcher.yaml" <<YAML
 study: {name: launch_$launcher, direction: minimize, metric: loss, n_trials: 8,
         sampler: {type: random, seed: 0}}
-trainer: {script: gpu_burn.py, args: ["--seconds", "4"], launcher: ${launcher%-new},
-          fork_launcher: $fork, timeout: 300}
+trainer: {script: gpu_burn.py, args: ["--seconds", "4"], launcher: $launcher, timeout: 300}
 gpus: {sample_interval: 0.5}
 params:
   size: {type: categorical, choices: [512, 1024]}

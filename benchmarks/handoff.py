@@ -52,7 +52,12 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
-timed(driver.Driver, "_spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
+try:  # the launchers' spawn (warm's is its own); an older checkout: the driver's
+    from sweep import launchers
+    for launcher in (launchers.BaseLauncher, launchers.WarmLauncher):
+        timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
+except ImportError:
+    timed(driver.Driver, "_spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
 init = process.TrialProcess.__init__
 
 def heard(self, plan, grace, on_change=lambda: None, hold=(), server=None):

@@ -21,7 +21,6 @@ from importlib import metadata
 from pathlib import Path
 
 from sweep.errors import SweepError
-from sweep.launch import ACCELERATE_CONFIG, ACCELERATE_CONFIG_NAME
 
 # Run as `python -c HELPER OPTIONS_JSON`: prints the variables accelerate sets or changes.
 HELPER = """
@@ -82,18 +81,8 @@ class AccelerateEnv:
         self._known[tuple(options)] = env
         return env
 
-    @property
-    def config_dir(self) -> Path:
-        """Where the accelerate config the options name lives (`launch.direct_settings`)."""
-        return self.cache_dir
-
     def _compute(self, options: list[str]) -> dict[str, str]:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        config = self.cache_dir / ACCELERATE_CONFIG_NAME
-        if not config.is_file() or config.read_text() != ACCELERATE_CONFIG:
-            tmp = config.with_suffix(f".{uuid.uuid4().hex}.tmp")
-            tmp.write_text(ACCELERATE_CONFIG)
-            tmp.replace(config)
         try:
             done = subprocess.run([self.python, "-c", HELPER, json.dumps(options)],
                                   capture_output=True, text=True, timeout=self.timeout,

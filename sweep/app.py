@@ -7,16 +7,17 @@ and reports. `run_file` is `sweep.run` from Python.
 from __future__ import annotations
 
 import gc
+import json
 import os
+import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, pool, searchspace, storageurl, trialdir
-from sweep.accelenv import AccelerateEnv
+from sweep import config, hostlock, launch, launchers, pool, searchspace, storageurl, trialdir
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
@@ -195,8 +196,9 @@ def make_pool(spec: Spec, devices: list[Device], reader: Reader, nvml: bool,
 
 def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     """The commands of the next trials `run` would start, sampled in memory from a copy of the
-    stored study (if there is one). Writes nothing, to storage or to disk. Refuses, as `run`
-    would, an output_dir that holds another study's trials."""
+    stored study (if there is one), each a shell line that runs the trial when pasted (see
+    `runnable`). Writes nothing, to storage or to disk. Refuses, as `run` would, an output_dir
+    that holds another study's trials."""
     import optuna
 
     trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
@@ -219,15 +221,9 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         if lease.slots == 0:
             lines.append(f"# no trial can start: {lease.acquire()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
-        own = launch.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
-        launcher = spec.trainer.launcher
-        accelerate_env = AccelerateEnv(spec.output_dir / "cache", host_name())
-        if launcher == "warm":
-            lines.append("# launcher warm: each runs as a fork of the warm server, with this "
-                         "environment")
-        elif launcher == "accelerate" and spec.trainer.fork_launcher:
-            lines.append("# launcher accelerate: each `accelerate launch` runs as a fork of "
-                         "the fork server (fork_launcher), the script as a new interpreter")
+        own = trialdir.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
+        launcher = launchers.make(spec, host_name(), own, dry=True)
+        lines += launcher.header()
         for _ in range(n):
             held = lease.acquire()
             if isinstance(held, Refusal):
@@ -242,20 +238,24 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             gpu, pins = held.device, ",".join(held.pins)
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
             params = {**params, **spec.fixed}
-            direct = None
-            if launcher in ("direct", "warm"):
-                direct = accelerate_env.cached(launch.direct_settings(
-                    spec, params, accelerate_env.config_dir))
-                if direct is None:
-                    lines.append("# plus the variables `accelerate launch` would set: "
-                                 "computed and cached at the first run")
-            plan = launch.plan_trial(spec, trial.number, params, gpu, own,
-                                     pin=pins, port=port, launcher_env=direct)
-            lines.append(plan.command_line())
+            note = launcher.note(params)
+            if note is not None:
+                lines.append(note)
+            plan = launcher.plan(trial.number, params, gpu, pins, port)
+            lines.append(runnable(plan, launch.script_params(params, spec.params)))
     finally:
         if nvml is not None:
             nvml.close()
     return lines
+
+
+def runnable(plan: launch.LaunchPlan, params: Mapping[str, Any]) -> str:
+    """A trial's command as a dry run prints it: one shell line that runs when pasted, its
+    trial folder and params.json made first (a run makes them; a dry run writes nothing)."""
+    folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
+    text = shlex.quote(json.dumps(dict(params)))
+    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && "
+            f"{plan.command_line()}")
 
 
 def _stored_trials(spec: Spec) -> list[Any]:

@@ -163,7 +163,7 @@ class TrainerSection(_Model):
     accelerate: AccelerateSettings = AccelerateSettings()
     launcher: Literal["accelerate", "direct", "warm", "python"] = "accelerate"
     preload: list[ModuleName] = []
-    fork_launcher: StrictBool = True
+    fork_launcher: StrictBool | None = None  # no longer used: old study files load; ignored
     timeout: Annotated[float, Field(gt=0)] | None = None
     stop_grace: Annotated[float, Field(
         ge=0, validation_alias=AliasChoices("stop_grace", "grace_period"))] = 5.0

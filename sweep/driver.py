@@ -16,8 +16,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep import hostlock, launch, placement, process, searchspace, trialdir
-from sweep.accelenv import AccelerateEnv
+from sweep import hostlock, launch, launchers, placement, process, searchspace, trialdir
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
 from sweep.monitor import Monitor
@@ -25,12 +24,10 @@ from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
-from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.protocol import ReportReader
 from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store, Taken
-from sweep.warm import WarmError, WarmNotYet, WarmServer, cannot_take, server_modules
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
-WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
 
 
 class Driver:
@@ -49,8 +46,8 @@ class Driver:
         self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
                                 self.clock.now())
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
-        self.own = launch.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
-        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", store.owner.host)
+        self.own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+        self.launcher: launchers.Launcher | None = None  # made when the run starts
         self.running: dict[int, RunningTrial] = {}
         self._signals = 0
         self._counts: Counts | None = None
@@ -65,42 +62,21 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
-        # launcher warm (and accelerate's own process, with fork_launcher), until it falls back
-        self.warm: WarmServer | None = None
-        self._warm_said: set[str] = set()  # what the user was told about the warm server
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
-        the warm server."""
+        what the launcher holds (warm's fork server)."""
         trialdir.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
-        trainer = self.spec.trainer
-        if trainer.preload and trainer.launcher != "warm":
-            self.events.message(f"trainer.preload is for launcher: warm; launcher is "
-                                f"{trainer.launcher}: nothing is preloaded")
-        if "fork_launcher" in trainer.model_fields_set and trainer.launcher != "accelerate":
-            self.events.message(f"trainer.fork_launcher is for launcher: accelerate; launcher "
-                                f"is {trainer.launcher}: it is ignored")
-        modules = server_modules(trainer.launcher, trainer.fork_launcher, trainer.preload,
-                                 trainer.gpus_per_trial)
-        if modules and self.spawn is process.TrialProcess:  # it imports while the rest gets
-            # ready (a spawn given to the driver, a test's, starts its own kind of process)
-            try:
-                self.warm = WarmServer(modules,
-                                       {**os.environ, TRIAL_DIR_ENV: str(self.own / "warm")},
-                                       self.own / "warm.log", abort=self._stopping)
-            except OSError as e:
-                self._drop_warm(f"cannot start its fork server: {e}")
+        self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
+                                       self.events.message, self._stopping, self.spawn)
         try:
             return self._run()
         finally:
-            if self.warm is not None:
-                self.warm.close()
+            self.launcher.close()
 
     def _run(self) -> RunResult:
-        if self.spec.trainer.launcher in ("direct", "warm") and all(
-                p.where == "script" for p in self.spec.params.values()):
-            self.accelerate_env.get(launch.direct_settings(  # once, before the first trial
-                self.spec, {}, self.accelerate_env.config_dir))
+        assert self.launcher is not None
+        self.launcher.prepare()
         if self._learns:
             self._peaks = self.store.peaks()
             self._learn(None)
@@ -258,82 +234,12 @@ class Driver:
             self._counts_adjusted = False
         return self._counts
 
-    def _warm_server(self) -> WarmServer | None:
-        """The warm server once it is ready; None while it cannot serve (the trials start as
-        with `direct`; the user is told why, once). The first trial waits `WARM_WAIT` s for
-        its imports; later ones only look."""
-        if self.warm is None:
-            return None
-        fresh = self.warm.hello is None
-        try:
-            hello = self.warm.ready(0.0 if "slow" in self._warm_said else WARM_WAIT,
-                                    abort=self._stopping)
-        except WarmNotYet:
-            if not self._stopping():
-                self._say_warm("slow", f"{self._served()}: the fork server is still importing "
-                               f"{', '.join(self.warm.preload)} after {WARM_WAIT:.0f} s (see "
-                               f"{self.warm.log}): trials start {self._otherwise()} until it "
-                               "is ready")
-            return None
-        except WarmError as e:
-            self._drop_warm(str(e))
-            return None
-        if fresh:
-            for name, error in hello["failed"].items():
-                self.events.message(f"{self._served()}: could not preload {name} ({error}); "
-                                    "trials import it themselves")
-            if hello["cuda"]:
-                self._drop_warm("importing the preloaded modules initialised CUDA, which a "
-                                "fork cannot use (see the README: launcher warm)")
-                return None
-            if "slow" in self._warm_said:
-                self.events.message(f"{self._served()}: the fork server is ready; trials "
-                                    "start as its forks")
-        return self.warm
-
-    def _served(self) -> str:
-        """Who the fork server serves, as the user's messages name it."""
-        return ("launcher: warm" if self.spec.trainer.launcher == "warm"
-                else "launcher: accelerate (fork_launcher)")
-
-    def _otherwise(self) -> str:
-        """How trials start without the fork server."""
-        return ("as launcher: direct" if self.spec.trainer.launcher == "warm"
-                else "with accelerate launch in a new interpreter")
-
-    def _say_warm(self, key: str, text: str) -> None:
-        if key not in self._warm_said:
-            self._warm_said.add(key)
-            self.events.message(text)
-
-    def _drop_warm(self, why: str) -> None:
-        self.events.message(f"{self._served()}: {why}; starting trials {self._otherwise()}")
-        if self.warm is not None:
-            self.warm.close(wait=0.0)
-            self.warm = None
-
-    def _spawn(self, plan: launch.LaunchPlan, hold: tuple[int, ...]) -> process.Process:
-        grace, wake = self.spec.trainer.stop_grace, self.clock.wake
-        server = self._warm_server()
-        refused = cannot_take(plan.env, os.environ) if server is not None else []
-        if refused:
-            names = ", ".join("PYTHONPATH (a sitecustomize there)" if k == "PYTHONPATH" else k
-                              for k in refused)
-            self._say_warm("env", f"{self._served()}: trainer.env sets {names}, which python "
-                           "acts on once as it starts, so a fork cannot take it: those trials "
-                           f"start {self._otherwise()}")
-        elif server is not None:
-            try:
-                return self.spawn(plan, grace, wake, hold=hold, server=server)
-            except WarmError as e:
-                self._drop_warm(str(e))
-        return self.spawn(plan, grace, wake, hold=hold)
-
     def _start_one(self, lease: Lease) -> None:
         """Ask a trial for `lease`'s devices, bind the lease to it, and start it. Returns
         without asking (the lease unbound) on a signal or once the budget is spent."""
-        spec, device = self.spec, lease.device
-        self._warm_server()  # before asking: a signal may end the wait for its imports
+        spec, device, launcher = self.spec, lease.device, self.launcher
+        assert launcher is not None
+        launcher.get_ready()  # before asking: a signal may end the wait
         if self._stopping():
             return
         try:
@@ -344,7 +250,7 @@ class Driver:
                     return
                 queued = self._budget().waiting > 0
                 asked = self.store.ask(
-                    spec.searched, device, lambda n: str(launch.trial_dir(spec, n)),
+                    spec.searched, device, lambda n: str(trialdir.trial_dir(spec.output_dir, n)),
                     lease.devices, queued=queued)
         except LockAbandoned:
             return
@@ -359,15 +265,11 @@ class Driver:
         lease.bind(asked.number)
         try:
             port = self._port(lease) if len(lease.devices) > 1 else None
-            direct = self.accelerate_env.get(launch.direct_settings(
-                spec, params, self.accelerate_env.config_dir)) \
-                if spec.trainer.launcher in ("direct", "warm") else None
-            plan = launch.plan_trial(spec, asked.number, params, device, self.own,
-                                     ",".join(lease.pins), port, direct)
+            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port)
             trialdir.ensure_driver_dir(spec, self.own)
             trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
                                        trialdir.arg_secrets(spec.trainer.args, os.environ))
-            proc = self._spawn(plan, lease.fds())
+            proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
         except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")

@@ -1,7 +1,7 @@
 """A trial as a command: its argv, environment and files, decided from its inputs (pure).
 
 `build_launch` decides everything about a trial's process from its inputs and is unit-tested;
-`sweep.process` carries the decision out.
+each launcher of `sweep.launchers` plans with it, and `sweep.process` carries the plan out.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep import protocol, trialdir
+from sweep import protocol
 from sweep.config import Spec, TrainerSection, env_name
 from sweep.placeholders import fill
-from sweep.trialdir import ACCELERATE_CONFIG as ACCELERATE_CONFIG
-from sweep.trialdir import ACCELERATE_CONFIG_NAME as ACCELERATE_CONFIG_NAME
-from sweep.trialdir import TrialPaths as TrialPaths
-from sweep.trialdir import driver_dir as driver_dir
-from sweep.trialdir import prepare_output_dir as prepare_output_dir
-from sweep.trialdir import prepare_trial_dir as prepare_trial_dir
+from sweep.trialdir import TrialPaths
+
+ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
+# sweep's own accelerate config, shipped in the package (so a command sweep prints names a file
+# that exists wherever sweep is installed): one process, no distribution, so a user's
+# default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
+ACCELERATE_CONFIG_FILE = Path(__file__).with_name(ACCELERATE_CONFIG_NAME)
+ACCELERATE_CONFIG = ACCELERATE_CONFIG_FILE.read_text()
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,12 @@ def build_launch(
     pin: str | None = None,
     port: int | None = None,
     launcher_env: Mapping[str, str] | None = None,
+    through_accelerate: bool = True,
 ) -> LaunchPlan:
-    """argv + env of one trial: `accelerate launch` pinned to `device` (or plain python, or
-    `direct`: plain python with `launcher_env`, the variables accelerate would set), by
-    `pin` (its UUID; "a,b" for a trial of several devices) when given, else by its index.
+    """argv + env of one trial: `accelerate launch` pinned to `device` (or, not
+    `through_accelerate`, plain python, with `launcher_env` beneath sweep's variables: the
+    variables accelerate would set, for `direct`), by `pin` (its UUID; "a,b" for a trial of
+    several devices) when given, else by its index.
     A trial of `trainer.gpus_per_trial` > 1 devices runs `--multi_gpu` with that many
     processes, its rendezvous on `port`.
 
@@ -140,7 +144,7 @@ def build_launch(
         args += param_args(params, passing, trainer.prefix)
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
     tail = [*entry, *args]
-    if trainer.launcher == "accelerate":
+    if through_accelerate:
         settings = accelerate_settings(trainer, accelerate_config, pin or str(device), port,
                                        to_launcher)
         if trainer.module:
@@ -148,8 +152,7 @@ def build_launch(
         argv = [python, "-m", "accelerate.commands.launch", *settings, *tail]
     else:
         argv = [python, *tail]
-        if trainer.launcher in ("direct", "warm"):  # what `accelerate launch` would set, then ours
-            env = {**(launcher_env or {}), **env}
+        env = {**(launcher_env or {}), **env}  # what `accelerate launch` would set, then ours
     result = paths.result
     if trainer.result is not None and trainer.result.file is not None:
         result = Path(fill(trainer.result.file, places)).absolute()
@@ -182,32 +185,25 @@ def accelerate_settings(
     return settings
 
 
-def direct_settings(spec: Spec, params: Mapping[str, Any], config_dir: Path) -> list[str]:
+def direct_settings(spec: Spec, params: Mapping[str, Any]) -> list[str]:
     """The `accelerate launch` options whose environment `launcher: direct` gives a trial of
-    `params`, with sweep's accelerate config in `config_dir` (the device is sweep's to set:
-    a stand-in here)."""
+    `params` (the device is sweep's to set: a stand-in here)."""
     to_launcher = {k: v for k, v in params.items()
                    if k not in script_params(params, spec.params)}
-    return accelerate_settings(spec.trainer, config_dir / ACCELERATE_CONFIG_NAME, "0", None,
-                               to_launcher)
-
-
-def trial_dir(spec: Spec, number: int) -> Path:
-    return trialdir.trial_dir(spec.output_dir, number)
+    return accelerate_settings(spec.trainer, ACCELERATE_CONFIG_FILE, "0", None, to_launcher)
 
 
 def plan_trial(
-    spec: Spec, number: int, params: Mapping[str, Any], device: int, own: Path | None = None,
+    spec: Spec, number: int, params: Mapping[str, Any], device: int,
     pin: str | None = None, port: int | None = None,
-    launcher_env: Mapping[str, str] | None = None,
+    launcher_env: Mapping[str, str] | None = None, through_accelerate: bool = True,
 ) -> LaunchPlan:
-    """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and the
-    accelerate config of the driver's folder `own` (`driver_dir`; default `output_dir`)."""
+    """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and
+    sweep's accelerate config (`ACCELERATE_CONFIG_FILE`)."""
     return build_launch(spec.trainer, number, params, device,
-                        TrialPaths.of(spec.output_dir, number),
-                        (own or spec.output_dir) / ACCELERATE_CONFIG_NAME,
+                        TrialPaths.of(spec.output_dir, number), ACCELERATE_CONFIG_FILE,
                         passing=spec.params, places=spec_places(spec), pin=pin, port=port,
-                        launcher_env=launcher_env)
+                        launcher_env=launcher_env, through_accelerate=through_accelerate)
 
 
 def spec_places(spec: Spec) -> dict[str, str]:

@@ -31,7 +31,7 @@ from sweep.outcome import FAIL, Outcome, judge_files
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.trialdir import open_log, written_before
-from sweep.warm import GO, WarmServer, trainer_pid
+from sweep.warm import GO, WarmServer
 
 GUARD = Path(guard.__file__)
 # How long past its grace period a guard may take to end the tree before the driver kills it.
@@ -80,9 +80,8 @@ class TrialProcess:
     """One trial's guard, launcher and trainer, in a new session.
 
     `on_change` is called from a reader thread when the command exits and when the whole tree
-    has ended (to wake the driver). With a `server` (`launcher: warm`, or `accelerate` with
-    `fork_launcher`), the guard and the trainer (or accelerate's launcher) are forks of that
-    server instead of new interpreters.
+    has ended (to wake the driver). With a `server` (`launcher: warm`), the guard and the
+    trainer are forks of that server instead of new interpreters.
     """
 
     def __init__(
@@ -220,21 +219,15 @@ def kill_pids(pids: set[int]) -> None:
 
 
 def kill_leftovers(trial_dir: str | Path) -> list[int]:
-    """SIGKILL every process of this user that runs for the trial in `trial_dir`.
+    """SIGKILL every process of this user that runs for the trial in `trial_dir`: those whose
+    environment, as the driver set it when it started them, names that folder.
 
     For trials of a dead driver: its guards stop their trees by themselves, unless they were
-    killed too. Returns the pids killed.
+    killed too. Nothing a trial's folder holds is read: a trainer cannot point this at another
+    process. (A warm trial's own fork shows its server's environment: it dies with its guard.)
+    Returns the pids killed.
     """
     killed = []
-    warm = trainer_pid(trial_dir)
-    if warm is not None:  # a fork of the warm server: its environment is the server's
-        try:
-            tree = psutil.Process(warm)
-            for proc in [*tree.children(recursive=True), tree]:
-                proc.kill()
-                killed.append(proc.pid)
-        except psutil.Error:
-            pass
     for proc in psutil.process_iter():
         try:
             if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):

@@ -34,18 +34,6 @@ from sweep.safefs import (
 from sweep.storageurl import shown_url
 
 MARKER_NAME = "study.json"
-ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
-# sweep's own accelerate config: one process, no distribution, so a user's
-# default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
-ACCELERATE_CONFIG = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: 'NO'
-num_machines: 1
-num_processes: 1
-machine_rank: 0
-mixed_precision: 'no'
-use_cpu: false
-"""
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
 # names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
 SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
@@ -196,7 +184,7 @@ def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
 def prepare_output_dir(output_dir: Path, own: Path | None = None,
                        source: Path | None = None) -> None:
     """Create `output_dir` (and check it: this user's, not writable by all), and the driver's
-    folder `own` (if given) with sweep's accelerate config. With `source`, a problem is a
+    folder `own` (if given). With `source`, a problem is a
     UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +198,6 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
         if own is not None:
             make_own_folder(own.parent, FOLDER_MODE)
             make_own_folder(own, FOLDER_MODE)
-            write_file(own / ACCELERATE_CONFIG_NAME, ACCELERATE_CONFIG, FILE_MODE)
     except OSError as e:
         if source is None:
             raise
@@ -222,7 +209,7 @@ def ensure_driver_dir(spec: Spec, own: Path) -> None:
     """Before each trial: re-create the driver's folder `own`, and the study.json of `spec`'s
     output_dir, if they are gone (`output_dir` removed during the run); one `stat` when they
     are there. TrialFileError if they cannot be, or another study has taken it since."""
-    if (own / ACCELERATE_CONFIG_NAME).is_file():
+    if own.is_dir():
         return
     output_dir, owner = spec.output_dir, owner_of(spec)
     with _trial_files(own):

@@ -1,28 +1,30 @@
-"""`trainer.launcher: warm`: a fork server that has imported what trainers import; with
-`launcher: accelerate` and `fork_launcher`, the same server forks `accelerate launch`.
+"""`trainer.launcher: warm`: a fork server that has imported what trainers import.
 
-The driver starts one server (`python -m sweep.warm FD MODULE...`) when the run starts. It
-imports the modules (torch, accelerate, `trainer.preload`), never touches CUDA, says whether
-importing them initialised CUDA anyway, then serves trial starts over a Unix socket: for
-each, the driver sends the trial's argv, environment and working directory with its pipes
-and files (control, status, stdout, stderr, the slot locks), and the server forks
+The warm launcher (`sweep.launchers`) starts one server (`python -m sweep.warm FD MODULE...`)
+when the run starts. It imports the modules (torch, accelerate, `trainer.preload`), never
+touches CUDA, says whether importing them initialised CUDA or left threads running (either
+makes forks unsafe), then serves trial starts over a Unix socket: for each, the driver sends
+the trial's argv, environment and working directory with its pipes and files (control,
+status, stdout, stderr, the slot locks), and the server forks
 
     server -> guard (new session, child subreaper, `guard.supervise`)
            -> trainer (own process group; the trial's environment, stdio and argv;
-              the script run as __main__ by `runpy`)
+              the script run as __main__ by `runpy`; SIGKILLed if its guard dies)
 
 so a trial is its own process under its own guard, exactly as with the other launchers, only
-without an interpreter start and the imports. Under `launcher: accelerate` the "trainer" is
-`python -m accelerate.commands.launch ...`, which starts the script as a new interpreter. A
-crash, an OOM or a SIGKILL ends that fork alone. The server is a child subreaper too: what a
-killed guard leaves behind comes back to it and is killed. It ends when the driver closes the
-socket (or dies), once its guards have.
+without an interpreter start and the imports. A crash, an OOM or a SIGKILL ends that fork
+alone. The server is a child subreaper too: what a killed guard leaves behind comes back to
+it and is killed. It ends when the driver closes the socket (or dies), once its guards have.
 
 What a fork shares with the server, and a fresh interpreter would not: modules imported at
 preload (and their state), the hash seed. Python's `random` is reseeded in each fork, as is
-NumPy's global generator where it was imported. A preloaded module that initialises CUDA at
-import makes every fork unusable for CUDA: the server says so and the driver falls back to
-`direct`.
+NumPy's global generator where it was imported; the server's atexit handlers and finalizers
+are dropped (a fork runs only those its script registers). A preload that initialises CUDA at
+import, or that leaves a thread running (its locks would be held forever in a fork), makes
+forks unsafe: the server says so and the launcher falls back to `direct`.
+
+The interpreter imitation (`_as_fresh`, `_exit_as_python`) uses CPython internals and is
+tested on the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
 
 This module imports only the standard library and `sweep.guard` (the driver imports it too).
 """
@@ -50,15 +52,15 @@ from typing import Any
 from sweep import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
-# What `accelerate launch` imports before it starts the script (its own module is run afresh in
-# each fork, as `python -m accelerate.commands.launch` runs it).
-LAUNCH_PRELOAD = ("torch", "accelerate", "accelerate.commands.config", "accelerate.commands.utils")
+# The Pythons whose internals the interpreter imitation has been tested on (tests/test_warm.py
+# runs a server on each it finds).
+TESTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 # The server's modules before it preloads (sweep's aside): a script's file of the same name
 # does not replace them in a fork (in a new interpreter, most are loaded before sys.path
 # is looked at). Modules preloaded or imported later do give way to the script's files.
 _BASE: frozenset[str] = frozenset()
 GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
-PID_FILE = ".warm_pid"  # in a trial's folder: "PID START_TICKS" of its forked process
+PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 FORK_PATIENCE = 5.0  # s the driver waits for the server to fork a trial (it takes ms)
 MAX_FDS = 64
@@ -72,17 +74,9 @@ class WarmNotYet(WarmError):
     """The server is still importing."""
 
 
-def server_modules(launcher: str, fork_launcher: bool, preload: Sequence[str],
-                   width: int) -> list[str]:
-    """What a run's fork server imports; [] when the run has none. `launcher: warm` forks the
-    trainers (torch, accelerate, `preload`); `launcher: accelerate` with `fork_launcher`
-    forks each trial's `accelerate launch` process, which starts the script as a new
-    interpreter (`width` > 1: through torch's elastic launcher)."""
-    if launcher == "warm":
-        return list(dict.fromkeys([*DEFAULT_PRELOAD, *preload]))
-    if launcher == "accelerate" and fork_launcher:
-        return [*LAUNCH_PRELOAD, *(["torch.distributed.run"] if width > 1 else [])]
-    return []
+def server_modules(preload: Sequence[str]) -> list[str]:
+    """What a warm run's fork server imports: torch, accelerate, then `preload`."""
+    return list(dict.fromkeys([*DEFAULT_PRELOAD, *preload]))
 
 
 # ---- the wire: one JSON message per packet, with descriptors ----------------------------
@@ -144,7 +138,8 @@ class WarmServer:
     def ready(self, timeout: float, abort: Callable[[], bool] = lambda: False,
               ) -> dict[str, Any]:
         """The server's hello once it has imported: {"cuda": whether importing initialised
-        CUDA, "failed": {module: error}, "seconds": the imports' time}. Waits up to `timeout`
+        CUDA, "threads": the names of threads the imports left running, "failed": {module:
+        error}, "seconds": the imports' time}. Waits up to `timeout`
         s (0: a look) for it, then WarmNotYet; WarmError if it died; `abort()` true ends the
         wait with WarmNotYet too."""
         if self.hello is not None:
@@ -154,7 +149,7 @@ class WarmServer:
         except TimeoutError:
             raise WarmNotYet(f"still importing {', '.join(self.preload)}") from None
         if hello is None:
-            raise WarmError(f"the server ended while importing (exit {self._popen.poll()}; "
+            raise WarmError(f"the server ended while importing ({self._ended_how()}; "
                             f"see {self.log})")
         self.hello = hello
         return hello
@@ -183,10 +178,19 @@ class WarmServer:
             finally:
                 self._sock.settimeout(None)
         if reply is None:
-            raise WarmError(f"the server ended (exit {self._popen.poll()}; see {self.log})")
+            raise WarmError(f"the server ended ({self._ended_how()}; see {self.log})")
         if "error" in reply:
             raise WarmError(str(reply["error"]))
         return int(reply["pid"])
+
+    def _ended_how(self) -> str:
+        """How the server ended, in words: its exit code, or the signal that killed it. It
+        has closed its socket, so it is on its way out: it is given a second for that."""
+        try:
+            code = self._popen.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return "it closed its socket but still runs"
+        return f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
     def _answer(self, deadline: float, abort: Callable[[], bool]) -> dict[str, Any] | None:
         """The server's next message (None: it ended), looking at `abort()` every 0.1 s;
@@ -214,19 +218,16 @@ class WarmServer:
             self._popen.wait()
 
 
-def trainer_pid(trial_dir: str | Path) -> int | None:
-    """The pid of a warm trial's trainer process while that very process runs, else None."""
-    try:
-        pid, ticks = map(int, (Path(trial_dir) / PID_FILE).read_text().split())
-    except (OSError, ValueError):
-        return None
-    return pid if guard.start_ticks(pid) == ticks else None
-
-
 # ---- the server's side ------------------------------------------------------------------
 
 
+# What the preload set SIGCHLD to: the server and its guards wait for their children, so they
+# keep the default; each trainer gets the preload's back, as a script that imported them would.
+_SIGCHLD: Any = signal.SIG_DFL
+
+
 def _preload(modules: Sequence[str]) -> dict[str, Any]:
+    global _SIGCHLD
     failed: dict[str, str] = {}
     began = time.monotonic()
     for name in modules:
@@ -234,6 +235,11 @@ def _preload(modules: Sequence[str]) -> dict[str, Any]:
             importlib.import_module(name)
         except BaseException as e:
             failed[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    _SIGCHLD = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # A thread started at import may hold a lock at the moment of a fork: the fork would
+    # wait on it forever. Such a server does not serve.
+    threads = sorted(t.name for t in threading.enumerate()
+                     if t is not threading.main_thread() and t.is_alive())
     torch = sys.modules.get("torch")
     try:
         cuda = bool(torch is not None and torch.cuda.is_initialized())
@@ -241,7 +247,7 @@ def _preload(modules: Sequence[str]) -> dict[str, Any]:
         cuda = False
     sys.stdout.flush()
     sys.stderr.flush()
-    return {"cuda": cuda or _forks_poisoned(), "failed": failed,
+    return {"cuda": cuda or _forks_poisoned(), "threads": threads, "failed": failed,
             "seconds": time.monotonic() - began}
 
 
@@ -339,16 +345,12 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
             return
 
         def start() -> int:
+            me = os.getpid()
             pid = os.fork()
             if pid == 0:
-                _trainer(message, out, err, mine)  # never returns
+                _trainer(message, out, err, mine, me)  # never returns
             os.close(out)
             os.close(err)
-            ticks = guard.start_ticks(pid)
-            try:
-                (Path(message["dir"]) / PID_FILE).write_text(f"{pid} {ticks}\n")
-            except OSError:
-                pass
             return pid
 
         code = guard.supervise(start, control, status, float(message["grace"]))
@@ -364,17 +366,34 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
         os._exit(code)
 
 
-def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int]) -> None:
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` (its guard) dies: a fork's /proc environment is the
+    server's, so nothing else would find it then. If it died already, exit now."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
+             parent: int) -> None:
     """In the guard's fork: become the trial's trainer and run its script as __main__.
     Never returns, whatever the script does."""
     code: Any = 1
     died_of: int | None = None
     main_file: str | None = None
     try:
+        _die_with(parent)
         os.setpgrp()
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _SIGCHLD is not None:  # None: set outside Python, which cannot be given back
+            signal.signal(signal.SIGCHLD, _SIGCHLD)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)
@@ -510,10 +529,14 @@ def _as_fresh(before: Mapping[str, str], first: str) -> None:
     sys.path[0:1] = [first, *added]
     for name in _shadowed([first, *added]):
         del sys.modules[name]
-    # The server's finalizers are the server's: a fork that ran them at exit would only spend
-    # time (torch deregisters its operators: 25 ms) or undo the server's state.
+    # The server's finalizers and atexit handlers are the server's: a fork that ran them at
+    # exit would spend time (torch deregisters its operators: 25 ms) or undo the server's
+    # state (a preload that made a temporary folder at import and removes it at exit).
     for finalizer in list(getattr(weakref.finalize, "_registry", {})):
         finalizer.atexit = False
+    import atexit
+
+    atexit._clear()
     # numpy.random only where the server imported it: else the trial's import seeds it
     numpy, torch = sys.modules.get("numpy.random"), sys.modules.get("torch")
     try:

@@ -15,6 +15,7 @@ LAYERS = [
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},
+    {"launchers"},
     {"driver"},
     {"progress", "summary"},
     {"app"},

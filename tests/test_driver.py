@@ -358,7 +358,7 @@ def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_stud
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
     spec = config.load(study)
     env = AccelerateEnv(spec.output_dir / "cache", host_name())
-    cached = env._file(launch.direct_settings(spec, {}, env.config_dir))
+    cached = env._file(launch.direct_settings(spec, {}))
     cached.parent.mkdir(parents=True)
     cached.write_text('{"ACCELERATE_MIXED_PRECISION": "no"}')
     assert run_cli("run", str(study), "--dry-run") == 0
@@ -368,15 +368,16 @@ def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_stud
 
 def test_launcher_settings_of_another_launcher_are_named_and_ignored(write_study, fake_gpus,
                                                                       capsys):
-    """`preload` is warm's, `fork_launcher` accelerate's: a study of launcher python that
-    sets them runs, and says once each that they are ignored."""
+    """`preload` is warm's; `fork_launcher` is no longer used (old study files still load): a
+    study of launcher python that sets them runs, and says once each that they are ignored."""
     study = write_study(study={"n_trials": 1},
                         trainer={"preload": ["json"], "fork_launcher": False})
     assert run_cli("run", str(study)) == 0
     err = capsys.readouterr().err
     assert err.count("trainer.preload is for launcher: warm; launcher is python") == 1
-    assert err.count("trainer.fork_launcher is for launcher: accelerate; launcher is python: "
-                     "it is ignored") == 1
+    assert err.count("trainer.fork_launcher is no longer used: every trial starts as a new "
+                     "process (launcher: warm is the fast path for trials of seconds); remove "
+                     "it from the study file") == 1
     assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
 
 

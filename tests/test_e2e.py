@@ -158,35 +158,105 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
 
 
 def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path):
-    """The same study through `accelerate launch` in a new interpreter (`fork_launcher:
-    false`), forked (the default), `launcher: direct` and `launcher: warm`: the trainer's
-    Accelerator sees the same device, mixed precision, processes, threads and ACCELERATE_*
-    variables, for a setting of `trainer.accelerate` and a searched one."""
+    """The same study through `accelerate launch` in a new interpreter (the default),
+    `launcher: direct` and `launcher: warm`: the trainer's Accelerator sees the same device,
+    mixed precision, processes, threads and ACCELERATE_* variables, for a setting of
+    `trainer.accelerate` and a searched one. The default's tree is guard -> `accelerate
+    launch` -> the script, new interpreters all (no fork server anywhere in it)."""
     trainer = ROOT / "tests" / "trainers" / "state_probe.py"
     seen: dict[str, list[dict]] = {}
-    for name, launcher, fork in (("new", "accelerate", False), ("accelerate", "accelerate", True),
-                                 ("direct", "direct", True), ("warm", "warm", True)):
+    parents: dict[str, list[list[list[str]]]] = {}
+    for launcher in ("accelerate", "direct", "warm"):
         study = write_study(
-            study={"name": name, "n_trials": 2,
+            study={"name": launcher, "n_trials": 2,
                    "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
-            trainer={"script": str(trainer), "launcher": launcher, "fork_launcher": fork,
+            trainer={"script": str(trainer), "launcher": launcher,
                      "accelerate": {"dynamo_backend": "no"}},
             params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
                                         "where": "accelerate"}},
-            name=f"{name}.yaml")
+            name=f"{launcher}.yaml")
         run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
         _, err = run.communicate(timeout=180)
         assert run.returncode == 0, err
-        trials = sorted((tmp_path / name / "trials").iterdir(), key=lambda p: int(p.name))
-        seen[name] = [json.loads((t / "state.json").read_text()) for t in trials]
-        forked = [(t / ".warm_pid").exists() for t in trials]
-        assert forked == [launcher == "warm" or (launcher == "accelerate" and fork)] * 2
-    assert seen["accelerate"] == seen["new"]
-    assert seen["direct"] == seen["new"]
-    assert seen["warm"] == seen["new"]
+        trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
+        seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
+        parents[launcher] = [json.loads((t / "ancestors.json").read_text()) for t in trials]
+    for chain in parents["accelerate"]:
+        assert chain[0][1:3] == ["-m", "accelerate.commands.launch"]
+        assert chain[1][1:3] == ["-I", "-S"] and chain[1][3].endswith("guard.py")
+        assert not any("sweep.warm" in word for ancestor in chain for word in ancestor)
+    for chain in parents["direct"]:
+        assert chain[0][3].endswith("guard.py")
+    for chain in parents["warm"]:  # the guard, a fork of the server
+        assert chain[0][1:3] == ["-m", "sweep.warm"]
+    new = "accelerate"
+    assert seen["direct"] == seen[new]
+    assert seen["warm"] == seen[new]
     assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
                for s in seen["direct"])
     assert all(s["env"]["ACCELERATE_DYNAMO_BACKEND"] == "NO" for s in seen["direct"])
     command = (tmp_path / "direct" / "trials" / "0" / "command.sh").read_text()
     assert "accelerate.commands.launch" not in command  # one interpreter, not two
+
+
+def test_what_a_dry_run_prints_runs_when_pasted(write_study, tmp_path, capsys, monkeypatch):
+    """Issue 21 part 5: a dry run named an accelerate config it never wrote. Each printed
+    line runs the trial as the run would: `accelerate launch` with sweep's config (which
+    exists wherever sweep is installed), pinned despite a user's MULTI_GPU default."""
+    from conftest import run_cli
+
+    hf_home = tmp_path / "hf"
+    (hf_home / "accelerate").mkdir(parents=True)
+    (hf_home / "accelerate" / "default_config.yaml").write_text(MULTI_GPU_DEFAULT)
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    study = write_study(study={"n_trials": 2}, trainer={"launcher": "accelerate"})
+    assert run_cli("run", str(study), "--dry-run") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "study.yaml"]  # wrote nothing
+    commands = [line for line in lines if not line.startswith("#")]
+    assert len(commands) == 2 and all("accelerate.commands.launch" in c for c in commands)
+    done = subprocess.run(["sh", "-c", commands[1]], capture_output=True, text=True,
+                          cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    trial = tmp_path / "probe" / "trials" / "1"
+    x = json.loads((trial / "params.json").read_text())["x"]
+    assert f"--x {x!r}" in commands[1]
+    assert json.loads((trial / "result.json").read_text())["score"] == pytest.approx(
+        (x - 0.3) ** 2)
+
+
+def test_a_result_written_after_the_command_exited_never_counts_under_any_launcher(
+        write_study, tmp_path):
+    """Issue 26 item 12: a trainer whose `setsid` child writes the result after the trainer
+    exited was COMPLETE under one launcher and FAIL under the others. The verdict comes at
+    the command's exit, from what the trial wrote by then: the late result never counts, and
+    the same reason is given, under every launcher. (A result the trainer itself writes
+    before it exits counts under every launcher alike.)"""
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import json, os, subprocess, sys\n"
+        "result = os.environ['SWEEP_RESULT_FILE']\n"
+        "write = ('import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '\n"
+        "         f'time.sleep(3); json.dump({{\"score\": 1}}, open({result!r}, \"w\"))')\n"
+        "subprocess.Popen([sys.executable, '-c', write], start_new_session=True)\n"
+        "if sys.argv[1:] == ['--now', 'true']:\n"
+        "    json.dump({'score': 2}, open(result, 'w'))\n")
+    verdicts = {}
+    for launcher in ("accelerate", "direct", "warm", "python"):
+        study = write_study(
+            study={"name": launcher, "n_trials": 1, "max_consecutive_failures": 3,
+                   "enqueue": [{"now": False}, {"now": True}]},
+            trainer={"script": str(script), "launcher": launcher, "grace_period": 5.0},
+            params={"now": {"type": "bool"}}, name=f"{launcher}.yaml")
+        run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+        _, err = run.communicate(timeout=180)
+        assert run.returncode == 0, err  # the second trial spends the budget of 1
+        trials = optuna.load_study(study_name=launcher,
+                                   storage=f"sqlite:///{tmp_path / (launcher + '.db')}").trials
+        verdicts[launcher] = [(t.state.name, t.value, t.user_attrs.get("fail_reason", "")
+                               .split(":")[0]) for t in trials]
+    assert verdicts["accelerate"] == [("FAIL", None, "no result"), ("COMPLETE", 2.0, "")]
+    for launcher in ("direct", "warm", "python"):
+        assert verdicts[launcher] == verdicts["accelerate"], launcher

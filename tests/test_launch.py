@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sweep import launch
+from sweep import launch, trialdir
 from sweep.config import TrainerSection
 
-PATHS = launch.TrialPaths(Path("/out/trials/7"))
+PATHS = trialdir.TrialPaths(Path("/out/trials/7"))
 
 
 def test_accelerate_launch_is_pinned_and_ignores_the_users_default_config():
@@ -42,7 +44,8 @@ def test_module_entry_points_and_the_plain_python_launcher():
                               Path("/c.yaml"), python="/py")
     assert acc.argv[-2:] == ["--module", "pkg.train"]
     plain = launch.build_launch(TrainerSection(module="pkg.train", launcher="python"), 0,
-                                {"x": 1}, 3, PATHS, Path("/c.yaml"), python="/py")
+                                {"x": 1}, 3, PATHS, Path("/c.yaml"), python="/py",
+                                through_accelerate=False)
     assert plain.argv == ["/py", "-m", "pkg.train", "--x", "1"]
     assert plain.env["CUDA_VISIBLE_DEVICES"] == "3"
 
@@ -60,19 +63,20 @@ def test_param_values_are_single_argv_elements(value, text):
 def test_command_line_can_be_pasted_into_a_shell():
     trainer = TrainerSection(script=Path("/t/my train.py"), launcher="python")
     plan = launch.build_launch(trainer, 1, {"name": "it's"}, 0, PATHS, Path("/c"),
-                               python=sys.executable)
+                               python=sys.executable, through_accelerate=False)
     words = shlex.split(plan.command_line())
     assert words[-3:] == ["/t/my train.py", "--name", "it's"]
     assert "CUDA_VISIBLE_DEVICES=0" in words
 
 
 def test_prepare_trial_dir_writes_params_and_command(tmp_path):
-    paths = launch.TrialPaths.of(tmp_path, 4)
+    paths = trialdir.TrialPaths.of(tmp_path, 4)
     plan = launch.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 4,
-                               {"lr": 0.5}, 1, paths, tmp_path / "c.yaml")
+                               {"lr": 0.5}, 1, paths, tmp_path / "c.yaml",
+                               through_accelerate=False)
     paths.dir.mkdir(parents=True)
     paths.result.write_text("{}")  # from an earlier run with the same output_dir
-    launch.prepare_trial_dir(plan, {"lr": 0.5})
+    trialdir.prepare_trial_dir(plan, {"lr": 0.5})
     assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
     assert "--lr 0.5" in paths.command.read_text()
     assert not paths.result.exists()
@@ -115,7 +119,8 @@ def test_placeholders_and_variables_in_args_env_and_the_result_file(tmp_path):
               "$$5", "--unknown", "$NOT_SET", "--json", "{{\"a\": 1}}"],
         env={"OUT": "{output_dir}/o"}, result={"file": "{trial_dir}/hf/all_results.json"})
     plan = launch.build_launch(trainer, 7, {}, 3, PATHS, Path("/a.yaml"), python="/py",
-                               places={"study_dir": "/s", "output_dir": "/out"}, environ={})
+                               places={"study_dir": "/s", "output_dir": "/out"}, environ={},
+                               through_accelerate=False)
     assert plan.argv[2:] == [
         "--out", "/out/trials/7/hf", "--n", "7", "--data", "/s/d",
         "--log", "/out/trials/7/x", "--cuda", "3", "--cost", "$5",
@@ -130,7 +135,7 @@ def test_params_by_environment_or_file_leave_argv_alone(mode):
     trainer = TrainerSection(script=Path("/t/train.py"), launcher="python", pass_params=mode,
                              args=["--epochs", "1"])
     plan = launch.build_launch(trainer, 1, {"lr": 0.1, "model.depth": 4}, 0, PATHS,
-                               Path("/a.yaml"), python="/py")
+                               Path("/a.yaml"), python="/py", through_accelerate=False)
     assert plan.argv == ["/py", "/t/train.py", "--epochs", "1"]
     assert plan.env["SWEEP_PARAMS_FILE"] == "/out/trials/7/params.json"
     if mode == "env":
@@ -173,7 +178,8 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
     accelerate_env = {"ACCELERATE_MIXED_PRECISION": "bf16", "OMP_NUM_THREADS": "1",
                       "SWEEP_TRIAL_DIR": "/not/this/one"}
     plan = launch.build_launch(trainer, 7, {"lr": 0.1}, 2, PATHS, Path("/a.yaml"), python="/py",
-                               launcher_env=accelerate_env, pin="GPU-x")
+                               launcher_env=accelerate_env, pin="GPU-x",
+                               through_accelerate=False)
     assert plan.argv == ["/py", "/t/train.py", "--e", "1", "--lr", "0.1"]
     assert plan.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and plan.env["OMP_NUM_THREADS"] == "1"
     assert plan.env["SWEEP_TRIAL_DIR"] == "/out/trials/7"  # sweep's own variables win
@@ -211,3 +217,78 @@ def test_options_accelerate_refuses_are_one_line(tmp_path):
     env = AccelerateEnv(tmp_path, "h", python=sys.executable)
     with pytest.raises(SweepError, match="accelerate refused the options --no_such_option"):
         env.get(["--no_such_option"])
+
+
+def _spec(tmp_path, **trainer):
+    from sweep.config import Spec
+
+    return Spec.model_validate({
+        "study": {"name": "s", "metric": "m", "n_trials": 1, "output_dir": str(tmp_path)},
+        "trainer": {"script": "/t/train.py", **trainer},
+        "params": {"x": {"type": "float", "low": 0, "high": 1}}})
+
+
+def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
+    """`launchers.make` is the one place that reads `trainer.launcher`; the default starts
+    `accelerate launch` per trial, with sweep's config from the package (a file that exists
+    wherever sweep is installed: a command sweep prints runs when pasted)."""
+    from sweep import launchers
+
+    monkeypatch.setattr(launchers.AccelerateEnv, "get", lambda self, options: {"A": "1"})
+    kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
+                                       spawn=lambda *a, **k: None))
+             for name in ("accelerate", "direct", "warm", "python")}
+    assert kinds == {"accelerate": launchers.AccelerateLauncher,
+                     "direct": launchers.DirectLauncher,
+                     "warm": launchers.WarmLauncher, "python": launchers.PythonLauncher}
+    default = launchers.make(_spec(tmp_path), "h", tmp_path)
+    plan = default.plan(3, {"x": 0.5}, 1)
+    assert plan.argv[1:5] == ["-m", "accelerate.commands.launch", "--config_file",
+                              str(launch.ACCELERATE_CONFIG_FILE)]
+    assert launch.ACCELERATE_CONFIG_FILE.read_text() == launch.ACCELERATE_CONFIG
+    assert "distributed_type: 'NO'" in launch.ACCELERATE_CONFIG
+    direct = launchers.make(_spec(tmp_path, launcher="direct"), "h", tmp_path)
+    assert direct.plan(3, {"x": 0.5}, 1).argv[1:] == ["/t/train.py", "--x", "0.5"]
+    assert direct.plan(3, {"x": 0.5}, 1).env["A"] == "1"
+    python = launchers.make(_spec(tmp_path, launcher="python"), "h", tmp_path)
+    assert "A" not in python.plan(3, {"x": 0.5}, 1).env
+
+
+def test_no_module_but_the_factory_asks_which_launcher_a_run_has():
+    import re
+
+    package = Path(launch.__file__).parent
+    asks = re.compile(r"\.launcher\s*(==|!=|in\b|not in\b)|launcher\s*==\s*\"")
+    found = [p.name for p in package.glob("*.py") if asks.search(p.read_text())]
+    assert sorted(found) == ["config.py", "launchers.py"]  # validation; the factory
+
+
+def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
+    from sweep import launchers
+
+    said: list[str] = []
+    launchers.make(_spec(tmp_path, fork_launcher=False, preload=["json"]), "h", tmp_path,
+                   said.append)
+    assert said == [
+        "trainer.preload is for launcher: warm; launcher is accelerate: nothing is preloaded",
+        "trainer.fork_launcher is no longer used: every trial starts as a new process "
+        "(launcher: warm is the fast path for trials of seconds); remove it from the study "
+        "file"]
+    said.clear()
+    launchers.make(_spec(tmp_path, fork_launcher=True), "h", tmp_path, said.append, dry=True)
+    assert said == []  # a dry run says nothing of it
+
+
+def test_a_dry_runs_line_makes_the_trial_folder_and_params_file_first(tmp_path):
+    from sweep.app import runnable
+
+    paths = trialdir.TrialPaths.of(tmp_path / "o u t", 2)
+    plan = launch.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 2,
+                               {"lr": 0.5}, 1, paths, Path("/c"), python=sys.executable,
+                               through_accelerate=False)
+    line = runnable(plan, {"lr": 0.5})
+    assert line.startswith(f"mkdir -p {shlex.quote(str(paths.dir))} && printf ")
+    assert line.endswith(plan.command_line())
+    script = line.split(" && ")
+    subprocess.run(["sh", "-c", " && ".join(script[:2])], check=True)
+    assert json.loads(paths.params.read_text()) == {"lr": 0.5}

@@ -155,3 +155,28 @@ def test_the_guard_asks_the_kernel_whether_a_child_is_left():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=Path(__file__).parent.parent)
     assert done.stdout.strip() == "[False, True, True, False]"
+
+
+def test_no_file_in_a_trial_folder_decides_what_is_killed(tmp_path):
+    """Issue 26 item 7: `kill_leftovers` SIGKILLed the tree a `.warm_pid` in the trial folder
+    named (with the start time the same file gave). A trainer, or anyone who can write the
+    folder, named an unrelated process: it must survive. What runs for the trial (its
+    environment, set by the driver, names the folder) is killed."""
+    from sweep import guard
+    from sweep.process import kill_leftovers
+
+    trial = tmp_path / "trials" / "0"
+    trial.mkdir(parents=True)
+    bystander = subprocess.Popen(["sleep", "60"])
+    ours = subprocess.Popen(["sleep", "60"], env={**os.environ, TRIAL_DIR_ENV: str(trial)})
+    try:
+        (trial / ".warm_pid").write_text(f"{bystander.pid} {guard.start_ticks(bystander.pid)}\n")
+        assert kill_leftovers(trial) == [ours.pid]
+        assert ours.wait(5) == -9
+        time.sleep(0.1)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        ours.kill()
+        bystander.wait()
+        ours.wait()

@@ -1,6 +1,7 @@
 """`launcher: warm`: trials forked from a server that has imported their modules are still
 one process each, under their own guard, with their own stdio, exit code and environment;
-a crash or a kill ends one fork; a server that cannot serve falls back to `direct`."""
+a crash or a kill ends one fork; a server that cannot serve falls back to `direct`; what the
+preload left in the server (atexit handlers, threads, signal dispositions) is not the forks'."""
 
 from __future__ import annotations
 
@@ -19,25 +20,11 @@ import pytest
 from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
 import sweep
-from sweep import driver
-from sweep.config import TrainerSection
-from sweep.launch import (
-    ACCELERATE_CONFIG,
-    LaunchPlan,
-    TrialPaths,
-    build_launch,
-    prepare_trial_dir,
-)
-from sweep.process import TrialProcess, kill_leftovers
+from sweep import launchers
+from sweep.launch import LaunchPlan, TrialPaths
+from sweep.process import TrialProcess
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
-from sweep.warm import (
-    LAUNCH_PRELOAD,
-    PID_FILE,
-    WarmServer,
-    cannot_take,
-    server_modules,
-    trainer_pid,
-)
+from sweep.warm import TESTED_PYTHONS, WarmError, WarmServer, cannot_take, server_modules
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
@@ -88,8 +75,9 @@ def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
     assert p.paths.stdout.read_text() == "stdout of trial 7\n"
     assert p.paths.stderr.read_text() == "stderr of trial 7\n"
     assert json.loads(p.result.read_text()) == {"score": 0.25}
-    assert trainer_pid(p.paths.dir) is None  # the pid file names a process that is gone
-    assert (p.paths.dir / PID_FILE).read_text().split()[0] == str(seen["pid"])
+    assert not alive(seen["pid"])
+    assert sorted(f.name for f in p.paths.dir.iterdir()) == [  # nothing of sweep's own
+        "probe.json", "result.json", "stderr.log", "stdout.log"]
 
 
 @pytest.mark.parametrize(("mode", "code", "said"), [
@@ -171,7 +159,7 @@ def test_a_guard_the_driver_never_heard_of_starts_nothing(server, tmp_path):
     with os.fdopen(status_r, "rb") as status:
         assert status.read() == b""  # the guard ended without a word
     assert wait_until(lambda: not psutil.pid_exists(pid), 5)
-    assert not (p.paths.dir / "probe.json").exists() and not (p.paths.dir / PID_FILE).exists()
+    assert not (p.paths.dir / "probe.json").exists()
 
 
 @pytest.mark.parametrize("poison", ["is_initialized", "_is_in_bad_fork"])
@@ -185,6 +173,199 @@ def test_a_preload_that_made_cuda_unusable_in_forks_is_reported(tmp_path, monkey
         assert warm.ready(60)["cuda"] is True
     finally:
         warm.close()
+
+
+def module(tmp_path: Path, name: str, text: str) -> None:
+    """A module for a server to preload, in `tmp_path/mods` (not beside a trial's script,
+    which would shadow it: the fork would import it afresh)."""
+    (tmp_path / "mods").mkdir(exist_ok=True)
+    (tmp_path / "mods" / f"{name}.py").write_text(text)
+
+
+def own_server(tmp_path: Path, preload: list[str], **kw) -> WarmServer:
+    """A server with `tmp_path/mods` on its PYTHONPATH."""
+    env = {**os.environ, TRIAL_DIR_ENV: str(tmp_path), "PYTHONPATH": str(tmp_path / "mods")}
+    return WarmServer(preload, env, tmp_path / "warm.log", **kw)
+
+
+def test_a_preloads_atexit_handlers_are_the_servers_not_each_forks(tmp_path):
+    """Issue 26 item 11: a module that makes a temporary folder at import and removes it at
+    exit (as matplotlib does): every fork finds the folder, however many ended before it."""
+    module(tmp_path, "tmpdir_at_import",
+        "import atexit, shutil, tempfile\n"
+        "DIR = tempfile.mkdtemp()\n"
+        "atexit.register(shutil.rmtree, DIR, True)\n")
+    script = tmp_path / "uses.py"
+    script.write_text(
+        "import atexit, json, os, sys, tmpdir_at_import\n"
+        "assert os.path.isdir(tmpdir_at_import.DIR), 'the folder is gone'\n"
+        "atexit.register(lambda: open(os.environ['SWEEP_RESULT_FILE'], 'w').write("
+        "json.dumps({'score': 1})))\n")  # the script's own handlers do run
+    warm = own_server(tmp_path, ["tmpdir_at_import"])
+    try:
+        assert warm.ready(60)["failed"] == {}
+        codes = []
+        for i in range(3):
+            p = plan(tmp_path, f"a{i}", script=script)
+            codes.append(run(warm, p).exit_code)
+            assert json.loads(p.result.read_text()) == {"score": 1}, p.paths.stderr.read_text()
+    finally:
+        warm.close()
+    assert codes == [0, 0, 0]
+
+
+def test_a_preload_that_leaves_a_thread_running_is_refused_and_trials_start_as_direct(
+        tmp_path, monkeypatch):
+    """Issue 26 item 11: a thread started at import that holds a lock deadlocked every fork.
+    The server names the threads; the launcher falls back to direct and says why, once."""
+    module(tmp_path, "holds_lock",
+        "import threading, time\n"
+        "LOCK = threading.Lock()\n"
+        "def hold():\n"
+        "    while True:\n"
+        "        with LOCK:\n"
+        "            time.sleep(0.01)\n"
+        "threading.Thread(target=hold, name='holder', daemon=True).start()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+    warm = own_server(tmp_path, ["holds_lock"])
+    try:
+        assert warm.ready(60)["threads"] == ["holder"]
+    finally:
+        warm.close()
+    spec = sweep.config.Spec.model_validate({
+        "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
+        "trainer": {"script": str(PROBE), "launcher": "warm", "preload": ["holds_lock"]},
+        "params": {"x": {"type": "float", "low": 0, "high": 1}}})
+    said: list[str] = []
+    (tmp_path / "own").mkdir()
+    launcher = launchers.make(spec, "h", tmp_path / "own", said.append)
+    try:
+        assert isinstance(launcher, launchers.WarmLauncher) and launcher.server is not None
+        launcher.get_ready()
+        assert launcher.server is None
+        assert said == ["launcher: warm: importing the preloaded modules left threads running "
+                        "(holder): a fork would find their locks held forever; starting "
+                        "trials as launcher: direct"]
+    finally:
+        launcher.close()
+
+
+def test_a_preload_that_ignores_sigchld_neither_breaks_the_server_nor_changes_the_trainer(
+        tmp_path):
+    """Issue 26 item 11: SIGCHLD set to SIG_IGN at import made the server's own wait fail
+    (ChildProcessError) and the fallback say "exit None". The server and its guards wait
+    with the default; the trainer has the preload's disposition, as a script that imported
+    the module in a new interpreter would."""
+    module(tmp_path, "ignores_sigchld",
+           "import signal\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n")
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, os, signal, subprocess, sys, ignores_sigchld\n"
+        "subprocess.run([sys.executable, '-c', 'pass'])\n"
+        "json.dump({'score': signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN},"
+        " open(os.environ['SWEEP_RESULT_FILE'], 'w'))\n")
+    warm = own_server(tmp_path, ["torch", "ignores_sigchld"])  # torch: the check for CUDA
+    try:
+        hello = warm.ready(60)
+        assert hello["failed"] == {} and hello["cuda"] is False
+        assert hello["threads"] == []
+        p = plan(tmp_path, "c", script=script)
+        proc = run(warm, p)
+        assert proc.exit_code == 0 and not proc.lost, p.paths.stderr.read_text()
+        assert json.loads(p.result.read_text()) == {"score": True}
+    finally:
+        warm.close()
+    assert warm._popen.returncode == 0
+
+
+@pytest.mark.parametrize(("ending", "said"), [
+    ("os._exit(3)", "the server ended while importing (exit 3; see "),
+    ("os.kill(os.getpid(), 9)", "the server ended while importing (killed by signal 9; see "),
+])
+def test_a_server_that_dies_while_importing_says_how(tmp_path, ending, said):
+    """Never "exit None": the server has closed its socket, so its end is waited for."""
+    module(tmp_path, "dies", f"import os\n{ending}\n")
+    warm = own_server(tmp_path, ["dies"])
+    try:
+        with pytest.raises(WarmError) as raised:
+            warm.ready(60)
+    finally:
+        warm.close()
+    assert str(raised.value).startswith(said)
+
+
+def claimed_pythons() -> list:
+    """An interpreter for each Python `warm` claims (TESTED_PYTHONS): this one, and those
+    pyenv or the system has; one not found here is a visible skip."""
+    found = []
+    for major, minor in TESTED_PYTHONS:
+        here = [sys.executable] if sys.version_info[:2] == (major, minor) else []
+        candidates = [*here, *sorted(Path("/root/.pyenv/versions").glob(
+            f"{major}.{minor}.*/bin/python")), Path(f"/usr/bin/python{major}.{minor}")]
+        python = next((str(c) for c in candidates if os.access(c, os.X_OK)), None)
+        found.append(pytest.param(python, id=f"{major}.{minor}", marks=[] if python else
+                                  pytest.mark.skip(reason=f"no Python {major}.{minor} here")))
+    return found
+
+
+@pytest.mark.parametrize("python", claimed_pythons())
+def test_the_interpreter_imitation_holds_on_every_python_warm_claims(tmp_path, python):
+    """On each claimed Python, a fork's argv, __main__, exit code (exit, raise, Ctrl-C,
+    SIGTERM), stdio and the script's atexit handlers behave as `python script.py` of that
+    interpreter; a preloaded module's atexit handler runs in no fork."""
+    module(tmp_path, "atexit_at_import",
+           "import atexit, os\natexit.register(lambda: os.write(2, b'SERVER HANDLER\\n'))\n")
+    script = tmp_path / "imitated.py"
+    script.write_text(
+        "import atexit, json, os, signal, sys, atexit_at_import\n"
+        "atexit.register(lambda: print('bye', flush=True))\n"
+        "print(json.dumps({'argv': sys.argv, 'name': __name__, 'path0': sys.path[0],"
+        " 'version': list(sys.version_info[:2])}))\n"
+        "mode = sys.argv[1]\n"
+        "if mode == 'exit3': sys.exit(3)\n"
+        "if mode == 'raise': raise RuntimeError('broke')\n"
+        "if mode == 'interrupt': raise KeyboardInterrupt\n"
+        "if mode == 'term': os.kill(os.getpid(), signal.SIGTERM)\n")
+    env = {**os.environ, TRIAL_DIR_ENV: str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), str(ROOT)])}
+    warm = WarmServer(["atexit_at_import"], env, tmp_path / "warm.log", python=python)
+    try:
+        assert warm.ready(60)["failed"] == {}, (tmp_path / "warm.log").read_text()
+        for mode in ("ok", "exit3", "raise", "interrupt", "term"):
+            p = plan(tmp_path, mode, mode, script=script)
+            p = LaunchPlan([python, *p.argv[1:]], {**p.env, "PYTHONPATH": env["PYTHONPATH"]},
+                           p.paths, p.result)
+            proc = TrialProcess(p, 1.0, server=warm)
+            assert proc.wait(30)
+            fresh = subprocess.run([python, str(script), mode], capture_output=True, text=True,
+                                   env={**os.environ, **p.env}, check=False)
+            code = fresh.returncode if fresh.returncode >= 0 else 128 - fresh.returncode
+            out, err = p.paths.stdout.read_text(), p.paths.stderr.read_text()
+            assert (proc.exit_code, out) == (code, fresh.stdout), (mode, err)
+            assert json.loads(out.splitlines()[0])["version"] == list(
+                json.loads(fresh.stdout.splitlines()[0])["version"])
+            # the one documented difference: a preloaded module's atexit handler is the
+            # server's (a new interpreter that imports the module runs it at exit)
+            theirs = fresh.stderr.replace("SERVER HANDLER\n", "")
+            assert "SERVER HANDLER" not in err
+            assert fresh.stderr.count("SERVER HANDLER") == (mode != "term")
+            assert err.splitlines()[-1:] == theirs.splitlines()[-1:]
+    finally:
+        warm.close()
+
+
+def test_warm_on_a_python_it_was_not_tested_on_starts_trials_as_direct(tmp_path):
+    spec = sweep.config.Spec.model_validate({
+        "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
+        "trainer": {"script": str(PROBE), "launcher": "warm"},
+        "params": {"x": {"type": "float", "low": 0, "high": 1}}})
+    said: list[str] = []
+    launcher = launchers.WarmLauncher(spec, "h", tmp_path, said.append, lambda: False,
+                                      python=(3, 99))
+    assert launcher.server is None
+    assert said == ["launcher: warm: its fork server imitates a new interpreter of Python "
+                    "3.10, 3.11, 3.12, 3.13, and this is 3.99; starting trials as launcher: "
+                    "direct"]
 
 
 def test_what_a_fork_cannot_take_is_named(tmp_path):
@@ -220,11 +401,12 @@ def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
     assert wait_until(lambda: child.exists() and child.read_text(), 20)
     pids = proc.tree_pids()
     assert int(child.read_text()) in pids and len(pids) == 3
+    trainer = fork_of(proc)
     proc.stop()
     assert proc.wait(10)
     assert proc.exit_code == 128 + signal.SIGKILL  # it ignored SIGTERM for its grace period
-    trainer, hidden = trainer_pid(p.paths.dir), int(child.read_text())
-    assert trainer is None and not alive(hidden)  # gone when the trial is said to have ended
+    hidden = int(child.read_text())
+    assert not alive(trainer) and not alive(hidden)  # gone when the trial is said to have ended
     assert wait_until(lambda: not any(alive(pid) for pid in pids), 5)  # the guard just after
 
 
@@ -235,17 +417,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def fork_of(proc: TrialProcess) -> int:
+    """The trainer of a warm trial: its guard's one child, once it runs."""
+    assert wait_until(lambda: len(psutil.Process(proc.pid).children()) == 1, 10)
+    return psutil.Process(proc.pid).children()[0].pid
+
+
 def sleeping(server: WarmServer, tmp_path: Path, name: str,
              grace: float = 5.0) -> tuple[TrialProcess, int]:
     """A trial that sleeps a minute, and its trainer's pid once it runs."""
     script = tmp_path / "sleep.py"
-    script.write_text("import time\ntime.sleep(60)\n")
+    script.write_text("import os, time\n"
+                      "open(os.path.join(os.environ['SWEEP_TRIAL_DIR'], 'up'), 'w').close()\n"
+                      "time.sleep(60)\n")
     p = plan(tmp_path, name, script=script)
     proc = TrialProcess(p, grace, server=server)
-    assert wait_until(lambda: trainer_pid(p.paths.dir) is not None, 10)
-    trainer = trainer_pid(p.paths.dir)
-    assert trainer is not None
-    return proc, trainer
+    assert wait_until((p.paths.dir / "up").exists, 10)
+    return proc, fork_of(proc)
 
 
 def test_a_killed_guard_leaves_nothing_behind(server, tmp_path):
@@ -258,11 +446,29 @@ def test_a_killed_guard_leaves_nothing_behind(server, tmp_path):
         trainer).status() == psutil.STATUS_ZOMBIE, 5)
 
 
-def test_kill_leftovers_finds_a_fork_by_its_pid_file(server, tmp_path):
-    """A fork's environment is the server's: a reclaiming driver finds it by its pid file."""
+def test_a_fork_dies_with_its_guard_even_when_its_server_is_gone(tmp_path):
+    """Server and guard SIGKILLed (no one left to find the fork: its /proc environment is
+    the server's, and no file names it): the fork dies with its guard."""
+    warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)}, tmp_path / "warm.log")
+    try:
+        warm.ready(30)
+        proc, trainer = sleeping(warm, tmp_path, "6")
+        os.kill(warm._popen.pid, signal.SIGKILL)
+        warm._popen.wait()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda: not alive(trainer), 5)
+        assert proc.wait(10)
+    finally:
+        warm.close()
+
+
+def test_a_force_kill_from_the_driver_ends_the_fork_with_its_guard(server, tmp_path):
+    """The driver knows a warm trial by its guard's pid alone (no file in the trial folder):
+    SIGKILL to the guard's group takes the fork with it (it dies with its guard)."""
     proc, trainer = sleeping(server, tmp_path, "4")
-    assert trainer in kill_leftovers(proc.plan.paths.dir)
+    proc.force_kill()
     assert proc.wait(10) and proc.exit_code == 128 + signal.SIGKILL
+    assert wait_until(lambda: not alive(trainer), 5)
 
 
 def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothing(
@@ -288,7 +494,6 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
         os.kill(warm._popen.pid, signal.SIGCONT)
         time.sleep(0.5)  # it forks the guard now, which hears no GO
         assert not (p.paths.dir / "probe.json").exists()
-        assert not (p.paths.dir / PID_FILE).exists()
         warm.close()
         assert warm._popen.returncode == 0
 
@@ -306,60 +511,9 @@ def test_the_server_ends_when_the_driver_does(tmp_path):
     assert not psutil.pid_exists(trainer)
 
 
-def test_what_a_run_preloads_follows_its_launcher():
-    assert server_modules("warm", True, ["transformers", "torch"], 1) == [
-        "torch", "accelerate", "transformers"]
-    assert server_modules("accelerate", True, ["transformers"], 1) == list(LAUNCH_PRELOAD)
-    assert server_modules("accelerate", True, [], 2)[-1] == "torch.distributed.run"
-    assert server_modules("accelerate", False, [], 1) == []
-    assert server_modules("direct", True, [], 1) == server_modules("python", True, [], 1) == []
-
-
-def test_a_forked_accelerate_launch_starts_the_script_as_a_new_one_does(tmp_path):
-    """`launcher: accelerate` with `fork_launcher`: the `accelerate launch` process is a fork
-    of a server that imported its modules, and it starts the script as a new interpreter
-    with the argv, environment, interpreter and flags a new `accelerate launch` gives it;
-    guard -> launcher -> script, one tree; a failing script's exit passes through alike."""
-    log = tmp_path / "warm.log"
-    warm = WarmServer(server_modules("accelerate", True, [], 1),
-                      {**os.environ, TRIAL_DIR_ENV: str(tmp_path)}, log)
-    config = tmp_path / "accelerate.yaml"
-    config.write_text(ACCELERATE_CONFIG)
-    trainer = TrainerSection(script=PROBE, args=["--mode", "{mode}"], env={"ANSWER": 42},
-                             accelerate={"mixed_precision": "bf16"})
-    seen: dict[str, dict] = {}
-    try:
-        hello = warm.ready(60)
-        assert hello["failed"] == {} and hello["cuda"] is False
-        for name, mode, server in (("fork", "environ", warm), ("new", "environ", None),
-                                   ("forkfail", "exit3", warm), ("newfail", "exit3", None)):
-            paths = TrialPaths(tmp_path / "t")
-            p = build_launch(trainer, 3, {"x": 0.5}, 1, paths, config,
-                             places={"mode": mode})
-            prepare_trial_dir(p, {"x": 0.5})
-            proc = TrialProcess(p, 1.0, server=server)
-            assert proc.wait(60)
-            seen[name] = {"code": proc.exit_code, "guard": proc.pid,
-                          "err": p.paths.stderr.read_text().splitlines()[-1:],
-                          "forked": (p.paths.dir / PID_FILE).exists()}
-            if mode == "environ":
-                seen[name].update(record(p))
-            (p.paths.dir / PID_FILE).unlink(missing_ok=True)
-    finally:
-        warm.close()
-    fork, new = seen["fork"], seen["new"]
-    assert fork["forked"] and not new["forked"] and fork["code"] == new["code"] == 0
-    assert fork["environ"] == new["environ"] and fork["environ"]["ANSWER"] == "42"
-    assert fork["environ"]["ACCELERATE_MIXED_PRECISION"] == "bf16"
-    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in fork["environ"]
-    for key in ("argv", "executable", "flags", "cwd", "path0", "cvd", "name"):
-        assert fork[key] == new[key], key
-    assert fork["parent"][1:3] == ["-m", "sweep.warm"]  # accelerate's process: a fork
-    assert new["parent"][1:3] == ["-m", "accelerate.commands.launch"]
-    assert fork["grandparent"] == fork["guard"] and new["grandparent"] == new["guard"]
-    assert seen["forkfail"]["code"] == seen["newfail"]["code"] == 1
-    assert seen["forkfail"]["err"] == seen["newfail"]["err"]  # accelerate's own error line
-    assert "CalledProcessError" in seen["forkfail"]["err"][0]
+def test_what_a_run_preloads_is_torch_accelerate_then_its_own():
+    assert server_modules(["transformers", "torch"]) == ["torch", "accelerate", "transformers"]
+    assert server_modules([]) == ["torch", "accelerate"]
 
 
 # ---- through the driver ------------------------------------------------------------------
@@ -405,10 +559,9 @@ def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
                  "args": ["--sleep", "60"]},
         params={"x": {"type": "float", "low": 0, "high": 1}})
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    pid_files = lambda: list((tmp_path / "k" / "trials").glob(f"*/{PID_FILE}"))  # noqa: E731
-    assert wait_until(lambda: (tmp_path / "k" / "trials").is_dir() and len(pid_files()) == 2, 60)
-    trainers = [trainer_pid(f.parent) for f in pid_files()]
-    assert all(trainers)
+    forks = lambda: [p for p in processes_mentioning(str(tmp_path))  # noqa: E731
+                     if "sweep.warm" in p.cmdline()]
+    assert wait_until(lambda: len(forks()) == 5, 60)  # the server, 2 guards, 2 trainers
     run.send_signal(signal.SIGKILL)
     run.wait()
     deadline = time.monotonic() + 15
@@ -433,7 +586,7 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
 
     opener = threading.Thread(target=open_gate, daemon=True)
     opener.start()
-    monkeypatch.setattr(driver, "WARM_WAIT", 0.3)
+    monkeypatch.setattr(launchers, "WARM_WAIT", 0.3)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     seen = {}

@@ -23,6 +23,11 @@ def main() -> None:
     }
     trial_dir = Path(os.environ["SWEEP_TRIAL_DIR"])
     (trial_dir / "state.json").write_text(json.dumps(record, indent=1))
+    ancestors, pid = [], os.getpid()  # how the trial was started: its parents' command lines
+    for _ in range(3):
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        ancestors.append(Path(f"/proc/{pid}/cmdline").read_text().split("\0"))
+    (trial_dir / "ancestors.json").write_text(json.dumps(ancestors))
     Path(os.environ["SWEEP_RESULT_FILE"]).write_text(json.dumps({"score": 0.0}))
 
 
