@@ -16,6 +16,7 @@ from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
 from sweep import config, grpclock, proxy, searchspace, storageurl, summary
+from sweep.monitor import SAMPLES_NAME
 from sweep.store import Owner, Store, open_storage, open_study
 
 
@@ -41,7 +42,7 @@ def test_three_drivers_on_one_journal_file_spend_exactly_its_budget(write_study,
     s = summary.load(study)
     drivers = sorted(p.name for p in (tmp_path / "shared" / "drivers").iterdir())
     assert [d.rsplit(".", 1)[0] for d in drivers] == ["h0", "h1", "h2"], drivers
-    assert all((tmp_path / "shared" / "drivers" / d / "accelerate_config.yaml").is_file()
+    assert all((tmp_path / "shared" / "drivers" / d / SAMPLES_NAME).is_file()
                for d in drivers)
     assert set(s.trials["host"]) <= {"h0", "h1", "h2"} and len(set(s.trials["host"])) >= 2
     assert set(s.samples["host"]) == {"h0", "h1", "h2"}

@@ -199,7 +199,7 @@ def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
         "args": ["--token=$HF_TOKEN", "--name", "run"]})
     plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
                                TrialPaths.of(spec.output_dir, 0),
-                               spec.output_dir / "accelerate_config.yaml",
+                               launch.ACCELERATE_CONFIG_FILE,
                                places=launch.spec_places(spec), environ=environ)
     assert "--token=hf_abcdefghijkl" in plan.argv  # the trainer gets it
     trialdir.prepare_trial_dir(plan, {"x": 0.5},
@@ -267,9 +267,9 @@ def test_a_trial_that_cannot_be_prepared_fails_alone_and_the_run_stops_starting(
 
 def test_the_drivers_folder_is_made_again_when_output_dir_was_removed(tmp_path):
     """Item 10: with output_dir deleted mid-run, `launcher: accelerate` failed every later
-    trial on the missing accelerate config."""
+    trial on the missing accelerate config (in the driver's folder then; in the package now)."""
     s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 2})
-    config_file = s.driver.own / launch.ACCELERATE_CONFIG_NAME
+    own = s.driver.own
     seen: list[bool] = []
 
     def removed(done: Any) -> None:
@@ -277,7 +277,7 @@ def test_the_drivers_folder_is_made_again_when_output_dir_was_removed(tmp_path):
             shutil.rmtree(s.spec.output_dir)
 
     s.driver.events.finished = removed  # type: ignore[method-assign]
-    s.driver.events.started = lambda st: seen.append(config_file.is_file())  # type: ignore
+    s.driver.events.started = lambda st: seen.append(own.is_dir())  # type: ignore
     assert s.run() == 0
     assert s.states() == ["COMPLETE", "COMPLETE"]
     assert seen == [True, True]  # there when trial 1 started, as for trial 0
