@@ -29,6 +29,7 @@ from sweep import guard
 from sweep.launch import LaunchPlan
 from sweep.outcome import Outcome, judge_files
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.terminal import release_dead_terminal
 from sweep.warm import GO, WarmServer, trainer_pid
 
 GUARD = Path(guard.__file__)
@@ -344,15 +345,26 @@ class RunningTrial:
 
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
+
+
 @contextlib.contextmanager
 def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Route SIGINT and SIGTERM to `handler` inside the block; restore the old ones after.
+    """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
+    after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
+    terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
+            release_dead_terminal()
+        handler(signum, frame)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -9,7 +9,7 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
-     "grpclock", "placement", "sqlite"},
+     "grpclock", "placement", "sqlite", "terminal"},
     {"config"},
     {"launch", "outcome", "policy", "pool", "warm"},
     {"process", "monitor", "store", "proxy", "accelenv"},

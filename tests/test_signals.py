@@ -8,6 +8,7 @@ import signal
 import time
 
 import psutil
+import pytest
 from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
 
@@ -134,3 +135,112 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     retry = [t for t in trials if t.user_attrs.get("retry_of") == trial.number]
     assert len(retry) == 1 and retry[0].params == old.params
     assert len([t for t in trials if t.state.name == "COMPLETE"]) == 2
+
+
+def test_sighup_stops_trials_as_sigterm_does_tells_them_and_exits_130(write_study, tmp_path):
+    """SIGHUP (the terminal closed, an ssh drop) takes SIGTERM's path: trials stopped with
+    their grace period and told `interrupted`, nothing left RUNNING, exit 130."""
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert "Traceback" not in err
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_path):
+    """The driver's terminal goes away (its pty closed: the kernel sends SIGHUP and every later
+    write to the terminal fails): trials are still stopped and told, and the driver exits 130."""
+    import pty
+    import subprocess
+    import sys
+
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
+    master, slave = pty.openpty()
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "sweep", "run", str(study)],
+        env={**os.environ, "SWEEP_FAKE_GPUS": "2"},
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=take_terminal)
+    os.close(slave)
+    try:
+        assert wait_until(lambda: started(study) == 2, 60)
+        drain(master)
+    finally:
+        os.close(master)  # the terminal is gone: SIGHUP to its session
+    assert driver.wait(timeout=30) == 130
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def take_terminal() -> None:
+    """In the child, after setsid: its stdin's terminal becomes the session's controlling one
+    (so that closing the other end hangs it up, as closing a terminal window does)."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def drain(fd: int) -> bytes:
+    """What the terminal shows so far (never blocks)."""
+    import select
+
+    out = b""
+    while select.select([fd], [], [], 0)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kept():
+    import pty
+
+    from sweep.terminal import release_dead_terminal
+
+    master, slave = pty.openpty()
+    r, w = os.pipe()
+    closed = os.dup(w)
+    os.close(closed)
+    try:
+        os.close(master)  # hung up: writing to it fails
+        with pytest.raises(OSError):
+            os.write(slave, b"x")
+        assert release_dead_terminal([slave, w, closed]) == [slave]
+        assert os.write(slave, b"lost") == 4  # /dev/null now
+        assert os.write(w, b"kept") == 4 and os.read(r, 10) == b"kept"
+        assert release_dead_terminal([slave, w]) == []
+    finally:
+        for fd in (slave, r, w):
+            os.close(fd)
+
+
+def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
+    """`sweep logs --follow` of a running trial, its terminal closed: exit 130, as SIGTERM."""
+    from sweep import config, launch
+    from sweep.store import open_storage, open_study
+
+    study_file = write_study(study={"n_trials": 1})
+    spec = config.load(study_file)
+    open_study(spec, open_storage(spec)).ask(config.distributions(spec))  # RUNNING, for ever
+    log = launch.TrialPaths.of(spec.output_dir, 0).stdout
+    log.parent.mkdir(parents=True)
+    log.write_text("epoch 1\n")
+    follower = spawn_cli("logs", "--follow", str(study_file), "0")
+    assert follower.stdout is not None and follower.stdout.readline() == "epoch 1\n"
+    follower.send_signal(signal.SIGHUP)
+    _, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130, err
+    assert "Traceback" not in err
