@@ -320,7 +320,8 @@ class RunningTrial:
         paths = self.process.plan.paths
         return judge_files(paths.stderr, self.process.plan.result, self.process.exit_code,
                            metrics, stdout=paths.stdout, patterns=patterns,
-                           stop=self.stop_text(), timeout=timeout, last_report=self.last_report)
+                           env_result=paths.result, stop=self.stop_text(), timeout=timeout,
+                           last_report=self.last_report)
 
     def stop_text(self) -> str | None:
         """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""
