@@ -354,6 +354,7 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
     """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
     after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
     terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
+    A SIGHUP ignored when the block starts (`nohup`) stays ignored.
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
@@ -365,7 +366,8 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
             release_dead_terminal()
         handler(signum, frame)
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS
+                if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
     try:
         yield
     finally:

@@ -1,11 +1,14 @@
-"""The driver stopped by Ctrl-C, SIGTERM or SIGKILL: every trial told, no process left."""
+"""The driver stopped by Ctrl-C, SIGTERM, SIGHUP or SIGKILL: every trial told, no process left."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -157,20 +160,15 @@ def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_pat
     """The driver's terminal goes away (its pty closed: the kernel sends SIGHUP and every later
     write to the terminal fails): trials are still stopped and told, and the driver exits 130."""
     import pty
-    import subprocess
-    import sys
 
     study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
     master, slave = pty.openpty()
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "sweep", "run", str(study)],
-        env={**os.environ, "SWEEP_FAKE_GPUS": "2"},
-        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-        preexec_fn=take_terminal)
+    driver = spawn_wrapped(str(study), "import fcntl, termios\n"
+                           "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n",  # its terminal
+                           stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     try:
-        assert wait_until(lambda: started(study) == 2, 60)
-        drain(master)
+        assert wait_until(lambda: drain(master) is not None and started(study) == 2, 60)
     finally:
         os.close(master)  # the terminal is gone: SIGHUP to its session
     assert driver.wait(timeout=30) == 130
@@ -180,17 +178,29 @@ def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_pat
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def take_terminal() -> None:
-    """In the child, after setsid: its stdin's terminal becomes the session's controlling one
-    (so that closing the other end hangs it up, as closing a terminal window does)."""
-    import fcntl
-    import termios
+def test_under_nohup_sighup_stays_ignored_and_the_run_goes_on(write_study, tmp_path):
+    study = write_study(study={"n_trials": 2}, trainer={"args": ["--sleep", "1"]})
+    driver = spawn_wrapped(str(study), "import signal\n"
+                           "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n",  # as nohup does
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_until(lambda: started(study) == 2, 60)
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0, err
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE", "COMPLETE"]
 
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+def spawn_wrapped(study: str, prelude: str, **popen: Any) -> subprocess.Popen[Any]:
+    """`python -m sweep run STUDY` on two fake GPUs, after `prelude` ran in its process."""
+    code = (prelude + "import os, sys\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'sweep', 'run', sys.argv[1]])\n")
+    return subprocess.Popen([sys.executable, "-c", code, study],
+                            env={**os.environ, "SWEEP_FAKE_GPUS": "2"}, **popen)
 
 
 def drain(fd: int) -> bytes:
-    """What the terminal shows so far (never blocks)."""
+    """What the terminal shows so far (never blocks): read, so that the driver never waits
+    for a full terminal."""
     import select
 
     out = b""
