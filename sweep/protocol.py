@@ -21,6 +21,7 @@ import signal
 import stat
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -211,9 +212,14 @@ def compile_pattern(pattern: str) -> Any:
     """
     cut = _short(pattern, 60)
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # `re` would read it another way
+            re.compile(pattern)
     except re.error as e:
         raise PatternError(f"not a regular expression ({e}): {cut}") from None
+    except FutureWarning as e:
+        raise PatternError(f"{e} (RE2 and Python read it differently: escape the [ or "
+                           f"the -/&/~/|): {cut}") from None
     if _NO_LOW_BOUND.search(pattern):
         raise PatternError(f"write {{0,n}} for up to n repeats ({{,n}} reads as text): {cut}")
     try:

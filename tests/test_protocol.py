@@ -258,6 +258,8 @@ def test_the_last_match_of_a_group_decides_whether_it_is_rejected():
     (r"(?P<a>x{1001})", "RE2, which sweep matches with, cannot read it (invalid repetition "
      "size: {1001}): (?P<a>x{1001})"),
     (r"(?P<a>[0-9", "not a regular expression (unterminated character set at position 6)"),
+    (r"(?P<a>[[:digit:]]+)", "Possible nested set at position 7 (RE2 and Python read it "
+     "differently: escape the [ or the -/&/~/|): (?P<a>[[:digit:]]+)"),
     (r"loss: [0-9.]+", "a stdout pattern needs named groups, e.g. 'loss: (?P<loss>[0-9.]+)'"),
 ])
 def test_a_pattern_re2_cannot_match_in_linear_time_is_refused_saying_why(pattern, message):
