@@ -354,16 +354,23 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
     """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
     after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
     terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
-    A SIGHUP ignored when the block starts (`nohup`) stays ignored.
+    A SIGHUP ignored when the block starts (`nohup`) stays ignored; one that comes after
+    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills).
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    routed = False
+
     def on_signal(signum: int, frame: Any) -> None:
+        nonlocal routed
         if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
             release_dead_terminal()
+            if routed:  # the terminal and the shell each send one: it asks to stop, once
+                return
+        routed = True
         handler(signum, frame)
 
     previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS

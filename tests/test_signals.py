@@ -254,3 +254,25 @@ def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
     _, err = follower.communicate(timeout=30)
     assert follower.returncode == 130, err
     assert "Traceback" not in err
+
+
+def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write_study):
+    """A closed terminal sends SIGHUP to the driver and to its shell, which sends it again:
+    unlike a second Ctrl-C, the second SIGHUP does not cut the trials' grace period."""
+    study = write_study(study={"n_trials": 2},
+                        trainer={"args": ["--mode", "report", "--steps", "100", "--sleep", "2"],
+                                 "grace_period": 30})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    time.sleep(0.3)  # let the trainers install their SIGTERM handling
+    driver.send_signal(signal.SIGHUP)
+    assert driver.stderr is not None
+    for line in driver.stderr:  # until the first SIGHUP was acted upon: trials asked to stop
+        if "interrupted: no new trials" in line:
+            break
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err
+    assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
+    graceful = list((study.parent / "probe" / "trials").glob("*/stopped_gracefully"))
+    assert len(graceful) == 2  # each stopped at its next step, not SIGKILLed
