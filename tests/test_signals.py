@@ -276,3 +276,32 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
     assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
     graceful = list((study.parent / "probe" / "trials").glob("*/stopped_gracefully"))
     assert len(graceful) == 2  # each stopped at its next step, not SIGKILLed
+
+
+def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
+    from sweep.process import signals_to
+
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGHUP)
+        signal.raise_signal(signal.SIGHUP)  # the shell's copy: dropped
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C still counts
+        signal.raise_signal(signal.SIGTERM)
+    assert got == [signal.SIGHUP, signal.SIGINT, signal.SIGTERM]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+    got.clear()
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGHUP)  # after another signal: it never hurries the stop
+    assert got == [signal.SIGTERM]
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with signals_to(lambda signum, frame: got.append(signum)):
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+        assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
