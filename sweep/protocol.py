@@ -178,7 +178,7 @@ MAX_PROGRAM = 1000  # RE2 instructions a pattern may compile to (common patterns
 PATTERN_SECONDS = 1.0  # CPU seconds the patterns may spend on one trial's output
 CHECK_WORK = 1 << 14  # characters searched (times patterns) between two looks at the clock
 
-_LINE_END = re.compile(r"[\r\n]")
+_LINE_ENDS = re.compile(r"[\r\n]+")  # an empty line is no line: no pattern sees it
 _NO_LOW_BOUND = re.compile(r"(?<!\\)\{,\d*\}")  # `{,n}`: up to n in `re`, plain text in RE2
 _RE2_LACKS = [  # (what RE2 says, what the user wrote)
     ("invalid perl operator: (?=", "lookahead (?=...)"),
@@ -271,13 +271,15 @@ def parse_stdout(
     deadline = clock() + budget
     found: dict[str, float] = {}
     seen: set[str] = set()  # groups whose last match was met (the first, going backwards)
-    lines = _LINE_END.split(text)
+    lines = _LINE_ENDS.split(text)
     if lines[-1] == "":  # what follows the last newline
         lines.pop()
+    if lines and lines[0] == "":  # what precedes the first
+        lines.pop(0)
     work = searched = 0
     for searched, line in enumerate(reversed(lines), 1):
         line = line[-LINE_TAIL:]
-        for pattern in compiled if line else ():
+        for pattern in compiled:
             match = pattern.search(line)
             if match is None:
                 continue

@@ -202,6 +202,13 @@ def test_the_last_lines_are_searched_first_and_the_search_stops_when_every_group
     assert clock.calls == 1  # the start: no line past the last two was searched
 
 
+def test_a_flood_of_line_ends_is_no_lines_to_search():
+    clock = FakeClock()
+    text = "loss=0.5" + "\r" * (4 << 20)
+    assert protocol.parse_stdout(text, [r"(?P<loss>[0-9.]+)"], clock=clock) == {"loss": 0.5}
+    assert clock.calls == 1
+
+
 class FakeClock:
     """A CPU clock that advances one second each time it is read."""
 
