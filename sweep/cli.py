@@ -21,6 +21,7 @@ from rich.text import Text
 
 from sweep import __version__
 from sweep.errors import SweepError
+from sweep.terminal import release_dead_terminal
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -264,13 +265,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum: int, frame: object) -> None:
+    if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
+        release_dead_terminal()
     raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # SIGTERM outside a running sweep (which handles it itself) ends like Ctrl-C: exit 130.
+    # SIGTERM or SIGHUP outside a running sweep (which handles them itself) ends like Ctrl-C:
+    # exit 130. Under `nohup` (SIGHUP ignored) SIGHUP stays ignored.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, _interrupt)
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING,

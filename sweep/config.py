@@ -25,12 +25,14 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from sweep import placeholders, searchspace, storageurl, yamlfile
 from sweep.errors import ConfigError, Problem, short
+from sweep.protocol import compile_pattern
 from sweep.searchspace import (
     PARAM_TYPES,
     BoolParam,
@@ -128,18 +130,19 @@ class ResultSection(_Model):
     stdout: Annotated[str, Field(min_length=1)] | Annotated[
         list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
 
+    @field_validator("stdout")
+    @classmethod
+    def _linear_patterns(cls, stdout: str | list[str] | None,
+                         info: ValidationInfo) -> str | list[str] | None:
+        if info.data.get("file") is None:  # else: one source only, says _one_source
+            for pattern in [stdout] if isinstance(stdout, str) else stdout or []:
+                compile_pattern(pattern)  # RE2, named groups: PatternError is a ValueError
+        return stdout
+
     @model_validator(mode="after")
     def _one_source(self) -> ResultSection:
         if (self.file is None) == (self.stdout is None):
             raise ValueError("give exactly one of file or stdout")
-        for pattern in self.patterns:
-            try:
-                compiled = re.compile(pattern, re.MULTILINE)
-            except re.error as e:
-                raise ValueError(f"not a regular expression ({e}): {short(pattern)}") from None
-            if not compiled.groupindex:
-                raise ValueError("a stdout pattern needs named groups, e.g. "
-                                 f"'loss: (?P<loss>[0-9.]+)': {short(pattern)}")
         return self
 
     @property
@@ -501,7 +504,7 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     if trainer.result is not None and trainer.result.file is not None:
         check(placeholders.check, file, "trainer.result.file", trainer.result.file)
     if trainer.result is not None and trainer.result.patterns:
-        groups = {g for p in trainer.result.patterns for g in re.compile(p).groupindex}
+        groups = {g for p in trainer.result.patterns for g in compile_pattern(p).groupindex}
         for metric in study.objective_metrics:
             if metric not in groups:
                 bad("trainer.result.stdout", f"no named group for the metric {metric!r}: add "

@@ -13,10 +13,13 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.protocol import ResultError, parse_result, parse_stdout
+from sweep.protocol import PatternTimeout, ResultError, parse_result, parse_stdout
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"
+HOW_TO_GIVE = ("; write one with sweep.protocol.write_result (to $SWEEP_RESULT_FILE) or set "
+               "trainer.result (a file or stdout patterns)")
+STDOUT_TAIL = 4 << 20  # bytes of a trial's stdout that its patterns search (its end)
 
 # CalledProcessError's last line: "returned non-zero exit status N." or, for a child killed by
 # a signal, "died with <Signals.SIGKILL: 9>." / "died with unknown signal N."
@@ -120,23 +123,36 @@ def judge(
 
 def judge_files(
     stderr: Path, result: Path, exit_code: int | None, metrics: list[str],
-    stdout: Path | None = None, patterns: Sequence[str] = (), **how: Any,
+    stdout: Path | None = None, patterns: Sequence[str] = (), env_result: Path | None = None,
+    **how: Any,
 ) -> Outcome:
     """`judge` a trial from its files: the tail of its stderr, and its metrics from the result
-    file, or from `patterns` over its stdout. A missing result says where sweep looked and
-    quotes the trainer's last line of output."""
-    out = read_text(stdout, tail_bytes=4 << 20) if stdout is not None else None
+    file, or from `patterns` over its stdout. `env_result` is the file `$SWEEP_RESULT_FILE`
+    named (default: `result`; another one came from `trainer.result.file`). A missing result
+    says where sweep looked, quotes the trainer's last line of output, and, where sweep looked
+    at `$SWEEP_RESULT_FILE`, the two ways to give one."""
+    out = read_text(stdout, tail_bytes=STDOUT_TAIL) if stdout is not None else None
     rejected: dict[str, str] = {}
+    timed_out = None
+    hint = ""
     if patterns:
-        found = parse_stdout(out or "", list(patterns), rejected)
+        try:
+            found = parse_stdout(out or "", list(patterns), rejected, needed=metrics)
+        except PatternTimeout as e:
+            found, timed_out = {}, str(e)
         result_text = json.dumps(found) if found else None
         shown = " or ".join("'" + p + "'" for p in patterns)
         where = f"no line of {stdout} matched {shown}"
     else:
         result_text = read_text(result)
         where = f"nothing at {result}"
+        if env_result is None or result == env_result:
+            hint = HOW_TO_GIVE
+        else:
+            where += " (trainer.result.file)"
         if os.path.lexists(result) and result_text is None:
             where = f"the result file {result} is not a regular file (a FIFO? a folder?)"
+            hint = ""  # the trainer knows where its result goes
     verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", result_text,
                     metrics, **how)
     missing = [m for m in metrics if m in rejected and verdict.state == FAIL]
@@ -144,10 +160,12 @@ def judge_files(
         return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
             f"metric {missing[0]!r} matched in stdout but is not a finite number: "
             f"{rejected[missing[0]]!r}"))
+    if verdict.fail_reason == NO_RESULT and timed_out is not None:
+        return Outcome(FAIL, fail_reason=timed_out, exit_code=verdict.exit_code)
     if verdict.fail_reason == NO_RESULT:
         said = last_line(out or "", 120)
         reason = f"no result: {where}" + (f"; last line of stdout: {said}" if said else
-                                           "; stdout is empty")
+                                           "; stdout is empty") + hint
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     if patterns and verdict.fail_reason and "missing from the result file" in verdict.fail_reason:
         reason = verdict.fail_reason.replace("missing from the result file (keys:",

@@ -30,6 +30,7 @@ from sweep.launch import LaunchPlan
 from sweep.outcome import FAIL, Outcome, judge_files
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.terminal import release_dead_terminal
 from sweep.trialdir import open_log, written_before
 from sweep.warm import GO, WarmServer
 
@@ -360,7 +361,7 @@ class RunningTrial:
         paths, result = self.process.plan.paths, self.process.plan.result
         verdict = judge_files(paths.stderr, result, self.process.exit_code,
                               metrics, stdout=paths.stdout, patterns=patterns,
-                              stop=self.stop_text(), timeout=timeout,
+                              env_result=paths.result, stop=self.stop_text(), timeout=timeout,
                               last_report=self.last_report)
         if verdict.state != FAIL and not patterns and written_before(result, paths):
             return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
@@ -390,15 +391,36 @@ class RunningTrial:
         return min(known) if known else None
 
 
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
+
+
 @contextlib.contextmanager
 def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Route SIGINT and SIGTERM to `handler` inside the block; restore the old ones after.
+    """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
+    after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
+    terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
+    A SIGHUP ignored when the block starts (`nohup`) stays ignored; one that comes after
+    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills).
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    routed = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal routed
+        if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
+            release_dead_terminal()
+            if routed:  # the terminal and the shell each send one: it asks to stop, once
+                return
+        routed = True
+        handler(signum, frame)
+
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS
+                if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
     try:
         yield
     finally:

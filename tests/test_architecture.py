@@ -9,7 +9,7 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
-     "grpclock", "placement", "sqlite"},
+     "grpclock", "placement", "sqlite", "terminal"},
     {"storageurl", "searchspace", "placeholders"},
     {"config", "hostlock"},
     {"trialdir"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from sweep.outcome import judge, split_launcher_traceback
+from sweep.outcome import judge, judge_files, split_launcher_traceback
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 
@@ -83,3 +83,56 @@ def test_a_pruned_trial_is_pruned_with_its_last_report_whatever_its_exit():
                     last_report=(3, 0.25))
         assert (out.state, out.values, out.fail_reason) == (PRUNED, [0.25], None)
     assert not judge(0, "CUDA out of memory", '{"m": 1}', ["m"]).oom
+
+
+# ---- a trial with no result: where sweep looked, and how to give one (issue 21, part 5) -----
+
+def trial_files(tmp_path, stdout: str):
+    (tmp_path / "stdout.log").write_text(stdout)
+    (tmp_path / "stderr.log").write_text("")
+    return tmp_path / "stderr.log", tmp_path / "stdout.log", tmp_path / "result.json"
+
+
+def test_no_result_file_says_where_sweep_looked_and_the_two_ways_to_give_one(tmp_path):
+    stderr, stdout, result = trial_files(tmp_path, "epoch 3: loss 0.25\n\n")
+    out = judge_files(stderr, result, 0, ["loss"], stdout=stdout, env_result=result)
+    assert (out.state, out.exit_code) == ("FAIL", 0)
+    assert out.fail_reason == (
+        f"no result: nothing at {result}; last line of stdout: epoch 3: loss 0.25; write one "
+        "with sweep.protocol.write_result (to $SWEEP_RESULT_FILE) or set trainer.result (a "
+        "file or stdout patterns)")
+
+
+def test_no_result_in_the_file_trainer_result_names_says_so(tmp_path):
+    stderr, stdout, result = trial_files(tmp_path, "")
+    named = tmp_path / "out.json"
+    out = judge_files(stderr, named, 0, ["loss"], stdout=stdout, env_result=result)
+    assert out.fail_reason == f"no result: nothing at {named} (trainer.result.file); stdout is empty"
+
+
+def test_no_line_matching_the_patterns_quotes_them_and_the_last_line(tmp_path):
+    stderr, stdout, result = trial_files(tmp_path, "epoch 3: loss 0.25\n")
+    out = judge_files(stderr, result, 0, ["loss"], stdout=stdout,
+                      patterns=[r"loss=(?P<loss>\S+)"], env_result=result)
+    assert out.fail_reason == (f"no result: no line of {stdout} matched 'loss=(?P<loss>\\S+)'; "
+                               "last line of stdout: epoch 3: loss 0.25")
+
+
+def test_patterns_out_of_time_fail_the_trial_saying_so(tmp_path, monkeypatch):
+    from sweep import outcome, protocol
+
+    def ticking(*args, **kw):
+        calls = iter(range(1000))
+        return protocol.parse_stdout(*args, **kw, clock=lambda: float(next(calls)))
+
+    monkeypatch.setattr(outcome, "parse_stdout", ticking)
+    stderr, stdout, result = trial_files(tmp_path, ("x" * 1000 + "\n") * 200)
+    out = judge_files(stderr, result, 0, ["loss"], stdout=stdout,
+                      patterns=[r"loss=(?P<loss>\S+)"])
+    assert (out.state, out.exit_code) == ("FAIL", 0)
+    assert out.fail_reason == (
+        "stdout patterns ran out of time (1 s) after the last 34 of 200 lines, before "
+        "'loss' matched: print it nearer the end, or simplify the pattern")
+    crashed = judge_files(stderr, result, 3, ["loss"], stdout=stdout,
+                          patterns=[r"loss=(?P<loss>\S+)"])
+    assert crashed.fail_reason == "exit code 3: no stderr"  # a crash explains itself first

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -156,3 +157,123 @@ def test_a_dotted_metric_reads_a_nested_key_and_stdout_patterns_keep_the_last_ma
     text = "epoch 1 loss: 0.9 acc: 50\nepoch 2 loss: 0.4 acc: 70\nloss: nan\n"
     assert protocol.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\d+)"]) == {
         "loss": 0.4, "acc": 70.0}
+
+
+# ---- stdout patterns: a cost bounded whatever the pattern and the output (issue 26, item 5) --
+
+def run_parse_stdout(make_text: str, pattern: str, timeout: float = 60) -> str:
+    """`parse_stdout` in a child process on the text `make_text` builds; what it returns.
+    The timeout is generous: the work takes well under a second, and hours on `re`."""
+    code = ("import sys\nfrom sweep import protocol\n"
+            f"text = {make_text}\n"
+            f"print(protocol.parse_stdout(text, [{pattern!r}]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout, check=True)
+    return out.stdout.strip()
+
+
+def test_a_nested_quantifier_on_one_short_line_does_not_hang():
+    """`(d+)+` over 36 digits backtracks 2**36 ways in a backtracking engine."""
+    assert run_parse_stdout("'1' * 36 + '\\n'", r"(?P<loss>([0-9]+)+)s") == "{}"
+    assert run_parse_stdout("'1' * 36 + 's\\n'", r"(?P<loss>([0-9]+)+)s") == (
+        "{'loss': 1.1111111111111111e+35}")
+
+
+def test_a_leading_dot_star_costs_time_linear_in_the_output_not_in_its_line_length():
+    """The same 4 MB searched in long lines costs no more than in short ones (a backtracking
+    `.*loss=` retries from every position of a long line: 12 s on 2,000-character lines)."""
+    pattern = [r".*loss=(?P<loss>[0-9.]+)"]
+    long_lines = "\n".join([("lr=0.001 grad=1.25 " * 120)[:2000]] * 2000) + "\n"
+    short_lines = "\n".join([("lr=0.001 grad=1.25 " * 6)[:100]] * 40_000) + "\n"
+    costs = []
+    for text in (short_lines, long_lines):
+        start = time.thread_time()
+        assert protocol.parse_stdout(text, pattern) == {}
+        costs.append(time.thread_time() - start)
+    assert costs[1] < 3 * costs[0], costs
+
+
+def test_the_last_lines_are_searched_first_and_the_search_stops_when_every_group_is_found():
+    clock = FakeClock()
+    text = "loss=9 acc=1\n" + "noise " * 700_000 + "\nloss=0.5\nacc=0.75\n"
+    found = protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"acc=(?P<acc>\S+)"],
+                                  clock=clock)
+    assert found == {"loss": 0.5, "acc": 0.75}
+    assert clock.calls == 1  # the start: no line past the last two was searched
+
+
+def test_a_flood_of_line_ends_is_no_lines_to_search():
+    clock = FakeClock()
+    text = "loss=0.5" + "\r" * (4 << 20)
+    assert protocol.parse_stdout(text, [r"(?P<loss>[0-9.]+)"], clock=clock) == {"loss": 0.5}
+    assert clock.calls == 1
+
+
+class FakeClock:
+    """A CPU clock that advances one second each time it is read."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return float(self.calls - 1)
+
+
+LONG_LINE = "x" * (protocol.CHECK_WORK // 8)  # the clock is read every 8 such lines
+
+
+def test_patterns_that_run_out_of_time_fail_the_trial_with_a_reason_that_says_so():
+    text = "loss=0.5\n" + (LONG_LINE + "\n") * 100
+    with pytest.raises(protocol.PatternTimeout) as e:
+        protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)"], needed=["loss"], budget=2.5,
+                              clock=FakeClock())
+    assert str(e.value) == (
+        "stdout patterns ran out of time (2.5 s) after the last 24 of 101 lines, before 'loss' "
+        "matched: print it nearer the end, or simplify the pattern")
+
+
+def test_out_of_time_with_every_metric_found_keeps_the_metrics_found():
+    """The values found are the last ones in the output; only a group found nowhere near the
+    end (here `lr`, never printed) is left out."""
+    text = (LONG_LINE + "\n") * 100 + "loss=0.5\n"
+    found = protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"lr=(?P<lr>\S+)"],
+                                  needed=["loss"], budget=2.5, clock=FakeClock())
+    assert found == {"loss": 0.5}
+
+
+def test_the_last_match_of_a_group_decides_whether_it_is_rejected():
+    rejected: dict[str, str] = {}
+    text = "loss: 0.9\nloss: nan\nacc: 97.5%\nacc: 90\n"
+    found = protocol.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\S+)"],
+                                  rejected)
+    assert found == {"loss": 0.9, "acc": 90.0}
+    assert rejected == {"loss": "nan"}  # acc's last match is a number
+
+
+@pytest.mark.parametrize(("pattern", "message"), [
+    (r"(?P<a>x)\1", r"a backreference \1 is not supported (sweep matches with RE2, in time "
+     r"linear in the output: no backreferences or lookaround): (?P<a>x)\1"),
+    (r"(?P<a>x)(?P=a)", "a backreference (?P=name) is not supported"),
+    (r"(?=a)(?P<a>x)", "lookahead (?=...) is not supported"),
+    (r"(?<!a)(?P<a>x)", "lookbehind (?<!...) is not supported"),
+    (r"(?>a)(?P<a>x)", "an atomic group (?>...) is not supported"),
+    (r"a*+(?P<a>x)", "a possessive quantifier is not supported"),
+    (r"(?P<a>x)\Z", r"\Z (write $: a pattern sees one line) is not supported"),
+    (r"(?P<a>x{,3})", r"write {0,n} for up to n repeats ({,n} reads as text): (?P<a>x{,3})"),
+    (r"(?P<a>(?:a|b|aa|ab|ba|bb){1,300})", "too complex to match in bounded time ("),
+    (r"(?P<a>x{1001})", "RE2, which sweep matches with, cannot read it (invalid repetition "
+     "size: {1001}): (?P<a>x{1001})"),
+    (r"(?P<a>[0-9", "not a regular expression (unterminated character set at position 6)"),
+    (r"(?P<a>[[:digit:]]+)", "Possible nested set at position 7 (RE2 and Python read it "
+     "differently: escape the [ or the -/&/~/|): (?P<a>[[:digit:]]+)"),
+    (r"loss: [0-9.]+", "a stdout pattern needs named groups, e.g. 'loss: (?P<loss>[0-9.]+)'"),
+])
+def test_a_pattern_re2_cannot_match_in_linear_time_is_refused_saying_why(pattern, message):
+    with pytest.raises(protocol.PatternError) as e:
+        protocol.compile_pattern(pattern)
+    assert str(e.value).startswith(message)
+    assert "\n" not in str(e.value)
+    if message.startswith("too complex"):
+        assert str(e.value).endswith(" RE2 instructions, at most 1000; large {m,n} repeats cost "
+                                     "most): (?P<a>(?:a|b|aa|ab|ba|bb){1,300})")

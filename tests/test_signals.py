@@ -1,13 +1,17 @@
-"""The driver stopped by Ctrl-C, SIGTERM or SIGKILL: every trial told, no process left."""
+"""The driver stopped by Ctrl-C, SIGTERM, SIGHUP or SIGKILL: every trial told, no process left."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from typing import Any
 
 import psutil
+import pytest
 from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
 
@@ -134,3 +138,170 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     retry = [t for t in trials if t.user_attrs.get("retry_of") == trial.number]
     assert len(retry) == 1 and retry[0].params == old.params
     assert len([t for t in trials if t.state.name == "COMPLETE"]) == 2
+
+
+def test_sighup_stops_trials_as_sigterm_does_tells_them_and_exits_130(write_study, tmp_path):
+    """SIGHUP (the terminal closed, an ssh drop) takes SIGTERM's path: trials stopped with
+    their grace period and told `interrupted`, nothing left RUNNING, exit 130."""
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert "Traceback" not in err
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_path):
+    """The driver's terminal goes away (its pty closed: the kernel sends SIGHUP and every later
+    write to the terminal fails): trials are still stopped and told, and the driver exits 130."""
+    import pty
+
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
+    master, slave = pty.openpty()
+    driver = spawn_wrapped(str(study), "import fcntl, termios\n"
+                           "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n",  # its terminal
+                           stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    try:
+        assert wait_until(lambda: drain(master) is not None and started(study) == 2, 60)
+    finally:
+        os.close(master)  # the terminal is gone: SIGHUP to its session
+    assert driver.wait(timeout=30) == 130
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_under_nohup_sighup_stays_ignored_and_the_run_goes_on(write_study, tmp_path):
+    study = write_study(study={"n_trials": 2}, trainer={"args": ["--sleep", "1"]})
+    driver = spawn_wrapped(str(study), "import signal\n"
+                           "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n",  # as nohup does
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_until(lambda: started(study) == 2, 60)
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 0, err
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE", "COMPLETE"]
+
+
+def spawn_wrapped(study: str, prelude: str, **popen: Any) -> subprocess.Popen[Any]:
+    """`python -m sweep run STUDY` on two fake GPUs, after `prelude` ran in its process."""
+    code = (prelude + "import os, sys\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'sweep', 'run', sys.argv[1]])\n")
+    return subprocess.Popen([sys.executable, "-c", code, study],
+                            env={**os.environ, "SWEEP_FAKE_GPUS": "2"}, **popen)
+
+
+def drain(fd: int) -> bytes:
+    """What the terminal shows so far (never blocks): read, so that the driver never waits
+    for a full terminal."""
+    import select
+
+    out = b""
+    while select.select([fd], [], [], 0)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kept():
+    import pty
+
+    from sweep.terminal import release_dead_terminal
+
+    master, slave = pty.openpty()
+    r, w = os.pipe()
+    closed = os.dup(w)
+    os.close(closed)
+    try:
+        os.close(master)  # hung up: writing to it fails
+        with pytest.raises(OSError):
+            os.write(slave, b"x")
+        assert release_dead_terminal([slave, w, closed]) == [slave]
+        assert os.write(slave, b"lost") == 4  # /dev/null now
+        assert os.write(w, b"kept") == 4 and os.read(r, 10) == b"kept"
+        assert release_dead_terminal([slave, w]) == []
+    finally:
+        for fd in (slave, r, w):
+            os.close(fd)
+
+
+def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
+    """`sweep logs --follow` of a running trial, its terminal closed: exit 130, as SIGTERM."""
+    from sweep import config, launch
+    from sweep.store import open_storage, open_study
+
+    study_file = write_study(study={"n_trials": 1})
+    spec = config.load(study_file)
+    open_study(spec, open_storage(spec)).ask(config.distributions(spec))  # RUNNING, for ever
+    log = launch.TrialPaths.of(spec.output_dir, 0).stdout
+    log.parent.mkdir(parents=True)
+    log.write_text("epoch 1\n")
+    follower = spawn_cli("logs", "--follow", str(study_file), "0")
+    assert follower.stdout is not None and follower.stdout.readline() == "epoch 1\n"
+    follower.send_signal(signal.SIGHUP)
+    _, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130, err
+    assert "Traceback" not in err
+
+
+def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write_study):
+    """A closed terminal sends SIGHUP to the driver and to its shell, which sends it again:
+    unlike a second Ctrl-C, the second SIGHUP does not cut the trials' grace period."""
+    study = write_study(study={"n_trials": 2},
+                        trainer={"args": ["--mode", "report", "--steps", "100", "--sleep", "2"],
+                                 "grace_period": 30})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: started(study) == 2, 60)
+    time.sleep(0.3)  # let the trainers install their SIGTERM handling
+    driver.send_signal(signal.SIGHUP)
+    assert driver.stderr is not None
+    for line in driver.stderr:  # until the first SIGHUP was acted upon: trials asked to stop
+        if "interrupted: no new trials" in line:
+            break
+    driver.send_signal(signal.SIGHUP)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err
+    assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
+    graceful = list((study.parent / "probe" / "trials").glob("*/stopped_gracefully"))
+    assert len(graceful) == 2  # each stopped at its next step, not SIGKILLed
+
+
+def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
+    from sweep.process import signals_to
+
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGHUP)
+        signal.raise_signal(signal.SIGHUP)  # the shell's copy: dropped
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C still counts
+        signal.raise_signal(signal.SIGTERM)
+    assert got == [signal.SIGHUP, signal.SIGINT, signal.SIGTERM]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+    got.clear()
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGHUP)  # after another signal: it never hurries the stop
+    assert got == [signal.SIGTERM]
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with signals_to(lambda signum, frame: got.append(signum)):
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+        assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)

@@ -153,3 +153,59 @@ def test_stdout_patterns_on_progress_bars_and_text_that_is_no_number(
         assert trial.user_attrs["fail_reason"] == reason
     else:
         assert trial.value == 0.25
+
+
+NOISY = """\
+import argparse, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--x", type=float)
+args, _ = p.parse_known_args()
+if args.x == 0.5:
+    time.sleep(60)  # its trainer.timeout stops it
+if args.x != 0.1:
+    print("0.5s")
+    sys.exit(0)
+line = ("lr=0.001 grad=1.25 " * 120)[:2000]
+sys.stdout.write((line + "\\n") * 2000)  # 4 MB that a leading .* retries at every position
+print("loss=0.125")
+print("0.25s")
+print("1" * 36)  # (d+)+ backtracks 2**36 ways here
+"""
+
+
+def test_no_pattern_and_no_output_stall_the_driver_or_a_neighbours_timeout(write_study,
+                                                                          tmp_path):
+    """Issue 26, item 5: a trial whose output takes a backtracking engine hours completes at
+    once, and its neighbour's `trainer.timeout` is enforced meanwhile."""
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY)
+    study = write_study(
+        study={"n_trials": 2, "enqueue": [{"x": 0.1}, {"x": 0.5}]},
+        trainer={"script": str(script), "timeout": 3, "grace_period": 1.0,
+                 "result": {"stdout": [r".*loss=(?P<loss>[0-9.]+)",
+                                       r"(?P<score>([0-9.]+)+)s"]}})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    try:
+        _, err = driver.communicate(timeout=120)  # hours on a backtracking engine
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, err
+    noisy, sleeper, third = load_trials(study)
+    assert third.state.name == "COMPLETE" and third.value == 0.5
+    assert noisy.state.name == "COMPLETE" and noisy.value == 0.25, noisy.user_attrs
+    assert noisy.user_attrs["metric_loss"] == 0.125
+    assert sleeper.state.name == "FAIL"
+    assert sleeper.user_attrs["fail_reason"] == "timeout after 3 s"
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_pattern_re2_cannot_take_is_refused_in_one_line_naming_the_key(write_study, fake_gpus,
+                                                                         tmp_path, capsys):
+    study = write_study(trainer={"result": {"stdout": r"(?<=loss: )(?P<score>\S+)"}})
+    assert run_cli("run", str(study)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"sweep: error: {study}: trainer.result.stdout: lookbehind (?<=...) is not supported "
+        "(sweep matches with RE2, in time linear in the output: no backreferences or "
+        r"lookaround): (?<=loss: )(?P<score>\S+)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing written
