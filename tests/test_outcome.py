@@ -96,7 +96,7 @@ def trial_files(tmp_path, stdout: str):
 def test_no_result_file_says_where_sweep_looked_and_the_two_ways_to_give_one(tmp_path):
     stderr, stdout, result = trial_files(tmp_path, "epoch 3: loss 0.25\n\n")
     out = judge_files(stderr, result, 0, ["loss"], stdout=stdout, env_result=result)
-    assert (out.state, out.exit_code) == ("FAIL", 0)
+    assert (out.state, out.exit_code) == (FAIL, 0)
     assert out.fail_reason == (
         f"no result: nothing at {result}; last line of stdout: epoch 3: loss 0.25; write one "
         "with sweep.protocol.write_result (to $SWEEP_RESULT_FILE) or set trainer.result (a "
@@ -129,7 +129,7 @@ def test_patterns_out_of_time_fail_the_trial_saying_so(tmp_path, monkeypatch):
     stderr, stdout, result = trial_files(tmp_path, ("x" * 1000 + "\n") * 200)
     out = judge_files(stderr, result, 0, ["loss"], stdout=stdout,
                       patterns=[r"loss=(?P<loss>\S+)"])
-    assert (out.state, out.exit_code) == ("FAIL", 0)
+    assert (out.state, out.exit_code) == (FAIL, 0)
     assert out.fail_reason == (
         "stdout patterns ran out of time (1 s) after the last 34 of 200 lines, before "
         "'loss' matched: print it nearer the end, or simplify the pattern")

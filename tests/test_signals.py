@@ -239,13 +239,14 @@ def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kep
 
 def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
     """`sweep logs --follow` of a running trial, its terminal closed: exit 130, as SIGTERM."""
-    from sweep import config, launch
+    from sweep import config, searchspace, trialdir
     from sweep.store import open_storage, open_study
 
     study_file = write_study(study={"n_trials": 1})
     spec = config.load(study_file)
-    open_study(spec, open_storage(spec)).ask(config.distributions(spec))  # RUNNING, for ever
-    log = launch.TrialPaths.of(spec.output_dir, 0).stdout
+    study = open_study(spec, open_storage(spec))
+    study.ask(searchspace.distributions(spec.searched))  # RUNNING, for ever
+    log = trialdir.TrialPaths.of(spec.output_dir, 0).stdout
     log.parent.mkdir(parents=True)
     log.write_text("epoch 1\n")
     follower = spawn_cli("logs", "--follow", str(study_file), "0")
