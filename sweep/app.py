@@ -31,37 +31,19 @@ from sweep.store import (
     RERUN_OF,
     Owner,
     Store,
-    close_storage,
+    connect,
     describe,
     host_name,
-    open_storage,
-    open_study,
     read_study,
     sample,
-    storage_errors,
     storage_lost_errors,
-    unreachable,
 )
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     """The study in its storage, opened by this process; an unreachable database is a usage
     error. What changed since earlier runs, and may, is added to `notes`."""
-    try:
-        storage = open_storage(spec)
-    except storage_errors() as e:
-        raise unreachable(spec, e) from None
-    try:
-        study = open_study(spec, storage, notes)
-    except BaseException as e:
-        close_storage(storage)  # a file refused leaves nothing beside the study's either
-        if isinstance(e, storage_errors()):
-            raise unreachable(spec, e) from None
-        raise
-    return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
-                 grid=spec.study.sampler.type == "grid",
-                 sampler_for=(lambda number: config.build_sampler(spec, number))
-                 if config.reseeds(spec) else None)
+    return connect(spec, Owner.me(host_name()), notes=notes)
 
 
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:

@@ -9,9 +9,10 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "hostlock",
-     "grpclock", "placement", "sqlite"},
+     "grpclock", "placement", "sqlite", "optuna_compat", "ownership"},
     {"config"},
-    {"launch", "outcome", "policy", "pool", "warm"},
+    {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
+    {"budget", "heartbeat"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"driver"},
     {"progress", "summary"},

@@ -16,7 +16,7 @@ from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
 from sweep import config, grpclock, proxy, summary
-from sweep.store import Owner, Store, open_storage, open_study
+from sweep.store import Owner, Store, connect, open_storage, open_study
 
 
 def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -67,13 +67,12 @@ def test_without_optuna_heartbeats_a_silent_driver_is_reclaimed_by_this_drivers_
     changed for reclaim_after seconds as this driver saw it (no two hosts' clocks compared)."""
     spec = config.load(write_study(study={"storage": f"journal:///{tmp_path}/j.log",
                                           "reclaim_after": 5}))
-    study = open_study(spec, open_storage(spec))
     searched = {"x": config.FloatParam(type="float", low=0.0, high=1.0)}
-    other = Store(study, Owner("elsewhere", 1, 0.0), 5)
+    other = connect(spec, Owner("elsewhere", 1, 0.0), 5)
     silent = other.ask(searched, gpu=0, trial_dir=str)
     beating = other.ask(searched, gpu=1, trial_dir=str)
     now = [100.0]
-    me = Store(study, Owner("here", 2, 0.0), 5, clock=lambda: now[0])
+    me = connect(spec, Owner("here", 2, 0.0), 5, clock=lambda: now[0])
     found, wait = me.orphans(set())
     assert found == [] and wait == 5  # first seen now: a fresh run stays to time them
     now[0] += 4.9
@@ -175,7 +174,7 @@ def test_a_driver_says_so_in_one_line_when_no_proxy_answers(write_study, capsys,
 
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     path = write_study(study={"storage": "grpc://127.0.0.1:9"})
-    monkeypatch.setattr("sweep.store._grpc_proxy.__defaults__", (0.5,))
+    monkeypatch.setattr("sweep.storage._grpc_proxy.__defaults__", (0.5,))
     assert run_cli("run", str(path)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no storage proxy answers on 127.0.0.1:9" in err
@@ -240,12 +239,12 @@ def held_elsewhere(lock_file: str):
 
 def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patience(
         write_study, monkeypatch):
-    from sweep import store as store_module
+    from sweep import budget
     from sweep.store import LockAbandoned
 
-    monkeypatch.setattr(store_module, "LOCK_PATIENCE", 0.5)
+    monkeypatch.setattr(budget, "LOCK_PATIENCE", 0.5)
     spec = config.load(write_study())
-    s = Store(open_study(spec, open_storage(spec)), Owner("a", 1, 0), 60)
+    s = connect(spec, Owner("a", 1, 0), 60)
     stuck = held_elsewhere(f"{spec.storage_url.removeprefix('sqlite:///')}.lock")
     try:
         t0 = time.monotonic()
@@ -259,7 +258,7 @@ def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patie
             assert not locked and time.monotonic() - t1 < 0.3
     finally:
         stuck.close()
-    s._stuck_until = 0.0
+    s.lock._stuck_until = 0.0
     with s.budget_lock() as locked:
         assert locked
 
@@ -363,11 +362,11 @@ def test_a_lock_held_by_drivers_that_keep_asking_is_waited_for_not_gone_around(
     """Patience counts a wait with no new trial: a busy study is not a frozen holder."""
     import threading
 
-    from sweep import store as store_module
+    from sweep import budget
 
-    monkeypatch.setattr(store_module, "LOCK_PATIENCE", 1.5)  # progress is looked at each 1 s
+    monkeypatch.setattr(budget, "LOCK_PATIENCE", 1.5)  # progress is looked at each 1 s
     spec = config.load(write_study())
-    s = Store(open_study(spec, open_storage(spec)), Owner("a", 1, 0), 60)
+    s = connect(spec, Owner("a", 1, 0), 60)
     count = iter(range(10_000))
     monkeypatch.setattr(Store, "_progress", lambda self: next(count))  # trials keep coming
     busy = held_elsewhere(f"{spec.storage_url.removeprefix('sqlite:///')}.lock")
