@@ -7,6 +7,7 @@ heartbeat and owner, before its trainer starts), and finds the trials whose driv
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -214,15 +215,14 @@ class Store:
     def counts(self) -> Counts:
         """Finished, running and waiting trials of every driver (and grid points started)."""
         self.check_file()
-        trials = self.study.get_trials(deepcopy=False)
-        finished = sum(1 for t in trials if t.state in FINISHED)
-        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-        waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
+        trials = self.study.get_trials(deepcopy=False)  # Optuna's cache: new and unfinished
+        by_state = collections.Counter(t.state for t in trials)
         grid = 0
         if self.grid:
             grid = len({t.system_attrs.get("grid_id") for t in trials
                         if t.state != TrialState.WAITING} - {None})
-        return Counts(finished, running, grid, waiting)
+        return Counts(sum(by_state[s] for s in FINISHED), by_state[TrialState.RUNNING], grid,
+                      by_state[TrialState.WAITING])
 
     def peaks(self) -> list[float]:
         """The GPU memory peaks (MB) of the study's finished trials, where measured."""

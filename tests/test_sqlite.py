@@ -255,3 +255,30 @@ def test_drivers_that_name_one_file_two_ways_share_its_budget_lock(tmp_path):
     stores = [connect(spec, Owner.me("h"), 60)
               for spec in (spec_at(tmp_path, db), spec_at(tmp_path, tmp_path / "link.db"))]
     assert stores[0].lock.target == stores[1].lock.target == Target("file", f"{db}.lock")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["deleted", "replaced"])
+def test_a_run_whose_study_file_is_deleted_or_replaced_stops_with_one_line(write_study,
+                                                                          tmp_path, change):
+    """Issue 26 item 2: the driver kept writing to the unlinked file and said `4/4 trials
+    finished`, exit 0. Now it stops as for a lost storage: one line, exit 1."""
+    from conftest import spawn_cli, wait_until
+
+    study = write_study(study={"n_trials": 4, "heartbeat_interval": 1},
+                        trainer={"args": ["--sleep", "1.5"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    assert wait_until(lambda: any((tmp_path / "probe" / "trials").glob("*/probe_start.json")),
+                      60)
+    db = tmp_path / "probe.db"
+    if change == "deleted":
+        db.unlink()  # `rm probe.db`: its -wal and -shm stay, open
+    else:
+        other = tmp_path / "other.db"
+        optuna.create_study(study_name="probe", storage=f"sqlite:///{other}")
+        os.replace(other, db)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("sweep: error:")]
+    assert len(errors) == 1, err
+    assert f"the study file {db} was {change}" in errors[0] and "lost the storage" in errors[0]
