@@ -30,7 +30,7 @@ from sweep.heartbeat import Heartbeat as Heartbeat
 from sweep.optuna_compat import stale_trial_ids, trial_id
 from sweep.optuna_compat import tell as compat_tell
 from sweep.outcome import Outcome
-from sweep.ownership import OWNER, Orphan, Owner
+from sweep.ownership import OWNER, Look, Orphan, Owner, judge
 from sweep.ownership import host_name as host_name
 from sweep.policy import Counts
 from sweep.storage import (
@@ -350,17 +350,9 @@ class Store:
     def orphans(
         self, mine: set[int], now: datetime | None = None
     ) -> tuple[list[Orphan], float | None]:
-        """RUNNING trials (not in `mine`) whose driver is gone, and in how many seconds a
-        trial without an owner becomes one (None if there is none).
-
-        - on this host: the recorded driver no longer runs (a live one is never overruled,
-          even when its heartbeats are late);
-        - elsewhere: Optuna's heartbeat is older than `reclaim_after` (without Optuna's
-          heartbeats: its `beat` attribute did not change for that long, as this driver saw);
-        - no owner on record (the driver died between Optuna's ask and the owner record):
-          started longer ago than `reclaim_after` (`now`: the wall clock, naive local time as
-          Optuna's `datetime_start`; without Optuna's heartbeats: silent that long, as above).
-        """
+        """RUNNING trials (not in `mine`) whose driver is gone, by the rules of
+        `ownership.judge`, and in how many seconds one may become one (None: none may).
+        `now`: the wall clock, naive local time as Optuna's `datetime_start`."""
         self.check_file()
         now = now or datetime.now()
         stale: set[int] = set()
@@ -380,36 +372,17 @@ class Store:
                 continue
             key = trial_id(t)
             owner = Owner.of(t.user_attrs)
-            trial_dir = None
-            if owner is not None and owner.host == self.owner.host:
-                if owner.alive():
-                    continue
-                reason = f"driver died (pid {owner.pid} on {owner.host})"
-                trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir")
-            elif key in stale and owner is not None:
-                reason = f"driver on {owner.host} died (no heartbeat)"
-            elif owner is not None and not self._optuna_beats:
-                left = self._first_look_left(key)
-                if left is not None:  # still timing its beat: a fresh run stays that long
-                    wait = left if wait is None else min(wait, left)
-                continue
-            elif key in stale:
-                reason = ("driver died before recording itself (no owner, no heartbeat for "
-                          f"{self.reclaim_after:.0f} s)")
-            elif owner is None and not self._optuna_beats:
-                left = self._silence_left(key)
-                wait = left if wait is None else min(wait, left)
-                continue
-            elif owner is None and t.datetime_start is not None:
-                age = (now - t.datetime_start).total_seconds()
-                if age < self.reclaim_after:
-                    left = self.reclaim_after - age
-                    wait = left if wait is None else min(wait, left)
-                    continue
-                reason = f"driver died before recording itself (no owner after {age:.0f} s)"
-            else:
-                continue
-            found.append(Orphan(t, reason, trial_dir))
+            here = owner is not None and owner.host == self.owner.host
+            start = t.datetime_start
+            judged = judge(Look(
+                owner, (owner is not None and owner.alive()) if here else None, key in stale,
+                self._optuna_beats, None if start is None else (now - start).total_seconds(),
+                self._silence_left(key), self._first_look_left(key)), self.reclaim_after)
+            if judged.wait is not None:
+                wait = judged.wait if wait is None else min(wait, judged.wait)
+            if judged.reason is not None:
+                trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir") if here else None
+                found.append(Orphan(t, judged.reason, trial_dir))
         return found, wait
 
     def fail_orphan(self, orphan: Orphan) -> bool:

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from sweep import config, store
 from sweep.errors import UsageError
 from sweep.optuna_compat import trial_id
+from sweep.ownership import Judged, Look, judge
 from sweep.storage import StudyFileReplaced
 from sweep.store import Owner, Store, connect, open_storage, open_study
 
@@ -257,3 +258,32 @@ def test_drivers_starting_at_once_on_a_new_database_all_open_it(tmp_path):
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
+
+
+ELSEWHERE = Owner("elsewhere", 7, 1.0)
+
+
+@pytest.mark.parametrize(("look", "judged"), [
+    # on this host: a dead driver's trial at once, a live one's never (late heartbeats too)
+    (Look(Owner(HOST, 7, 1.0), False, False, True), Judged("driver died (pid 7 on this-host)")),
+    (Look(Owner(HOST, 7, 1.0), True, True, True), Judged()),
+    # elsewhere: silent past the grace
+    (Look(ELSEWHERE, None, True, True), Judged("driver on elsewhere died (no heartbeat)")),
+    (Look(ELSEWHERE, None, False, True, age=100.0), Judged()),
+    (Look(ELSEWHERE, None, True, False), Judged("driver on elsewhere died (no heartbeat)")),
+    # without Optuna's heartbeats, a fresh look watches the `beat` first
+    (Look(ELSEWHERE, None, False, False, first_look_left=1.25), Judged(wait=1.25)),
+    (Look(ELSEWHERE, None, False, False, first_look_left=None), Judged()),
+    # no owner on record: by its start on a database, by its silence elsewhere
+    (Look(None, None, False, True, age=1.5), Judged(wait=0.5)),
+    (Look(None, None, False, True, age=2.0),
+     Judged("driver died before recording itself (no owner after 2 s)")),
+    (Look(None, None, False, True, age=None), Judged()),
+    (Look(None, None, False, False, silence_left=0.75), Judged(wait=0.75)),
+    (Look(None, None, True, False),
+     Judged("driver died before recording itself (no owner, no heartbeat for 2 s)")),
+    (Look(None, None, True, True),
+     Judged("driver died before recording itself (no owner, no heartbeat for 2 s)")),
+])
+def test_the_reclaim_rules(look, judged):
+    assert judge(look, reclaim_after=2.0) == judged
