@@ -36,7 +36,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 from sweep import config  # noqa: E402
 from sweep.outcome import Outcome  # noqa: E402
-from sweep.store import Owner, Store, open_storage, open_study  # noqa: E402
+from sweep.store import Owner, connect, open_storage, open_study  # noqa: E402
 from sweep.testing.postgres import throwaway_postgres  # noqa: E402
 
 
@@ -55,8 +55,7 @@ def spec_for(url: str, name: str) -> config.Spec:
 
 def driver(url: str, name: str, budget: int, index: int, out: multiprocessing.Queue) -> None:
     spec = spec_for(url, name)
-    store = Store(open_study(spec, open_storage(spec)), Owner(f"bench{index}", os.getpid(), 0),
-                  60)
+    store = connect(spec, Owner(f"bench{index}", os.getpid(), 0), 60)
     done, per_trial = 0, []
     cpu = time.process_time()
     while True:

@@ -33,38 +33,19 @@ from sweep.store import (
     RERUN_OF,
     Owner,
     Store,
-    close_storage,
+    connect,
     describe,
     host_name,
-    open_storage,
-    open_study,
     read_study,
     sample,
-    storage_errors,
     storage_lost_errors,
-    unreachable,
 )
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     """The study in its storage, opened by this process; an unreachable database is a usage
     error. What changed since earlier runs, and may, is added to `notes`."""
-    try:
-        storage = open_storage(spec)
-    except storage_errors() as e:
-        raise unreachable(spec, e) from None
-    try:
-        study = open_study(spec, storage, notes)
-    except BaseException as e:
-        close_storage(storage)  # a file refused leaves nothing beside the study's either
-        if isinstance(e, storage_errors()):
-            raise unreachable(spec, e) from None
-        raise
-    return Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
-                 grid=spec.study.sampler.type == "grid",
-                 sampler_for=(lambda number: searchspace.build_sampler(
-                     spec.study.sampler, spec.searched, str(spec.source), number))
-                 if searchspace.reseeds(spec.study.sampler) else None)
+    return connect(spec, Owner.me(host_name()), notes=notes)
 
 
 def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
@@ -110,15 +91,13 @@ def spent(spec: Spec) -> RunResult | None:
     study = read_study(spec)
     if study is None:
         return None
-    store = Store(study, Owner.me(host_name()), spec.study.reclaim_seconds,
-                  grid=spec.study.sampler.type == "grid")
-    try:
-        counts = store.counts()
-    finally:
-        store.close()
-    if counts.finished < spec.study.n_trials or counts.running:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+    finished = sum(t.state in FINISHED for t in trials)
+    if finished < spec.study.n_trials or finished < len(trials):
         return None
-    return _spent(counts.finished, spec.study.n_trials)
+    return _spent(finished, spec.study.n_trials)
 
 
 def _spent(finished: int, n_trials: int) -> RunResult:

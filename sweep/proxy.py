@@ -13,7 +13,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sweep import grpclock, storageurl
+from sweep import grpclock, optuna_compat, storageurl
 from sweep.errors import UsageError
 
 
@@ -23,12 +23,6 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
     `port` 0 picks a free one. UsageError if the storage cannot be opened or the port taken.
     """
     import optuna
-
-    # Optuna's own make_server hides the port it bound and a failure to bind.
-    from optuna.storages._grpc.auto_generated.api_pb2_grpc import (
-        add_StorageServiceServicer_to_server,
-    )
-    from optuna.storages._grpc.servicer import OptunaStorageProxyService
 
     grpc = grpclock.import_grpc()
     if storageurl.storage_kind(storage_url) != "rdb":
@@ -47,7 +41,7 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
     # locks: refuse a taken port instead.
     server = grpc.server(ThreadPoolExecutor(max_workers=threads),
                          options=[("grpc.so_reuseport", 0)])
-    add_StorageServiceServicer_to_server(OptunaStorageProxyService(storage), server)
+    optuna_compat.add_storage_service(server, storage)  # Optuna's own hides the port bound
     server.add_generic_rpc_handlers((grpclock.LockService().handler(),))
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -9,11 +9,12 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
-     "grpclock", "placement", "sqlite", "terminal"},
+     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
     {"storageurl", "searchspace", "placeholders"},
     {"config", "hostlock"},
     {"trialdir"},
-    {"launch", "outcome", "policy", "pool", "warm"},
+    {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
+    {"budget", "heartbeat"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"launchers"},
     {"driver"},

@@ -9,7 +9,7 @@ import pytest
 from conftest import load_trials, spawn_cli, study_dict
 
 from sweep import config
-from sweep.store import Owner, Store, open_storage, open_study
+from sweep.store import Owner, Store, connect
 
 
 def three_drivers_at_once(write_study, storage: str | None = None, name: str = "shared") -> Any:
@@ -44,9 +44,8 @@ def test_the_budget_lock_serialises_drivers_of_one_study(write_study):
     import time
 
     spec = config.load(write_study())
-    study = open_study(spec, open_storage(spec))
-    a = Store(study, Owner("a", 1, 0), 60)
-    b = Store(study, Owner("b", 2, 0), 60)
+    a = connect(spec, Owner("a", 1, 0), 60)
+    b = connect(spec, Owner("b", 2, 0), 60)
     order = []
 
     def hold(store: Store, name: str) -> None:
@@ -84,7 +83,7 @@ def test_the_window_between_the_budget_check_and_the_ask_is_closed(write_study, 
                                    trainer={"args": ["--sleep", "0.2"]}))
     drivers = []
     for host in ("a", "b", "c"):
-        store = Store(open_study(spec, open_storage(spec)), Owner(host, 1, 0), 60)
+        store = connect(spec, Owner(host, 1, 0), 60)
         drivers.append(Driver(spec, store, Pool(fake_devices("2"))))
     threads = [threading.Thread(target=d.run) for d in drivers]
     for t in threads:
@@ -132,7 +131,7 @@ def test_drivers_queueing_the_same_baseline_at_once_queue_it_once(write_study, m
 
     monkeypatch.setattr(optuna.Study, "_should_skip_enqueue", slow)
     spec = config.load(write_study())
-    stores = [Store(open_study(spec, open_storage(spec)), Owner(h, 1, 0), 60) for h in "abc"]
+    stores = [connect(spec, Owner(h, 1, 0), 60) for h in "abc"]
     threads = [threading.Thread(target=s.enqueue, args=([{"x": 0.25}],)) for s in stores]
     for t in threads:
         t.start()

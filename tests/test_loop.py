@@ -33,12 +33,14 @@ class Sweep:
         path = tmp_path / "study.yaml"
         path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
         self.spec = config.load(path)
+        storage = optuna.storages.InMemoryStorage()
         study = optuna.create_study(
+            storage=storage,
             sampler=searchspace.build_sampler(self.spec.study.sampler, self.spec.searched),
             pruner=searchspace.build_pruner(self.spec.study.pruner),
             directions=self.spec.study.objective_directions,
         )
-        self.store = Store(study, Owner("test-host", os.getpid(), 0.0),
+        self.store = Store(study, storage, Owner("test-host", os.getpid(), 0.0),
                            self.spec.study.reclaim_seconds,
                            grid=self.spec.study.sampler.type == "grid")
         self.clock = FakeClock()

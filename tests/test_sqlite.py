@@ -21,7 +21,7 @@ from conftest import load_trials, spawn_cli, study_dict
 
 from sweep import config, sqlite
 from sweep.outcome import Outcome
-from sweep.store import Asked, Owner, Store, open_storage, open_study
+from sweep.store import Asked, Owner, Store, connect, open_storage
 
 
 def part(mountpoint: str, fstype: str) -> SimpleNamespace:
@@ -87,7 +87,7 @@ def spec_at(tmp_path: Path, db: Path) -> config.Spec:
 
 
 def synchronous(storage: optuna.storages.BaseStorage) -> int:
-    engine = storage._backend.engine  # type: ignore[attr-defined]
+    engine = storage.engine  # type: ignore[attr-defined]
     with engine.connect() as conn:
         return int(conn.exec_driver_sql("PRAGMA synchronous").scalar())
 
@@ -102,8 +102,8 @@ def a_store_with_a_trial(tmp_path: Path) -> tuple[Path, Store, Asked]:
     local_only(tmp_path)
     db = tmp_path / "study.db"
     spec = spec_at(tmp_path, db)
-    store = Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
-    return db, store, store.ask(spec.searched, 0, lambda n: f"/t/{n}", queued=False)
+    store = connect(spec, Owner.me("h"), 60)
+    return db, store, store.ask(spec.searched, 0, lambda n: f"/t/{n}")
 
 
 def test_a_study_file_sweep_creates_is_in_wal_and_one_that_exists_keeps_its_mode(tmp_path):
@@ -148,11 +148,11 @@ import os, signal, sys
 import optuna
 from sweep import config
 from sweep.outcome import Outcome
-from sweep.store import Asked, Owner, Store, open_storage, open_study
+from sweep.store import Owner, connect
 spec = config.load(sys.argv[1])
-store = Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
+store = connect(spec, Owner.me("h"), 60)
 for i in range(3):
-    asked = store.ask(spec.searched, 0, lambda n: f"/t/{n}", queued=False)
+    asked = store.ask(spec.searched, 0, lambda n: f"/t/{n}")
     verdict = Outcome(optuna.trial.TrialState.COMPLETE, [i], exit_code=0)
     store.tell_verdict(asked.trial, verdict, 0, 0, {})
 os.kill(os.getpid(), signal.SIGKILL)
@@ -251,11 +251,38 @@ def test_an_empty_file_left_by_a_stopped_first_run_is_made_a_wal_study(tmp_path)
 
 
 def test_drivers_that_name_one_file_two_ways_share_its_budget_lock(tmp_path):
-    from sweep.store import _backend
+    from sweep.budget import Target
 
     (tmp_path / "real").mkdir()
     db = tmp_path / "real" / "study.db"
     (tmp_path / "link.db").symlink_to(db)
-    stores = [Store(open_study(spec, open_storage(spec)), Owner.me("h"), 60)
+    stores = [connect(spec, Owner.me("h"), 60)
               for spec in (spec_at(tmp_path, db), spec_at(tmp_path, tmp_path / "link.db"))]
-    assert _backend(stores[0].study) == _backend(stores[1].study) == ("file", f"{db}.lock")
+    assert stores[0].lock.target == stores[1].lock.target == Target("file", f"{db}.lock")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["deleted", "replaced"])
+def test_a_run_whose_study_file_is_deleted_or_replaced_stops_with_one_line(write_study,
+                                                                          tmp_path, change):
+    """Issue 26 item 2: the driver kept writing to the unlinked file and said `4/4 trials
+    finished`, exit 0. Now it stops as for a lost storage: one line, exit 1."""
+    from conftest import spawn_cli, wait_until
+
+    study = write_study(study={"n_trials": 4, "heartbeat_interval": 1},
+                        trainer={"args": ["--sleep", "1.5"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    assert wait_until(lambda: any((tmp_path / "probe" / "trials").glob("*/probe_start.json")),
+                      60)
+    db = tmp_path / "probe.db"
+    if change == "deleted":
+        db.unlink()  # `rm probe.db`: its -wal and -shm stay, open
+    else:
+        other = tmp_path / "other.db"
+        optuna.create_study(study_name="probe", storage=f"sqlite:///{other}")
+        os.replace(other, db)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("sweep: error:")]
+    assert len(errors) == 1, err
+    assert f"the study file {db} was {change}" in errors[0] and "lost the storage" in errors[0]

@@ -11,13 +11,32 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+DEBIAN_BINARIES = "/usr/lib/postgresql"  # Debian's `postgresql` package: <version>/bin/
+
+
+def server_binaries(debian: str = DEBIAN_BINARIES) -> Path | None:
+    """The folder of PostgreSQL's `initdb` and `pg_ctl`: on PATH, else Debian's
+    `<debian>/<version>/bin` of the newest version; None if there is none."""
+    found = shutil.which("initdb")
+    if found is not None:
+        return Path(found).parent
+    versions = []
+    for folder in Path(debian).glob("*/bin"):
+        if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
+            version = folder.parent.name
+            versions.append((tuple(int(p) for p in version.split(".") if p.isdigit()), folder))
+    return max(versions)[1] if versions else None
+
 
 @contextlib.contextmanager
 def throwaway_postgres() -> Iterator[str]:
     """Start a PostgreSQL server in a temporary folder on a free port; its URL. Stopped and
     removed on exit. As root the server runs as the `postgres` user (it refuses root)."""
-    if shutil.which("initdb") is None:
-        raise RuntimeError("PostgreSQL server binaries (initdb, pg_ctl) are not on PATH")
+    binaries = server_binaries()
+    if binaries is None:
+        raise RuntimeError("PostgreSQL server binaries (initdb, pg_ctl) are neither on PATH "
+                           f"nor in {DEBIAN_BINARIES}/<version>/bin")
+    initdb, pg_ctl = str(binaries / "initdb"), str(binaries / "pg_ctl")
     home = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
     data, sock = home / "data", home / "sock"
     sock.mkdir()
@@ -31,13 +50,13 @@ def throwaway_postgres() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        subprocess.run([*as_postgres, "initdb", "-D", str(data), "-A", "trust", "-U",
+        subprocess.run([*as_postgres, initdb, "-D", str(data), "-A", "trust", "-U",
                         "postgres"], check=True, capture_output=True)
-        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-l", str(home / "log"),
+        subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-l", str(home / "log"),
                         "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
                        check=True, capture_output=True)
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*as_postgres, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+        subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
