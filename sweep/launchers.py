@@ -210,7 +210,7 @@ class WarmLauncher(DirectLauncher):
                           "import it themselves")
             if hello["cuda"]:
                 self._drop("importing the preloaded modules initialised CUDA, which a fork "
-                           "cannot use (see the README: launcher warm)")
+                           "cannot use (see docs/explanation/launchers.md)")
                 return None
             if hello.get("threads"):
                 self._drop(f"importing the preloaded modules left threads running "
