@@ -28,6 +28,7 @@ from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
+from sweep.storage import reading
 from sweep.store import (
     FINISHED,
     RERUN_OF,
@@ -88,12 +89,12 @@ def spent(spec: Spec) -> RunResult | None:
     """What a run says when the stored study has nothing left to run (its finished trials
     meet the budget and none is running), read without writing anything; None when it may
     have. Such a run needs no device pool."""
-    study = read_study(spec)
-    if study is None:
-        return None
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+    with reading(spec) as study:
+        if study is None:
+            return None
+        trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
     finished = sum(t.state in FINISHED for t in trials)
     if finished < spec.study.n_trials or finished < len(trials):
         return None

@@ -6,9 +6,11 @@ without writing, and the errors it raises said in one line.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,23 @@ def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError
 def read_study(spec: Spec) -> optuna.Study | None:
     """The stored study, read without creating anything (no file, no table); None if there is
     none yet."""
+    found = _read(spec)
+    return None if found is None else found[0]
+
+
+@contextlib.contextmanager
+def reading(spec: Spec) -> Iterator[optuna.Study | None]:
+    """`read_study` for the block, its storage closed after (a SQLite file in WAL is left as
+    it was found: no -wal or -shm beside it)."""
+    found = _read(spec)
+    try:
+        yield None if found is None else found[0]
+    finally:
+        if found is not None:
+            close_storage(found[1])
+
+
+def _read(spec: Spec) -> tuple[optuna.Study, optuna.storages.BaseStorage] | None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -142,7 +161,7 @@ def read_study(spec: Spec) -> optuna.Study | None:
             return None
         try:
             storage = open_storage(spec)
-            return optuna.load_study(study_name=spec.study.name, storage=storage)
+            return optuna.load_study(study_name=spec.study.name, storage=storage), storage
         except KeyError:
             return None
         except storage_errors() as e:
@@ -156,7 +175,11 @@ def read_study(spec: Spec) -> optuna.Study | None:
     for attempt in (spec.storage_url, read_only or spec.storage_url):
         try:
             storage = optuna.storages.RDBStorage(attempt, skip_table_creation=True)
-            return optuna.load_study(study_name=spec.study.name, storage=storage)
+            try:
+                return optuna.load_study(study_name=spec.study.name, storage=storage), storage
+            except BaseException:
+                close_storage(storage)
+                raise
         except KeyError:
             return None
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:

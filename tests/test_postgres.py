@@ -54,7 +54,7 @@ def test_a_bad_postgres_password_is_not_printed(write_study, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "s3cret" not in err and err.count("\n") == 1
-    assert "study.storage: cannot open postgresql://u:***@127.0.0.1:1/none" in err
+    assert "study.storage: cannot read postgresql://u:***@127.0.0.1:1/none" in err
 
 
 @pytest.mark.slow
