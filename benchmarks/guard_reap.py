@@ -30,9 +30,11 @@ def follow(guard: Path, trainer: Path) -> float:
     the guard's exit status."""
     control_r, control_w = os.pipe()
     status_r, status_w = os.pipe()
+    # guards since 2026-12-01 take a TRAINER argument ("-": the command is the trainer)
+    trainer_arg = ["-"] if "TRAINER" in guard.read_text() else []
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(guard), str(control_r), str(status_w), "5", "--",
-         sys.executable, str(trainer)],
+        [sys.executable, "-I", "-S", str(guard), str(control_r), str(status_w), "5",
+         *trainer_arg, "--", sys.executable, str(trainer)],
         stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(control_r, status_w))
     os.close(control_r)
     os.close(status_w)

@@ -1,15 +1,19 @@
 """Supervises one trial's process tree: the only code that stops a trial's processes.
 
-Started by the driver as `python guard.py CONTROL STATUS GRACE -- ARGV...` in a new session;
-the command runs in a process group of its own inside it. The guard
+Started by the driver as `python guard.py CONTROL STATUS GRACE TRAINER -- ARGV...` in a new
+session; the command runs in a process group of its own inside it. The guard
 - becomes a child subreaper, so every descendant that loses its parent comes back to it: a
   child in its own session or process group (`setsid`, `setpgid(0, 0)`, a double fork) is still
   found and stopped;
 - reads CONTROL, a pipe only the driver writes: `T` stops the tree (SIGTERM to every
   descendant, GRACE s, then SIGKILL), `K` kills it at once, end of file (the driver is gone,
   even by SIGKILL) stops it as `T` does;
-- writes `exit N` to STATUS as soon as the command exits, so the driver judges the trial then;
-  whatever the command left running is stopped as by `T`;
+- writes `ended NS` to STATUS when the trainer ended (`time.time_ns()`), then `exit N` as soon
+  as the command exits, so the driver judges the trial then; whatever the command left running
+  is stopped as by `T`. The trainer is the command itself, or, with TRAINER not `-` (the
+  command is a launcher: `accelerate launch`), the command's child whose command line names
+  TRAINER (the script or the module) as its first argument or after `-m`: what it wrote counts,
+  what its leftovers write after it ended does not, whatever the launcher;
 - exits, once no descendant is left, with the command's exit code (128 + N for signal N).
 Standard library only: it must start in milliseconds.
 """
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -151,10 +157,53 @@ def _follow_control(fd: int, tree: Tree) -> None:
 
 
 def _report(fd: int, code: int) -> None:
+    _say(fd, f"exit {code}")
+
+
+def _say(fd: int, line: str) -> None:
     try:
-        os.write(fd, f"exit {code}\n".encode())
+        os.write(fd, f"{line}\n".encode())
     except OSError:
         pass  # the driver is gone; the control pipe says so too
+
+
+def _trainer_child(command: int, trainer: str) -> int | None:
+    """The child of `command` whose command line runs `trainer` (`python SCRIPT ...` or
+    `python -m MODULE ...`); None while there is none."""
+    try:
+        with open(f"/proc/{command}/task/{command}/children") as f:
+            kids = [int(pid) for pid in f.read().split()]
+    except OSError:
+        return None
+    for pid in kids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if trainer.encode() in args[1:3]:
+            return pid
+    return None
+
+
+def _watch_trainer(command: int, trainer: str, status: int, done: threading.Event) -> None:
+    """Say `ended NS` once the trainer, the child of `command` that runs `trainer`, is gone
+    (a pidfd: it is not this process's child). Nothing if the command ends first."""
+    pid = None
+    while pid is None:
+        if done.wait(0.01):
+            return
+        pid = _trainer_child(command, trainer)
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already (or no pidfd): it ended a moment ago
+        _say(status, f"ended {time.time_ns()}")
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+    _say(status, f"ended {time.time_ns()}")
 
 
 def start_ticks(pid: int) -> int | None:
@@ -172,9 +221,11 @@ def quiet_signals() -> None:
         signal.signal(sig, lambda *_: None)
 
 
-def supervise(start: Callable[[], int], control: int, status: int, grace: float) -> int:
+def supervise(start: Callable[[], int], control: int, status: int, grace: float,
+              trainer: str | None = None) -> int:
     """Run the command `start()` starts (returning its pid; the command in a process group of
-    its own) to the end of its whole tree, as the module says; its exit code."""
+    its own) to the end of its whole tree, as the module says; its exit code. `trainer`: what
+    names the trainer among the command's children (None: the command is the trainer)."""
     _become_subreaper()
     tree = Tree(grace)
     try:
@@ -184,6 +235,10 @@ def supervise(start: Callable[[], int], control: int, status: int, grace: float)
         _report(status, 127)
         return 127
     threading.Thread(target=_follow_control, args=(control, tree), daemon=True).start()
+    command_done = threading.Event()
+    if trainer is not None:
+        threading.Thread(target=_watch_trainer, args=(child, trainer, status, command_done),
+                         daemon=True).start()
     code = 1
     while True:
         try:
@@ -195,6 +250,9 @@ def supervise(start: Callable[[], int], control: int, status: int, grace: float)
         if pid == child:
             returncode = os.waitstatus_to_exitcode(wait_status)
             code = 128 - returncode if returncode < 0 else returncode
+            command_done.set()
+            if trainer is None:
+                _say(status, f"ended {time.time_ns()}")
             _report(status, code)
             if has_children():
                 tree.stop_in_background(tree.grace)
@@ -203,9 +261,9 @@ def supervise(start: Callable[[], int], control: int, status: int, grace: float)
 
 
 def main(argv: list[str]) -> int:
-    control, status, grace, sep, *command = argv
+    control, status, grace, trainer, sep, *command = argv
     if sep != "--" or not command:
-        print("usage: guard.py CONTROL STATUS GRACE -- ARGV...", file=sys.stderr)
+        print("usage: guard.py CONTROL STATUS GRACE TRAINER|- -- ARGV...", file=sys.stderr)
         return 2
     quiet_signals()
 
@@ -215,7 +273,8 @@ def main(argv: list[str]) -> int:
         child.returncode = 0  # reaped by `supervise` (os.wait): Popen must not wait for it
         return child.pid
 
-    return supervise(start, int(control), int(status), float(grace))
+    return supervise(start, int(control), int(status), float(grace),
+                     None if trainer == "-" else trainer)
 
 
 if __name__ == "__main__":

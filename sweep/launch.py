@@ -37,6 +37,10 @@ class LaunchPlan:
     env: dict[str, str]
     paths: TrialPaths
     result: Path  # the JSON file the metrics are read from (paths.result unless trainer.result)
+    # When the command is a launcher (`accelerate launch`): the argument that names the
+    # trainer in its own command line (the script, or the module), so that the guard can tell
+    # when the trainer itself ended. None: the command is the trainer.
+    trainer: str | None = None
 
     def command_line(self) -> str:
         """The exact command, as a shell line a user can paste to rerun the trial by hand."""
@@ -156,7 +160,7 @@ def build_launch(
     result = paths.result
     if trainer.result is not None and trainer.result.file is not None:
         result = Path(fill(trainer.result.file, places)).absolute()
-    return LaunchPlan(argv, env, paths, result)
+    return LaunchPlan(argv, env, paths, result, entry[-1] if through_accelerate else None)
 
 
 def accelerate_settings(

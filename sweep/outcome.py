@@ -124,13 +124,14 @@ def judge(
 def judge_files(
     stderr: Path, result: Path, exit_code: int | None, metrics: list[str],
     stdout: Path | None = None, patterns: Sequence[str] = (), env_result: Path | None = None,
-    **how: Any,
+    at_end: tuple[str | None] | None = None, **how: Any,
 ) -> Outcome:
     """`judge` a trial from its files: the tail of its stderr, and its metrics from the result
     file, or from `patterns` over its stdout. `env_result` is the file `$SWEEP_RESULT_FILE`
     named (default: `result`; another one came from `trainer.result.file`). A missing result
     says where sweep looked, quotes the trainer's last line of output, and, where sweep looked
-    at `$SWEEP_RESULT_FILE`, the two ways to give one."""
+    at `$SWEEP_RESULT_FILE`, the two ways to give one. `at_end`: the result file's text as it
+    was when the trainer ended (read then), instead of as it is now."""
     out = read_text(stdout, tail_bytes=STDOUT_TAIL) if stdout is not None else None
     rejected: dict[str, str] = {}
     timed_out = None
@@ -144,13 +145,17 @@ def judge_files(
         shown = " or ".join("'" + p + "'" for p in patterns)
         where = f"no line of {stdout} matched {shown}"
     else:
-        result_text = read_text(result)
+        result_text = read_text(result) if at_end is None else at_end[0]
         where = f"nothing at {result}"
         if env_result is None or result == env_result:
             hint = HOW_TO_GIVE
         else:
             where += " (trainer.result.file)"
-        if os.path.lexists(result) and result_text is None:
+        if at_end is not None and at_end[0] is None and read_text(result) is not None:
+            where += (" when the trainer ended (it was written later, by a process the trainer "
+                      "left running?)")
+            hint = ""
+        elif os.path.lexists(result) and result_text is None:
             where = f"the result file {result} is not a regular file (a FIFO? a folder?)"
             hint = ""  # the trainer knows where its result goes
     verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", result_text,

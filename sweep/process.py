@@ -27,7 +27,7 @@ import psutil
 
 from sweep import guard
 from sweep.launch import LaunchPlan
-from sweep.outcome import FAIL, Outcome, judge_files
+from sweep.outcome import FAIL, Outcome, judge_files, read_text
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
 from sweep.terminal import release_dead_terminal
@@ -56,6 +56,9 @@ class Process(Protocol):
     plan: LaunchPlan
     pid: int
     started: float
+    # the result file's text when the trainer ended, read then (a 1-tuple: None is no file);
+    # None: not read (the guard did not say), the verdict reads the file itself
+    result_at_end: tuple[str | None] | None
 
     @property
     def exit_code(self) -> int | None: ...  # the command's, once it exited
@@ -109,7 +112,7 @@ class TrialProcess:
                     # isolated and without site: the guard needs the standard library only,
                     # and starts 10 ms sooner on the way from one trial to the next
                     argv = [sys.executable, "-I", "-S", str(GUARD), str(control_r),
-                            str(status_w), str(grace), "--"]
+                            str(status_w), str(grace), plan.trainer or "-", "--"]
                     self._popen = subprocess.Popen(
                         [*argv, *plan.argv], env={**os.environ, **plan.env},
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -124,6 +127,7 @@ class TrialProcess:
             os.close(control_r)
             os.close(status_w)
         self.started = time.time()
+        self.result_at_end: tuple[str | None] | None = None
         self._exit_code: int | None = None
         self._exited = threading.Event()
         self._ended = threading.Event()
@@ -135,7 +139,11 @@ class TrialProcess:
     def _follow(self, status_fd: int) -> None:
         with os.fdopen(status_fd, "rb", buffering=0) as status:
             for line in status:
-                if line.startswith(b"exit ") and not self._exited.is_set():
+                if line.startswith(b"ended ") and self.result_at_end is None:
+                    # what the trainer left is read now: its leftovers may write later, and
+                    # `accelerate launch` exits a second or so after its script
+                    self.result_at_end = (read_text(self.plan.result),)
+                elif line.startswith(b"exit ") and not self._exited.is_set():
                     self._exit_code = int(line.split()[1])
                     self._exited.set()
                     self._on_change()
@@ -361,7 +369,8 @@ class RunningTrial:
         paths, result = self.process.plan.paths, self.process.plan.result
         verdict = judge_files(paths.stderr, result, self.process.exit_code,
                               metrics, stdout=paths.stdout, patterns=patterns,
-                              env_result=paths.result, stop=self.stop_text(), timeout=timeout,
+                              env_result=paths.result, at_end=self.process.result_at_end,
+                              stop=self.stop_text(), timeout=timeout,
                               last_report=self.last_report)
         if verdict.state != FAIL and not patterns and written_before(result, paths):
             return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(

@@ -230,16 +230,18 @@ def test_what_a_dry_run_prints_runs_when_pasted(write_study, tmp_path, capsys, m
 def test_a_result_written_after_the_command_exited_never_counts_under_any_launcher(
         write_study, tmp_path):
     """Issue 26 item 12: a trainer whose `setsid` child writes the result after the trainer
-    exited was COMPLETE under one launcher and FAIL under the others. The verdict comes at
-    the command's exit, from what the trial wrote by then: the late result never counts, and
-    the same reason is given, under every launcher. (A result the trainer itself writes
-    before it exits counts under every launcher alike.)"""
+    exited was COMPLETE under one launcher and FAIL under the others: `accelerate launch`
+    exits a second or so after its script, and a result written in between counted. What
+    counts is what the trainer wrote before it ended (its guard says when; under accelerate,
+    when the script ended): the late result never counts, and the same reason is given,
+    under every launcher. (A result the trainer itself writes before it exits counts under
+    every launcher alike.)"""
     script = tmp_path / "late.py"
     script.write_text(
         "import json, os, subprocess, sys\n"
         "result = os.environ['SWEEP_RESULT_FILE']\n"
         "write = ('import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '\n"
-        "         f'time.sleep(3); json.dump({{\"score\": 1}}, open({result!r}, \"w\"))')\n"
+        "         f'time.sleep(0.3); json.dump({{\"score\": 1}}, open({result!r}, \"w\"))')\n"
         "subprocess.Popen([sys.executable, '-c', write], start_new_session=True)\n"
         "if sys.argv[1:] == ['--now', 'true']:\n"
         "    json.dump({'score': 2}, open(result, 'w'))\n")

@@ -103,6 +103,22 @@ def test_no_result_file_says_where_sweep_looked_and_the_two_ways_to_give_one(tmp
         "file or stdout patterns)")
 
 
+def test_the_result_is_what_the_trainer_left_when_it_ended_not_what_came_after(tmp_path):
+    """`at_end`: the result file as the trainer's guard saw it end (under `accelerate launch`,
+    the script's end, a second or so before the launcher's): a leftover's later write to it,
+    or its first write, does not count."""
+    stderr, stdout, result = trial_files(tmp_path, "done\n")
+    result.write_text('{"loss": 1.0}')  # a leftover overwrote the trainer's 2.0
+    out = judge_files(stderr, result, 0, ["loss"], stdout=stdout, env_result=result,
+                      at_end=('{"loss": 2.0}',))
+    assert (out.state, out.values) == (COMPLETE, [2.0])
+    out = judge_files(stderr, result, 0, ["loss"], stdout=stdout, env_result=result,
+                      at_end=(None,))  # there was none when the trainer ended
+    assert (out.state, out.fail_reason) == (FAIL, (
+        f"no result: nothing at {result} when the trainer ended (it was written later, by a "
+        "process the trainer left running?); last line of stdout: done"))
+
+
 def test_no_result_in_the_file_trainer_result_names_says_so(tmp_path):
     stderr, stdout, result = trial_files(tmp_path, "")
     named = tmp_path / "out.json"

@@ -92,6 +92,7 @@ class FakeProcess:
         self.on_change = on_change
         self.pid = next(self._pids)
         self.started = clock.now()
+        self.result_at_end: tuple[str | None] | None = None  # read at the verdict
         self.exit_code: int | None = None
         self.command_exited = False
         self.ended = False
