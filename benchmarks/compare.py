@@ -56,9 +56,12 @@ def sweep_way(launcher: str, work: Path, args: argparse.Namespace) -> None:
                     "args": ["--seconds", str(args.seconds)]},
         "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }))
-    subprocess.run([sys.executable, "-m", "sweep", "run", str(study)], check=True,
-                   env={**os.environ, "SWEEP_FAKE_GPUS": str(args.gpus),
-                        "SWEEP_LOCK_DIR": str(work / "locks")}, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "sweep", "run", str(study)],
+                          env={**os.environ, "SWEEP_FAKE_GPUS": str(args.gpus),
+                               "SWEEP_LOCK_DIR": str(work / "locks")}, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        sys.exit(f"sweep, launcher {launcher}: exit {done.returncode}\n{done.stderr[-3000:]}")
 
 
 def by_hand(work: Path, args: argparse.Namespace) -> None:

@@ -36,7 +36,10 @@ from optuna.trial import TrialState  # noqa: E402
 
 from sweep import config  # noqa: E402
 from sweep.outcome import Outcome  # noqa: E402
-from sweep.store import Owner, connect, open_storage, open_study  # noqa: E402
+from sweep.ownership import Owner  # noqa: E402
+from sweep.storage import open_storage  # noqa: E402
+from sweep.store import connect  # noqa: E402
+from sweep.studies import open_study  # noqa: E402
 from sweep.testing.postgres import throwaway_postgres  # noqa: E402
 
 

@@ -24,23 +24,14 @@ from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
+from sweep.ownership import Owner, host_name
 from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
-from sweep.storage import reading
-from sweep.store import (
-    FINISHED,
-    RERUN_OF,
-    Owner,
-    Store,
-    connect,
-    describe,
-    host_name,
-    read_study,
-    sample,
-    storage_lost_errors,
-)
+from sweep.storage import describe, read_study, reading, storage_lost_errors
+from sweep.store import FINISHED, RERUN_OF, Store, connect
+from sweep.studies import sample
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:

@@ -99,7 +99,7 @@ def _gpus(args: argparse.Namespace) -> int:
     from sweep.app import nvml_reader
     from sweep.hostlock import held_slots, lock_dir
     from sweep.monitor import NvmlProbe
-    from sweep.store import host_name
+    from sweep.ownership import host_name
 
     devices = pool.discover()
     reader, nvml = nvml_reader(devices)

@@ -17,15 +17,17 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep import hostlock, launch, launchers, placement, process, searchspace, trialdir
+from sweep.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
+from sweep.heartbeat import Heartbeat
 from sweep.monitor import Monitor
 from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import RunningTrial, Stop
 from sweep.protocol import ReportReader
-from sweep.store import LOCK_PATIENCE, Heartbeat, LockAbandoned, Store, Taken
+from sweep.store import Store, Taken
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
 

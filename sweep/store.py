@@ -22,16 +22,12 @@ import optuna
 from optuna.trial import TrialState
 
 from sweep import searchspace
-from sweep.budget import LOCK_PATIENCE as LOCK_PATIENCE
 from sweep.budget import BudgetLock, target_of
-from sweep.budget import LockAbandoned as LockAbandoned
 from sweep.config import Spec
-from sweep.heartbeat import Heartbeat as Heartbeat
 from sweep.optuna_compat import stale_trial_ids, trial_id
 from sweep.optuna_compat import tell as compat_tell
 from sweep.outcome import Outcome
 from sweep.ownership import OWNER, Look, Orphan, Owner, judge
-from sweep.ownership import host_name as host_name
 from sweep.policy import Counts
 from sweep.searchspace import Searched
 from sweep.storage import (
@@ -43,11 +39,6 @@ from sweep.storage import (
     storage_errors,
     unreachable,
 )
-from sweep.storage import read_study as read_study
-from sweep.storage import storage_lost_errors as storage_lost_errors
-from sweep.studies import METRICS as METRICS
-from sweep.studies import _range as _range
-from sweep.studies import check_params as check_params
 from sweep.studies import open_study, sample
 
 log = logging.getLogger("sweep")

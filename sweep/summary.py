@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweep import config, storageurl, store
+from sweep import config, ownership, storage, storageurl, store
 from sweep.config import Spec
 from sweep.errors import UsageError
 
@@ -65,7 +65,7 @@ def load(study_file: str | Path, storage: str | None = None) -> Summary:
 
 
 def _load_study(spec: Spec) -> Any:
-    study = store.read_study(spec)
+    study = storage.read_study(spec)
     if study is None:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
                          f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
@@ -83,9 +83,9 @@ def status(study_file: str | Path, storage: str | None = None) -> Status:
         counts[t.state.name] = counts.get(t.state.name, 0) + 1
         if t.state.name != "RUNNING":
             continue
-        record = t.user_attrs.get(store.OWNER) or {}
-        owner = store.Owner.of(t.user_attrs)
-        here = owner is not None and owner.host == store.host_name()
+        record = t.user_attrs.get(ownership.OWNER) or {}
+        owner = ownership.Owner.of(t.user_attrs)
+        here = owner is not None and owner.host == ownership.host_name()
         last = max(t.intermediate_values) if t.intermediate_values else None
         rows.append({
             "number": t.number, "gpu": record.get(store.GPUS) or record.get("gpu"),
@@ -120,7 +120,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         else:
             row["value"] = values[0]
         row.update({f"params_{k}": v for k, v in t.params.items()})
-        owner = t.user_attrs.get(store.OWNER) or {}
+        owner = t.user_attrs.get(ownership.OWNER) or {}
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
         if row["gpu"] is None:  # a running trial: its place is in the owner record

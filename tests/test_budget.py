@@ -9,7 +9,8 @@ import pytest
 from conftest import load_trials, spawn_cli, study_dict
 
 from sweep import config
-from sweep.store import Owner, Store, connect
+from sweep.ownership import Owner
+from sweep.store import Store, connect
 
 
 def three_drivers_at_once(write_study, storage: str | None = None, name: str = "shared") -> Any:

@@ -42,7 +42,7 @@ def test_gpus_says_which_cards_a_sweep_would_take_and_who_holds_them(monkeypatch
     import os
 
     from sweep.hostlock import HostSlots, lock_dir
-    from sweep.store import host_name
+    from sweep.ownership import host_name
 
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

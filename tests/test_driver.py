@@ -349,7 +349,7 @@ def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_stud
     """Read from the cache a run fills; before any run, said so (a dry run writes nothing)."""
     from sweep import config, launch
     from sweep.accelenv import AccelerateEnv
-    from sweep.store import host_name
+    from sweep.ownership import host_name
 
     study = write_study(study={"n_trials": 1}, trainer={"launcher": "direct"})
     assert run_cli("run", str(study), "--dry-run") == 0

@@ -17,9 +17,10 @@ from conftest import study_dict
 from sweep import config, searchspace
 from sweep.driver import Driver
 from sweep.monitor import Monitor, NoReader
+from sweep.ownership import Owner
 from sweep.pool import Pool, fake_devices
 from sweep.process import GUARD_MARGIN, MOVES, Phase, PhaseError, RunningTrial, Stop
-from sweep.store import Owner, Store
+from sweep.store import Store
 from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
 
 TrialScript = Callable[[dict[str, Any]], Script]

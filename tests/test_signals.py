@@ -116,7 +116,8 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     import optuna
 
     from sweep import config, searchspace
-    from sweep.store import open_storage, open_study
+    from sweep.storage import open_storage
+    from sweep.studies import open_study
 
     data = study_dict(study={"n_trials": 2, "heartbeat_interval": 1, "grace_period": 1})
     study_file = write_study(data)
@@ -240,7 +241,8 @@ def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kep
 def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
     """`sweep logs --follow` of a running trial, its terminal closed: exit 130, as SIGTERM."""
     from sweep import config, searchspace, trialdir
-    from sweep.store import open_storage, open_study
+    from sweep.storage import open_storage
+    from sweep.studies import open_study
 
     study_file = write_study(study={"n_trials": 1})
     spec = config.load(study_file)

@@ -21,7 +21,9 @@ from conftest import load_trials, spawn_cli, study_dict
 
 from sweep import config, sqlite
 from sweep.outcome import Outcome
-from sweep.store import Asked, Owner, Store, connect, open_storage
+from sweep.ownership import Owner
+from sweep.storage import open_storage
+from sweep.store import Asked, Store, connect
 
 
 def part(mountpoint: str, fstype: str) -> SimpleNamespace:

@@ -17,7 +17,10 @@ from test_budget import check_exact, three_drivers_at_once
 
 from sweep import config, grpclock, proxy, searchspace, storageurl, summary
 from sweep.monitor import SAMPLES_NAME
-from sweep.store import Owner, Store, connect, open_storage, open_study
+from sweep.ownership import Owner
+from sweep.storage import open_storage
+from sweep.store import Store, connect
+from sweep.studies import open_study
 
 
 def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -245,7 +248,7 @@ def held_elsewhere(lock_file: str):
 def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patience(
         write_study, monkeypatch):
     from sweep import budget
-    from sweep.store import LockAbandoned
+    from sweep.budget import LockAbandoned
 
     monkeypatch.setattr(budget, "LOCK_PATIENCE", 0.5)
     spec = config.load(write_study())

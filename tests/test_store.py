@@ -16,12 +16,13 @@ import yaml
 from conftest import study_dict
 from optuna.trial import TrialState
 
-from sweep import config, searchspace, store
+from sweep import config, ownership, searchspace
 from sweep.errors import UsageError
 from sweep.optuna_compat import trial_id
-from sweep.ownership import Judged, Look, judge
-from sweep.storage import StudyFileReplaced
-from sweep.store import Owner, Store, connect, open_storage, open_study
+from sweep.ownership import Judged, Look, Owner, judge
+from sweep.storage import StudyFileReplaced, open_storage
+from sweep.store import Store, connect
+from sweep.studies import open_study
 
 HOST = "this-host"
 
@@ -62,7 +63,7 @@ def test_a_trial_failed_by_another_driver_is_not_told_again(tmp_path):
     asked = s.ask(searched(s), gpu=0, trial_dir=str)
     other = connect(config.load(tmp_path / "study.yaml"), Owner("b", 1, 0.0), 2)
     [theirs] = other.study.get_trials(deepcopy=False)
-    assert other.fail_orphan(store.Orphan(theirs, "driver died", None))
+    assert other.fail_orphan(ownership.Orphan(theirs, "driver died", None))
     assert s.tell(asked.trial, TrialState.COMPLETE, [1.0], {"exit_code": 0}) == (False, False)
     assert s.tell(asked.trial, TrialState.FAIL, None, {"exit_code": 0}) == (False, False)
     trial = s.storage.get_trial(trial_id(asked.trial))
@@ -104,7 +105,7 @@ def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
     params_at = writes.index("INSERT INTO trial_params")
     assert writes.index("INSERT INTO trials") < heartbeat < owner_at < params_at
     assert "COMMIT" in seen[seen.index(seen[0]):]  # each step is its own commit
-    owner = frozen.user_attrs[store.OWNER]
+    owner = frozen.user_attrs[ownership.OWNER]
     assert owner == {"host": HOST, "pid": os.getpid(), "started": s.owner.started, "gpu": 3,
                      "dir": "/trials/0"}
     assert 0 <= asked.params["x"] <= 1 and (asked.attempt, asked.origin) == (0, 0)
@@ -182,7 +183,7 @@ def test_an_orphan_is_queued_again_with_the_params_it_was_given(tmp_path):
     for trial in (queued, fresh):
         frozen = s.storage.get_trial(trial_id(trial))
         assert frozen.params == {}
-        assert s.fail_orphan(store.Orphan(frozen, "driver died", None))
+        assert s.fail_orphan(ownership.Orphan(frozen, "driver died", None))
     waiting = [t for t in s.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 0.125}]
     assert waiting[0].user_attrs == {"retry_of": queued.number, "attempt": 1}
