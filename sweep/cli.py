@@ -82,13 +82,18 @@ def _summary(args: argparse.Namespace) -> int:
 
     s = summary.load(args.study, storage=args.storage)
     try:
-        path = s.save(Path(args.csv) if args.csv else None)
+        path: Path | None = s.save(Path(args.csv) if args.csv else None)
     except OSError as e:
-        raise UsageError(f"{e.filename or args.csv}: cannot write the summary CSV there "
-                         f"({e.strerror or e}); give --csv a file you can write") from None
+        if args.csv:  # asked for by name: the user must know it is not there
+            raise UsageError(f"{e.filename or args.csv}: cannot write the summary CSV there "
+                             f"({e.strerror or e}); give --csv a file you can write") from None
+        path = None  # a colleague's read-only results: the table all the same
+        print(f"sweep: the summary CSV is not written: {e.filename}: {e.strerror or e}; give "
+              "--csv a file you can write", file=sys.stderr)
     console = Console()
     console.print(summary.render(s, args.top))
-    console.print(f"CSV: {path}", highlight=False)
+    if path is not None:
+        console.print(f"CSV: {path}", highlight=False)
     return 0
 
 

@@ -331,9 +331,10 @@ def _read_study_file(file: str, path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder
+        os.close(fd)
+        raise ConfigError(file, "", "the study file is not a regular file (a folder? a FIFO?)")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(file, "", "the study file is not a regular file")
         data = f.read(MAX_FILE + 1)
     if len(data) > MAX_FILE:
         raise ConfigError(file, "", f"the study file is larger than {MAX_FILE} bytes")

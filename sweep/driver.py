@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
@@ -359,7 +360,7 @@ class Driver:
             return
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
-                                   see=str(run.process.plan.paths.stderr))
+                                   see=str(_where_to_look(run.process.plan.paths)))
         if follow.retry:
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             self.store.requeue(searched, run.origin, run.attempt + 1)
@@ -411,3 +412,12 @@ class Driver:
                                        run.device, run.attempt)
                 run.judged_now(self.clock.now())
         self.running.clear()
+
+
+def _where_to_look(paths: trialdir.TrialPaths) -> Path:
+    """The log a user should read about a failed trial: its stderr.log, or its stdout.log when
+    the trainer wrote nothing to stderr."""
+    try:
+        return paths.stderr if paths.stderr.stat().st_size else paths.stdout
+    except OSError:
+        return paths.stderr

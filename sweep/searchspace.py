@@ -110,8 +110,16 @@ Searched = FloatParam | IntParam | CategoricalParam | BoolParam
 
 
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(high - low)):
+        raise ValueError(f"low and high must be finite numbers, and so must high - low (got "
+                         f"{low}, {high})")
+    if step is not None and not math.isfinite(step):
+        raise ValueError(f"step must be a finite number (got {step})")
     if low > high:
         raise ValueError(f"low ({low}) must not be above high ({high})")
+    if step is not None and low < high and step > high - low:
+        raise ValueError(f"step ({step}) is larger than the range [{low}, {high}]: no value but "
+                         "low could be drawn")
     if log and low <= 0:
         raise ValueError(f"log scale needs low > 0 (got {low})")
     if log and step is not None:

@@ -243,6 +243,30 @@ def test_the_summary_shows_every_metric_and_why_nothing_completed(write_study, f
         assert "Traceback" not in "\n".join(err)
 
 
+def test_the_summary_of_a_read_only_output_dir_is_shown_without_its_csv(
+        write_study, fake_gpus, capsys, tmp_path, monkeypatch):
+    """A colleague's results, in a folder this user cannot write: the table all the same, and
+    one line saying the CSV is not written (only a --csv named outright is an error)."""
+    import errno
+
+    from sweep import summary
+
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    target = tmp_path / "probe" / "summary.csv"
+
+    def read_only(self, path=None):
+        raise OSError(errno.EROFS, "Read-only file system", str(target))
+
+    monkeypatch.setattr(summary.Summary, "save", read_only)
+    capsys.readouterr()
+    assert run_cli("summary", str(study)) == 0
+    out, err = capsys.readouterr()
+    assert "trial" in out.lower() and "CSV:" not in out
+    assert err == (f"sweep: the summary CSV is not written: {target}: Read-only file system; "
+                   "give --csv a file you can write\n")
+
+
 def test_off_a_terminal_each_event_is_one_plain_line_however_long():
     """A log or a pipe gets one line per start, finish and message: no colour codes, no
     wrapping at the console's width."""

@@ -71,6 +71,18 @@ BAD_FILES = [
     ("name with a NUL", bad(study={"name": "a\x00b"}), "study.name", "contains a NUL byte"),
     ("negative timeout", bad(study={"timeout": -5}), "study.timeout", "greater than 0"),
     ("negative trial timeout", bad(trainer={"timeout": -1}), "trainer.timeout", "greater than 0"),
+    ("infinite high", bad(params={"x": {"type": "float", "low": 0, "high": float("inf")}}),
+     "params.x", "low and high must be finite numbers, and so must high - low (got 0.0, inf)"),
+    ("NaN low", bad(params={"x": {"type": "float", "low": float("nan"), "high": 1}}),
+     "params.x", "must be finite numbers"),
+    ("a range wider than a float holds", bad(params={"x": {
+        "type": "float", "low": -1e308, "high": 1e308}}), "params.x", "so must high - low"),
+    ("step wider than the range", bad(params={"x": {"type": "float", "low": 0, "high": 1,
+                                                      "step": 2}}),
+     "params.x", "step (2.0) is larger than the range [0.0, 1.0]"),
+    ("int step wider than the range", bad(params={"x": {"type": "int", "low": 0, "high": 3,
+                                                          "step": 5}}),
+     "params.x", "step (5) is larger than the range [0, 3]"),
     ("low above high", bad(params={"x": {"type": "float", "low": 2, "high": 1}}),
      "params.x", "low (2.0) must not be above high (1.0)"),
     ("param named like a type", bad(params={"float": {"type": "int", "low": 3, "high": 1}}),
@@ -406,3 +418,12 @@ def test_with_debug_a_usage_error_keeps_exit_2_and_adds_the_traceback(write_stud
     assert "Traceback" in err and "ConfigError" in err
     assert err.splitlines()[-1] == f"sweep: error: {path}: study.storage: not a database " \
                                    "URL (e.g. sqlite:///sweep.db or postgresql://user@host/db)"
+
+
+def test_a_folder_named_as_the_study_file_is_one_line(tmp_path, capsys):
+    from sweep import cli
+
+    assert cli.main(["run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"sweep: error: {tmp_path}: the study file is not a regular file (a folder? "
+                   "a FIFO?)\n")

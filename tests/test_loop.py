@@ -353,3 +353,18 @@ def test_an_impossible_move_raises(first):
     with pytest.raises(PhaseError, match="trial 7: told -> told"):
         run.judged_now(now=2.0)
     assert set(MOVES) == set(Phase) and MOVES[Phase.ENDED] == frozenset()
+
+
+def test_a_give_up_points_at_the_log_the_trainer_wrote(tmp_path):
+    """A trainer that wrote nothing to stderr is read in its stdout.log (the hostile pass was
+    sent to an empty stderr.log)."""
+    from sweep.driver import _where_to_look
+    from sweep.trialdir import TrialPaths
+
+    paths = TrialPaths.of(tmp_path, 0)
+    paths.dir.mkdir(parents=True)
+    paths.stderr.write_text("")
+    paths.stdout.write_text("epoch 1\n")
+    assert _where_to_look(paths) == paths.stdout
+    paths.stderr.write_text("Traceback ...\n")
+    assert _where_to_look(paths) == paths.stderr
