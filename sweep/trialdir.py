@@ -31,7 +31,7 @@ from sweep.safefs import (
     open_for_writing,
     write_file,
 )
-from sweep.storageurl import shown_url
+from sweep.storageurl import GRPC, JOURNAL, grpc_address, journal_path, shown_url
 
 MARKER_NAME = "study.json"
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
@@ -115,6 +115,53 @@ def owner_of(spec: Spec) -> Owner:
     return Owner(spec.study.name, shown_url(spec.storage_url))
 
 
+def same_owner(found: Owner | None, owner: Owner) -> bool:
+    """Whether `found` (a study.json's) is `owner`: the same study name in the same storage,
+    however each URL spells it (see `storage_identity`)."""
+    return (found is not None and found.study == owner.study
+            and storage_identity(found.storage) == storage_identity(owner.storage))
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def storage_identity(url: str) -> str:
+    """The storage a (shown) storage URL reaches, as text that two URLs of one storage share:
+    a SQLite or journal file by its real path (links and `//` resolved, a relative one from
+    the current folder); a database by its kind without the driver (`postgresql+psycopg` is
+    `postgresql`), user, host (lowercased, `localhost` as `127.0.0.1`), port (the default
+    one filled in) and database, without password or query; a gRPC proxy by host:port. One
+    study reached through a gRPC proxy and directly is two storages here. A URL that does
+    not parse is itself."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if url.startswith(JOURNAL):
+        return JOURNAL + os.path.realpath(journal_path(url))
+    if url.startswith(GRPC):
+        try:
+            host, port = grpc_address(url)
+        except ValueError:
+            return url
+        return f"{GRPC}{_host(host)}:{port}"
+    try:
+        parsed = make_url(url)
+        backend, port = parsed.get_backend_name(), parsed.port
+    except (ArgumentError, ValueError):
+        return url
+    if backend == "sqlite":
+        db = parsed.database
+        return f"sqlite:///{os.path.realpath(db) if db and db != ':memory:' else db or ''}"
+    port = port or DEFAULT_PORTS.get(backend)
+    return (f"{backend}://{parsed.username or ''}@{_host(parsed.host or '')}:{port or ''}"
+            f"/{parsed.database or ''}")
+
+
+def _host(host: str) -> str:
+    host = host.lower()
+    return "127.0.0.1" if host == "localhost" else host
+
+
 def read_marker(output_dir: Path) -> Owner | None:
     """The study `output_dir` belongs to, from its `study.json`; None if it has none (yet)."""
     try:
@@ -129,15 +176,15 @@ def read_marker(output_dir: Path) -> Owner | None:
 def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
     """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
     `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
-    study's (another name, or the same name in another storage). Drivers of one study on
-    several hosts share it."""
+    study's (another name, or the same name in another storage: `storage_identity`).
+    Drivers of one study on several hosts share it."""
     prepare_output_dir(output_dir, source=source)
     try:
         found = _mark(output_dir, owner)
     except OSError as e:
         raise UsageError(f"{source}: study.output_dir: cannot write "
                          f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
-    if found != owner:
+    if not same_owner(found, owner):
         raise UsageError(foreign(source, output_dir, found))
 
 
@@ -174,7 +221,7 @@ def _whose(found: Owner | None) -> str:
 def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
     """UsageError if `output_dir` is marked as another study's (an unmarked one may be)."""
     found = read_marker(output_dir)
-    if found is not None and found != owner:
+    if found is not None and not same_owner(found, owner):
         raise UsageError(foreign(source, output_dir, found))
 
 
@@ -215,7 +262,7 @@ def ensure_driver_dir(spec: Spec, own: Path) -> None:
     with _trial_files(own):
         prepare_output_dir(output_dir, own)
         found = _mark(output_dir, owner)
-        if found != owner:
+        if not same_owner(found, owner):
             raise UnsafePath(output_dir, "was removed during the run and now holds the "
                              f"trials of {_whose(found)}")
 

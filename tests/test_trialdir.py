@@ -365,3 +365,69 @@ def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path
     fresh = Sweep(tmp_path / "b", lambda p: Script(result={"score": 0.25}), gpus=1,
                   study={"n_trials": 1})
     assert fresh.run() == 0 and fresh.trials[0].value == 0.25  # one written now counts
+
+
+# ---- the same storage however its URL is spelled (hostile pass, item 1) ----------------
+
+
+@pytest.mark.parametrize("marked, given", [
+    ("postgresql+psycopg://u:pw@db.example/s", "postgresql://u@db.example:5432/s"),
+    ("postgresql://u:***@localhost/s", "postgresql://u:other@127.0.0.1:5432/s"),
+    ("mysql+pymysql://u@DB/s?charset=utf8", "mysql://u@db:3306/s"),
+    ("grpc://LocalHost:13000", "grpc://127.0.0.1:13000"),
+])
+def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
+    assert trialdir.storage_identity(marked) == trialdir.storage_identity(given)
+    assert trialdir.same_owner(trialdir.Owner("s", marked), trialdir.Owner("s", given))
+
+
+@pytest.mark.parametrize("one, other", [
+    ("postgresql://u@db/s", "postgresql://u@db/t"),
+    ("postgresql://u@db/s", "postgresql://u@db:5433/s"),
+    ("postgresql://u@db/s", "mysql://u@db/s"),
+    ("postgresql://u@db/s", "postgresql://v@db/s"),
+    ("grpc://h:13000", "grpc://h:13001"),
+])
+def test_other_databases_stay_other_storages(one, other):
+    assert trialdir.storage_identity(one) != trialdir.storage_identity(other)
+
+
+def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output_dir(
+        tmp_path):
+    """Hostile pass item 1: these were refused as "holds the trials of study 's'"."""
+    out, real = tmp_path / "out", tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    first = load(tmp_path, "a.yaml", study={"name": "s", "output_dir": str(out),
+                                              "storage": f"sqlite:///{real}/m.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
+    for storage in (f"sqlite:///{tmp_path}/link/m.db", f"sqlite:///{tmp_path}//real/m.db",
+                    f"sqlite:///{tmp_path}/real/./m.db"):
+        again = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
+                                                  "storage": storage})
+        trialdir.claim_output_dir(out, trialdir.owner_of(again), again.source)
+        trialdir.check_belongs(out, trialdir.owner_of(again), again.source)
+    # the marker keeps the URL it was written with, for the message
+    assert json.loads((out / "study.json").read_text())["storage"] == f"sqlite:///{real}/m.db"
+    other = load(tmp_path, "c.yaml", study={"name": "s", "output_dir": str(out),
+                                              "storage": f"sqlite:///{real}/n.db"})
+    with pytest.raises(UsageError, match=f"storage sqlite:///{real}/m.db"):
+        trialdir.claim_output_dir(out, trialdir.owner_of(other), other.source)
+
+
+def test_a_journal_file_through_a_link_is_one_storage(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert trialdir.storage_identity(f"journal://{tmp_path}/link/j.log") == (
+        trialdir.storage_identity(f"journal://{tmp_path}//j.log"))
+
+
+def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
+    """study.json as written before: {"study", "storage"} with the password hidden."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    (out / "study.json").write_text(json.dumps(
+        {"study": "s", "storage": "postgresql+psycopg://me:***@LOCALHOST/db"}, indent=1))
+    spec = load(tmp_path, study={"name": "s", "output_dir": str(out),
+                                  "storage": "postgresql://me:hunter2@127.0.0.1:5432/db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    trialdir.check_belongs(out, trialdir.owner_of(spec), spec.source)
