@@ -230,8 +230,9 @@ def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
 
 def prepare_output_dir(output_dir: Path, own: Path | None = None,
                        source: Path | None = None) -> None:
-    """Create `output_dir` (and check it: this user's, not writable by all), and the driver's
-    folder `own` (if given). With `source`, a problem is a
+    """Create `output_dir` (and check it: this user's, not writable by all), and, with the
+    driver's folder `own`, that folder (and `drivers/`) and `trials/`, each this user's own
+    real folder (a symbolic link is refused). With `source`, a problem is a
     UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -245,6 +246,7 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
         if own is not None:
             make_own_folder(own.parent, FOLDER_MODE)
             make_own_folder(own, FOLDER_MODE)
+            make_own_folder(output_dir / "trials", FOLDER_MODE)
     except OSError as e:
         if source is None:
             raise

@@ -431,3 +431,24 @@ def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
                                   "storage": "postgresql://me:hunter2@127.0.0.1:5432/db"})
     trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
     trialdir.check_belongs(out, trialdir.owner_of(spec), spec.source)
+
+
+# ---- nothing written when a folder of output_dir is a link (hostile pass, item 2) -------
+
+
+@pytest.mark.parametrize("folder", ["drivers", "trials"])
+def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made(
+        tmp_path, folder):
+    """Hostile pass item 2: with `drivers` a link, `run` exited 2 having made the .db and
+    the study in it; with `trials` a link, each run burnt one FAIL trial (exit 1)."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    spec = load(tmp_path, study={"output_dir": str(out), "storage": f"sqlite:///{tmp_path}/s.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    (out / folder).symlink_to(victim)
+    with pytest.raises(UsageError) as refused:
+        app.execute(spec, fake_devices("1"))
+    assert str(refused.value) == (f"{spec.source}: study.output_dir: {out}/{folder} is a "
+                                  "symbolic link; use a folder of your own")
+    assert not (tmp_path / "s.db").exists()
+    assert list(victim.iterdir()) == []
