@@ -5,7 +5,8 @@ of another study refuses the folder before it writes anything (`claim_output_dir
 folder `trials/<number>/` is made anew before the trial starts, so no file in it (nor its
 declared result file) is older than the trial. Trial folders are 0700 and their files 0600
 (`command.sh` 0700), never written through a symbolic link; `command.sh` leaves out the
-values of variables whose names look secret.
+values of variables whose names look secret or that hold a URL's password, and writes a
+URL's password in an argument as `***`.
 """
 
 from __future__ import annotations
@@ -372,11 +373,28 @@ def secret_name(name: str) -> bool:
             and bool(SECRET_NAME.search(name)))
 
 
+# a password in a URL: scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:([^\s/@]+)@")
+
+
+def holds_password(value: str) -> bool:
+    """Whether `value` holds a URL with a password in it (`scheme://user:password@host`)."""
+    return _URL_PASSWORD.search(value) is not None
+
+
+def secret_variable(name: str, value: str) -> bool:
+    """Whether command.sh leaves out a variable: its name looks secret, or its value holds a
+    URL's password."""
+    return secret_name(name) or holds_password(value)
+
+
 def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
-    names look secret: their values are left out of command.sh."""
+    names look secret, or whose values hold a URL's password: their values are left out of
+    command.sh."""
     names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
-    return {n: environ[n] for n in sorted(names) if n in environ and secret_name(n)}
+    return {n: environ[n] for n in sorted(names)
+            if n in environ and secret_variable(n, environ[n])}
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
@@ -384,21 +402,34 @@ _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
     """command.sh: the trial's exact command as a shell script, except that the values of
-    the trial's variables whose names look secret, and of `secrets` in its arguments, are
-    left out: the script takes them from its caller's environment, and says so."""
-    hidden = {**secrets, **{k: v for k, v in plan.env.items() if secret_name(k)}}
+    the trial's variables whose names look secret or whose values hold a URL's password, and
+    of `secrets` in its arguments, are left out: the script takes them from its caller's
+    environment, and says so. A URL's password in an argument that no such variable holds
+    is written as `***`: the script says so, and runs only once it is put back."""
+    left = {k for k, v in plan.env.items() if secret_variable(k, v)}
+    hidden = {**secrets, **{k: plan.env[k] for k in left}}
     values = sorted(((v, k) for k, v in hidden.items() if len(v) >= SHORTEST_SECRET),
                     key=lambda vk: -len(vk[0]))
     in_args: set[str] = set()
-    words = [_quote(arg, values, in_args) for arg in plan.argv]
-    env = " ".join(f"{k}={_ref(k) if secret_name(k) else shlex.quote(v)}"
+    starred: list[str] = []
+    words = [_quote(arg, values, in_args, starred) for arg in plan.argv]
+    env = " ".join(f"{k}={_ref(k) if k in left else shlex.quote(v)}"
                    for k, v in sorted(plan.env.items()))
     lines = ["#!/bin/sh"]
-    names = sorted({*(k for k in plan.env if secret_name(k)), *in_args})
-    if names:
-        lines.append(f"# left out (their names look secret): {', '.join(names)}; set "
+    names = {*left, *in_args}
+    named = sorted(n for n in names if secret_name(n))
+    if named:
+        lines.append(f"# left out (their names look secret): {', '.join(named)}; set "
                      "them in your environment to run this (they come from trainer.env "
                      "or the driver's environment)")
+    urls = sorted(names - set(named))
+    if urls:
+        lines.append(f"# left out (their values hold a password in a URL): {', '.join(urls)}; "
+                     "set them in your environment to run this (they come from trainer.env "
+                     "or the driver's environment)")
+    if starred:
+        lines.append("# a password in a URL in the arguments is written as ***: put it back "
+                     "(edit this file) to run this")
     lines.append(f"{env} {' '.join(words)}")
     return "\n".join(lines) + "\n"
 
@@ -407,12 +438,16 @@ def _ref(name: str) -> str:
     return f'"${{{name}:?is left out of command.sh: set it}}"'
 
 
-def _quote(arg: str, values: list[tuple[str, str]], found: set[str]) -> str:
+def _quote(arg: str, values: list[tuple[str, str]], found: set[str],
+           starred: list[str]) -> str:
     """`arg` as one shell word, each secret value in it replaced by a reference to its
-    variable."""
+    variable, and each URL's password left in it by `***` (noted in `starred`)."""
     for value, name in values:
         if value in arg:
             found.add(name)
-            return _ref(name).join(_quote(part, values, found) if part else ""
+            return _ref(name).join(_quote(part, values, found, starred) if part else ""
                                    for part in arg.split(value))
+    if holds_password(arg):
+        starred.append(arg)
+        arg = _URL_PASSWORD.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***@", arg)
     return shlex.quote(arg)

@@ -452,3 +452,39 @@ def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made
                                   "symbolic link; use a folder of your own")
     assert not (tmp_path / "s.db").exists()
     assert list(victim.iterdir()) == []
+
+
+# ---- a URL's password never lands in command.sh (hostile pass, item 5) -------------------
+
+
+def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
+    """Hostile pass item 5: `trainer.env: {DB_URL: "postgresql://u:pw_SECRET1@h/db"}` was
+    written into command.sh with its password."""
+    environ = {**os.environ, "OTHER_DB": "mysql://me:pw_SECRET3@db/x"}
+    spec = load(tmp_path, trainer={
+        "env": {"DB_URL": "postgresql://u:pw_SECRET1@h/db", "HOME_URL": "https://h/x"},
+        "args": ["--db", "postgresql://v:pw_SECRET2@h2/db", "--other=$OTHER_DB"]})
+    plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+                               TrialPaths.of(spec.output_dir, 0),
+                               launch.ACCELERATE_CONFIG_FILE,
+                               places=launch.spec_places(spec), environ=environ)
+    trialdir.prepare_trial_dir(plan, {"x": 0.5},
+                               trialdir.arg_secrets(spec.trainer.args, environ))
+    text = plan.paths.command.read_text()
+    assert "pw_SECRET" not in text
+    assert ("# left out (their values hold a password in a URL): DB_URL, OTHER_DB; set them "
+            "in your environment to run this") in text
+    assert ("# a password in a URL in the arguments is written as ***: put it back (edit "
+            "this file) to run this") in text
+    assert 'DB_URL="${DB_URL:?is left out of command.sh: set it}"' in text
+    assert "HOME_URL=https://h/x" in text
+    assert " --db 'postgresql://v:***@h2/db' " in text
+    assert '--other="${OTHER_DB:?is left out of command.sh: set it}"' in text
+
+
+def test_what_holds_a_urls_password():
+    assert trialdir.holds_password("postgresql://u:pw@h/db")
+    assert trialdir.holds_password("--db=redis://:pw@h:6379/0")
+    assert not trialdir.holds_password("postgresql://u@h/db")
+    assert not trialdir.holds_password("https://h:8080/x")
+    assert not trialdir.holds_password("user:pw@h")  # no scheme: not a URL
