@@ -141,13 +141,13 @@ def storage_identity(url: str) -> str:
         return JOURNAL + os.path.realpath(journal_path(url))
     if url.startswith(GRPC):
         try:
-            host, port = grpc_address(url)
+            host, grpc_port = grpc_address(url)
         except ValueError:
             return url
-        return f"{GRPC}{_host(host)}:{port}"
+        return f"{GRPC}{_host(host)}:{grpc_port}"
     try:
         parsed = make_url(url)
-        backend, port = parsed.get_backend_name(), parsed.port
+        backend, port = parsed.get_backend_name(), parsed.port or None
     except (ArgumentError, ValueError):
         return url
     if backend == "sqlite":
