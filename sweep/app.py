@@ -106,13 +106,14 @@ def execute(
 
     # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    # before storage is touched: output_dir can be made, is this user's and this study's;
-    # the host's lock folder can be trusted
+    # before storage is touched: output_dir can be made, is this user's and this study's,
+    # and so are the driver's folder and trials/; the host's lock folder can be trusted
     trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
-    try:
-        lock_dir(host_name())
-    except OSError as e:
-        raise UsageError(f"the host's lock folder: {e}") from None
+    hostlock.usable_lock_dir(host_name())
+    if devices is not None:  # the driver's folder and trials/ too: a link there is refused
+        trialdir.prepare_output_dir(
+            spec.output_dir, trialdir.driver_dir(spec.output_dir, host_name(), os.getpid()),
+            spec.source)
     notes: list[str] = []
     store = open_store(spec, notes)
     if devices is None:

@@ -102,14 +102,14 @@ def _gpus(args: argparse.Namespace) -> int:
 
     from sweep import placement, pool
     from sweep.app import nvml_reader
-    from sweep.hostlock import held_slots, lock_dir
+    from sweep.hostlock import held_slots, usable_lock_dir
     from sweep.monitor import NvmlProbe
     from sweep.ownership import host_name
 
+    folder = usable_lock_dir(host_name())  # before NVML is opened: nothing to close
     devices = pool.discover()
     reader, nvml = nvml_reader(devices)
     probe = NvmlProbe(reader) if nvml is not None else None
-    folder = lock_dir(host_name())
     table = Table(title="GPU pool" + (" (simulated)" if devices and devices[0].simulated else ""))
     for col in ("id", "name", "memory MB", "used MB", "util %", "sweep takes it?", "held by"):
         table.add_column(col)

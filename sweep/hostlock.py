@@ -21,6 +21,7 @@ import stat
 import time
 from pathlib import Path
 
+from sweep.errors import SweepError, UsageError
 from sweep.safefs import DIR_FLAGS, UnsafePath, file_problem, shared_folder_problem
 
 LOCK_DIR_ENV = "SWEEP_LOCK_DIR"
@@ -28,9 +29,19 @@ DEFAULT_DIR = Path("/tmp/sweep-locks")
 SHARED_MODE = 0o1777
 
 
+def usable_lock_dir(host: str) -> Path:
+    """`lock_dir(host)`, or a UsageError in one line saying what is wrong with it (for a run
+    or `sweep gpus` before it touches anything)."""
+    try:
+        return lock_dir(host)
+    except OSError as e:
+        raise UsageError(f"the host's lock folder: {e}") from None
+
+
 def lock_dir(host: str) -> Path:
     """The folder of this host's slot files, created world-writable and sticky if missing.
-    UnsafePath if it, or the lock dir, is a symbolic link or may be changed by anyone."""
+    UnsafePath if it, or the lock dir, is a symbolic link or may be changed by anyone, or a
+    lock file in it is a symbolic link or not a regular file (planted there)."""
     base = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_DIR)
     folder = base / re.sub(r"[^A-Za-z0-9._-]", "_", host)
     if not os.path.lexists(base):
@@ -39,10 +50,30 @@ def lock_dir(host: str) -> Path:
     top = _open_shared(base, None, fix=True)
     try:
         _make_shared(folder, top)
-        os.close(_open_shared(folder, top, fix=True))
+        fd = _open_shared(folder, top, fix=True)
+        try:
+            _check_lock_files(folder, fd)
+        finally:
+            os.close(fd)
     finally:
         os.close(top)
     return folder
+
+
+LOCK_SUFFIXES = (".lock", ".mutex")
+
+
+def _check_lock_files(folder: Path, fd: int) -> None:
+    """LockFileError for the first lock file (`*.lock`, `*.mutex`) of the folder open as
+    `fd` that is a symbolic link or not a regular file: no sweep could take that slot."""
+    with os.scandir(fd) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if not entry.name.endswith(LOCK_SUFFIXES):
+                continue
+            if entry.is_symlink():
+                raise _refused(folder / entry.name, "is a symbolic link")
+            if not entry.is_file(follow_symlinks=False):
+                raise _refused(folder / entry.name, "is not a regular file")
 
 
 def _make_shared(path: Path, parent_fd: int | None) -> None:
@@ -60,8 +91,14 @@ def _make_shared(path: Path, parent_fd: int | None) -> None:
         os.close(fd)
 
 
-def _refused(path: Path, why: str) -> UnsafePath:
-    return UnsafePath(path, f"{why}: remove it, or set ${LOCK_DIR_ENV} to a folder of your own")
+class LockFileError(UnsafePath, SweepError):
+    """A lock folder or lock file sweep will not use: an `UnsafePath` that is said in one
+    line, as a `SweepError` is."""
+
+
+def _refused(path: Path, why: str) -> LockFileError:
+    return LockFileError(path, f"{why}: remove it, or set ${LOCK_DIR_ENV} to a folder of "
+                         "your own")
 
 
 def _open_shared(path: Path, parent_fd: int | None, fix: bool = False) -> int:

@@ -40,7 +40,8 @@ TRIAL_NUMBER_ENV = "SWEEP_TRIAL_NUMBER"
 def write_result(metrics: Mapping[str, Any], path: str | os.PathLike[str] | None = None) -> None:
     """Write `metrics` as a JSON object to `path` (default `$SWEEP_RESULT_FILE`) atomically.
 
-    A reader sees either no file or the whole object, never a partial write.
+    A reader sees either no file or the whole object, never a partial write. The file is
+    private (0600, as every trial file).
     Outside a sweep (no path, no env var) it does nothing, so a trainer also runs by hand.
     """
     target = path if path is not None else os.environ.get(RESULT_ENV)
@@ -60,7 +61,8 @@ def write_result(metrics: Mapping[str, Any], path: str | os.PathLike[str] | None
 
 
 def report(step: int, value: float, path: str | os.PathLike[str] | None = None) -> None:
-    """Append `{"step": step, "value": value}` as one flushed line to `$SWEEP_REPORT_FILE`.
+    """Append `{"step": step, "value": value}` as one flushed line to `$SWEEP_REPORT_FILE`,
+    created private (0600, as every trial file), never through a symbolic link.
 
     The driver passes it to the pruner. Outside a sweep it does nothing.
     """
@@ -68,9 +70,13 @@ def report(step: int, value: float, path: str | os.PathLike[str] | None = None) 
     if not target:
         return
     line = json.dumps({"step": int(step), "value": float(value)}) + "\n"
-    with open(target, "a") as f:
+    fd = os.open(target, REPORT_FLAGS, 0o600)
+    with os.fdopen(fd, "a") as f:
         f.write(line)
         f.flush()
+
+
+REPORT_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def params() -> dict[str, Any]:

@@ -5,7 +5,8 @@ of another study refuses the folder before it writes anything (`claim_output_dir
 folder `trials/<number>/` is made anew before the trial starts, so no file in it (nor its
 declared result file) is older than the trial. Trial folders are 0700 and their files 0600
 (`command.sh` 0700), never written through a symbolic link; `command.sh` leaves out the
-values of variables whose names look secret.
+values of variables whose names look secret or that hold a URL's password, and writes a
+URL's password in an argument as `***`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sweep.safefs import (
     open_for_writing,
     write_file,
 )
-from sweep.storageurl import shown_url
+from sweep.storageurl import GRPC, JOURNAL, grpc_address, journal_path, shown_url
 
 MARKER_NAME = "study.json"
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
@@ -115,6 +116,53 @@ def owner_of(spec: Spec) -> Owner:
     return Owner(spec.study.name, shown_url(spec.storage_url))
 
 
+def same_owner(found: Owner | None, owner: Owner) -> bool:
+    """Whether `found` (a study.json's) is `owner`: the same study name in the same storage,
+    however each URL spells it (see `storage_identity`)."""
+    return (found is not None and found.study == owner.study
+            and storage_identity(found.storage) == storage_identity(owner.storage))
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def storage_identity(url: str) -> str:
+    """The storage a (shown) storage URL reaches, as text that two URLs of one storage share:
+    a SQLite or journal file by its real path (links and `//` resolved, a relative one from
+    the current folder); a database by its kind without the driver (`postgresql+psycopg` is
+    `postgresql`), user, host (lowercased, `localhost` as `127.0.0.1`), port (the default
+    one filled in) and database, without password or query; a gRPC proxy by host:port. One
+    study reached through a gRPC proxy and directly is two storages here. A URL that does
+    not parse is itself."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if url.startswith(JOURNAL):
+        return JOURNAL + os.path.realpath(journal_path(url))
+    if url.startswith(GRPC):
+        try:
+            host, grpc_port = grpc_address(url)
+        except ValueError:
+            return url
+        return f"{GRPC}{_host(host)}:{grpc_port}"
+    try:
+        parsed = make_url(url)
+        backend, port = parsed.get_backend_name(), parsed.port or None
+    except (ArgumentError, ValueError):
+        return url
+    if backend == "sqlite":
+        db = parsed.database
+        return f"sqlite:///{os.path.realpath(db) if db and db != ':memory:' else db or ''}"
+    port = port or DEFAULT_PORTS.get(backend)
+    return (f"{backend}://{parsed.username or ''}@{_host(parsed.host or '')}:{port or ''}"
+            f"/{parsed.database or ''}")
+
+
+def _host(host: str) -> str:
+    host = host.lower()
+    return "127.0.0.1" if host == "localhost" else host
+
+
 def read_marker(output_dir: Path) -> Owner | None:
     """The study `output_dir` belongs to, from its `study.json`; None if it has none (yet)."""
     try:
@@ -129,15 +177,15 @@ def read_marker(output_dir: Path) -> Owner | None:
 def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
     """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
     `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
-    study's (another name, or the same name in another storage). Drivers of one study on
-    several hosts share it."""
+    study's (another name, or the same name in another storage: `storage_identity`).
+    Drivers of one study on several hosts share it."""
     prepare_output_dir(output_dir, source=source)
     try:
         found = _mark(output_dir, owner)
     except OSError as e:
         raise UsageError(f"{source}: study.output_dir: cannot write "
                          f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
-    if found != owner:
+    if not same_owner(found, owner):
         raise UsageError(foreign(source, output_dir, found))
 
 
@@ -174,7 +222,7 @@ def _whose(found: Owner | None) -> str:
 def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
     """UsageError if `output_dir` is marked as another study's (an unmarked one may be)."""
     found = read_marker(output_dir)
-    if found is not None and found != owner:
+    if found is not None and not same_owner(found, owner):
         raise UsageError(foreign(source, output_dir, found))
 
 
@@ -183,8 +231,9 @@ def check_belongs(output_dir: Path, owner: Owner, source: Path) -> None:
 
 def prepare_output_dir(output_dir: Path, own: Path | None = None,
                        source: Path | None = None) -> None:
-    """Create `output_dir` (and check it: this user's, not writable by all), and the driver's
-    folder `own` (if given). With `source`, a problem is a
+    """Create `output_dir` (and check it: this user's, not writable by all), and, with the
+    driver's folder `own`, that folder (and `drivers/`) and `trials/`, each this user's own
+    real folder (a symbolic link is refused). With `source`, a problem is a
     UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -198,6 +247,7 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
         if own is not None:
             make_own_folder(own.parent, FOLDER_MODE)
             make_own_folder(own, FOLDER_MODE)
+            make_own_folder(output_dir / "trials", FOLDER_MODE)
     except OSError as e:
         if source is None:
             raise
@@ -215,7 +265,7 @@ def ensure_driver_dir(spec: Spec, own: Path) -> None:
     with _trial_files(own):
         prepare_output_dir(output_dir, own)
         found = _mark(output_dir, owner)
-        if found != owner:
+        if not same_owner(found, owner):
             raise UnsafePath(output_dir, "was removed during the run and now holds the "
                              f"trials of {_whose(found)}")
 
@@ -323,11 +373,28 @@ def secret_name(name: str) -> bool:
             and bool(SECRET_NAME.search(name)))
 
 
+# a password in a URL: scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:([^\s/@]+)@")
+
+
+def holds_password(value: str) -> bool:
+    """Whether `value` holds a URL with a password in it (`scheme://user:password@host`)."""
+    return _URL_PASSWORD.search(value) is not None
+
+
+def secret_variable(name: str, value: str) -> bool:
+    """Whether command.sh leaves out a variable: its name looks secret, or its value holds a
+    URL's password."""
+    return secret_name(name) or holds_password(value)
+
+
 def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
-    names look secret: their values are left out of command.sh."""
+    names look secret, or whose values hold a URL's password: their values are left out of
+    command.sh."""
     names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
-    return {n: environ[n] for n in sorted(names) if n in environ and secret_name(n)}
+    return {n: environ[n] for n in sorted(names)
+            if n in environ and secret_variable(n, environ[n])}
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
@@ -335,21 +402,34 @@ _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
 
 def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
     """command.sh: the trial's exact command as a shell script, except that the values of
-    the trial's variables whose names look secret, and of `secrets` in its arguments, are
-    left out: the script takes them from its caller's environment, and says so."""
-    hidden = {**secrets, **{k: v for k, v in plan.env.items() if secret_name(k)}}
+    the trial's variables whose names look secret or whose values hold a URL's password, and
+    of `secrets` in its arguments, are left out: the script takes them from its caller's
+    environment, and says so. A URL's password in an argument that no such variable holds
+    is written as `***`: the script says so, and runs only once it is put back."""
+    left = {k for k, v in plan.env.items() if secret_variable(k, v)}
+    hidden = {**secrets, **{k: plan.env[k] for k in left}}
     values = sorted(((v, k) for k, v in hidden.items() if len(v) >= SHORTEST_SECRET),
                     key=lambda vk: -len(vk[0]))
     in_args: set[str] = set()
-    words = [_quote(arg, values, in_args) for arg in plan.argv]
-    env = " ".join(f"{k}={_ref(k) if secret_name(k) else shlex.quote(v)}"
+    starred: list[str] = []
+    words = [_quote(arg, values, in_args, starred) for arg in plan.argv]
+    env = " ".join(f"{k}={_ref(k) if k in left else shlex.quote(v)}"
                    for k, v in sorted(plan.env.items()))
     lines = ["#!/bin/sh"]
-    names = sorted({*(k for k in plan.env if secret_name(k)), *in_args})
-    if names:
-        lines.append(f"# left out (their names look secret): {', '.join(names)}; set "
+    names = {*left, *in_args}
+    named = sorted(n for n in names if secret_name(n))
+    if named:
+        lines.append(f"# left out (their names look secret): {', '.join(named)}; set "
                      "them in your environment to run this (they come from trainer.env "
                      "or the driver's environment)")
+    urls = sorted(names - set(named))
+    if urls:
+        lines.append(f"# left out (their values hold a password in a URL): {', '.join(urls)}; "
+                     "set them in your environment to run this (they come from trainer.env "
+                     "or the driver's environment)")
+    if starred:
+        lines.append("# a password in a URL in the arguments is written as ***: put it back "
+                     "(edit this file) to run this")
     lines.append(f"{env} {' '.join(words)}")
     return "\n".join(lines) + "\n"
 
@@ -358,12 +438,16 @@ def _ref(name: str) -> str:
     return f'"${{{name}:?is left out of command.sh: set it}}"'
 
 
-def _quote(arg: str, values: list[tuple[str, str]], found: set[str]) -> str:
+def _quote(arg: str, values: list[tuple[str, str]], found: set[str],
+           starred: list[str]) -> str:
     """`arg` as one shell word, each secret value in it replaced by a reference to its
-    variable."""
+    variable, and each URL's password left in it by `***` (noted in `starred`)."""
     for value, name in values:
         if value in arg:
             found.add(name)
-            return _ref(name).join(_quote(part, values, found) if part else ""
+            return _ref(name).join(_quote(part, values, found, starred) if part else ""
                                    for part in arg.split(value))
+    if holds_password(arg):
+        starred.append(arg)
+        arg = _URL_PASSWORD.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***@", arg)
     return shlex.quote(arg)

@@ -240,3 +240,47 @@ def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
                        r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"):
         app.execute(spec, [])
     assert not (tmp_path / "s.db").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_written(
+        write_study, own_lock_dir, tmp_path, capsys):
+    """Hostile pass item 3: `ln -s /victim $SWEEP_LOCK_DIR/<host>/sim0.0.lock` gave
+    `UnsafePath: ... (run with --debug for the traceback)`, exit 1, to run and `sweep gpus`."""
+    from sweep import app, cli, config
+    from sweep.errors import UsageError
+    from sweep.hostlock import LockFileError, lock_dir, usable_lock_dir
+    from sweep.ownership import host_name
+
+    folder = lock_dir(host_name())
+    victim = tmp_path / "victim"
+    (folder / "sim0.0.lock").symlink_to(victim)
+    line = (f"the host's lock folder: {folder}/sim0.0.lock is a symbolic link: remove it, or "
+            "set $SWEEP_LOCK_DIR to a folder of your own")
+    with pytest.raises(LockFileError):
+        lock_dir(host_name())
+    with pytest.raises(UsageError) as refused:
+        usable_lock_dir(host_name())
+    assert str(refused.value) == line
+    spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
+    with pytest.raises(UsageError) as refused:
+        app.execute(spec, fake_devices("1"))
+    assert str(refused.value) == line
+    assert not (tmp_path / "s.db").exists() and not victim.exists()
+    capsys.readouterr()
+    assert cli.main(["gpus"]) == 2
+    assert capsys.readouterr().err == f"sweep: error: {line}\n"
+    assert not victim.exists()
+
+
+def test_a_lock_file_found_unsafe_during_a_run_is_said_in_one_line(own_lock_dir, tmp_path):
+    """A link planted after the run looked is a SweepError too: one line, no traceback."""
+    from sweep.errors import SweepError
+    from sweep.hostlock import lock_dir
+
+    folder = lock_dir("host")
+    (folder / "gpu0.mutex").symlink_to(tmp_path / "victim")
+    with pytest.raises(SweepError) as refused:
+        HostSlots(folder, 1).take("gpu0")
+    assert str(refused.value) == (f"{folder}/gpu0.mutex is not a regular file (a symbolic "
+                                  "link?): remove it, or set $SWEEP_LOCK_DIR to a folder of "
+                                  "your own")

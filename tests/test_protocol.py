@@ -277,3 +277,23 @@ def test_a_pattern_re2_cannot_match_in_linear_time_is_refused_saying_why(pattern
     if message.startswith("too complex"):
         assert str(e.value).endswith(" RE2 instructions, at most 1000; large {m,n} repeats cost "
                                      "most): (?P<a>(?:a|b|aa|ab|ba|bb){1,300})")
+
+
+def test_the_trainers_files_are_private_and_reports_never_follow_a_link(tmp_path):
+    """Hostile pass item 4: reports.jsonl was 0644 (every other trial file 0600)."""
+    os.umask(old := os.umask(0o022))
+    try:
+        protocol.report(1, 0.5, tmp_path / "reports.jsonl")
+        protocol.report(2, 0.25, tmp_path / "reports.jsonl")
+        protocol.write_result({"val_loss": 0.5}, tmp_path / "result.json")
+    finally:
+        os.umask(old)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {
+        "reports.jsonl": 0o600, "result.json": 0o600}
+    assert (tmp_path / "reports.jsonl").read_text() == (
+        '{"step": 1, "value": 0.5}\n{"step": 2, "value": 0.25}\n')
+    victim = tmp_path / "victim"
+    (tmp_path / "planted.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        protocol.report(1, 0.5, tmp_path / "planted.jsonl")
+    assert not victim.exists()

@@ -365,3 +365,126 @@ def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path
     fresh = Sweep(tmp_path / "b", lambda p: Script(result={"score": 0.25}), gpus=1,
                   study={"n_trials": 1})
     assert fresh.run() == 0 and fresh.trials[0].value == 0.25  # one written now counts
+
+
+# ---- the same storage however its URL is spelled (hostile pass, item 1) ----------------
+
+
+@pytest.mark.parametrize("marked, given", [
+    ("postgresql+psycopg://u:pw@db.example/s", "postgresql://u@db.example:5432/s"),
+    ("postgresql://u:***@localhost/s", "postgresql://u:other@127.0.0.1:5432/s"),
+    ("mysql+pymysql://u@DB/s?charset=utf8", "mysql://u@db:3306/s"),
+    ("grpc://LocalHost:13000", "grpc://127.0.0.1:13000"),
+])
+def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
+    assert trialdir.storage_identity(marked) == trialdir.storage_identity(given)
+    assert trialdir.same_owner(trialdir.Owner("s", marked), trialdir.Owner("s", given))
+
+
+@pytest.mark.parametrize("one, other", [
+    ("postgresql://u@db/s", "postgresql://u@db/t"),
+    ("postgresql://u@db/s", "postgresql://u@db:5433/s"),
+    ("postgresql://u@db/s", "mysql://u@db/s"),
+    ("postgresql://u@db/s", "postgresql://v@db/s"),
+    ("grpc://h:13000", "grpc://h:13001"),
+])
+def test_other_databases_stay_other_storages(one, other):
+    assert trialdir.storage_identity(one) != trialdir.storage_identity(other)
+
+
+def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output_dir(
+        tmp_path):
+    """Hostile pass item 1: these were refused as "holds the trials of study 's'"."""
+    out, real = tmp_path / "out", tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    first = load(tmp_path, "a.yaml", study={"name": "s", "output_dir": str(out),
+                                              "storage": f"sqlite:///{real}/m.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
+    for storage in (f"sqlite:///{tmp_path}/link/m.db", f"sqlite:///{tmp_path}//real/m.db",
+                    f"sqlite:///{tmp_path}/real/./m.db"):
+        again = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
+                                                  "storage": storage})
+        trialdir.claim_output_dir(out, trialdir.owner_of(again), again.source)
+        trialdir.check_belongs(out, trialdir.owner_of(again), again.source)
+    # the marker keeps the URL it was written with, for the message
+    assert json.loads((out / "study.json").read_text())["storage"] == f"sqlite:///{real}/m.db"
+    other = load(tmp_path, "c.yaml", study={"name": "s", "output_dir": str(out),
+                                              "storage": f"sqlite:///{real}/n.db"})
+    with pytest.raises(UsageError, match=f"storage sqlite:///{real}/m.db"):
+        trialdir.claim_output_dir(out, trialdir.owner_of(other), other.source)
+
+
+def test_a_journal_file_through_a_link_is_one_storage(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert trialdir.storage_identity(f"journal://{tmp_path}/link/j.log") == (
+        trialdir.storage_identity(f"journal://{tmp_path}//j.log"))
+
+
+def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
+    """study.json as written before: {"study", "storage"} with the password hidden."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    (out / "study.json").write_text(json.dumps(
+        {"study": "s", "storage": "postgresql+psycopg://me:***@LOCALHOST/db"}, indent=1))
+    spec = load(tmp_path, study={"name": "s", "output_dir": str(out),
+                                  "storage": "postgresql://me:hunter2@127.0.0.1:5432/db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    trialdir.check_belongs(out, trialdir.owner_of(spec), spec.source)
+
+
+# ---- nothing written when a folder of output_dir is a link (hostile pass, item 2) -------
+
+
+@pytest.mark.parametrize("folder", ["drivers", "trials"])
+def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made(
+        tmp_path, folder):
+    """Hostile pass item 2: with `drivers` a link, `run` exited 2 having made the .db and
+    the study in it; with `trials` a link, each run burnt one FAIL trial (exit 1)."""
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    spec = load(tmp_path, study={"output_dir": str(out), "storage": f"sqlite:///{tmp_path}/s.db"})
+    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    (out / folder).symlink_to(victim)
+    with pytest.raises(UsageError) as refused:
+        app.execute(spec, fake_devices("1"))
+    assert str(refused.value) == (f"{spec.source}: study.output_dir: {out}/{folder} is a "
+                                  "symbolic link; use a folder of your own")
+    assert not (tmp_path / "s.db").exists()
+    assert list(victim.iterdir()) == []
+
+
+# ---- a URL's password never lands in command.sh (hostile pass, item 5) -------------------
+
+
+def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
+    """Hostile pass item 5: `trainer.env: {DB_URL: "postgresql://u:pw_SECRET1@h/db"}` was
+    written into command.sh with its password."""
+    environ = {**os.environ, "OTHER_DB": "mysql://me:pw_SECRET3@db/x"}
+    spec = load(tmp_path, trainer={
+        "env": {"DB_URL": "postgresql://u:pw_SECRET1@h/db", "HOME_URL": "https://h/x"},
+        "args": ["--db", "postgresql://v:pw_SECRET2@h2/db", "--other=$OTHER_DB"]})
+    plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+                               TrialPaths.of(spec.output_dir, 0),
+                               launch.ACCELERATE_CONFIG_FILE,
+                               places=launch.spec_places(spec), environ=environ)
+    trialdir.prepare_trial_dir(plan, {"x": 0.5},
+                               trialdir.arg_secrets(spec.trainer.args, environ))
+    text = plan.paths.command.read_text()
+    assert "pw_SECRET" not in text
+    assert ("# left out (their values hold a password in a URL): DB_URL, OTHER_DB; set them "
+            "in your environment to run this") in text
+    assert ("# a password in a URL in the arguments is written as ***: put it back (edit "
+            "this file) to run this") in text
+    assert 'DB_URL="${DB_URL:?is left out of command.sh: set it}"' in text
+    assert "HOME_URL=https://h/x" in text
+    assert " --db 'postgresql://v:***@h2/db' " in text
+    assert '--other="${OTHER_DB:?is left out of command.sh: set it}"' in text
+
+
+def test_what_holds_a_urls_password():
+    assert trialdir.holds_password("postgresql://u:pw@h/db")
+    assert trialdir.holds_password("--db=redis://:pw@h:6379/0")
+    assert not trialdir.holds_password("postgresql://u@h/db")
+    assert not trialdir.holds_password("https://h:8080/x")
+    assert not trialdir.holds_password("user:pw@h")  # no scheme: not a URL
