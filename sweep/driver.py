@@ -338,9 +338,10 @@ class Driver:
             run.number, shared=lease is None or lease.shared)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
+        # A trial told by another driver (TAKEN) is that driver's to queue again.
         queued = False
-        if self.policy.retries(verdict.state, run.attempt, verdict.oom,
-                               run.stop_reason is Stop.INTERRUPTED):
+        if run.stop_reason is not Stop.TAKEN and self.policy.retries(
+                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED):
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
             queued = self.store.requeue(searched, run.origin, run.attempt + 1)
         told, exhausted = self.store.tell_verdict(
