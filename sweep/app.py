@@ -29,9 +29,16 @@ from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
 from sweep.progress import Progress
-from sweep.storage import describe, read_study, reading, storage_lost_errors
+from sweep.storage import (
+    describe,
+    read_study,
+    reading,
+    storage_errors,
+    storage_lost_errors,
+    unreachable,
+)
 from sweep.store import FINISHED, RERUN_OF, Store, connect
-from sweep.studies import sample
+from sweep.studies import check_stored, sample
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
@@ -85,6 +92,7 @@ def spent(spec: Spec) -> RunResult | None:
     with reading(spec) as study:
         if study is None:
             return None
+        check_stored(spec, study)  # a file the stored study refuses is refused here too
         trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
     finished = sum(t.state in FINISHED for t in trials)
     if finished < spec.study.n_trials or finished < len(trials):
@@ -178,7 +186,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     study = optuna.create_study(
         sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
         directions=spec.study.objective_directions)
-    for trial in _stored_trials(spec):
+    for trial in _stored_trials(spec):  # checked against the file as `run` checks it
         study.add_trial(trial)
     for params in spec.study.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
@@ -231,9 +239,14 @@ def runnable(plan: launch.LaunchPlan, params: Mapping[str, Any]) -> str:
 
 
 def _stored_trials(spec: Spec) -> list[Any]:
-    """The study's trials in storage, read without creating anything; [] if there are none."""
-    study = read_study(spec)
-    return [] if study is None else study.get_trials(deepcopy=False)
+    """The study's trials in storage, read without creating anything; [] if there are none.
+    A stored study the file no longer matches (its directions, metrics, param types) is
+    refused as `run` refuses it (see `studies.check_stored`)."""
+    with reading(spec) as study:
+        if study is None:
+            return []
+        check_stored(spec, study)
+        return study.get_trials(deepcopy=False)
 
 
 def trial_log(
@@ -270,15 +283,26 @@ def _finished(study: Any, number: int) -> bool:
 def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
     spec = config.load(path, runnable=False, storage=storage)
-    study = read_study(spec)
-    trials = study.get_trials(deepcopy=False) if study is not None else []
-    if number < 0 or number >= len(trials):
-        raise UsageError(f"{path}: no trial {number} in study {spec.study.name!r}")
-    old = trials[number]
-    if not old.params and spec.searched:
-        raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
-    study.enqueue_trial(dict(old.params), user_attrs={RERUN_OF: number},  # type: ignore[union-attr]
-                        skip_if_exists=False)
+    with reading(spec) as study:
+        trials = study.get_trials(deepcopy=False) if study is not None else []
+        if study is None or number < 0 or number >= len(trials):
+            raise UsageError(f"{path}: no trial {number} in study {spec.study.name!r}")
+        check_stored(spec, study)
+        old = trials[number]
+        if not old.params and spec.searched:
+            raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
+        for name, value in old.params.items():
+            param = spec.searched.get(name)
+            problem = None if param is None else searchspace.outside(param, value)
+            if problem is not None:
+                raise UsageError(
+                    f"{path}: params.{name}: trial {number}'s value {problem}: the file no "
+                    f"longer searches it; widen params.{name} to rerun this trial")
+        try:
+            study.enqueue_trial(dict(old.params), user_attrs={RERUN_OF: number},
+                                skip_if_exists=False)
+        except storage_errors() as e:  # a read-only database, one gone: its own words
+            raise unreachable(spec, e, "write to") from None
     # the budget once every trial that is running or queued (this one too) has run
     needed = 1 + sum(1 for t in trials
                      if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))

@@ -337,6 +337,14 @@ class Driver:
         lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
+        # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
+        # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
+        # A trial told by another driver (TAKEN) is that driver's to queue again.
+        queued = False
+        if run.stop_reason is not Stop.TAKEN and self.policy.retries(
+                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED):
+            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+            queued = self.store.requeue(searched, run.origin, run.attempt + 1)
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
@@ -361,9 +369,7 @@ class Driver:
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
                                    see=str(_where_to_look(run.process.plan.paths)))
-        if follow.retry:
-            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            self.store.requeue(searched, run.origin, run.attempt + 1)
+        if follow.retry and queued:
             self._adjust_counts(waiting=1)
 
     def _end(self, run: RunningTrial, now: float) -> None:

@@ -122,7 +122,7 @@ class Policy:
             return Followup()
         if interrupted:
             return Followup()
-        retry = attempt < self.max_retries and (self.retry_oom or not oom)
+        retry = self.retries(state, attempt, oom, interrupted)
         self.streak += 1
         if self.streak < self.max_consecutive_failures:
             return Followup(retry=retry)
@@ -130,6 +130,14 @@ class Policy:
                   f"(last: {fail_reason})" + (f"; see {see}" if see else ""))
         self.give_up(reason)
         return Followup(retry=retry, give_up=reason)
+
+    def retries(
+        self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False
+    ) -> bool:
+        """Whether a trial told `state` on its `attempt` is queued again (as `after` says),
+        decided before it is told: its retry is queued first."""
+        return state is TrialState.FAIL and not interrupted and attempt < self.max_retries \
+            and (self.retry_oom or not oom)
 
     def exit_code(self) -> int:
         if self.signals:

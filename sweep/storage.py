@@ -111,8 +111,13 @@ def storage_errors() -> tuple[type[Exception], ...]:
 
 def describe(error: BaseException) -> str:
     """A storage error in one line: the database's or gRPC's own words, not a repr."""
-    if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__:
-        error = error.__cause__
+    seen: set[int] = set()  # Optuna's wrapper(s) say "invalid data in the commit": the cause
+    while isinstance(error, optuna.exceptions.StorageInternalError) and id(error) not in seen:
+        seen.add(id(error))
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
     details = getattr(error, "details", None)  # a grpc.RpcError
     if callable(details) and details():
         code = getattr(error, "code", None)

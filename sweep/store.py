@@ -142,11 +142,24 @@ class Store:
             for p in params:
                 self.study.enqueue_trial(p, skip_if_exists=True)
 
-    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int) -> None:
-        """Queue the same params again, as attempt `attempt` of trial `origin`."""
-        self.study.enqueue_trial(
-            dict(params), user_attrs={RETRY_OF: origin, ATTEMPT: attempt}, skip_if_exists=False
-        )
+    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int) -> bool:
+        """Queue the same params again, as attempt `attempt` of trial `origin`, unless a trial
+        of that origin and attempt exists already (queued, running or finished): True if it
+        queued one. Under the budget lock, so two drivers queue it once; idempotent, so it can
+        go before the tell it follows from (a kill between the two leaves the retry queued,
+        and whoever tells the trial after does not queue a second)."""
+        with self.budget_lock():
+            if self._retry_exists(origin, attempt):
+                return False
+            self.study.enqueue_trial(
+                dict(params), user_attrs={RETRY_OF: origin, ATTEMPT: attempt},
+                skip_if_exists=False)
+        return True
+
+    def _retry_exists(self, origin: int, attempt: int) -> bool:
+        """Whether the study has a trial that is attempt `attempt` of trial `origin`."""
+        return any(t.user_attrs.get(RETRY_OF) == origin and t.user_attrs.get(ATTEMPT) == attempt
+                   for t in self.study.get_trials(deepcopy=False))
 
     def ask(
         self,
@@ -379,28 +392,32 @@ class Store:
         return found, wait
 
     def fail_orphan(self, orphan: Orphan) -> bool:
-        """Tell an orphan FAIL with its reason and queue its params again; False if another
+        """Queue an orphan's params again, then tell it FAIL with its reason; False if another
         driver got there first.
 
-        Its attributes are written before its state (a finished trial takes none): a driver
+        Safe against a kill at any point: the retry is queued before the FAIL (`requeue`
+        queues it once), so a reclaimer killed in between leaves the orphan RUNNING with its
+        retry queued, and the next reclaimer tells it FAIL without queueing a second. Its
+        attributes are written before its state (a finished trial takes none): a driver
         wrongly taken for dead that tells in between keeps its own state, and its trial the
-        reclaimer's `fail_reason` beside its own attributes."""
+        reclaimer's `fail_reason` beside its own attributes (and the retry queued for it runs
+        its params once more)."""
         t = orphan.trial
         key = trial_id(t)
-        owner = t.user_attrs.get(OWNER) or {}
+        if self.storage.get_trial(key).state.is_finished():
+            return False  # told meanwhile (by its driver, or another reclaimer)
+        # a queued trial's own params, where the driver died before it had written them all
+        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        a = t.user_attrs
+        if params:  # none: the driver died before sampling them, so no trainer ran
+            self.requeue(params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
+        owner = a.get(OWNER) or {}
         attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
-                 ATTEMPT: t.user_attrs.get(ATTEMPT, 0)}
+                 ATTEMPT: a.get(ATTEMPT, 0)}
         try:
             for k, v in attrs.items():
                 if v is not None:
                     self.storage.set_trial_user_attr(key, k, v)
-            if not self.storage.set_trial_state_values(key, state=TrialState.FAIL):
-                return False
+            return bool(self.storage.set_trial_state_values(key, state=TrialState.FAIL))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
-        # a queued trial's own params, where the driver died before it had written them all
-        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
-        if params:  # none: the driver died before sampling them, so no trainer ran
-            a = t.user_attrs
-            self.requeue(params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
-        return True

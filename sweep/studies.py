@@ -18,7 +18,7 @@ from optuna.distributions import (
 
 from sweep import searchspace
 from sweep.config import Spec
-from sweep.errors import UsageError, short
+from sweep.errors import ConfigError, Problem, short
 from sweep.searchspace import FloatParam, IntParam, Searched
 
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
@@ -39,22 +39,10 @@ def open_study(
         directions=directions,
         load_if_exists=True,
     )
-    stored = [d.name.lower() for d in study.directions]
-    if stored != directions:
-        raise UsageError(
-            f"{spec.source}: study.direction: study {spec.study.name!r} in storage optimises "
-            f"{stored}, the file says {directions}; rename the study or fix the direction"
-        )
-    key = "study.metrics" if len(metrics) > 1 else "study.metric"
-    stored_metrics = study.user_attrs.get(METRICS)
-    if stored_metrics is not None and stored_metrics != metrics:
-        raise UsageError(
-            f"{spec.source}: {key}: study {spec.study.name!r} in storage optimises "
-            f"{stored_metrics}, the file says {metrics}; rename the study or fix the metric"
-        )
-    said = check_params(spec, study)
+    said = check_stored(spec, study)
     if notes is not None:
         notes += said
+    stored_metrics = study.user_attrs.get(METRICS)
     if stored_metrics is None:
         study.set_user_attr(METRICS, metrics)
     if study.metric_names is None:  # optuna-dashboard's names for the objectives
@@ -71,18 +59,47 @@ def _kind(dist: BaseDistribution) -> str:
     return f"{kind}{' (log)' if getattr(dist, 'log', False) else ''}"
 
 
-def check_params(spec: Spec, study: optuna.Study) -> list[str]:
+def check_stored(spec: Spec, study: optuna.Study) -> list[str]:
+    """Compare the stored study with the file, writing nothing: its directions, metrics and
+    param types must match (a ConfigError with every mismatch, one line each). Refinements (a
+    changed range, a new param) are returned as one line each, to be said to the user."""
+    file = str(spec.source)
+    problems: list[Problem] = []
+    directions = spec.study.objective_directions
+    metrics = spec.study.objective_metrics
+    stored = [d.name.lower() for d in study.directions]
+    if stored != directions:
+        problems.append(Problem(
+            file, "study.direction", f"study {spec.study.name!r} in storage optimises "
+            f"{stored}, the file says {directions}; rename the study or fix the direction"))
+    key = "study.metrics" if len(metrics) > 1 else "study.metric"
+    stored_metrics = study.user_attrs.get(METRICS)
+    if stored_metrics is not None and stored_metrics != metrics:
+        problems.append(Problem(
+            file, key, f"study {spec.study.name!r} in storage optimises {stored_metrics}, "
+            f"the file says {metrics}; rename the study or fix the metric"))
+    notes = check_params(spec, study, problems)
+    if problems:
+        raise ConfigError.of(problems)
+    return notes
+
+
+def check_params(
+    spec: Spec, study: optuna.Study, problems: list[Problem] | None = None
+) -> list[str]:
     """Compare the file's params with those the stored trials used.
 
-    A param whose type (float, int, categorical), log scale or choices changed is a
-    UsageError: Optuna cannot mix the two. A changed range or a new param is a refinement:
-    returned as one line each, to be said to the user.
+    A param whose type (float, int, categorical), log scale or choices changed is a problem:
+    Optuna cannot mix the two. Each is added to `problems` (without it, the first is raised
+    as a ConfigError). A changed range or a new param is a refinement: returned as one line
+    each, to be said to the user.
     """
     stored: dict[str, BaseDistribution] = {}
     for t in study.get_trials(deepcopy=False):
         for name, dist in t.distributions.items():
             stored.setdefault(name, dist)
     notes = []
+    found: list[Problem] = [] if problems is None else problems
     for name, dist in searchspace.distributions(spec.searched).items():
         old = stored.get(name)
         if old is None:
@@ -90,12 +107,14 @@ def check_params(spec: Spec, study: optuna.Study) -> list[str]:
                 notes.append(f"params.{name}: new in this run (earlier trials did not have it)")
             continue
         if _kind(old) != _kind(dist):
-            raise UsageError(
-                f"{spec.source}: params.{name}: the stored study searched it as {_kind(old)}, "
-                f"the file says {_kind(dist)}; a param's type, log scale and choices cannot "
-                "change: rename the param or the study")
-        if old != dist:
+            found.append(Problem(
+                str(spec.source), f"params.{name}", f"the stored study searched it as "
+                f"{_kind(old)}, the file says {_kind(dist)}; a param's type, log scale and "
+                "choices cannot change: rename the param or the study"))
+        elif old != dist:
             notes.append(f"params.{name}: range changed from {_range(old)} to {_range(dist)}")
+    if problems is None and found:
+        raise ConfigError.of(found)
     return notes
 
 

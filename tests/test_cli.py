@@ -329,3 +329,55 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     assert app.spent(spec) is None
     assert run_cli("run", str(study)) == 2
     assert "no GPUs found" in capsys.readouterr().err
+
+
+def test_rerun_refuses_a_value_the_file_no_longer_searches(write_study, fake_gpus, tmp_path,
+                                                           capsys):
+    """Hostile pass: after x was narrowed to [0.5, 1], `rerun` queued x=0.0799 silently (it
+    ran and was stored COMPLETE). Refused in one line naming the param, its value and the
+    range: exit 2, nothing written."""
+    study = write_study(study={"n_trials": 1, "sampler": {"type": "random", "seed": 0}},
+                        params={"x": {"type": "float", "low": 0.0, "high": 0.25}})
+    assert run_cli("run", str(study)) == 0
+    [first] = load_trials(study)
+    narrowed = write_study(study_dict(params={"x": {"type": "float", "low": 0.5, "high": 1.0}}),
+                           name="nar.yaml")
+    db = (tmp_path / "probe.db").read_bytes()
+    capsys.readouterr()
+    assert run_cli("rerun", str(narrowed), "0") == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert (f"{narrowed}: params.x: trial 0's value {first.params['x']!r} is outside "
+            "[0.5, 1.0]: the file no longer searches it; widen params.x") in captured.err
+    assert (tmp_path / "probe.db").read_bytes() == db
+    assert len(load_trials(study)) == 1
+
+
+def test_rerun_into_a_read_only_database_says_why(write_study, fake_gpus, tmp_path, capsys,
+                                                  monkeypatch):
+    """Hostile pass: `rerun` into a read-only study database said Optuna's "invalid data in
+    the commit, e.g. exceeding max length" (exit 1). It says the database's own words in one
+    line, exit 2. The database is opened read-only by SQLite itself (root writes a file of
+    mode 0444)."""
+    import optuna
+
+    study = write_study(study={"n_trials": 1})
+    assert run_cli("run", str(study)) == 0
+    db = tmp_path / "probe.db"
+    real = optuna.storages.RDBStorage
+
+    class ReadOnly(real):  # type: ignore[misc, valid-type]
+        def __init__(self, url: str, *args, **kwargs) -> None:
+            if url == f"sqlite:///{db}":
+                url = f"sqlite:///file:{db}?mode=ro&uri=true"
+            super().__init__(url, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", ReadOnly)
+    before = db.read_bytes()
+    capsys.readouterr()
+    assert run_cli("rerun", str(study), "0") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid data" not in err, err
+    assert f"{study}: study.storage: cannot write to " in err
+    assert err.rstrip().endswith(": attempt to write a readonly database"), err
+    assert db.read_bytes() == before

@@ -368,3 +368,30 @@ def test_a_give_up_points_at_the_log_the_trainer_wrote(tmp_path):
     assert _where_to_look(paths) == paths.stdout
     paths.stderr.write_text("Traceback ...\n")
     assert _where_to_look(paths) == paths.stderr
+
+
+def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_once(tmp_path):
+    """Hostile pass: the retry of a failed trial was queued after its FAIL was told, so a
+    driver killed between the two lost the point. It is queued first: killed at the tell, the
+    retry is there, and a reclaimer that then tells the trial FAIL queues no second one."""
+    from sweep.ownership import Orphan
+
+    s = Sweep(tmp_path, lambda p: Script(code=3, result=None, stderr="boom\n"), gpus=1,
+              study={"n_trials": 1}, trainer={"max_retries": 1})
+
+    def killed(*args: Any, **kwargs: Any) -> Any:
+        raise SystemExit(9)
+
+    s.store.tell_verdict = killed  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        s.run()
+
+    def retries() -> list[Any]:
+        return [t for t in s.trials if t.user_attrs.get("retry_of") == 0]
+
+    [retry] = retries()
+    assert retry.state.name == "WAITING" and retry.user_attrs["attempt"] == 1
+    first = s.trials[0]
+    if first.state.name == "RUNNING":  # as a kill -9 leaves it
+        assert s.store.fail_orphan(Orphan(first, "driver died", None))
+    assert s.trials[0].state.name == "FAIL" and len(retries()) == 1

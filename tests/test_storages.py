@@ -388,3 +388,24 @@ def test_ipv6_proxy_addresses_keep_their_brackets():
     assert storageurl.grpc_address("grpc://[::1]:13000") == ("[::1]", 13000)
     with pytest.raises(ValueError):
         storageurl.grpc_address("grpc://::1:13000")
+
+
+def test_describe_says_the_databases_words_under_every_wrapper():
+    """A storage error wrapped in Optuna's "invalid data in the commit" (once or twice, by
+    `raise from` or in an `except`) is said in the database's own words."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from sweep.storage import describe
+
+    cause = OperationalError("INSERT", {}, sqlite3.OperationalError(
+        "attempt to write a readonly database"))
+    wrapped = optuna.exceptions.StorageInternalError("invalid data in the commit")
+    wrapped.__cause__ = cause
+    twice = optuna.exceptions.StorageInternalError("invalid data in the commit")
+    twice.__context__ = wrapped
+    for error in (cause, wrapped, twice):
+        assert describe(error) == "attempt to write a readonly database"
+    alone = optuna.exceptions.StorageInternalError("the storage said no")
+    assert describe(alone) == "the storage said no"

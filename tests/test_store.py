@@ -288,3 +288,52 @@ ELSEWHERE = Owner("elsewhere", 7, 1.0)
 ])
 def test_the_reclaim_rules(look, judged):
     assert judge(look, reclaim_after=2.0) == judged
+
+
+@pytest.mark.parametrize("cut", [(KeyboardInterrupt, "before"), (SystemExit, "after")])
+def test_a_reclaimer_killed_at_its_fail_loses_no_point(tmp_path, cut):
+    """Hostile pass: a reclaimer killed between telling FAIL and queueing the retry lost the
+    point. The retry is queued first, once: a reclaimer cut just before or just after its
+    FAIL leaves the retry queued, and the next reclaimer tells the orphan FAIL (if it is
+    still RUNNING) without queueing a second one; the retry runs once."""
+    error, when = cut
+    dead = make_store(tmp_path, owner=Owner("gone", 1, 0.0))
+    asked = dead.ask(searched(dead), gpu=0, trial_dir=str)
+    first = connect(config.load(tmp_path / "study.yaml"), Owner("a", 2, 0.0), 2)
+    frozen = first.storage.get_trial(trial_id(asked.trial))
+    tell_state = first.storage.set_trial_state_values
+
+    def killed(*args, **kwargs):
+        if when == "after":
+            tell_state(*args, **kwargs)
+        raise error()
+
+    first.storage.set_trial_state_values = killed  # type: ignore[method-assign]
+    with pytest.raises(error):
+        first.fail_orphan(ownership.Orphan(frozen, "driver died", None))
+    second = connect(config.load(tmp_path / "study.yaml"), Owner("b", 3, 0.0), 2)
+    trials = second.study.get_trials(deepcopy=False)
+    orphan_state = TrialState.RUNNING if when == "before" else TrialState.FAIL
+    assert [t.state for t in trials] == [orphan_state, TrialState.WAITING]
+    assert second.fail_orphan(ownership.Orphan(trials[0], "driver died", None)) == (
+        when == "before")
+    assert not second.fail_orphan(ownership.Orphan(trials[0], "driver died", None))
+    trials = second.study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].user_attrs == {"retry_of": asked.number, "attempt": 1}
+    retry = second.ask(searched(second), gpu=0, trial_dir=str)
+    assert (retry.number, retry.params, retry.origin, retry.attempt) == (
+        1, asked.params, asked.number, 1)
+    assert second.tell(retry.trial, TrialState.COMPLETE, [1.0], {}) == (True, False)
+    assert second.counts().waiting == 0 and len(second.study.get_trials()) == 2
+
+
+def test_a_retry_queued_twice_is_queued_once(tmp_path):
+    """`requeue` is idempotent per (origin, attempt): a driver's own retry queued before its
+    tell, and a reclaimer's for the same trial, make one trial."""
+    s = make_store(tmp_path)
+    assert s.requeue({"x": 0.5}, 0, 1)
+    assert not s.requeue({"x": 0.5}, 0, 1)
+    assert s.requeue({"x": 0.5}, 0, 2)
+    assert [t.user_attrs for t in s.study.get_trials(deepcopy=False)] == [
+        {"retry_of": 0, "attempt": 1}, {"retry_of": 0, "attempt": 2}]

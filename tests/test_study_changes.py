@@ -192,3 +192,64 @@ def test_a_changed_step_is_said_as_such():
     assert studies._range(FloatDistribution(0.0, 0.5)) == "[0.0, 0.5]"
     assert studies._range(IntDistribution(1, 9)) == "[1, 9]"
     assert studies._range(IntDistribution(1, 9, step=2)) == "[1, 9] step 2"
+
+
+XK = {"x": {"type": "float", "low": 0.1, "high": 1.0}, "k": {"type": "int", "low": 1, "high": 8}}
+STORED_CHANGES: list[tuple[str, dict[str, Any], str]] = [
+    ("direction changed", edit(study={"direction": "maximize"}, params=XK), "study.direction"),
+    ("metric changed", edit(study={"metric": "size"}, params=XK), "study.metric"),
+    ("float to int", edit(params={**XK, "x": {"type": "int", "low": 0, "high": 1}}),
+     "params.x"),
+    ("float to categorical",
+     edit(params={**XK, "x": {"type": "categorical", "choices": [0.1, 0.2]}}), "params.x"),
+    ("int log changed", edit(params={**XK, "k": {"type": "int", "low": 1, "high": 8,
+                                                 "log": True}}), "params.k"),
+]
+
+
+@pytest.mark.parametrize("spent", [False, True], ids=["budget left", "budget spent"])
+@pytest.mark.parametrize(("case", "change", "key"), STORED_CHANGES,
+                         ids=[c[0] for c in STORED_CHANGES])
+def test_a_dry_run_refuses_what_run_refuses(write_study, fake_gpus, tmp_path, capsys, case,
+                                            change, key, spent):
+    """Hostile pass: `run --dry-run` printed commands (exit 0) for a file the stored study
+    refuses. It reads the stored study and refuses it as `run` does: exit 2, one line naming
+    the key, nothing written."""
+    study = write_study(edit(study={"n_trials": 1}, params=XK))
+    assert run_cli("run", str(study)) == 0
+    before = snapshot(tmp_path)
+    change = {**change, "study": {**change["study"], "n_trials": 1 if spent else 4}}
+    edited = write_study(change, name="edited.yaml")
+    capsys.readouterr()
+    assert run_cli("run", str(edited), "--dry-run") == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and key in captured.err and captured.err.count("\n") == 1, captured
+    assert run_cli("run", str(edited)) == 2
+    assert capsys.readouterr().err == captured.err  # the same refusal, word for word
+    assert snapshot(tmp_path) == before
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
+
+
+def test_every_stored_study_mismatch_is_said_at_once(write_study, fake_gpus, tmp_path, capsys):
+    """Hostile pass: a file with its direction, metric, x's type and y's log scale all changed
+    was told only `study.direction`. Every mismatch is one line, all at once, exit 2, in
+    `run` and `run --dry-run`, nothing written."""
+    xy = {"x": {"type": "float", "low": 0.0, "high": 1.0},
+          "y": {"type": "float", "low": 0.1, "high": 1.0}}
+    study = write_study(edit(study={"n_trials": 1}, params=xy))
+    assert run_cli("run", str(study)) == 0
+    before = snapshot(tmp_path)
+    edited = write_study(edit(study={"direction": "maximize", "metric": "size"},
+                              params={"x": {"type": "int", "low": 0, "high": 1},
+                                      "y": {"type": "float", "low": 0.1, "high": 1.0,
+                                            "log": True}}), name="edited.yaml")
+    capsys.readouterr()
+    for dry in ([], ["--dry-run"]):
+        assert run_cli("run", str(edited), *dry) == 2
+        lines = [line.removeprefix(f"sweep: error: {edited}: ")
+                 for line in capsys.readouterr().err.splitlines()]
+        assert [line.split(": ")[0] for line in lines] == [
+            "study.direction", "study.metric", "params.x", "params.y"], lines
+        assert "the file says int" in lines[2] and "the file says float (log)" in lines[3]
+    assert snapshot(tmp_path) == before
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
