@@ -72,9 +72,9 @@ def heard(self, plan, grace, on_change=lambda: None, hold=(), server=None):
 process.TrialProcess.__init__ = heard
 started = driver.Driver._start_one
 
-def start_one(self):
+def start_one(self, *args):  # (a lease) since 2026-12-01's pool
     before = set(self.running)
-    started(self)
+    started(self, *args)
     for number in set(self.running) - before:
         marks.append(("device", number, float(self.running[number].device), 0.0))
 
