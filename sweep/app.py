@@ -254,7 +254,8 @@ def trial_log(
     storage: str | None = None, poll: float = 0.5,
 ) -> Iterator[str]:
     """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
-    comes, until the trial is finished."""
+    comes, until the trial is finished, or its driver, of this host, is gone (then a last line
+    says so)."""
     spec = config.load(path, runnable=False, storage=storage)
     trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
     paths = trialdir.TrialPaths.of(spec.output_dir, number)
@@ -272,12 +273,22 @@ def trial_log(
             yield data.decode("utf-8", errors="replace")
         if study is None or _finished(study, number):
             return
+        if _driver_gone(study, number):
+            yield (f"\n(sweep: trial {number}'s driver is gone: the trial stays RUNNING until "
+                   "the next `sweep run` of the study reclaims it)\n")
+            return
         time.sleep(poll)
 
 
 def _finished(study: Any, number: int) -> bool:
     trials = study.get_trials(deepcopy=False)
     return number >= len(trials) or trials[number].state.is_finished()
+
+
+def _driver_gone(study: Any, number: int) -> bool:
+    """Whether trial `number` (RUNNING) was run by a driver of this host that is gone."""
+    owner = Owner.of(study.get_trials(deepcopy=False)[number].user_attrs)
+    return owner is not None and owner.host == host_name() and not owner.alive()
 
 
 def rerun(path: str | Path, number: int, storage: str | None = None) -> str:

@@ -381,3 +381,28 @@ def test_rerun_into_a_read_only_database_says_why(write_study, fake_gpus, tmp_pa
     assert f"{study}: study.storage: cannot write to " in err
     assert err.rstrip().endswith(": attempt to write a readonly database"), err
     assert db.read_bytes() == before
+
+
+def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp_path):
+    """`sweep logs N -f` of a trial a kill -9'd driver left RUNNING waited for ever (hostile
+    pass): it ends once the log is read, saying the driver is gone."""
+    import subprocess
+    import sys
+
+    from sweep import app, config, searchspace, trialdir
+    from sweep.ownership import OWNER, host_name
+    from sweep.storage import open_storage
+    from sweep.studies import open_study
+
+    study_file = write_study(study={"n_trials": 1})
+    spec = config.load(study_file)
+    trial = open_study(spec, open_storage(spec)).ask(searchspace.distributions(spec.searched))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trial.set_user_attr(OWNER, {"host": host_name(), "pid": dead.pid, "started": 1.0})
+    paths = trialdir.TrialPaths.of(spec.output_dir, 0)
+    paths.dir.mkdir(parents=True)
+    paths.stdout.write_text("epoch 1\n")
+    assert list(app.trial_log(study_file, 0, follow=True, poll=0.01)) == [
+        "epoch 1\n", "\n(sweep: trial 0's driver is gone: the trial stays RUNNING until the next "
+        "`sweep run` of the study reclaims it)\n"]
