@@ -531,8 +531,9 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 param, "choices", [])
             size = max((_text_size(v) for v in values), default=0)
             if size > MAX_ARG_BYTES:
-                bad(f"params.{name}", f"a value of {size // 1024} KB: one argument or "
-                    "environment variable holds at most 128 KB; use trainer.pass_params: file")
+                bad(f"params.{name}", f"a value of {size:,} bytes as text: sweep passes at "
+                    f"most {MAX_ARG_BYTES:,} in one argument or environment variable (Linux "
+                    "takes 128 KiB, less the name); use trainer.pass_params: file")
     if trainer.pass_params == "env":
         for key, message in _env_clashes(spec):
             bad(key, message)

@@ -122,7 +122,8 @@ BAD_FILES = [
     ("a value too large for a command line",
      bad(params={"x": {"type": "float", "low": 0, "high": 1},
                  "vocab": {"type": "fixed", "value": "w " * 100_000}}),
-     "params.vocab", "a value of 195 KB: one argument or environment variable holds at most"),
+     "params.vocab", "a value of 200,000 bytes as text: sweep passes at most 120,000 in one "
+     "argument or environment variable (Linux takes 128 KiB, less the name)"),
     ("grid missing a searched param",
      bad(study={"sampler": {"type": "grid", "search_space": {"x": [0.1, 0.2]}}},
          params={"x": {"type": "float", "low": 0, "high": 1},
