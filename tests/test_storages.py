@@ -300,7 +300,11 @@ def test_a_driver_waiting_for_a_stuck_lock_stops_on_ctrl_c(write_study, tmp_path
     finally:
         stuck.close()
     assert driver.returncode == 130, err
-    assert not (tmp_path / "probe" / "trials").exists()  # nothing was asked or started
+    # nothing was asked or started: no trial folder (trials/ itself is made, and checked,
+    # before the storage is opened), no trial in the study
+    assert list((tmp_path / "probe" / "trials").iterdir()) == []
+    assert optuna.load_study(study_name="probe",
+                             storage=f"sqlite:///{tmp_path / 'probe.db'}").trials == []
 
 
 @pytest.mark.slow
