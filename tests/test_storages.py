@@ -326,8 +326,11 @@ def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_stud
     assert "run again" in errors[0] and "_InactiveRpcError" not in err
     assert all(len(line) < 400 for line in err.splitlines()), err
     second = start_proxy(behind, first[1])  # back on the same port
+    # the same study, its trials no longer held up (the proxy was killed while they ran)
+    fast = write_study(study={"n_trials": 4, "storage": url},
+                       trainer={"args": ["--sleep", "0.2"]}, name="fast.yaml")
     try:
-        rerun = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+        rerun = spawn_cli("run", str(fast), env={"SWEEP_FAKE_GPUS": "2"})
         _, err = rerun.communicate(timeout=120)
         assert rerun.returncode == 0, err
     finally:
