@@ -8,9 +8,9 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "interpreter",
      "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
-    {"storageurl", "searchspace", "placeholders"},
+    {"storageurl", "searchspace", "placeholders", "accelconfig"},
     {"config", "hostlock"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
