@@ -17,7 +17,17 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, launchers, pool, searchspace, storageurl, trialdir
+from sweep import (
+    config,
+    hostlock,
+    launch,
+    launchers,
+    pool,
+    provenance,
+    searchspace,
+    storageurl,
+    trialdir,
+)
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
@@ -142,7 +152,11 @@ def execute(
         with Progress(console, monitor) as progress:
             for note in notes:
                 progress.message(note)
-            return Driver(spec, store, lease, monitor, progress).run(), store.study
+            record = provenance.RunRecord.find(
+                spec, {d.index: {"name": d.name, "uuid": d.uuid} for d in devices},
+                store.owner.host, nvml.system() if nvml is not None else (None, None))
+            return Driver(spec, store, lease, monitor, progress, record=record).run(), \
+                store.study
     except storage_lost_errors() as e:
         raise SweepError(
             f"{spec.source}: lost the storage {storageurl.shown_url(spec.storage_url)} during "
@@ -321,4 +335,6 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     note = ("it runs at the next `sweep run`, before new trials" if needed <= budget else
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
-    return f"queued trial {number}'s params again; {note}"
+    changed = provenance.differences(old.user_attrs, provenance.RunRecord.find(spec).attrs())
+    told = f"queued trial {number}'s params again; {note}"
+    return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"

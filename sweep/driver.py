@@ -17,7 +17,16 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep import hostlock, launch, launchers, placement, process, searchspace, trialdir
+from sweep import (
+    hostlock,
+    launch,
+    launchers,
+    placement,
+    process,
+    provenance,
+    searchspace,
+    trialdir,
+)
 from sweep.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
@@ -39,7 +48,7 @@ class Driver:
     def __init__(
         self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
         events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
-        clock: Any = None,
+        clock: Any = None, record: provenance.RunRecord | None = None,
     ) -> None:
         self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
         self.events = events or Events()
@@ -65,6 +74,7 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
+        self.record = record  # what every trial's env.json shares (None: none is written)
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -270,8 +280,11 @@ class Driver:
             port = self._port(lease) if len(lease.devices) > 1 else None
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port)
             trialdir.ensure_driver_dir(spec, self.own)
-            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
-                                       trialdir.arg_secrets(spec.trainer.args, os.environ))
+            secrets = trialdir.arg_secrets(spec.trainer.args, os.environ)
+            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params), secrets)
+            if self.record is not None:
+                provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
+                self.store.note(asked.trial, self.record.attrs())
             proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
         except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)

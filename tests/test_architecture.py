@@ -14,7 +14,7 @@ LAYERS = [
     {"config", "hostlock"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
-    {"budget", "heartbeat"},
+    {"budget", "heartbeat", "provenance"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"launchers"},
     {"driver"},
