@@ -377,3 +377,23 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
     assert run_cli("rerun", str(study), "0") == 0
     out = capsys.readouterr().out
     assert f"the code differs (it ran {version}, now " in out
+
+
+def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
+    from sweep import launchers
+
+    python = make_venv(tmp_path / "venv", with_accelerate=True)
+    assert not launchers.other_interpreter(None)
+    assert not launchers.other_interpreter(sys.executable)
+    assert launchers.other_interpreter(str(python))
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"launcher": "warm",
+                                                       "python": str(python)})))
+    said: list[str] = []
+    warm = launchers.make(config.load(path), "host", tmp_path / "own", said.append)
+    assert isinstance(warm, launchers.WarmLauncher) and warm.server is None
+    assert said == [f"launcher: warm: trainer.python is another interpreter ({python}) than the "
+                    "driver's, whose fork server it cannot be; starting trials as launcher: "
+                    "direct"]
+    warm.close()
+
