@@ -153,7 +153,8 @@ def execute(
             for note in notes:
                 progress.message(note)
             record = provenance.RunRecord.find(
-                spec, {d.index: {"name": d.name, "uuid": d.uuid} for d in devices},
+                spec, launchers.accelerate_record(spec),
+                {d.index: {"name": d.name, "uuid": d.uuid} for d in devices},
                 store.owner.host, nvml.system() if nvml is not None else (None, None))
             return Driver(spec, store, lease, monitor, progress, record=record).run(), \
                 store.study
@@ -335,6 +336,7 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     note = ("it runs at the next `sweep run`, before new trials" if needed <= budget else
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
-    changed = provenance.differences(old.user_attrs, provenance.RunRecord.find(spec).attrs())
+    now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
+    changed = provenance.differences(old.user_attrs, now.attrs())
     told = f"queued trial {number}'s params again; {note}"
     return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweep import accelconfig, interpreter, launch, process
+from sweep import accelconfig, interpreter, launch, process, provenance
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.launch import LaunchPlan
@@ -274,6 +274,12 @@ class WarmLauncher(DirectLauncher):
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+def accelerate_record(spec: Spec) -> dict[str, Any] | None:
+    """What env.json records of the accelerate config `spec`'s trials launch with (None: the
+    launcher `python` runs no accelerate)."""
+    return None if spec.trainer.launcher == "python" else provenance.accelerate_record(spec)
 
 
 def other_interpreter(python: str | None) -> bool:

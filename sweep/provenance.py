@@ -132,12 +132,14 @@ class RunRecord:
     cuda: str | None = None  # the CUDA version it supports (NVML)
 
     @classmethod
-    def find(cls, spec: Spec, gpus: Mapping[int, Mapping[str, str | None]] | None = None,
+    def find(cls, spec: Spec, accelerate: dict[str, Any] | None,
+             gpus: Mapping[int, Mapping[str, str | None]] | None = None,
              host: str | None = None, system: tuple[str | None, str | None] = (None, None),
              run: Run = subprocess.run) -> RunRecord:
         """The record of a run of `spec` starting now: git (`run` runs it), the interpreter
-        probe; `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's
-        versions: `Nvml.system`) as the pool's NVML session knows them."""
+        probe; `accelerate` the config it launches with (`launchers.accelerate_record`);
+        `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
+        `Nvml.system`) as the pool's NVML session knows them."""
         folder = _code_folder(spec)
         python = spec.trainer.python or interpreter.driver_python()
         try:
@@ -148,7 +150,7 @@ class RunRecord:
             found, error = None, str(e)
         devices = {int(k): dict(v) for k, v in (gpus or {}).items()}
         return cls(host or socket.gethostname(), git_code(folder, run), found, error,
-                   accelerate_record(spec), devices, *system)
+                   accelerate, devices, *system)
 
     def software(self) -> dict[str, Any]:
         """What `env_version` hashes: the interpreter, its packages, the accelerate config."""
@@ -178,11 +180,10 @@ def _code_folder(spec: Spec) -> Path:
     return Path(script).parent if script is not None else Path.cwd()
 
 
-def accelerate_record(spec: Spec) -> dict[str, Any] | None:
-    """The accelerate config trials launch with: the study's file and the merged config
-    (None for the launcher `python`, which runs no accelerate)."""
-    if spec.trainer.launcher == "python":
-        return None
+def accelerate_record(spec: Spec) -> dict[str, Any]:
+    """The accelerate config trials of `spec` launch with: the study's file and the merged
+    config, or sweep's own (for launchers that run accelerate: `launchers.accelerate_record`
+    says which)."""
     try:
         config, merged = launch.launch_config(spec)
     except ConfigFileError as e:  # gone since the trial ran (a rerun's comparison)
