@@ -249,7 +249,9 @@ def runnable(plan: launch.LaunchPlan, params: Mapping[str, Any]) -> str:
     trial folder and params.json made first (a run makes them; a dry run writes nothing)."""
     folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
     text = shlex.quote(json.dumps(dict(params)))
-    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && "
+    cwd = "" if plan.cwd is None else (  # `trainer.workdir`: made, and run in
+        f"mkdir -p {shlex.quote(str(plan.cwd))} && cd {shlex.quote(str(plan.cwd))} && ")
+    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}"
             f"{plan.command_line()}")
 
 

@@ -397,3 +397,19 @@ def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
                     "direct"]
     warm.close()
 
+
+
+def test_a_trial_with_a_workdir_is_pasted_and_rerun_by_hand_in_it(tmp_path):
+    from sweep import trialdir
+    from sweep.app import runnable
+
+    trainer = config.TrainerSection(script=Path("/w/app.py"), launcher="python",
+                                    workdir="{trial_dir}/run dir")
+    paths = TrialPaths(tmp_path / "trials" / "1")
+    plan = launch.build_launch(trainer, 1, {}, 0, paths, Path("c.yaml"),
+                               places={"study_dir": str(tmp_path)})
+    where = paths.dir / "run dir"
+    assert f"&& mkdir -p '{where}' && cd '{where}' && " in runnable(plan, {})
+    assert trialdir.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
+    trialdir.prepare_trial_dir(plan, {})
+    assert where.is_dir()  # made with the trial's folder
