@@ -413,3 +413,30 @@ def test_a_trial_with_a_workdir_is_pasted_and_rerun_by_hand_in_it(tmp_path):
     assert trialdir.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
     trialdir.prepare_trial_dir(plan, {})
     assert where.is_dir()  # made with the trial's folder
+
+
+def test_the_gpu_driver_and_cuda_versions_come_from_nvml(monkeypatch):
+    from sweep.nvml import Nvml
+    from sweep.testing import fake_pynvml
+    from sweep.testing.fake_pynvml import FakeGpu
+
+    fake_pynvml.install(monkeypatch, [FakeGpu(name="NVIDIA H100", uuid="GPU-1")])
+    nvml = Nvml()
+    assert nvml.system() == ("550.54.15", "12.4")  # 12040 as NVML gives it
+    monkeypatch.setattr(fake_pynvml, "nvmlSystemGetCudaDriverVersion",
+                        lambda: (_ for _ in ()).throw(fake_pynvml.NVMLError(
+                            fake_pynvml.NVML_ERROR_NOT_SUPPORTED)))
+    assert nvml.system() == ("550.54.15", None)
+    nvml.close()
+
+
+def test_git_is_called_with_argv_lists_and_a_timeout_and_a_hung_git_records_nothing(tmp_path):
+    calls = []
+
+    def hung(argv, **kw):
+        calls.append((argv, kw["timeout"]))
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    assert provenance.git_code(tmp_path, run=hung) is None
+    assert calls == [(["git", "-C", str(tmp_path), "rev-parse", "--show-toplevel"],
+                      provenance.GIT_TIMEOUT)]

@@ -248,7 +248,8 @@ API = [
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetP2PStatus",
-    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion",
 ]
 
 
