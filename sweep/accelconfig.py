@@ -133,7 +133,7 @@ def merge(data: Mapping[str, Any], width: int) -> Merged:
 
 def write(merged: Merged, folder: Path) -> Path:
     """Write `merged` (once: the name is its content's digest) into `folder`; its path."""
-    path = folder / f"accelerate_config.{merged.digest}.yaml"
+    path = merged_path(merged, folder)
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # drivers share it

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -594,7 +594,7 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
 
 
 def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnable: bool,
-                         bad: Any) -> tuple[str | None, Path | None]:
+                         bad: Callable[[str, str], None]) -> tuple[str | None, Path | None]:
     """`trainer.python` (absolute; a name without a slash is looked up on PATH) and
     `trainer.accelerate.config_file` (absolute), checked when `runnable`: the interpreter runs
     and has accelerate where the launcher needs it; the config file is one the trainer's
