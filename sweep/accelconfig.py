@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from sweep import yamlfile
+from sweep.errors import UsageError
 
 DROPPED = ("gpu_ids", "main_process_ip", "main_process_port")  # sweep's, given per trial
 # the types that need several processes: a trial of one device runs without them
@@ -34,8 +35,8 @@ SEVERAL = ("MULTI_GPU", "MULTI_CPU", "FSDP", "DEEPSPEED", "MEGATRON_LM", "MULTI_
            "MULTI_XPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_SDAA", "MULTI_HPU", "MULTI_NEURON")
 
 
-class ConfigFileError(ValueError):
-    """The file cannot be read as an accelerate config (the message says why)."""
+class ConfigFileError(UsageError):
+    """The file cannot be read as an accelerate config (the message says why, in one line)."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ class LaunchConfig:
 
 
 SWEEP_CONFIG = LaunchConfig(ACCELERATE_CONFIG_FILE)
-TRACKER_NAMES = ("WANDB_RUN_GROUP", "WANDB_NAME")
 
 
 def tracker_env(study: str, number: int, trainer_env: Mapping[str, Any]) -> dict[str, str]:

@@ -440,3 +440,19 @@ def test_git_is_called_with_argv_lists_and_a_timeout_and_a_hung_git_records_noth
     assert provenance.git_code(tmp_path, run=hung) is None
     assert calls == [(["git", "-C", str(tmp_path), "rev-parse", "--show-toplevel"],
                       provenance.GIT_TIMEOUT)]
+
+
+@pytest.mark.slow
+def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path):
+    path = team_study(tmp_path)
+    (tmp_path / "team.yaml").unlink()
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.accelerate.config_file: cannot read "
+                            f"{tmp_path / 'team.yaml'}: No such file or directory")
+    (tmp_path / "team.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.accelerate.config_file: {tmp_path / 'team.yaml'} "
+                            "is not a mapping of accelerate config keys (write it with "
+                            "`accelerate config`)")
