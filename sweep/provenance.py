@@ -31,7 +31,7 @@ from sweep import interpreter, launch, trialdir
 from sweep.accelconfig import ConfigFileError
 from sweep.config import Spec
 from sweep.interpreter import Interpreter, InterpreterError
-from sweep.safefs import write_file
+from sweep.safefs import open_for_writing, write_file
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
 CODE_VERSION, ENV_VERSION = "code_version", "env_version"  # the trials' user attributes
@@ -40,7 +40,7 @@ MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's fo
 MAX_SOURCES = 200  # .py files of the script's folder read for their imports
 MAX_SOURCE = 1 << 20  # bytes of each
 
-Run = Callable[..., "subprocess.CompletedProcess[str]"]
+Run = Callable[..., "subprocess.CompletedProcess[bytes]"]
 
 
 @dataclass(frozen=True)
@@ -51,47 +51,50 @@ class Code:
     commit: str | None  # None: a repository without commits
     branch: str | None  # None: a detached HEAD
     dirty: bool  # tracked files differ from the commit (staged or not)
-    patch: str  # `git diff HEAD --binary`: "" when clean (or over MAX_PATCH: see `cut`)
+    patch: bytes  # `git diff HEAD --binary`: empty when clean (or over MAX_PATCH: `cut`)
     untracked: tuple[str, ...] = ()
     cut: bool = False  # the diff was larger than MAX_PATCH and is not kept
+    digest: str = ""  # the whole diff's SHA-256 (also when it is not kept)
 
     @property
     def version(self) -> str:
-        """The commit's first 12 digits, `+` the diff's hash when dirty: `3f2a9c1b0d4e+1a2b3c4d`."""
+        """The commit's first 12 digits, `+` 8 of the diff's hash when dirty:
+        `3f2a9c1b0d4e+1a2b3c4d`."""
         head = (self.commit or "uncommitted")[:12]
-        if not self.dirty:
-            return head
-        return f"{head}+{hashlib.sha256(self.patch.encode()).hexdigest()[:8]}"
+        return f"{head}+{self.digest[:8]}" if self.dirty else head
 
 
-def _git(folder: Path, args: Sequence[str], run: Run) -> str | None:
+def _git(folder: Path, args: Sequence[str], run: Run) -> bytes | None:
     """`git -C folder ARGS`' output, or None when it fails (no git, not a repository)."""
     try:
-        done = run(["git", "-C", str(folder), *args], capture_output=True, text=True,
+        done = run(["git", "-C", str(folder), *args], capture_output=True,
                    timeout=GIT_TIMEOUT, check=False, stdin=subprocess.DEVNULL,
                    env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"})
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
+    return bytes(done.stdout) if done.returncode == 0 else None
+
+
+def _text(out: bytes | None) -> str | None:
+    return None if out is None else out.decode("utf-8", "replace").strip()
 
 
 def git_code(folder: Path, run: Run = subprocess.run) -> Code | None:
     """The git state of `folder`; None if it is in no repository (or git is missing)."""
-    top = _git(folder, ["rev-parse", "--show-toplevel"], run)
+    top = _text(_git(folder, ["rev-parse", "--show-toplevel"], run))
     if top is None:
         return None
-    repo = Path(top.strip())
-    commit = _git(repo, ["rev-parse", "--verify", "-q", "HEAD"], run)
-    branch = _git(repo, ["symbolic-ref", "-q", "--short", "HEAD"], run)
-    status = _git(repo, ["status", "--porcelain", "--untracked-files=normal"], run) or ""
-    untracked = tuple(line[3:] for line in status.splitlines() if line.startswith("??"))
-    patch = (_git(repo, ["diff", "HEAD", "--binary"], run) or "") if commit else ""
-    dirty = bool(patch) or (commit is None and any(not s.startswith("??")
-                                                   for s in status.splitlines()))
-    cut = len(patch.encode()) > MAX_PATCH
-    return Code(str(repo), commit.strip() if commit else None,
-                branch.strip() if branch else None, dirty, "" if cut else patch,
-                untracked[:100], cut)
+    repo = Path(top)
+    commit = _text(_git(repo, ["rev-parse", "--verify", "-q", "HEAD"], run))
+    branch = _text(_git(repo, ["symbolic-ref", "-q", "--short", "HEAD"], run))
+    status = (_git(repo, ["status", "--porcelain", "--untracked-files=normal"], run)
+              or b"").decode("utf-8", "replace").splitlines()
+    untracked = tuple(line[3:] for line in status if line.startswith("??"))
+    patch = (_git(repo, ["diff", "HEAD", "--binary"], run) or b"") if commit else b""
+    dirty = bool(patch) or (not commit and any(not line.startswith("??") for line in status))
+    cut = len(patch) > MAX_PATCH
+    return Code(str(repo), commit or None, branch or None, dirty, b"" if cut else patch,
+                untracked[:100], cut, hashlib.sha256(patch).hexdigest())
 
 
 def script_imports(folder: Path) -> list[str]:
@@ -230,7 +233,9 @@ def write_trial(run: RunRecord, plan: launch.LaunchPlan, number: int, devices: S
         write_file(paths.dir / ENV_NAME, json.dumps(record, indent=1) + "\n",
                    trialdir.FILE_MODE)
         if run.code is not None and run.code.dirty and not run.code.cut:
-            write_file(paths.dir / PATCH_NAME, run.code.patch, trialdir.FILE_MODE)
+            fd = open_for_writing(paths.dir / PATCH_NAME, trialdir.FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                f.write(run.code.patch)
     except OSError as e:
         raise trialdir.TrialFileError(trialdir.cannot(e, paths.dir), e) from e
 

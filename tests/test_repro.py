@@ -245,13 +245,19 @@ def test_the_code_version_is_the_commit_plus_a_hash_of_the_diff(tmp_path):
     git(repo, "commit", "-qm", "first")
     commit = git(repo, "rev-parse", "HEAD").strip()
     clean = provenance.git_code(repo)
-    assert clean == provenance.Code(str(repo), commit, "main", False, "")
+    assert clean == provenance.Code(str(repo), commit, "main", False, b"",
+                                    digest=provenance.hashlib.sha256(b"").hexdigest())
     assert clean.version == commit[:12]
     (repo / "train.py").write_text("print(2)\n")
     (repo / "notes.txt").write_text("x")
     dirty = provenance.git_code(repo)
     assert dirty is not None and dirty.dirty and dirty.untracked == ("notes.txt",)
     assert dirty.version.startswith(commit[:12] + "+") and len(dirty.version) == 21
+    digest = provenance.hashlib.sha256(dirty.patch).hexdigest()
+    assert dirty.version == f"{commit[:12]}+{digest[:8]}"
+    (repo / "train.py").write_bytes(b"print('\xff')\n")  # not UTF-8: kept as bytes
+    binary = provenance.git_code(repo)
+    assert binary is not None and b"\xff" in binary.patch
     assert provenance.git_code(tmp_path) is None  # no repository
 
 
