@@ -34,7 +34,7 @@ from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
-from sweep.ownership import Owner, host_name
+from sweep.ownership import OWNER, Owner, host_name
 from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
@@ -339,6 +339,7 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
-    changed = provenance.differences(old.user_attrs, now.attrs())
+    then = provenance.recorded(old.user_attrs, (old.user_attrs.get(OWNER) or {}).get("dir"))
+    changed = provenance.differences(then, now.versions())
     told = f"queued trial {number}'s params again; {note}"
     return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"

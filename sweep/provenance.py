@@ -1,6 +1,6 @@
 """What ran: a record per trial (`<trial_dir>/env.json`, and `code.patch` when the script's
-git tree has uncommitted changes), and the two short versions a trial keeps as user
-attributes (`code_version`, `env_version`) so that a rerun can say what changed.
+git tree has uncommitted changes), with two short versions a rerun compares: `code_version`
+(also a user attribute of the trial, one storage write) and `env_version` (in env.json).
 
 What is the same for every trial of a run (the script's git state, the trainer's interpreter
 and its package versions, the accelerate config, the GPU driver) is found once, when the run
@@ -34,7 +34,8 @@ from sweep.interpreter import Interpreter, InterpreterError
 from sweep.safefs import open_for_writing, write_file
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
-CODE_VERSION, ENV_VERSION = "code_version", "env_version"  # the trials' user attributes
+CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
+ENV_VERSION = "env_version"  # a key of env.json
 GIT_TIMEOUT = 10.0  # seconds for each git call
 MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's folder
 MAX_SOURCES = 200  # .py files of the script's folder read for their imports
@@ -168,12 +169,15 @@ class RunRecord:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def attrs(self) -> dict[str, str]:
-        """The user attributes of each trial of the run: `code_version` (when the script is
-        in a git repository) and `env_version`."""
-        out = {ENV_VERSION: self.env_version}
-        if self.code is not None:
-            out[CODE_VERSION] = self.code.version
-        return out
+        """The user attributes of each trial of the run: `code_version`, when the script is
+        in a git repository (each attribute is a storage write: `env_version` stays in
+        env.json)."""
+        return {} if self.code is None else {CODE_VERSION: self.code.version}
+
+    def versions(self) -> dict[str, str | None]:
+        """What a new trial would run with, as `differences` compares it."""
+        return {CODE_VERSION: None if self.code is None else self.code.version,
+                ENV_VERSION: self.env_version}
 
 
 def _code_folder(spec: Spec) -> Path:
@@ -240,10 +244,22 @@ def write_trial(run: RunRecord, plan: launch.LaunchPlan, number: int, devices: S
         raise trialdir.TrialFileError(trialdir.cannot(e, paths.dir), e) from e
 
 
+def recorded(user_attrs: Mapping[str, Any], trial_dir: str | None) -> dict[str, Any]:
+    """The versions a trial ran with: its `code_version` attribute, and the `env_version` of
+    its env.json in `trial_dir` when that can be read (else None: not compared)."""
+    env = None
+    if trial_dir:
+        try:
+            env = json.loads((Path(trial_dir) / ENV_NAME).read_text()).get(ENV_VERSION)
+        except (OSError, ValueError, AttributeError):
+            env = None
+    return {CODE_VERSION: user_attrs.get(CODE_VERSION), ENV_VERSION: env}
+
+
 def differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
-    """What differs between a trial's user attributes `then` and `now` (`RunRecord.attrs`
-    of the code and environment a new trial would run with), as one phrase; None if
-    nothing (or `then` recorded nothing: a trial of an older sweep)."""
+    """What differs between the versions a trial ran with (`recorded`) and those a new
+    trial would run with (`RunRecord.versions`), as one phrase; None if nothing (or `then`
+    recorded nothing: a trial of an older sweep)."""
     said = []
     old, new = then.get(CODE_VERSION), now.get(CODE_VERSION)
     if old is not None and old != new:

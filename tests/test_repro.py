@@ -267,6 +267,8 @@ def test_differences_say_what_changed_in_one_phrase():
     assert provenance.differences({}, then) is None  # a trial of an older sweep
     assert provenance.differences(then, {"code_version": "abd", "env_version": "e1"}) == (
         "the code differs (it ran abc, now abd)")
+    assert provenance.differences({**then, "env_version": None}, {"env_version": "e2"}) == (
+        "the code differs (it ran abc, now no git repository)")  # no env.json to compare
     assert provenance.differences(then, {"env_version": "e2"}) == (
         "the code differs (it ran abc, now no git repository) and the environment differs "
         "(interpreter, package versions or accelerate config)")
@@ -462,3 +464,12 @@ def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path):
     assert str(e.value) == (f"{path}: trainer.accelerate.config_file: {tmp_path / 'team.yaml'} "
                             "is not a mapping of accelerate config keys (write it with "
                             "`accelerate config`)")
+
+
+def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
+    (tmp_path / "env.json").write_text(json.dumps({"env_version": "e1", "code_version": "x"}))
+    assert provenance.recorded({"code_version": "abc"}, str(tmp_path)) == {
+        "code_version": "abc", "env_version": "e1"}
+    assert provenance.recorded({}, str(tmp_path / "gone")) == {
+        "code_version": None, "env_version": None}
+    assert provenance.recorded({}, None) == {"code_version": None, "env_version": None}
