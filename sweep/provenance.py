@@ -14,6 +14,7 @@ Package versions come from package metadata in the trainer's interpreter
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -163,8 +164,9 @@ class RunRecord:
                 "packages": None if py is None else {**py.packages, **py.modules},
                 "accelerate": None if self.accelerate is None else self.accelerate["config"]}
 
-    @property
+    @functools.cached_property
     def env_version(self) -> str:
+        """12 digits of the hash of `software` (found once: each trial's env.json has it)."""
         text = json.dumps(self.software(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
