@@ -473,3 +473,22 @@ def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
     assert provenance.recorded({}, str(tmp_path / "gone")) == {
         "code_version": None, "env_version": None}
     assert provenance.recorded({}, None) == {"code_version": None, "env_version": None}
+
+
+@pytest.mark.slow
+def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path):
+    from sweep import launchers
+
+    said: list[str] = []
+    launcher = launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append)
+    assert said == ["trainer.accelerate.config_file: distributed_type FSDP needs several "
+                    "processes, and trials have one device (gpus_per_trial: 1): they run "
+                    "without FSDP"]
+    launcher.prepare()  # writes the merged config the plans name
+    plan = launcher.plan(0, {"x": 0.5}, 0)
+    used = Path(plan.argv[plan.argv.index("--config_file") + 1])
+    assert yaml.safe_load(used.read_text())["distributed_type"] == "NO"
+    assert used.parent == tmp_path / "probe" / "cache" and "--multi_gpu" not in plan.argv
+    said.clear()
+    launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append, dry=True)
+    assert said == []  # a dry run prints its header instead
