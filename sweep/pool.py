@@ -255,7 +255,9 @@ class Pool:
         waited for, as they free when those trials end).
         """
         if self.slots == 0:
-            return self._hopeless() or Refusal(Why.NEVER, "no GPU left in the pool")
+            out = "; ".join(f"GPU {i}: {why}" for i, why in sorted(self.quarantined.items()))
+            return self._hopeless() or Refusal(
+                Why.NEVER, "no GPU left in the pool" + (f" (taken out: {out})" if out else ""))
         load = self._load()
         room = ranked(load, self.capacity, set(self.quarantined))
         chosen = self._reserve(room, load)
@@ -297,6 +299,10 @@ class Pool:
         yet): one trial per device."""
         self.rules.want_mb = mb
         self.rules.alone = mb is None
+
+    def key(self, index: int) -> str:
+        """Device `index`'s key in the host's files: its UUID, else `sim<index>`."""
+        return self._keys[index]
 
     def quarantine(self, index: int, reason: str) -> None:
         """Take a device out of the pool for the rest of the run."""
