@@ -388,6 +388,9 @@ class Driver:
         self._sick.add(index)
         self.pool.quarantine(index, why)
         self.events.message(f"GPU {index} taken out of the pool: {why}")
+        if len(self.pool.quarantined) == len(self.pool.devices):  # the run cannot go on
+            out = "; ".join(f"GPU {i}: {w}" for i, w in sorted(self.pool.quarantined.items()))
+            self.policy.give_up(f"no GPU left in the pool (taken out: {out})")
         if self.pool.host is not None:
             sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
         failed = self._failing.forget(index)

@@ -255,9 +255,6 @@ class Pool:
         waited for, as they free when those trials end).
         """
         if self.slots == 0:
-            out = "; ".join(f"GPU {i}: {why}" for i, why in sorted(self.quarantined.items()))
-            if self.quarantined and len(self.quarantined) == len(self.devices):
-                return Refusal(Why.NEVER, f"no GPU left in the pool (taken out: {out})")
             return self._hopeless() or Refusal(Why.NEVER, "no GPU left in the pool")
         load = self._load()
         room = ranked(load, self.capacity, set(self.quarantined))
