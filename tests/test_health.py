@@ -264,3 +264,34 @@ def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
     assert len(complete) == 3 and {t.user_attrs["gpu"] for t in complete} == {0}
     assert any(t.user_attrs.get("retry_of") == on_b[0].number for t in complete)
     assert list(sicklist.marks(lock_dir(host_name()))) == ["GPU-b"]
+
+
+@pytest.mark.parametrize(("stderr", "cuda"), [
+    (CUDA_CRASH, True),
+    ("RuntimeError: CUDA error: unspecified launch failure\n", True),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered\n", True),
+    (OOM_CRASH, False),  # out of memory: its own verdict, never the card's
+    ("RuntimeError: CUDA error: device-side assert triggered\n", False),  # the program's
+    ("ValueError: bad lr\n", False),
+])
+def test_which_crashes_are_cuda_errors_that_may_be_the_cards(stderr, cuda):
+    from sweep.outcome import judge
+
+    verdict = judge(1, stderr, None, ["score"])
+    assert verdict.state.name == "FAIL" and verdict.cuda_error is cuda
+    assert verdict.oom is (stderr == OOM_CRASH)
+
+
+def test_forgiven_failures_leave_the_streak_others_stay():
+    from optuna.trial import TrialState
+
+    from sweep.policy import Policy
+
+    policy = Policy(n_trials=10, max_consecutive_failures=3)
+    policy.after(TrialState.FAIL, 0, number=1)
+    policy.after(TrialState.FAIL, 0, number=2)
+    policy.forgive({1, 7})
+    assert (policy.streak, policy.streak_of) == (1, [2])
+    assert policy.after(TrialState.FAIL, 0, number=3).give_up is None  # 2 of 3, not 3
+    assert policy.after(TrialState.FAIL, 0, device_fault=True, number=4).retry
+    assert (policy.streak, policy.streak_of) == (2, [2, 3])  # a device's fault is not counted
