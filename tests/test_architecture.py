@@ -8,10 +8,11 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "interpreter",
-     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
-    {"storageurl", "searchspace", "placeholders", "accelconfig"},
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
+     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership", "interpreter"},
+    {"storageurl", "searchspace", "placeholders", "health", "stacks", "accelconfig"},
     {"config", "hostlock"},
+    {"sicklist"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
     {"budget", "heartbeat", "provenance"},
