@@ -13,7 +13,7 @@ LAYERS = [
     {"storageurl", "searchspace", "placeholders"},
     {"config", "hostlock"},
     {"trialdir"},
-    {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
+    {"launch", "outcome", "policy", "pool", "warm", "storage", "studies", "reportsources"},
     {"budget", "heartbeat"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"launchers"},

@@ -146,7 +146,7 @@ BAD_FILES = [
     ("JSON arg without doubled braces", bad(trainer={"args": ['{"a": 1}']}),
      "trainer.args.0", "a literal brace is doubled"),
     ("result from two sources", bad(trainer={"result": {"file": "a.json", "stdout": "x"}}),
-     "trainer.result", "give exactly one of file or stdout"),
+     "trainer.result", "give exactly one of file, stdout or stderr"),
     ("stdout pattern without a group", bad(trainer={"result": {"stdout": "loss: [0-9.]+"}}),
      "trainer.result", "needs named groups"),
     ("stdout pattern that is no regex", bad(trainer={"result": {"stdout": "(?P<loss>[0-9"}}),
