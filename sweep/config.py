@@ -73,6 +73,7 @@ class StudySection(_Model):
     heartbeat_interval: Annotated[int, Field(gt=0)] = 30
     reclaim_after: Annotated[int, Field(gt=0)] | None = Field(
         default=None, validation_alias=AliasChoices("reclaim_after", "grace_period"))
+    report: StrictBool = False  # write <output_dir>/report.html at the end of each run
 
     @field_validator("name")
     @classmethod

@@ -286,10 +286,8 @@ class TensorboardReader:
         return sorted(p for p in self.folder.rglob("*tfevents*") if p.is_file())
 
     def _scalars(self, path: Path, room: int) -> list[tuple[int, float]]:
-        from tensorboard.backend.event_processing.event_file_loader import (  # type: ignore[import-untyped]
-            EventFileLoader,
-        )
-        from tensorboard.util import tensor_util  # type: ignore[import-untyped]
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
 
         if path not in self._loaders:
             self._loaders[path] = EventFileLoader(str(path))

@@ -19,6 +19,8 @@ LAYERS = [
     {"launchers"},
     {"driver"},
     {"progress", "summary"},
+    {"figures"},
+    {"report"},
     {"app"},
     {"cli"},
     {"__main__"},
