@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sweep.summary import Summary
@@ -26,8 +27,8 @@ COLOURS = {"COMPLETE": "#2ca02c", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNI
            "WAITING": "#7f7f7f"}
 MAX_CURVES = 400  # intermediate-value curves drawn at most (the best and the latest)
 MAX_POINTS = 3000  # samples drawn per device and series at most (evenly thinned)
-MAX_IMPORTANCE_TRIALS = 2000  # finished trials the importances are computed on at most
-MAX_PARALLEL_TRIALS = 1000  # finished trials drawn in parallel coordinates at most
+MAX_IMPORTANCE_TRIALS = 1000  # finished trials the importances are computed on at most
+MAX_PARALLEL_TRIALS = 500  # finished trials drawn in parallel coordinates at most
 
 
 def _go() -> Any:
@@ -139,21 +140,22 @@ def intermediate(s: Summary, study: Any) -> Any:
     go = _go()
     fig = go.Figure()
     for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING"):
-        xs: list[float | None] = []
-        ys: list[float | None] = []
+        xs: list[float] = []
+        ys: list[float] = []
         ends_x, ends_y, names = [], [], []
         for t in shown:
             if t.state.name != state:
                 continue
             steps = sorted(t.intermediate_values)
-            xs += [*steps, None]
-            ys += [*(t.intermediate_values[k] for k in steps), None]
+            xs += [*steps, math.nan]
+            ys += [*(t.intermediate_values[k] for k in steps), math.nan]
             ends_x.append(steps[-1])
             ends_y.append(t.intermediate_values[steps[-1]])
             names.append(f"trial {t.number}")
         if not names:
             continue
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=state, legendgroup=state,
+        fig.add_trace(go.Scatter(x=np.array(xs), y=np.array(ys), mode="lines", name=state,
+                                 legendgroup=state,
                                  line={"color": COLOURS[state], "width": 1}, opacity=0.6,
                                  hoverinfo="skip"))
         fig.add_trace(go.Scatter(
@@ -245,11 +247,11 @@ def _thin(frame: pd.DataFrame, most: int = MAX_POINTS) -> pd.DataFrame:
     return frame.iloc[::step]
 
 
-def _segments(starts: pd.Series, ends: pd.Series) -> list[Any]:
-    """[start0, end0, None, start1, end1, None, ...]: one line per pair, one trace for all."""
-    out: list[Any] = [None] * (3 * len(starts))
-    out[0::3] = list(starts)
-    out[1::3] = list(ends)
+def _segments(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """[start0, end0, NaN, start1, end1, NaN, ...]: one line per pair, one trace for all."""
+    out = np.full(3 * len(starts), np.nan)
+    out[0::3] = starts
+    out[1::3] = ends
     return out
 
 
@@ -271,6 +273,12 @@ def timeline(s: Summary) -> Any:
     placed["label"] = [f"{h} GPU {d}" if isinstance(h, str) and h else f"GPU {d}"
                        for h, d in zip(placed["host"], placed["device"], strict=True)]
     labels = sorted(set(placed["label"]))
+    row_of = {label: i for i, label in enumerate(reversed(labels))}  # the first on top
+    t0 = started["datetime_start"].min()
+
+    def hours(times: pd.Series) -> np.ndarray:
+        return ((times - t0).dt.total_seconds() / 3600).to_numpy(dtype=float)
+
     samples = s.samples
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05,
                         row_heights=[0.5, 0.25, 0.25],
@@ -279,14 +287,13 @@ def timeline(s: Summary) -> Any:
         part = placed[(placed["state"] == state) & placed["end"].notna()]
         if part.empty:
             continue
-        xs = _segments(part["datetime_start"], part["end"])
-        ys = _segments(part["label"], part["label"])
-        names = [f"trial {n}" for n in part["number"]]
-        text = _segments(pd.Series(names), pd.Series(names))
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=state,
-                                 line={"color": COLOURS[state], "width": 14},
-                                 text=text, hovertemplate="%{text}<extra></extra>"),
-                      row=1, col=1)
+        rows = part["label"].map(row_of).to_numpy(dtype=float)
+        numbers = part["number"].to_numpy(dtype=float)
+        fig.add_trace(go.Scatter(  # numeric arrays, NaN between bars: fast to build and draw
+            x=_segments(hours(part["datetime_start"]), hours(part["end"])),
+            y=_segments(rows, rows), customdata=_segments(numbers, numbers),
+            mode="lines", name=state, line={"color": COLOURS[state], "width": 14},
+            hovertemplate="trial %{customdata}<extra></extra>"), row=1, col=1)
     if samples.empty:
         fig.add_annotation(text="no GPU samples (a simulated pool, or no NVML)",
                            showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
@@ -294,13 +301,15 @@ def timeline(s: Summary) -> Any:
         for (host, gpu), part in samples.groupby(["host", "gpu"], dropna=False):
             label = f"{host} GPU {gpu}" if isinstance(host, str) and host else f"GPU {gpu}"
             part = _thin(part)
-            fig.add_trace(go.Scatter(x=part["time"], y=part["util_gpu"], mode="lines",
-                                     name=label, legendgroup=label, line={"width": 1}),
-                          row=2, col=1)
-            fig.add_trace(go.Scatter(x=part["time"], y=part["mem_used_mb"] / 1024,
+            at = hours(part["time"])
+            fig.add_trace(go.Scatter(x=at, y=part["util_gpu"].to_numpy(dtype=float),
+                                     mode="lines", name=label, legendgroup=label,
+                                     line={"width": 1}), row=2, col=1)
+            fig.add_trace(go.Scatter(x=at, y=(part["mem_used_mb"] / 1024).to_numpy(dtype=float),
                                      mode="lines", name=label, legendgroup=label,
                                      showlegend=False, line={"width": 1}), row=3, col=1)
-    fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=1, col=1)
+    fig.update_yaxes(tickvals=list(row_of.values()), ticktext=list(row_of), row=1, col=1)
+    fig.update_xaxes(title_text=f"hours since {t0:%Y-%m-%d %H:%M:%S}", row=3, col=1)
     fig.update_layout(title=title, height=360 + 22 * len(labels))
     return fig
 

@@ -111,20 +111,22 @@ def test_a_nan_after_a_number_fails_the_trial(write_study, fake_gpus):
 def test_a_timm_style_script_logging_to_stderr_has_its_result_read_there(
         write_study, fake_gpus, capsys):
     best = r"\*\*\* Best metric: (?P<top1>" + NUMBER + ")"
-    base = {"metric": "top1", "direction": "maximize", "n_trials": 1, "enqueue": [{"lr": 0.1}],
-            "max_consecutive_failures": 1, "pruner": {"type": "median"}}
+    base = {"metric": "top1", "direction": "maximize", "n_trials": 2,
+            "enqueue": [{"lr": 0.1}, {"lr": 0.2}], "max_consecutive_failures": 1,
+            "pruner": {"type": "median"}}
     script = {"script": str(EXAMPLES / "timm_style.py"), "args": ["--epochs", "3"]}
     params = {"lr": {"type": "float", "low": 0.01, "high": 1.0}}
     study = write_study(study=base, trainer={**script, "result": {"stderr": best}},
                         params=params)
     assert run_cli("run", str(study)) == 0
-    trial = load_trials(study)[0]
-    assert trial.state.name == "COMPLETE" and trial.value == 70.0
+    trials = load_trials(study)
+    assert [(t.state.name, t.value) for t in trials] == [("COMPLETE", 70.0), ("COMPLETE", 90.0)]
     said = capsys.readouterr().err
     assert said.count("ended without reporting an intermediate value") == 1  # said once
-    assert "the median pruner cannot prune this study" in said
+    assert ("trial 0 ended without reporting an intermediate value to $SWEEP_REPORT_FILE "
+            "(sweep.protocol.report): the median pruner cannot prune this study") in said
 
-    wrong = write_study(study={**base, "name": "wrong"},
+    wrong = write_study(study={**base, "name": "wrong", "n_trials": 1},
                         trainer={**script, "result": {"stdout": best}}, params=params,
                         name="wrong.yaml")
     run_cli("run", str(wrong))
