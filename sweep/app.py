@@ -158,7 +158,7 @@ def execute(
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
     own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
-                      host=store.owner.host)
+                      host=store.owner.host, history_s=spec.trainer.hang_after or 3600.0)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
     # through the run: kept out of the collector's passes, whose cost grows with the study
     # (at 10,000 trials, about 3 ms of every trial); given back after (a notebook's process).

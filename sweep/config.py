@@ -240,6 +240,9 @@ class TrainerSection(_Model):
     retry_oom: bool = False
     gpu_memory_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
     gpus_per_trial: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    # a trial silent this long with its GPUs idle is hung (`sweep.hang`); null: never judged
+    hang_after: Annotated[float, Field(gt=0)] | None = 1800.0
+    hang_gpu_util: Annotated[float, Field(ge=0, le=100)] = 5.0  # %: below it a GPU is idle
     report: ReportSection | None = None
 
     @field_validator("gpu_memory_gb", mode="before")

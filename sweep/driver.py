@@ -18,6 +18,8 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep import (
+    hang,
+    health,
     hostlock,
     launch,
     launchers,
@@ -25,6 +27,8 @@ from sweep import (
     process,
     reportsources,
     searchspace,
+    sicklist,
+    stacks,
     trialdir,
 )
 from sweep.budget import LOCK_PATIENCE, LockAbandoned
@@ -35,7 +39,7 @@ from sweep.monitor import Monitor
 from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
-from sweep.process import RunningTrial, Stop
+from sweep.process import Phase, RunningTrial, Stop
 from sweep.store import Store, Taken
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
@@ -74,6 +78,16 @@ class Driver:
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
         self._first_end = True  # no trial of this driver reported, or completed, yet
+        self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
+        # (number, searched params, origin, attempt) of the trials that failed on each device
+        self._failing: health.FailingDevices[tuple[int, dict[str, Any], int, int]] = (
+            health.FailingDevices())
+        self._sick: set[int] = set()  # devices taken out of the pool as sick
+        self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
+        self.python_pids = stacks.python_pids
+        if monitor is not None:  # its samples on this clock; a sick device wakes the loop
+            monitor.clock = self.clock.now
+            monitor.on_sick = self.clock.wake
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -164,6 +178,9 @@ class Driver:
         for run in self.running.values():
             due = run.next_wakeup(now, POLL_SECONDS)
             times.append(math.inf if due is None else due)
+            watch = self._hangs.get(run.number)
+            if watch is not None and run.phase is Phase.RUNNING:
+                times.append(watch.next_look())
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
@@ -304,6 +321,11 @@ class Driver:
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
             spec.trainer.stop_grace, deadline, reports, lease)
+        if spec.trainer.hang_after is not None:
+            paths = plan.paths
+            self._hangs[asked.number] = hang.OutputWatch(
+                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
+                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
@@ -311,8 +333,13 @@ class Driver:
     # ---- following ----------------------------------------------------------------------
 
     def _supervise(self, now: float) -> None:
+        if self.monitor is not None:
+            for index, why in sorted(self.monitor.take_sick().items()):
+                self._take_out(index, why, now)
         for run in list(self.running.values()):
             run.tick(now)
+            if run.phase is Phase.RUNNING and not run.process.command_exited:
+                self._look_for_hang(run, now)
             if run.follows_reports:
                 self._follow_reports(run, now)
             if run.process.command_exited and not run.judged:
@@ -339,6 +366,68 @@ class Driver:
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 
+    def _look_for_hang(self, run: RunningTrial, now: float) -> None:
+        """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
+        Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
+        watch, trainer = self._hangs.get(run.number), self.spec.trainer
+        if watch is None or trainer.hang_after is None or not watch.due(now):
+            return
+        last = watch.look(now)
+        samples = self.monitor.samples_of(run.number) if self.monitor is not None else []
+        found = hang.judge(last, samples, now, trainer.hang_after, trainer.hang_gpu_util)
+        if found is None:
+            return
+        path = run.process.plan.paths.dir / stacks.STACK_NAME
+        pids = run.process.tree_pids() - {run.process.pid}  # the guard is sweep's own
+        self.dump_stacks(self.python_pids(pids), path, found.reason())
+        run.detail = f"{found.reason()}; stacks in {path}"
+        run.stop(Stop.HUNG, self.clock.now())
+
+    def _take_out(self, index: int, why: str, now: float) -> None:
+        """Device `index` is sick: out of the pool for the rest of the run, said in one line
+        (and recorded for `sweep gpus`); the trials running on it are stopped, and those that
+        failed on it in a row run again elsewhere, no longer counted as failures."""
+        if index in self._sick or index not in {d.index for d in self.pool.devices}:
+            return
+        self._sick.add(index)
+        self.pool.quarantine(index, why)
+        self.events.message(f"GPU {index} taken out of the pool: {why}")
+        if len(self.pool.quarantined) == len(self.pool.devices):  # the run cannot go on
+            out = "; ".join(f"GPU {i}: {w}" for i, w in sorted(self.pool.quarantined.items()))
+            self.policy.give_up(f"no GPU left in the pool (taken out: {out})")
+        if self.pool.host is not None:
+            sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
+        failed = self._failing.forget(index)
+        for _, searched, origin, attempt in failed:
+            if self._run_again(searched, origin, attempt + 1):
+                self._adjust_counts(waiting=1)
+        self.policy.forgive({number for number, *_ in failed})
+        for run in self.running.values():
+            devices = run.lease.devices if run.lease is not None else (run.device,)
+            if index in devices and run.phase is Phase.RUNNING \
+                    and not run.process.command_exited:
+                run.detail = f"GPU {index} was taken out of the pool: {why}"
+                run.stop(Stop.DEVICE_OUT, now)
+
+    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int) -> bool:
+        """Queue `searched` again as `attempt` of trial `origin` (once); True if queued."""
+        return self.store.requeue(searched, origin, attempt)
+
+    def _on_device(self, run: RunningTrial, state: TrialState, cuda_error: bool,
+                   devices: tuple[int, ...], now: float) -> bool:
+        """What the trial says of its devices (a sick one is taken out); whether it failed on
+        a device that is out now (its params then run again elsewhere, not as a failure)."""
+        if run.stop_reason in (Stop.INTERRUPTED, Stop.TAKEN, Stop.DRIVER_ERROR):
+            return False
+        if run.stop_reason is not Stop.DEVICE_OUT:
+            kind = (health.Kind.WORKED if state is not TrialState.FAIL else
+                    health.Kind.CUDA_ERROR if cuda_error else health.Kind.OTHER)
+            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+            payload = (run.number, searched, run.origin, run.attempt)
+            for sick in self._failing.seen(devices, kind, payload):
+                self._take_out(sick.device, sick.why, now)
+        return state is TrialState.FAIL and bool(self._sick & set(devices))
+
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
@@ -350,14 +439,16 @@ class Driver:
         lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
+        fault = self._on_device(run, verdict.state, verdict.cuda_error,
+                                lease.devices if lease is not None else (run.device,), now)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
         queued = False
-        if run.stop_reason is not Stop.TAKEN and self.policy.retries(
-                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED):
+        if run.stop_reason is not Stop.TAKEN and (fault or self.policy.retries(
+                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED)):
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            queued = self.store.requeue(searched, run.origin, run.attempt + 1)
+            queued = self._run_again(searched, run.origin, run.attempt + 1)
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
@@ -383,7 +474,8 @@ class Driver:
             return
         follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
                                    run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
-                                   see=str(_where_to_look(run.process.plan.paths)))
+                                   see=str(_where_to_look(run.process.plan.paths)),
+                                   device_fault=fault, number=run.number)
         if follow.retry and queued:
             self._adjust_counts(waiting=1)
 
@@ -420,6 +512,7 @@ class Driver:
                     self.pool.quarantine(index, reason)
                     self.events.message(f"GPU {index} taken out of the pool: {reason}")
         del self.running[run.number]
+        self._hangs.pop(run.number, None)
         run.process.close()
         oom = run.number in self._oom
         self._oom.discard(run.number)

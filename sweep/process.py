@@ -49,6 +49,8 @@ class Stop(str, enum.Enum):
     DRIVER_ERROR = "driver error"
     BAD_REPORT = "bad report"
     TAKEN = "told by another driver"  # which took this one for dead (it was frozen)
+    HUNG = "hung"  # silent with idle GPUs for trainer.hang_after (`RunningTrial.detail` says)
+    DEVICE_OUT = "its GPU was taken out of the pool"  # as sick (`RunningTrial.detail` says)
 
 
 class Process(Protocol):
@@ -300,6 +302,7 @@ class RunningTrial:
     last_report: tuple[int, float] | None = None
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
+    detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
 
     def _move(self, to: Phase) -> None:
         """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
@@ -385,6 +388,8 @@ class RunningTrial:
         """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""
         if self.stop_reason is Stop.BAD_REPORT and self.reports is not None:
             return self.reports.error
+        if self.stop_reason in (Stop.HUNG, Stop.DEVICE_OUT) and self.detail is not None:
+            return self.detail
         if self.stop_reason is None and self.process.lost:
             return "its guard process was killed (by the trainer?); what was left was stopped"
         return self.stop_reason.value if self.stop_reason else None

@@ -8,10 +8,11 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
      "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
-    {"storageurl", "searchspace", "placeholders"},
+    {"storageurl", "searchspace", "placeholders", "health", "stacks"},
     {"config", "hostlock"},
+    {"sicklist"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies", "reportsources"},
     {"budget", "heartbeat"},

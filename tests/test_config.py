@@ -294,7 +294,7 @@ def misspelt(section, right, wrong):
     (bad(study={"zzz": 1}), "study.zzz: unknown key `zzz` (study takes name, storage, "
      "output_dir, direction, directions, metric, metrics, n_trials, timeout, sampler, "
      "pruner, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
-     "grace_period)"),
+     "grace_period, report)"),
     ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
 ])
 def test_a_misspelt_key_says_which_key_was_meant_and_nothing_else(write_study, data, line):
