@@ -315,7 +315,8 @@ def timeline(s: Summary) -> Any:
 
 
 def costs(s: Summary) -> Any:
-    """Device-hours and energy per state (what FAIL and PRUNED cost), and per trial."""
+    """Device-hours and energy per state (what FAIL and PRUNED cost), and per trial (energy:
+    NVML's counter over the trial; none on a simulated pool)."""
     from plotly.subplots import make_subplots
 
     t = with_costs(s)
@@ -323,9 +324,9 @@ def costs(s: Summary) -> Any:
     if t.empty:
         return _empty(title, "no trial yet")
     go = _go()
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+    fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.08, vertical_spacing=0.16,
                         subplot_titles=("device-hours by state", "energy (kWh) by state",
-                                        "device-hours per trial"))
+                                        "device-hours per trial", "energy (kWh) per trial"))
     by = t.groupby("state")[["device_hours", "energy_kwh"]].sum(min_count=1)
     colours = [COLOURS.get(str(state), "#7f7f7f") for state in by.index]
     fig.add_trace(go.Bar(x=list(by.index), y=by["device_hours"], marker_color=colours,
@@ -333,11 +334,15 @@ def costs(s: Summary) -> Any:
     fig.add_trace(go.Bar(x=list(by.index), y=by["energy_kwh"].fillna(0.0),
                          marker_color=colours, showlegend=False), row=1, col=2)
     for state, part in t.groupby("state"):
-        fig.add_trace(go.Scatter(x=part["number"], y=part["device_hours"], mode="markers",
-                                 name=str(state), marker={"color": COLOURS.get(str(state)),
-                                                          "size": 4}), row=1, col=3)
-    fig.update_xaxes(title_text="trial", row=1, col=3)
-    fig.update_layout(title=title, height=360)
+        for col, column in ((1, "device_hours"), (2, "energy_kwh")):
+            fig.add_trace(go.Scatter(
+                x=part["number"].to_numpy(dtype=float),
+                y=part[column].to_numpy(dtype=float), mode="markers", name=str(state),
+                legendgroup=str(state), showlegend=col == 1,
+                marker={"color": COLOURS.get(str(state)), "size": 4}), row=2, col=col)
+    fig.update_xaxes(title_text="trial", row=2, col=1)
+    fig.update_xaxes(title_text="trial", row=2, col=2)
+    fig.update_layout(title=title, height=620)
     return fig
 
 
