@@ -25,6 +25,7 @@ from sweep import (
     launchers,
     placement,
     process,
+    provenance,
     reportsources,
     searchspace,
     sicklist,
@@ -51,7 +52,7 @@ class Driver:
     def __init__(
         self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
         events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
-        clock: Any = None,
+        clock: Any = None, record: provenance.RunRecord | None = None,
     ) -> None:
         self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
         self.events = events or Events()
@@ -88,6 +89,7 @@ class Driver:
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
+        self.record = record  # what every trial's env.json shares (None: none is written)
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -296,8 +298,11 @@ class Driver:
             port = self._port(lease) if len(lease.devices) > 1 else None
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port)
             trialdir.ensure_driver_dir(spec, self.own)
-            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
-                                       trialdir.arg_secrets(spec.trainer.args, os.environ))
+            secrets = trialdir.arg_secrets(spec.trainer.args, os.environ)
+            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params), secrets)
+            if self.record is not None:
+                provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
+                self.store.note(asked.trial, self.record.attrs())
             proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
         except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
@@ -315,7 +320,7 @@ class Driver:
         reports = reportsources.reader_for(
             spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
             {**launch.spec_places(spec), "trial_dir": str(plan.paths.dir),
-             "trial_number": str(asked.number)}) if single else None
+             "trial_number": str(asked.number)}, plan.cwd) if single else None
         # the wait for a fork server's imports is not the trial's time
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(

@@ -133,6 +133,14 @@ class Nvml:
             ))
         return out
 
+    def system(self) -> tuple[str | None, str | None]:
+        """The driver's version ("550.54.15") and the CUDA version it supports ("12.4");
+        None where NVML cannot say."""
+        driver = self._try(self._nv.nvmlSystemGetDriverVersion)
+        cuda = self._try(self._nv.nvmlSystemGetCudaDriverVersion)
+        return (None if driver is None else _text(driver),
+                None if not isinstance(cuda, int) else f"{cuda // 1000}.{cuda % 1000 // 10}")
+
     def _mig_enabled(self, handle: Any) -> bool:
         try:
             current, _ = self._nv.nvmlDeviceGetMigMode(handle)

@@ -107,7 +107,7 @@ class TrialProcess:
             with open_log(plan.paths.stdout) as out, open_log(plan.paths.stderr) as err:
                 if server is not None:
                     self.pid = server.fork(
-                        plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,
+                        plan.argv, {**os.environ, **plan.env}, str(plan.cwd or os.getcwd()), grace,
                         str(plan.paths.dir),
                         (control_r, status_w, out.fileno(), err.fileno(), *hold))
                     os.write(self._control, GO)  # a guard not told so starts nothing
@@ -120,6 +120,7 @@ class TrialProcess:
                         [*argv, *plan.argv], env={**os.environ, **plan.env},
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                         start_new_session=True, pass_fds=(control_r, status_w, *hold),
+                        cwd=plan.cwd,  # `trainer.workdir`; None: the driver's
                     )
                     self.pid = self._popen.pid
         except BaseException:

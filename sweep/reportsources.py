@@ -55,20 +55,24 @@ class Reader(Protocol):
 
 
 def reader_for(report: ReportSection | None, paths: TrialPaths, metric: str,
-               places: Mapping[str, str]) -> Reader:
+               places: Mapping[str, str], cwd: Path | None = None) -> Reader:
     """The reader of `trainer.report` for the trial of `paths` (`places` fills its
-    placeholders); without `trainer.report`, the report file of `$SWEEP_REPORT_FILE`."""
+    placeholders; a relative path is the trial's, from `cwd`, its `trainer.workdir`, as for
+    `result.file`); without `trainer.report`, the report file of `$SWEEP_REPORT_FILE`."""
     if report is None:
         return ReportReader(paths.reports)
     if report.stream is not None:
         log = paths.stdout if report.stream == "stdout" else paths.stderr
         return OutputReader(log, report.patterns, metric, name=report.stream)
+
+    def where(text: str) -> Path:
+        filled = Path(fill(text, places))
+        return (cwd / filled if cwd is not None else filled).absolute()
+
     if report.tensorboard is not None:
-        folder = Path(fill(report.tensorboard.dir, places)).absolute()
-        return TensorboardReader(folder, report.tensorboard.tag)
+        return TensorboardReader(where(report.tensorboard.dir), report.tensorboard.tag)
     assert report.file is not None
-    return KeyedLinesReader(Path(fill(report.file, places)).absolute(),
-                            report.step or "step", report.value or metric)
+    return KeyedLinesReader(where(report.file), report.step or "step", report.value or metric)
 
 
 def _value(raw: Any, where: str) -> float:

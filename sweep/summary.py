@@ -25,7 +25,7 @@ from sweep.errors import UsageError
 
 ATTR_COLUMNS = [
     "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of",
+    "energy_j", "attempt", "retry_of", "code_version",
 ]
 
 

@@ -9,13 +9,13 @@ import sweep
 
 LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
-     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
-    {"storageurl", "searchspace", "placeholders", "health", "stacks"},
+     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership", "interpreter"},
+    {"storageurl", "searchspace", "placeholders", "health", "stacks", "accelconfig"},
     {"config", "hostlock"},
     {"sicklist"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies", "reportsources"},
-    {"budget", "heartbeat"},
+    {"budget", "heartbeat", "provenance"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"launchers"},
     {"driver"},

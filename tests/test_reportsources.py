@@ -125,6 +125,8 @@ def test_reader_for_fills_placeholders_and_defaults_to_the_report_file(tmp_path)
     assert isinstance(keyed, KeyedLinesReader)
     assert (keyed.path, keyed.step_key, keyed.value_key) == (paths.dir / "m.jsonl", "step",
                                                              "loss")
+    here = reader_for(config.ReportSection(file="m.jsonl"), paths, "loss", places, tmp_path)
+    assert isinstance(here, KeyedLinesReader) and here.path == tmp_path / "m.jsonl"  # workdir
     out = reader_for(config.ReportSection(stderr=LINE), paths, "loss", places)
     assert isinstance(out, OutputReader) and out.name == "stderr"
 

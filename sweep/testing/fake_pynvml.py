@@ -168,6 +168,16 @@ def nvmlShutdown() -> None:
     _state.initialised = False
 
 
+def nvmlSystemGetDriverVersion() -> str:
+    _check()
+    return "550.54.15"
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    _check()
+    return 12040
+
+
 def nvmlDeviceGetCount() -> int:
     _check()
     return len(_state.gpus or [])
@@ -339,6 +349,7 @@ API = [
     "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows", "nvmlEventSetCreate",
     "nvmlDeviceRegisterEvents", "nvmlEventSetWait", "nvmlEventSetFree",
+    "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
 ]
 
 
