@@ -26,6 +26,7 @@ from sweep import (
     placement,
     process,
     provenance,
+    reportsources,
     searchspace,
     sicklist,
     stacks,
@@ -40,7 +41,6 @@ from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import Phase, RunningTrial, Stop
-from sweep.protocol import ReportReader
 from sweep.store import Store, Taken
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
@@ -78,6 +78,7 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
+        self._first_end = True  # no trial of this driver reported, or completed, yet
         self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
         # (number, searched params, origin, attempt) of the trials that failed on each device
         self._failing: health.FailingDevices[tuple[int, dict[str, Any], int, int]] = (
@@ -316,7 +317,10 @@ class Driver:
         lease.attach(proc)
         self.heartbeat.add(asked.trial)
         single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
-        reports = ReportReader(plan.paths.reports) if single else None
+        reports = reportsources.reader_for(
+            spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
+            {**launch.spec_places(spec), "trial_dir": str(plan.paths.dir),
+             "trial_number": str(asked.number)}, plan.cwd) if single else None
         # the wait for a fork server's imports is not the trial's time
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
@@ -435,7 +439,8 @@ class Driver:
             self._follow_reports(run, now, rest=True)
         trainer = self.spec.trainer
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
-                              trainer.result.patterns if trainer.result else [])
+                              trainer.result.patterns if trainer.result else [],
+                              trainer.result.stream if trainer.result else "stdout")
         lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
@@ -452,6 +457,8 @@ class Driver:
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
+        if self._first_end:
+            self._say_no_reports(run, verdict.state)
         if verdict.oom:
             self._oom.add(run.number)
         if self._learns and verdict.state is not TrialState.FAIL:
@@ -476,6 +483,24 @@ class Driver:
                                    device_fault=fault, number=run.number)
         if follow.retry and queued:
             self._adjust_counts(waiting=1)
+
+    def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
+        """A pruner that will never prune: say so once, when the first trial that reported
+        or completed is one that completed without reporting a value."""
+        if run.last_report is not None or state is TrialState.PRUNED:
+            self._first_end = False
+            return
+        if state is not TrialState.COMPLETE:  # it may have failed before its first report
+            return
+        self._first_end = False
+        if not self._prunes or run.reports is None:
+            return
+        where = ("trainer.report" if self.spec.trainer.report is not None else
+                 "$SWEEP_REPORT_FILE (sweep.protocol.report)")
+        self.events.message(
+            f"trial {run.number} ended without reporting an intermediate value to {where}: "
+            f"the {self.spec.study.pruner.type} pruner cannot prune this study; set "
+            "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""

@@ -176,6 +176,8 @@ def build_launch(
         protocol.RESULT_ENV: str(paths.result),
         protocol.REPORT_ENV: str(paths.reports),
     })
+    if trainer.report is not None and trainer.report.stream is not None:
+        env.setdefault("PYTHONUNBUFFERED", "1")  # each line reaches the log as it is printed
     if port is not None:
         env[protocol.PORT_ENV] = str(port)
     if trainer.pass_params == "env":
