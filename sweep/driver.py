@@ -330,7 +330,8 @@ class Driver:
             paths = plan.paths
             self._hangs[asked.number] = hang.OutputWatch(
                 sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
-                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS)
+                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS,
+                reports.watched if reports is not None else tuple)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))

@@ -379,6 +379,10 @@ class ReportReader:
         self._lines = 0
         self._seen: set[int] = set()
 
+    def watched(self) -> list[Path]:
+        """The file it reads, for `trainer.hang_after`."""
+        return [self.path]
+
     def read(self) -> list[tuple[int, float]]:
         self.more = False
         if self.error is not None:

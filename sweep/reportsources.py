@@ -53,6 +53,8 @@ class Reader(Protocol):
 
     def read_rest(self, limit: int = ...) -> list[tuple[int, float]]: ...
 
+    def watched(self) -> list[Path]: ...  # the files it reads now, for `trainer.hang_after`
+
 
 def reader_for(report: ReportSection | None, paths: TrialPaths, metric: str,
                places: Mapping[str, str], cwd: Path | None = None) -> Reader:
@@ -146,6 +148,7 @@ class OutputReader:
                  batch: int = BATCH) -> None:
         self.name, self.batch = name, batch
         self._file = _Followed(path, f"{path.name}")
+        self._path = path
         self.more = False
         self._patterns = [compile_pattern(p) for p in patterns][::-1]  # the last one wins
         self._metric = metric
@@ -204,6 +207,9 @@ class OutputReader:
             step = groups.get("step")
             return (_step(step, where) if step is not None else self._count), value
         return None
+
+    def watched(self) -> list[Path]:
+        return [self._path]
 
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new value left (up to `limit` bytes), for a trial whose command exited."""
@@ -283,6 +289,9 @@ class TensorboardReader:
             if not self.more:
                 break
         return fresh
+
+    def watched(self) -> list[Path]:
+        return self._files()
 
     def _files(self) -> list[Path]:
         if not self.folder.is_dir():
