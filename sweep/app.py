@@ -333,6 +333,30 @@ def _driver_gone(study: Any, number: int) -> bool:
     return owner is not None and owner.host == host_name() and not owner.alive()
 
 
+def _same_params(path: str | Path, number: int, params: Mapping[str, Any],
+                 spec: config.Spec) -> None:
+    """UsageError unless the study file searches exactly the params trial `number` ran with:
+    a param it no longer has, has fixed to a value, or has newly would make the rerun run
+    something else than that trial."""
+    for name, value in params.items():
+        if name in spec.fixed and spec.fixed[name] != value:
+            raise UsageError(
+                f"{path}: params.{name}: trial {number} ran {name}={value!r}, the file now "
+                f"fixes it at {spec.fixed[name]!r}: a rerun would not run trial {number}; "
+                f"search params.{name} again to rerun it")
+        if name not in spec.params:
+            raise UsageError(
+                f"{path}: params.{name}: trial {number} ran {name}={value!r}, the file no "
+                f"longer has it: a rerun would not run trial {number}; put params.{name} back "
+                "to rerun it")
+    new = sorted(set(spec.searched) - set(params))
+    if new and params:
+        raise UsageError(
+            f"{path}: params.{new[0]}: trial {number} had no {new[0]} (the file searches it "
+            f"since): a rerun would sample it anew; make it `type: fixed` or remove it to "
+            f"rerun trial {number}")
+
+
 def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
     spec = config.load(path, runnable=False, storage=storage)
@@ -344,6 +368,7 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
         old = trials[number]
         if not old.params and spec.searched:
             raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
+        _same_params(path, number, old.params, spec)
         for name, value in old.params.items():
             param = spec.searched.get(name)
             problem = None if param is None else searchspace.outside(param, value)

@@ -353,6 +353,38 @@ def test_rerun_refuses_a_value_the_file_no_longer_searches(write_study, fake_gpu
     assert len(load_trials(study)) == 1
 
 
+@pytest.mark.parametrize(("params", "said"), [
+    ({"x": {"type": "fixed", "value": 3}},
+     "params.x: trial 0 ran x={x!r}, the file now fixes it at 3: a rerun would not run trial 0"),
+    ({"y": {"type": "float", "low": 0.0, "high": 1.0}},
+     "params.x: trial 0 ran x={x!r}, the file no longer has it: a rerun would not run trial 0"),
+    ({"x": {"type": "float", "low": 0.0, "high": 0.25},
+      "z": {"type": "float", "low": 0.0, "high": 1.0}},
+     "params.z: trial 0 had no z (the file searches it since): a rerun would sample it anew"),
+], ids=["fixed", "renamed", "added"])
+def test_rerun_refuses_a_file_that_would_run_other_params(write_study, fake_gpus, tmp_path,
+                                                          capsys, params, said):
+    """Hostile pass: with x now fixed at 3, renamed to y, or a new param z, `rerun 0` queued
+    a trial that ran other params than trial 0's, stored as its rerun. Refused in one line,
+    nothing written."""
+    study = write_study(study={"n_trials": 1, "sampler": {"type": "random", "seed": 0}},
+                        params={"x": {"type": "float", "low": 0.0, "high": 0.25}})
+    assert run_cli("run", str(study)) == 0
+    [first] = load_trials(study)
+    edited = write_study(study_dict(params=params), name="edited.yaml")
+    db = (tmp_path / "probe.db").read_bytes()
+    capsys.readouterr()
+    assert run_cli("rerun", str(edited), "0") == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert f"{edited}: " + said.format(x=first.params["x"]) in captured.err
+    assert (tmp_path / "probe.db").read_bytes() == db
+    assert len(load_trials(study)) == 1
+    same = write_study(study_dict(params={"x": {"type": "fixed", "value": first.params["x"]}}),
+                       name="same.yaml")  # fixed at the value it ran: the same trial
+    assert run_cli("rerun", str(same), "0") == 0
+
+
 def test_rerun_into_a_read_only_database_says_why(write_study, fake_gpus, tmp_path, capsys,
                                                   monkeypatch):
     """Hostile pass: `rerun` into a read-only study database said Optuna's "invalid data in
