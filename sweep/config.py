@@ -174,6 +174,11 @@ class TrainerSection(_Model):
     retry_oom: bool = False
     gpu_memory_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
     gpus_per_trial: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    # appended to args when an attempt carries on a lineage whose checkpoint folder is not
+    # empty (see sweep.lineage); {last_checkpoint} is the newest HF checkpoint-N folder there
+    resume_args: list[str] = []
+    # a retry after a real failure: from the lineage's checkpoint, or from scratch
+    retry_from: Literal["checkpoint", "clean"] = "checkpoint"
 
     @field_validator("gpu_memory_gb", mode="before")
     @classmethod
@@ -502,6 +507,8 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         check(placeholders.check, file, f"trainer.args.{i}", arg)
     for name, value in trainer.env.items():
         check(placeholders.check, file, f"trainer.env.{short(name, 40)}", str(value))
+    for i, arg in enumerate(trainer.resume_args):
+        check(placeholders.check, file, f"trainer.resume_args.{i}", arg, ("last_checkpoint",))
     if trainer.result is not None and trainer.result.file is not None:
         check(placeholders.check, file, "trainer.result.file", trainer.result.file)
     if trainer.result is not None and trainer.result.patterns:

@@ -22,6 +22,7 @@ from sweep.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
 from sweep.heartbeat import Heartbeat
+from sweep.lineage import Lineage
 from sweep.monitor import Monitor
 from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
@@ -265,11 +266,14 @@ class Driver:
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
         params = {**asked.params, **spec.fixed}
+        line = asked.lineage or Lineage(asked.origin, asked.attempt)
         lease.bind(asked.number)
         try:
             port = self._port(lease) if len(lease.devices) > 1 else None
-            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port)
             trialdir.ensure_driver_dir(spec, self.own)
+            start = trialdir.prepare_checkpoint_dir(spec.output_dir, line)
+            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
+                                 start=start)
             trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
                                        trialdir.arg_secrets(spec.trainer.args, os.environ))
             proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
@@ -291,7 +295,7 @@ class Driver:
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline, reports, lease)
+            spec.trainer.stop_grace, deadline, reports, lease, lineage=line)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
@@ -340,11 +344,14 @@ class Driver:
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
+        # An interrupted trial's continuation is queued the same way (no retry spent).
+        line = run.lineage or Lineage(run.origin, run.attempt)
+        interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
-        if run.stop_reason is not Stop.TAKEN and self.policy.retries(
-                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED):
-            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            queued = self.store.requeue(searched, run.origin, run.attempt + 1)
+        if run.stop_reason is not Stop.TAKEN:
+            queued = self._carry_on(run, line, self.policy.retries(
+                verdict.state, line.retries, verdict.oom, interrupted),
+                self.policy.continues(verdict.state, interrupted))
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
@@ -366,11 +373,24 @@ class Driver:
                                       lease.devices if lease is not None else ()))
         if not told:  # the other driver counted it, and queued its params again
             return
-        follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
-                                   run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
-                                   see=str(_where_to_look(run.process.plan.paths)))
-        if follow.retry and queued:
+        self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
+                          verdict.fail_reason, see=str(_where_to_look(run.process.plan.paths)))
+        if queued:
             self._adjust_counts(waiting=1)
+
+    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool) -> bool:
+        """Queue the next attempt of `run`'s lineage: a retry after a real failure, or the
+        continuation of an interrupted trial (`resume`). True if this call queued it."""
+        if not (retry or resume):
+            return False
+        searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+        attrs = line.next_attrs(run.number, retry=retry,
+                                clean=self.spec.trainer.retry_from == "clean")
+        queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
+        if queued and resume:
+            self.events.message(f"trial {run.number} interrupted: queued to continue (same "
+                                "params, its checkpoint folder) in the next run")
+        return queued
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
@@ -414,6 +434,10 @@ class Driver:
             if run.lease is not None:
                 self.pool.release(run.lease)
             if not run.judged:
+                if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
+                    with contextlib.suppress(Exception):  # storage gone: reclaimed later
+                        self._carry_on(run, run.lineage or Lineage(run.origin, run.attempt),
+                                       False, True)
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
                 run.judged_now(self.clock.now())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep import protocol
+from sweep import lineage, protocol
 from sweep.config import Spec, TrainerSection, env_name
 from sweep.placeholders import fill
 from sweep.trialdir import TrialPaths
@@ -112,6 +112,7 @@ def build_launch(
     port: int | None = None,
     launcher_env: Mapping[str, str] | None = None,
     through_accelerate: bool = True,
+    start: lineage.Start | None = None,
 ) -> LaunchPlan:
     """argv + env of one trial: `accelerate launch` pinned to `device` (or, not
     `through_accelerate`, plain python, with `launcher_env` beneath sweep's variables: the
@@ -122,9 +123,12 @@ def build_launch(
 
     `passing` holds each param's `arg`/`prefix`/`flag`; `places` the placeholders of args,
     env and the result file besides {trial_dir} and {trial_number}; `environ` the driver's
-    environment, for `$VAR` in args.
+    environment, for `$VAR` in args; `start` what the trial gets from its lineage (its
+    checkpoint folder, `trainer.resume_args` when it resumes; default: a new lineage's).
     """
-    places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number)}
+    start = start or lineage.Start(lineage.checkpoint_dir(paths.dir.parent.parent, number))
+    places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number),
+              **lineage.places(start)}
     mine = script_params(params, passing)
     to_launcher = {k: v for k, v in params.items() if k not in mine}
     params = mine
@@ -138,12 +142,14 @@ def build_launch(
         protocol.RESULT_ENV: str(paths.result),
         protocol.REPORT_ENV: str(paths.reports),
     })
+    env.update(lineage.env(start, trainer.env))
     if port is not None:
         env[protocol.PORT_ENV] = str(port)
     if trainer.pass_params == "env":
         env.update({env_name(k): format_value(v) for k, v in params.items()})
     trial_env = {**(environ if environ is not None else os.environ), **env}
     args = [fill(a, places, trial_env) for a in trainer.args]
+    args += lineage.resume_args(trainer.resume_args, start, places, trial_env)
     if trainer.pass_params == "args":
         args += param_args(params, passing, trainer.prefix)
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
@@ -201,13 +207,15 @@ def plan_trial(
     spec: Spec, number: int, params: Mapping[str, Any], device: int,
     pin: str | None = None, port: int | None = None,
     launcher_env: Mapping[str, str] | None = None, through_accelerate: bool = True,
+    start: lineage.Start | None = None,
 ) -> LaunchPlan:
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and
     sweep's accelerate config (`ACCELERATE_CONFIG_FILE`)."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number), ACCELERATE_CONFIG_FILE,
                         passing=spec.params, places=spec_places(spec), pin=pin, port=port,
-                        launcher_env=launcher_env, through_accelerate=through_accelerate)
+                        launcher_env=launcher_env, through_accelerate=through_accelerate,
+                        start=start)
 
 
 def spec_places(spec: Spec) -> dict[str, str]:

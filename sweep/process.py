@@ -27,6 +27,7 @@ import psutil
 
 from sweep import guard
 from sweep.launch import LaunchPlan
+from sweep.lineage import Lineage
 from sweep.outcome import FAIL, Outcome, judge_files, read_text
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV, ReportReader
@@ -299,6 +300,7 @@ class RunningTrial:
     last_report: tuple[int, float] | None = None
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
+    lineage: Lineage | None = None  # where it stands in its lineage (None: a first attempt)
 
     def _move(self, to: Phase) -> None:
         """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
@@ -401,14 +403,17 @@ class RunningTrial:
 
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
+# SIGHUP: the terminal closed; SIGUSR1/SIGUSR2: what Slurm (`--signal`) and submitit send
+# before a time limit or a preemption
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 @contextlib.contextmanager
 def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
-    after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
-    terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
+    """Route SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to `handler` inside the block;
+    restore the old ones after. SIGHUP (a closed terminal, a dropped ssh session) is one more
+    way to say stop; a terminal it left dead is first replaced by /dev/null
+    (`terminal.release_dead_terminal`).
     A SIGHUP ignored when the block starts (`nohup`) stays ignored; one that comes after
     another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills).
 

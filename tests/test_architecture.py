@@ -11,7 +11,7 @@ LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
      "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
     {"storageurl", "searchspace", "placeholders"},
-    {"config", "hostlock"},
+    {"config", "hostlock", "lineage"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
     {"budget", "heartbeat"},
