@@ -298,6 +298,11 @@ class Driver:
             spec.trainer.stop_grace, deadline, reports, lease, lineage=line)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
+        if line.continues is not None:
+            self.events.message(
+                f"trial {asked.number} continues trial {line.continues} (attempt {line.attempt} "
+                f"of trial {line.origin}) " + ("from its checkpoint folder" if start.resume
+                                               else "from scratch"))
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
 
     # ---- following ----------------------------------------------------------------------
