@@ -308,6 +308,8 @@ class Driver:
     # ---- following ----------------------------------------------------------------------
 
     def _supervise(self, now: float) -> None:
+        if self._stopping():  # a signal that reached the trainers too (a Slurm job step's):
+            self._react(now)  # their trials were interrupted, whichever ends first
         for run in list(self.running.values()):
             run.tick(now)
             if run.follows_reports:

@@ -406,6 +406,7 @@ class RunningTrial:
 # SIGHUP: the terminal closed; SIGUSR1/SIGUSR2: what Slurm (`--signal`) and submitit send
 # before a time limit or a preemption
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # a repeat is dropped
 
 
 @contextlib.contextmanager
@@ -415,7 +416,10 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
     way to say stop; a terminal it left dead is first replaced by /dev/null
     (`terminal.release_dead_terminal`).
     A SIGHUP ignored when the block starts (`nohup`) stays ignored; one that comes after
-    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills).
+    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills). So is
+    a SIGTERM, SIGUSR1 or SIGUSR2 that came before (a scheduler sends one to every process
+    of the job: the batch shell, srun, which forwards it, and the driver); a different one
+    after it counts as a second signal.
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
@@ -423,6 +427,7 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
         return
 
     routed = False
+    seen: set[int] = set()
 
     def on_signal(signum: int, frame: Any) -> None:
         nonlocal routed
@@ -430,6 +435,9 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
             release_dead_terminal()
             if routed:  # the terminal and the shell each send one: it asks to stop, once
                 return
+        if signum in SCHEDULER_SIGNALS and signum in seen:
+            return  # a copy: Slurm signals srun and its tasks alike (srun forwards it)
+        seen.add(signum)
         routed = True
         handler(signum, frame)
 
