@@ -320,3 +320,25 @@ def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
         assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
+    """Slurm signals every process of a job step, and srun forwards its copy: the same
+    SIGTERM, SIGUSR1 or SIGUSR2 twice asks once; a different signal after it still counts."""
+    from sweep.process import signals_to
+
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGUSR1)  # srun's copy: dropped
+        signal.raise_signal(signal.SIGTERM)  # the time limit itself: a second signal
+        signal.raise_signal(signal.SIGTERM)
+    assert got == [signal.SIGUSR1, signal.SIGTERM]
+    got.clear()
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGUSR2)
+        signal.raise_signal(signal.SIGUSR2)
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C-like stop still hurries
+    assert got == [signal.SIGUSR2, signal.SIGINT]
+    assert {s: signal.getsignal(s) for s in before} == before
