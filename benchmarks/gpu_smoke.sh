@@ -10,7 +10,10 @@
 #     ("PACK" lines), auto running its first trial alone and packing the rest;
 #   - launchers: 8 short trials through accelerate (a new `accelerate launch` per trial), direct,
 #     warm and python ("LAUNCHER" lines;
-#     under warm each fork must still initialise CUDA itself and see one device).
+#     under warm each fork must still initialise CUDA itself and see one device);
+#   - a hang (benchmarks/gpu_hang.py: 1 GiB on the GPU, then a sleep): FAIL `hung: ...` with
+#     the GPU's utilisation known, its stack (py-spy) naming the function it waits in, nothing
+#     left on the GPU.
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
@@ -19,14 +22,15 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl optuna==5.0.0 alembic sqlalchemy==2.1.9 colorlog \
-#     mako pydantic pydantic-core annotated-types typing-inspection typing-extensions cmaes
+#     mako pydantic pydantic-core annotated-types typing-inspection typing-extensions cmaes \
+#     py-spy
 # then run with carry [".whl"]:  bash benchmarks/gpu_smoke.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy's program too
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 unset SWEEP_FAKE_GPUS
@@ -181,6 +185,39 @@ params:
 YAML
   timed "launch_$launcher" "LAUNCHER $launcher"
 done
+
+# Hang (issue 23): a trial that holds GPU memory and sleeps is found hung by utilisation
+# (hang_after 10 s), its stack dumped with py-spy, then stopped; nothing is left on the GPU.
+cp benchmarks/gpu_hang.py "$work/"
+cat > "$work/gpu_hang.yaml" <<YAML
+study: {name: gpu_hang, direction: minimize, metric: loss, n_trials: 1,
+        max_consecutive_failures: 1}
+trainer: {script: gpu_hang.py, hang_after: 10, hang_gpu_util: 5, stop_grace: 2}
+gpus: {sample_interval: 0.5}
+YAML
+time python3 -m sweep run "$work/gpu_hang.yaml" 2>&1 | tee "$work/hang.log"
+sleep 1
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee "$work/hang_apps.txt"
+check "nothing left on the GPU after the hung trial" "[ ! -s $work/hang_apps.txt ]"
+cp "$work/gpu_hang/trials/0/stack.txt" "$work/hang_stack.txt" 2>/dev/null
+python3 - "$work" <<'PY' || fail=1
+import sys
+from pathlib import Path
+import optuna
+work = Path(sys.argv[1])
+t, = optuna.load_study(study_name="gpu_hang", storage=f"sqlite:///{work}/gpu_hang.db").trials
+reason = t.user_attrs.get("fail_reason") or ""
+ok = t.state.name == "FAIL" and reason.startswith("hung: ") and "GPU use at most" in reason
+print(("PASS " if ok else "FAIL ") + f"HANG: FAIL hung, by utilisation ({t.state.name}: {reason})")
+stack = (work / "gpu_hang" / "trials" / "0" / "stack.txt").read_text()
+named = "hold_memory_and_wait" in stack
+print(("PASS " if named else "FAIL ") + "HANG: stack.txt names hold_memory_and_wait")
+if not named:
+    print(stack)
+print(f"HANG: told {(t.datetime_complete - t.datetime_start).total_seconds():.1f} s after it "
+      "started (hang_after 10 s + start-up + stop_grace)")
+sys.exit(0 if ok and named else 1)
+PY
 
 if [ -n "${OUT:-}" ]; then
   cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/launch_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null

@@ -40,11 +40,13 @@ class AccelerateEnv:
     """The variables `accelerate launch` sets for given options, computed once each."""
 
     def __init__(self, cache_dir: Path, host: str, python: str = sys.executable,
-                 timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, version: str | None = None) -> None:
+        """`python`: the trainer's interpreter, whose accelerate computes the variables;
+        `version`: its accelerate's (None: the driver's own, for its own interpreter)."""
         self.cache_dir, self.host, self.python, self.timeout = cache_dir, host, python, timeout
         self._known: dict[tuple[str, ...], dict[str, str]] = {}
         try:
-            version = metadata.version("accelerate")
+            version = version or metadata.version("accelerate")
         except metadata.PackageNotFoundError:
             version = "?"
         reads = sorted((k, v) for k, v in os.environ.items() if READS.match(k))

@@ -17,14 +17,24 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import config, hostlock, launch, launchers, pool, searchspace, storageurl, trialdir
+from sweep import (
+    config,
+    hostlock,
+    launch,
+    launchers,
+    pool,
+    provenance,
+    searchspace,
+    storageurl,
+    trialdir,
+)
 from sweep.config import Spec
 from sweep.driver import Driver
 from sweep.errors import SweepError, UsageError
 from sweep.hostlock import HostSlots, lock_dir
 from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
 from sweep.nvml import Nvml, NvmlUnavailable
-from sweep.ownership import Owner, host_name
+from sweep.ownership import OWNER, Owner, host_name
 from sweep.placement import Refusal
 from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.pool import Device, Pool, Rules
@@ -133,7 +143,7 @@ def execute(
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
     own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
-                      host=store.owner.host)
+                      host=store.owner.host, history_s=spec.trainer.hang_after or 3600.0)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
     # through the run: kept out of the collector's passes, whose cost grows with the study
     # (at 10,000 trials, about 3 ms of every trial); given back after (a notebook's process).
@@ -142,7 +152,12 @@ def execute(
         with Progress(console, monitor) as progress:
             for note in notes:
                 progress.message(note)
-            return Driver(spec, store, lease, monitor, progress).run(), store.study
+            record = provenance.RunRecord.find(
+                spec, launchers.accelerate_record(spec),
+                {d.index: {"name": d.name, "uuid": d.uuid} for d in devices},
+                store.owner.host, nvml.system() if nvml is not None else (None, None))
+            return Driver(spec, store, lease, monitor, progress, record=record).run(), \
+                store.study
     except storage_lost_errors() as e:
         raise SweepError(
             f"{spec.source}: lost the storage {storageurl.shown_url(spec.storage_url)} during "
@@ -234,7 +249,9 @@ def runnable(plan: launch.LaunchPlan, params: Mapping[str, Any]) -> str:
     trial folder and params.json made first (a run makes them; a dry run writes nothing)."""
     folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
     text = shlex.quote(json.dumps(dict(params)))
-    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && "
+    cwd = "" if plan.cwd is None else (  # `trainer.workdir`: made, and run in
+        f"mkdir -p {shlex.quote(str(plan.cwd))} && cd {shlex.quote(str(plan.cwd))} && ")
+    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}"
             f"{plan.command_line()}")
 
 
@@ -321,4 +338,8 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     note = ("it runs at the next `sweep run`, before new trials" if needed <= budget else
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
-    return f"queued trial {number}'s params again; {note}"
+    now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
+    then = provenance.recorded(old.user_attrs, (old.user_attrs.get(OWNER) or {}).get("dir"))
+    changed = provenance.differences(then, now.versions())
+    told = f"queued trial {number}'s params again; {note}"
+    return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"

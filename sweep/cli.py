@@ -100,9 +100,9 @@ def _summary(args: argparse.Namespace) -> int:
 def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sweep import placement, pool
+    from sweep import health, placement, pool, sicklist
     from sweep.app import nvml_reader
-    from sweep.hostlock import held_slots, usable_lock_dir
+    from sweep.hostlock import file_key, held_slots, usable_lock_dir
     from sweep.monitor import NvmlProbe
     from sweep.ownership import host_name
 
@@ -113,6 +113,7 @@ def _gpus(args: argparse.Namespace) -> int:
     table = Table(title="GPU pool" + (" (simulated)" if devices and devices[0].simulated else ""))
     for col in ("id", "name", "memory MB", "used MB", "util %", "sweep takes it?", "held by"):
         table.add_column(col)
+    taken_out = sicklist.marks(folder)
     try:
         for d in devices:
             reading = reader.read(d.index)
@@ -126,6 +127,13 @@ def _gpus(args: argparse.Namespace) -> int:
                     look, sweeps, slots > 0, args.busy_memory_mb, visible)
                 state = f"no: {busy}" if busy else "yes"
                 holders += [_who(pid, mb, pid in sweeps) for pid, mb in look.processes.items()]
+            counters = getattr(reader, "counters", None)  # NVML's; nothing on a simulated pool
+            sick = health.counters_verdict(counters(d.index)) if counters else None
+            if sick is not None:
+                state = f"no: sick: {sick}"
+            mark = taken_out.get(file_key(d.uuid or f"sim{d.index}"))
+            if mark is not None:
+                state += f"; {sicklist.shown(mark)}"
             total = d.memory_total_mb
             table.add_row(
                 str(d.index), d.name, f"{total:.0f}" if total else "-",
@@ -175,8 +183,9 @@ def _status(args: argparse.Namespace) -> int:
             f", step {int(row.last_step)}: {row.last_value:.4g}")
         gone = "" if row.driver != "gone" else " (its driver is gone: the next run reclaims it)"
         place = f"GPUs {row.gpu}" if "," in str(row.gpu) else f"GPU {row.gpu}"
+        silent = "" if row.silent_s != row.silent_s else f", silent for {row.silent_s:.0f} s"
         console.print(Text(f"trial {row.number} RUNNING on {place} ({row.host}) for "
-                           f"{row.elapsed_s:.0f} s{last}{gone}"))
+                           f"{row.elapsed_s:.0f} s{last}{silent}{gone}"))
     return 0
 
 

@@ -13,8 +13,9 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from sweep import placeholders, searchspace, storageurl, yamlfile
+from sweep import accelconfig, interpreter, placeholders, searchspace, storageurl, yamlfile
 from sweep.errors import ConfigError, Problem, short
 from sweep.protocol import compile_pattern
 from sweep.searchspace import (
@@ -120,6 +121,8 @@ class StudySection(_Model):
 class AccelerateSettings(_Model):
     mixed_precision: Literal["no", "fp16", "bf16"] | None = None
     dynamo_backend: str | None = None
+    # a file written by `accelerate config` (relative to the study file): see accelconfig
+    config_file: Path | None = None
 
 
 class ResultSection(_Model):
@@ -174,6 +177,13 @@ class TrainerSection(_Model):
     retry_oom: bool = False
     gpu_memory_gb: Annotated[float, Field(gt=0)] | Literal["auto"] | None = None
     gpus_per_trial: Annotated[int, Field(ge=1, le=64, strict=True)] = 1
+    # a trial silent this long with its GPUs idle is hung (`sweep.hang`); null: never judged
+    hang_after: Annotated[float, Field(gt=0)] | None = 1800.0
+    hang_gpu_util: Annotated[float, Field(ge=0, le=100)] = 5.0  # %: below it a GPU is idle
+    # the interpreter trials run with (relative to the study file, or a name on PATH)
+    python: Annotated[str, Field(min_length=1)] | None = None
+    # where a trial runs: a path with placeholders ({trial_dir}...); None: the driver's cwd
+    workdir: Annotated[str, Field(min_length=1)] | None = None
     # appended to args when an attempt carries on a lineage whose checkpoint folder is not
     # empty (see sweep.lineage); {last_checkpoint} is the newest HF checkpoint-N folder there
     resume_args: list[str] = []
@@ -564,10 +574,15 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 bad(f"study.enqueue.{i}.{name}", problem)
     if study.pruner.type != "none" and study.directions is not None:
         bad("study.pruner", "Optuna cannot prune multi-objective studies")
+    if trainer.workdir is not None:
+        check(placeholders.check, file, "trainer.workdir", trainer.workdir)
+    python, config_file = _trainer_environment(file, base, trainer, runnable, bad)
+    accelerate = trainer.accelerate.model_copy(update={"config_file": config_file})
     resolved = spec.model_copy(
         update={
             "study": study.model_copy(update={"storage": storage, "output_dir": output_dir}),
-            "trainer": trainer.model_copy(update={"script": script}),
+            "trainer": trainer.model_copy(update={"script": script, "python": python,
+                                                  "accelerate": accelerate}),
             "source": path.resolve(),
         }
     )
@@ -586,6 +601,49 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     if problems:
         raise ConfigError.of(problems)
     return resolved
+
+
+def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnable: bool,
+                         bad: Callable[[str, str], None]) -> tuple[str | None, Path | None]:
+    """`trainer.python` (absolute; a name without a slash is looked up on PATH) and
+    `trainer.accelerate.config_file` (absolute), checked when `runnable`: the interpreter runs
+    and has accelerate where the launcher needs it; the config file is one the trainer's
+    accelerate takes and sweep can honour (`accelconfig.problems`)."""
+    python = trainer.python
+    if python is not None:
+        found = shutil.which(python) if "/" not in python else None
+        python = found or os.path.abspath(base / python)  # a venv's link is not resolved
+    config_file = trainer.accelerate.config_file
+    if config_file is not None:
+        config_file = (base / config_file).resolve()
+        if trainer.launcher == "python":
+            bad("trainer.accelerate.config_file", "launcher: python runs no accelerate; use "
+                "launcher: accelerate (or direct, warm), or remove the config file")
+            return python, config_file
+    if not runnable or (python is None and config_file is None):
+        return python, config_file
+    try:
+        interp = interpreter.probe(python or interpreter.driver_python(),
+                                   keys=config_file is not None)
+    except interpreter.InterpreterError as e:
+        bad("trainer.python" if python else "trainer.accelerate.config_file",
+            f"{e}: give a working Python (e.g. your project's .venv/bin/python)")
+        return python, config_file
+    if python is not None and trainer.launcher != "python" and not interp.has("accelerate"):
+        bad("trainer.python", f"{python} has no accelerate, which launcher: {trainer.launcher} "
+            "runs: install it there (pip install accelerate), or use launcher: python")
+        return python, config_file
+    if config_file is not None:
+        try:
+            data = accelconfig.read(config_file)
+        except accelconfig.ConfigFileError as e:
+            bad("trainer.accelerate.config_file", str(e))
+            return python, config_file
+        for message in accelconfig.problems(
+                data, interp.keys, interp.has("deepspeed"), trainer.accelerate.mixed_precision,
+                trainer.accelerate.dynamo_backend):
+            bad("trainer.accelerate.config_file", f"{config_file}: {message}")
+    return python, config_file
 
 
 def env_name(param: str) -> str:

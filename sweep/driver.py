@@ -17,7 +17,20 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep import hostlock, launch, launchers, placement, process, searchspace, trialdir
+from sweep import (
+    hang,
+    health,
+    hostlock,
+    launch,
+    launchers,
+    placement,
+    process,
+    provenance,
+    searchspace,
+    sicklist,
+    stacks,
+    trialdir,
+)
 from sweep.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
@@ -27,7 +40,7 @@ from sweep.monitor import Monitor
 from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
-from sweep.process import RunningTrial, Stop
+from sweep.process import Phase, RunningTrial, Stop
 from sweep.protocol import ReportReader
 from sweep.store import Store, Taken
 
@@ -40,7 +53,7 @@ class Driver:
     def __init__(
         self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
         events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
-        clock: Any = None,
+        clock: Any = None, record: provenance.RunRecord | None = None,
     ) -> None:
         self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
         self.events = events or Events()
@@ -66,6 +79,19 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
+        self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
+        # (number, searched params, origin, attempt, its continuation's lineage attributes) of
+        # the trials that failed on each device
+        self._failing: health.FailingDevices[
+            tuple[int, dict[str, Any], int, int, dict[str, Any]]] = (
+            health.FailingDevices())
+        self._sick: set[int] = set()  # devices taken out of the pool as sick
+        self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
+        self.python_pids = stacks.python_pids
+        if monitor is not None:  # its samples on this clock; a sick device wakes the loop
+            monitor.clock = self.clock.now
+            monitor.on_sick = self.clock.wake
+        self.record = record  # what every trial's env.json shares (None: none is written)
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -156,6 +182,9 @@ class Driver:
         for run in self.running.values():
             due = run.next_wakeup(now, POLL_SECONDS)
             times.append(math.inf if due is None else due)
+            watch = self._hangs.get(run.number)
+            if watch is not None and run.phase is Phase.RUNNING:
+                times.append(watch.next_look())
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
@@ -274,8 +303,11 @@ class Driver:
             start = trialdir.prepare_checkpoint_dir(spec.output_dir, line)
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
                                  start=start)
-            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params),
-                                       trialdir.arg_secrets(spec.trainer.args, os.environ))
+            secrets = trialdir.arg_secrets(spec.trainer.args, os.environ)
+            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params), secrets)
+            if self.record is not None:
+                provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
+                self.store.note(asked.trial, self.record.attrs())
             proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
         except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
@@ -296,6 +328,11 @@ class Driver:
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
             spec.trainer.stop_grace, deadline, reports, lease, lineage=line)
+        if spec.trainer.hang_after is not None:
+            paths = plan.paths
+            self._hangs[asked.number] = hang.OutputWatch(
+                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
+                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         if line.continues is not None:
@@ -310,8 +347,13 @@ class Driver:
     def _supervise(self, now: float) -> None:
         if self._stopping():  # a signal that reached the trainers too (a Slurm job step's):
             self._react(now)  # their trials were interrupted, whichever ends first
+        if self.monitor is not None:
+            for index, why in sorted(self.monitor.take_sick().items()):
+                self._take_out(index, why, now)
         for run in list(self.running.values()):
             run.tick(now)
+            if run.phase is Phase.RUNNING and not run.process.command_exited:
+                self._look_for_hang(run, now)
             if run.follows_reports:
                 self._follow_reports(run, now)
             if run.process.command_exited and not run.judged:
@@ -338,6 +380,72 @@ class Driver:
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 
+    def _look_for_hang(self, run: RunningTrial, now: float) -> None:
+        """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
+        Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
+        watch, trainer = self._hangs.get(run.number), self.spec.trainer
+        if watch is None or trainer.hang_after is None or not watch.due(now):
+            return
+        last = watch.look(now)
+        samples = self.monitor.samples_of(run.number) if self.monitor is not None else []
+        found = hang.judge(last, samples, now, trainer.hang_after, trainer.hang_gpu_util)
+        if found is None:
+            return
+        path = run.process.plan.paths.dir / stacks.STACK_NAME
+        pids = run.process.tree_pids() - {run.process.pid}  # the guard is sweep's own
+        self.dump_stacks(self.python_pids(pids), path, found.reason())
+        run.detail = f"{found.reason()}; stacks in {path}"
+        run.stop(Stop.HUNG, self.clock.now())
+
+    def _take_out(self, index: int, why: str, now: float) -> None:
+        """Device `index` is sick: out of the pool for the rest of the run, said in one line
+        (and recorded for `sweep gpus`); the trials running on it are stopped, and those that
+        failed on it in a row run again elsewhere, no longer counted as failures."""
+        if index in self._sick or index not in {d.index for d in self.pool.devices}:
+            return
+        self._sick.add(index)
+        self.pool.quarantine(index, why)
+        self.events.message(f"GPU {index} taken out of the pool: {why}")
+        if len(self.pool.quarantined) == len(self.pool.devices):  # the run cannot go on
+            out = "; ".join(f"GPU {i}: {w}" for i, w in sorted(self.pool.quarantined.items()))
+            self.policy.give_up(f"no GPU left in the pool (taken out: {out})")
+        if self.pool.host is not None:
+            sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
+        failed = self._failing.forget(index)
+        for _, searched, origin, attempt, attrs in failed:
+            if self._run_again(searched, origin, attempt + 1, attrs):
+                self._adjust_counts(waiting=1)
+        self.policy.forgive({number for number, *_ in failed})
+        for run in self.running.values():
+            devices = run.lease.devices if run.lease is not None else (run.device,)
+            if index in devices and run.phase is Phase.RUNNING \
+                    and not run.process.command_exited:
+                run.detail = f"GPU {index} was taken out of the pool: {why}"
+                run.stop(Stop.DEVICE_OUT, now)
+
+    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int,
+                   attrs: dict[str, Any] | None = None) -> bool:
+        """Queue `searched` again as `attempt` of trial `origin` (once), with the rest of its
+        lineage `attrs` (a continuation: no retry spent); True if queued."""
+        return self.store.requeue(searched, origin, attempt, attrs)
+
+    def _on_device(self, run: RunningTrial, state: TrialState, cuda_error: bool,
+                   devices: tuple[int, ...], now: float) -> bool:
+        """What the trial says of its devices (a sick one is taken out); whether it failed on
+        a device that is out now (its params then run again elsewhere, not as a failure)."""
+        if run.stop_reason in (Stop.INTERRUPTED, Stop.TAKEN, Stop.DRIVER_ERROR):
+            return False
+        if run.stop_reason is not Stop.DEVICE_OUT:
+            kind = (health.Kind.WORKED if state is not TrialState.FAIL else
+                    health.Kind.CUDA_ERROR if cuda_error else health.Kind.OTHER)
+            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+            attrs = (run.lineage or Lineage(run.origin, run.attempt)).next_attrs(
+                run.number, retry=False)
+            payload = (run.number, searched, run.origin, run.attempt, attrs)
+            for sick in self._failing.seen(devices, kind, payload):
+                self._take_out(sick.device, sick.why, now)
+        return state is TrialState.FAIL and bool(self._sick & set(devices))
+
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
@@ -348,6 +456,8 @@ class Driver:
         lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
+        fault = self._on_device(run, verdict.state, verdict.cuda_error,
+                                lease.devices if lease is not None else (run.device,), now)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
@@ -355,10 +465,11 @@ class Driver:
         line = run.lineage or Lineage(run.origin, run.attempt)
         interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
-        if run.stop_reason is not Stop.TAKEN:
-            queued = self._carry_on(run, line, self.policy.retries(
+        if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
+            queued = self._carry_on(run, line, not fault and self.policy.retries(
                 verdict.state, line.retries, verdict.oom, interrupted),
-                self.policy.continues(verdict.state, interrupted))
+                fault or self.policy.continues(verdict.state, interrupted),
+                "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
@@ -381,13 +492,16 @@ class Driver:
         if not told:  # the other driver counted it, and queued its params again
             return
         self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
-                          verdict.fail_reason, see=str(_where_to_look(run.process.plan.paths)))
+                          verdict.fail_reason, see=str(_where_to_look(run.process.plan.paths)),
+                          device_fault=fault, number=run.number)
         if queued:
             self._adjust_counts(waiting=1)
 
-    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool) -> bool:
+    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool,
+                  why: str = "interrupted") -> bool:
         """Queue the next attempt of `run`'s lineage: a retry after a real failure, or the
-        continuation of an interrupted trial (`resume`). True if this call queued it."""
+        continuation (`resume`) of a trial that was interrupted or failed on a sick device
+        (`why`). True if this call queued it."""
         if not (retry or resume):
             return False
         searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
@@ -395,8 +509,8 @@ class Driver:
                                 clean=self.spec.trainer.retry_from == "clean")
         queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
         if queued and resume:
-            self.events.message(f"trial {run.number} interrupted: queued to continue (same "
-                                "params, its checkpoint folder) in the next run")
+            self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
+                                "its checkpoint folder)")
         return queued
 
     def _end(self, run: RunningTrial, now: float) -> None:
@@ -414,6 +528,7 @@ class Driver:
                     self.pool.quarantine(index, reason)
                     self.events.message(f"GPU {index} taken out of the pool: {reason}")
         del self.running[run.number]
+        self._hangs.pop(run.number, None)
         run.process.close()
         oom = run.number in self._oom
         self._oom.discard(run.number)

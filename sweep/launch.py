@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep import lineage, protocol
+from sweep import accelconfig, lineage, protocol
 from sweep.config import Spec, TrainerSection, env_name
 from sweep.placeholders import fill
 from sweep.trialdir import TrialPaths
@@ -27,6 +27,38 @@ ACCELERATE_CONFIG_NAME = "accelerate_config.yaml"
 # default_config.yaml cannot turn a trial into a multi-GPU torchrun job.
 ACCELERATE_CONFIG_FILE = Path(__file__).with_name(ACCELERATE_CONFIG_NAME)
 ACCELERATE_CONFIG = ACCELERATE_CONFIG_FILE.read_text()
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The accelerate config file trials launch with, and its distributed type when it is a
+    study's own (`trainer.accelerate.config_file` merged: see `accelconfig`); None: sweep's
+    shipped one-process config, to which `--multi_gpu` adds several processes."""
+
+    path: Path
+    distributed: str | None = None
+
+
+SWEEP_CONFIG = LaunchConfig(ACCELERATE_CONFIG_FILE)
+
+
+def tracker_env(study: str, number: int, trainer_env: Mapping[str, Any]) -> dict[str, str]:
+    """What experiment trackers read to group a study's trials: W&B's run group (the study)
+    and run name (`trial-N`), each unless `trainer.env` sets it."""
+    mine = {"WANDB_RUN_GROUP": study, "WANDB_NAME": f"trial-{number}"}
+    return {k: v for k, v in mine.items() if k not in trainer_env}
+
+
+def launch_config(spec: Spec) -> tuple[LaunchConfig, accelconfig.Merged | None]:
+    """The config a run of `spec` launches with: sweep's own, or the study's config file
+    merged with sweep's settings (reads the file; the merged one is written by the launcher
+    into `<output_dir>/cache/`, named by its content)."""
+    source = spec.trainer.accelerate.config_file
+    if source is None:
+        return SWEEP_CONFIG, None
+    merged = accelconfig.merge(accelconfig.read(source), spec.trainer.gpus_per_trial)
+    return LaunchConfig(accelconfig.merged_path(merged, spec.output_dir / "cache"),
+                        merged.distributed_type), merged
 
 
 @dataclass(frozen=True)
@@ -41,6 +73,7 @@ class LaunchPlan:
     # trainer in its own command line (the script, or the module), so that the guard can tell
     # when the trainer itself ended. None: the command is the trainer.
     trainer: str | None = None
+    cwd: Path | None = None  # where the trial runs (`trainer.workdir`); None: the driver's
 
     def command_line(self) -> str:
         """The exact command, as a shell line a user can paste to rerun the trial by hand."""
@@ -113,6 +146,8 @@ def build_launch(
     launcher_env: Mapping[str, str] | None = None,
     through_accelerate: bool = True,
     start: lineage.Start | None = None,
+    study: str | None = None,
+    distributed: str | None = None,
 ) -> LaunchPlan:
     """argv + env of one trial: `accelerate launch` pinned to `device` (or, not
     `through_accelerate`, plain python, with `launcher_env` beneath sweep's variables: the
@@ -123,8 +158,11 @@ def build_launch(
 
     `passing` holds each param's `arg`/`prefix`/`flag`; `places` the placeholders of args,
     env and the result file besides {trial_dir} and {trial_number}; `environ` the driver's
-    environment, for `$VAR` in args; `start` what the trial gets from its lineage (its
-    checkpoint folder, `trainer.resume_args` when it resumes; default: a new lineage's).
+    environment, for `$VAR` in args; `study` its name, for trackers (`tracker_env`);
+    `distributed` the distributed type of `accelerate_config` when it is the study's own
+    (`LaunchConfig`). The trial runs in `trainer.workdir` (relative to {study_dir}) when set.
+    `start` is what the trial gets from its lineage (its checkpoint folder,
+    `trainer.resume_args` when it resumes; default: a new lineage's).
     """
     start = start or lineage.Start(lineage.checkpoint_dir(paths.dir.parent.parent, number))
     places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number),
@@ -132,7 +170,8 @@ def build_launch(
     mine = script_params(params, passing)
     to_launcher = {k: v for k, v in params.items() if k not in mine}
     params = mine
-    env = {k: fill(_env_text(v), places) for k, v in trainer.env.items()}
+    env = tracker_env(study, number, trainer.env) if study is not None else {}
+    env.update({k: fill(_env_text(v), places) for k, v in trainer.env.items()})
     env.update({
         "CUDA_VISIBLE_DEVICES": pin or str(device),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -156,28 +195,36 @@ def build_launch(
     tail = [*entry, *args]
     if through_accelerate:
         settings = accelerate_settings(trainer, accelerate_config, pin or str(device), port,
-                                       to_launcher)
+                                       to_launcher, distributed)
         if trainer.module:
             tail = ["--module", *tail[1:]]
         argv = [python, "-m", "accelerate.commands.launch", *settings, *tail]
     else:
         argv = [python, *tail]
         env = {**(launcher_env or {}), **env}  # what `accelerate launch` would set, then ours
+    cwd = None
+    if trainer.workdir is not None:
+        cwd = Path(places.get("study_dir", ".")) / fill(trainer.workdir, places)
     result = paths.result
     if trainer.result is not None and trainer.result.file is not None:
-        result = Path(fill(trainer.result.file, places)).absolute()
-    return LaunchPlan(argv, env, paths, result, entry[-1] if through_accelerate else None)
+        filled = Path(fill(trainer.result.file, places))
+        result = (cwd / filled if cwd is not None else filled).absolute()
+    return LaunchPlan(argv, env, paths, result, entry[-1] if through_accelerate else None, cwd)
 
 
 def accelerate_settings(
     trainer: TrainerSection, accelerate_config: Path, gpu_ids: str, port: int | None = None,
-    to_launcher: Mapping[str, Any] | None = None,
+    to_launcher: Mapping[str, Any] | None = None, distributed: str | None = None,
 ) -> list[str]:
-    """The options sweep gives `accelerate launch` for one trial (before the script)."""
+    """The options sweep gives `accelerate launch` for one trial (before the script).
+    `distributed`: the distributed type of a study's own config (`LaunchConfig`): then
+    `--multi_gpu` is given only for MULTI_GPU (the flag would make accelerate ignore the
+    file's FSDP or DeepSpeed)."""
     width = trainer.gpus_per_trial
+    multi = width > 1 and distributed in (None, "MULTI_GPU")
     settings = [
         "--config_file", str(accelerate_config),
-        *(["--multi_gpu"] if width > 1 else []),
+        *(["--multi_gpu"] if multi else []),
         "--num_processes", str(width),
         "--num_machines", "1",
         "--gpu_ids", gpu_ids,
@@ -195,12 +242,14 @@ def accelerate_settings(
     return settings
 
 
-def direct_settings(spec: Spec, params: Mapping[str, Any]) -> list[str]:
+def direct_settings(spec: Spec, params: Mapping[str, Any],
+                    config: LaunchConfig = SWEEP_CONFIG) -> list[str]:
     """The `accelerate launch` options whose environment `launcher: direct` gives a trial of
-    `params` (the device is sweep's to set: a stand-in here)."""
+    `params` with `config` (the device is sweep's to set: a stand-in here)."""
     to_launcher = {k: v for k, v in params.items()
                    if k not in script_params(params, spec.params)}
-    return accelerate_settings(spec.trainer, ACCELERATE_CONFIG_FILE, "0", None, to_launcher)
+    return accelerate_settings(spec.trainer, config.path, "0", None, to_launcher,
+                               config.distributed)
 
 
 def plan_trial(
@@ -208,13 +257,17 @@ def plan_trial(
     pin: str | None = None, port: int | None = None,
     launcher_env: Mapping[str, str] | None = None, through_accelerate: bool = True,
     start: lineage.Start | None = None,
+    config: LaunchConfig = SWEEP_CONFIG,
 ) -> LaunchPlan:
-    """`build_launch` for trial `number` of `spec`, with its files under `output_dir` and
-    sweep's accelerate config (`ACCELERATE_CONFIG_FILE`)."""
+    """`build_launch` for trial `number` of `spec`, with its files under `output_dir`, its
+    interpreter (`trainer.python`, else the driver's) and accelerate `config` (sweep's
+    shipped `ACCELERATE_CONFIG_FILE` unless the study has its own: `launch_config`)."""
     return build_launch(spec.trainer, number, params, device,
-                        TrialPaths.of(spec.output_dir, number), ACCELERATE_CONFIG_FILE,
+                        TrialPaths.of(spec.output_dir, number), config.path,
+                        python=spec.trainer.python or sys.executable,
                         passing=spec.params, places=spec_places(spec), pin=pin, port=port,
                         launcher_env=launcher_env, through_accelerate=through_accelerate,
+                        study=spec.study.name, distributed=config.distributed,
                         start=start)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweep import launch, process
+from sweep import accelconfig, interpreter, launch, process, provenance
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.launch import LaunchPlan
@@ -70,9 +70,14 @@ class BaseLauncher:
     def __init__(self, spec: Spec, spawn: Spawn = process.TrialProcess) -> None:
         self.spec = spec
         self._spawn = spawn
+        # the accelerate config trials launch with (the study's own, merged: written once)
+        self.config, self.merged = launch.launch_config(spec)
 
     def prepare(self) -> None:
-        """Before the first trial is asked: what a run needs once (a few seconds at most)."""
+        """Before the first trial is asked: what a run needs once (a few seconds at most):
+        the study's merged accelerate config is written."""
+        if self.merged is not None:
+            accelconfig.write(self.merged, self.config.path.parent)
 
     def get_ready(self) -> None:
         """Before each trial is asked: a launcher still getting ready may wait here (warm: for
@@ -84,7 +89,8 @@ class BaseLauncher:
         """Trial `number`'s argv, environment and files (pure: the same inputs give the same
         plan); `start`: what it gets from its lineage (`lineage.prepare`)."""
         return launch.plan_trial(self.spec, number, params, device, pin, port,
-                                 through_accelerate=self.through_accelerate, start=start)
+                                 through_accelerate=self.through_accelerate,
+                                 config=self.config, start=start)
 
     def note(self, params: Mapping[str, Any]) -> str | None:
         """For a dry run: what the printed command of a trial of `params` leaves out."""
@@ -92,7 +98,10 @@ class BaseLauncher:
 
     def header(self) -> list[str]:
         """For a dry run: how the printed commands run."""
-        return []
+        if self.merged is None:
+            return []
+        return [f"# accelerate config: {self.config.path}: trainer.accelerate.config_file with "
+                "sweep's settings on top, written at the run's start"]
 
     def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
               hold: Sequence[int] = ()) -> Process:
@@ -123,15 +132,20 @@ class DirectLauncher(BaseLauncher):
         """`dry`: for a dry run, which computes nothing: the variables come from the cache
         alone."""
         super().__init__(spec, spawn)
-        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host)
+        python = spec.trainer.python
+        version = None if python is None else interpreter.probe(python).packages.get(
+            "accelerate")
+        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host,
+                                            python or sys.executable, version=version)
         self._dry = dry
 
     def prepare(self) -> None:
+        super().prepare()
         if all(p.where == "script" for p in self.spec.params.values()):
-            self.accelerate_env.get(launch.direct_settings(self.spec, {}))  # the one set
+            self.accelerate_env.get(launch.direct_settings(self.spec, {}, self.config))
 
     def _variables(self, params: Mapping[str, Any]) -> dict[str, str] | None:
-        options = launch.direct_settings(self.spec, params)
+        options = launch.direct_settings(self.spec, params, self.config)
         return self.accelerate_env.cached(options) if self._dry else \
             self.accelerate_env.get(options)
 
@@ -143,7 +157,7 @@ class DirectLauncher(BaseLauncher):
         (a few seconds) and cached; then the plan is pure again."""
         return launch.plan_trial(self.spec, number, params, device, pin, port,
                                  self._variables(params), through_accelerate=False,
-                                 start=start)
+                                 config=self.config, start=start)
 
     def note(self, params: Mapping[str, Any]) -> str | None:
         if self._variables(params) is None:
@@ -170,6 +184,10 @@ class WarmLauncher(DirectLauncher):
         self.server: WarmServer | None = None
         if dry:
             return
+        if other_interpreter(spec.trainer.python):
+            self._drop(f"trainer.python is another interpreter ({spec.trainer.python}) than "
+                       "the driver's, whose fork server it cannot be")
+            return
         if python not in TESTED_PYTHONS:
             tested = ", ".join(f"{a}.{b}" for a, b in TESTED_PYTHONS)
             self._drop(f"its fork server imitates a new interpreter of Python {tested}, and "
@@ -185,7 +203,8 @@ class WarmLauncher(DirectLauncher):
             self._drop(f"cannot start its fork server: {e}")
 
     def header(self) -> list[str]:
-        return ["# launcher warm: each runs as a fork of the warm server, with this environment"]
+        return [*super().header(),
+                "# launcher warm: each runs as a fork of the warm server, with this environment"]
 
     def get_ready(self) -> None:
         self._ready()
@@ -261,6 +280,21 @@ class WarmLauncher(DirectLauncher):
             self.server = None
 
 
+def accelerate_record(spec: Spec) -> dict[str, Any] | None:
+    """What env.json records of the accelerate config `spec`'s trials launch with (None: the
+    launcher `python` runs no accelerate)."""
+    return None if spec.trainer.launcher == "python" else provenance.accelerate_record(spec)
+
+
+def other_interpreter(python: str | None) -> bool:
+    """Whether `trainer.python` names an interpreter other than the driver's own (another
+    venv of the same Python is another one: its packages differ)."""
+    if python is None:
+        return False
+    found = interpreter.probe(python)
+    return (found.prefix, found.executable) != (sys.prefix, sys.executable)
+
+
 def make(spec: Spec, host: str, own: Path, say: Say = lambda _: None,
          abort: Abort = lambda: False, spawn: Spawn = process.TrialProcess,
          dry: bool = False) -> Launcher:
@@ -274,10 +308,17 @@ def make(spec: Spec, host: str, own: Path, say: Say = lambda _: None,
         say("trainer.fork_launcher is no longer used: every trial starts as a new process "
             "(launcher: warm is the fast path for trials of seconds); remove it from the "
             "study file")
+    launcher: Launcher
     if trainer.launcher == "warm":
-        return WarmLauncher(spec, host, own, say, abort, spawn, dry)
-    if trainer.launcher == "direct":
-        return DirectLauncher(spec, host, spawn, dry)
-    if trainer.launcher == "python":
-        return PythonLauncher(spec, spawn)
-    return AccelerateLauncher(spec, spawn)
+        launcher = WarmLauncher(spec, host, own, say, abort, spawn, dry)
+    elif trainer.launcher == "direct":
+        launcher = DirectLauncher(spec, host, spawn, dry)
+    elif trainer.launcher == "python":
+        launcher = PythonLauncher(spec, spawn)
+    else:
+        launcher = AccelerateLauncher(spec, spawn)
+    merged = getattr(launcher, "merged", None)
+    if not dry and merged is not None:
+        for note in merged.notes:
+            say(note)
+    return launcher

@@ -12,12 +12,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from sweep.nvml import GpuReading
+from sweep import health
+from sweep.nvml import Counters, GpuReading, physical
 from sweep.placement import Look
 from sweep.pool import Pool
 from sweep.protocol import TRIAL_DIR_ENV
@@ -51,6 +53,12 @@ class NoReader:
     def compute_processes(self, index: int) -> dict[int, float | None]:
         return {}
 
+    def critical_xids(self, index: int) -> list[int]:
+        return []
+
+    def counters(self, index: int) -> Counters:
+        return Counters()
+
 
 @dataclass
 class TrialUsage:
@@ -64,6 +72,8 @@ class TrialUsage:
     mem_peak_mb: float = math.nan
     energy_start_mj: float | None = None
     samples: int = 0
+    # (monotonic time, utilisation %) of its samples in the last `Monitor.history_s`
+    recent: deque[tuple[float, float]] = field(default_factory=deque)
 
     def add(self, reading: GpuReading, trial_mem_mb: float | None) -> None:
         self.samples += 1
@@ -140,8 +150,11 @@ class Monitor:
 
     def __init__(
         self, reader: Reader, pool: Pool, csv_path: Path, interval: float = 1.0,
-        host: str = "",
+        host: str = "", history_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`history_s`: how long each trial's utilisation samples are kept (`samples_of`);
+        `clock`: the driver's, for their times."""
         self.reader = reader
         self.host = host
         self.pool = pool
@@ -152,6 +165,11 @@ class Monitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.history_s = history_s
+        self.clock = clock
+        self.on_sick: Callable[[], None] = lambda: None  # called from the sampler's thread
+        self._sick: dict[int, str] = {}  # devices found sick, not taken yet by the driver
+        self._said_sick: set[int] = set()
 
     def create_csv(self) -> None:
         """Create the samples file with its header, unless an earlier run left one."""
@@ -208,8 +226,11 @@ class Monitor:
     def sample_once(self, now: float | None = None) -> list[list[object]]:
         """Take one sample of every device, update the trials' aggregates, append the rows."""
         now = time.time() if now is None else now
+        tick = self.clock()
         rows: list[list[object]] = []
-        for gpu, leases in self.pool.holders().items():
+        holders = self.pool.holders()
+        self._look_at_health(list(holders))
+        for gpu, leases in holders.items():
             reading = self.reader.read(gpu)
             self.latest[gpu] = reading
             processes = self.reader.compute_processes(gpu) if leases else {}
@@ -220,6 +241,7 @@ class Monitor:
                 with self._lock:
                     if lease.trial in self._usage:
                         self._usage[lease.trial].add(reading, mem)
+                        self._remember(self._usage[lease.trial], tick, reading.util_gpu)
             rows.append([
                 round(now, 3), self.host, gpu,
                 ";".join(str(t) for t in sorted(x.trial for x in leases if x.trial is not None)),
@@ -232,6 +254,52 @@ class Monitor:
                 out.writerow(SAMPLE_COLUMNS)
             out.writerows(rows)
         return rows
+
+    def _remember(self, usage: TrialUsage, tick: float, util: float) -> None:
+        """Keep the sample for the hang rule: the busiest of the trial's devices at `tick`."""
+        recent = usage.recent
+        if recent and recent[-1][0] == tick:
+            last = recent.pop()[1]
+            util = last if math.isnan(util) else util if math.isnan(last) else max(last, util)
+        recent.append((tick, util))
+        while recent and recent[0][0] < tick - self.history_s:
+            recent.popleft()
+
+    def samples_of(self, trial: int) -> list[tuple[float, float]]:
+        """(time on the monitor's clock, utilisation % of the busiest of its devices) of the
+        trial's recent samples, oldest first ([] when nothing was sampled)."""
+        with self._lock:
+            usage = self._usage.get(trial)
+            return list(usage.recent) if usage is not None else []
+
+    def _look_at_health(self, devices: list[int]) -> None:
+        """Critical Xids and memory counters of `devices`: a sick one is kept for `take_sick`
+        (once) and `on_sick` is called. Xids are drained once per physical GPU."""
+        xid_of = getattr(self.reader, "critical_xids", None)
+        counters_of = getattr(self.reader, "counters", None)
+        xids: dict[int, list[int]] = {}
+        found = False
+        for gpu in devices:
+            if xid_of is not None and physical(gpu) not in xids:
+                xids[physical(gpu)] = xid_of(gpu)
+            if gpu in self._said_sick:
+                continue
+            why = health.xid_verdict(xids.get(physical(gpu), []))
+            if why is None and counters_of is not None:
+                why = health.counters_verdict(counters_of(gpu))
+            if why is not None:
+                with self._lock:
+                    self._sick[gpu] = why
+                self._said_sick.add(gpu)
+                found = True
+        if found:
+            self.on_sick()
+
+    def take_sick(self) -> dict[int, str]:
+        """The devices found sick since the last call, and why (for the driver's thread)."""
+        with self._lock:
+            sick, self._sick = self._sick, {}
+        return sick
 
     def _run(self) -> None:
         failing = False  # said once until a sample goes through again

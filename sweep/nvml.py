@@ -47,6 +47,24 @@ class GpuReading:
     power_w: float = NAN
 
 
+@dataclass(frozen=True)
+class Counters:
+    """A device's memory health as NVML counts it (None: this card cannot say)."""
+
+    ecc_uncorrected: int | None = None  # double-bit (uncorrectable) errors since the driver loaded
+    retired_pending: bool | None = None  # pages waiting to be retired at the next reset
+    remap_pending: bool | None = None  # rows waiting to be remapped at the next reset
+    remap_failed: bool | None = None  # a row could not be remapped
+
+
+def physical(index: int) -> int:
+    """The NVML index of the GPU a pool device is (a MIG instance: its parent's)."""
+    return index // 1000 - 1 if index >= 1000 else index
+
+
+XID_EVENTS_MAX = 64  # events drained from one GPU in one look, at most
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -64,8 +82,13 @@ class Nvml:
         except self._nv.NVMLError as e:
             raise NvmlUnavailable(f"NVML could not start: {e}") from None
         self._handles: dict[int, Any] = {}
+        self._event_sets: dict[int, Any] = {}  # physical GPU -> its event set (None: none)
 
     def close(self) -> None:
+        for event_set in self._event_sets.values():
+            if event_set is not None:
+                self._try(self._nv.nvmlEventSetFree, event_set)
+        self._event_sets.clear()
         try:
             self._nv.nvmlShutdown()
         except self._nv.NVMLError:
@@ -109,6 +132,14 @@ class Nvml:
                 memory_total_mb=mem.total / 2**20,
             ))
         return out
+
+    def system(self) -> tuple[str | None, str | None]:
+        """The driver's version ("550.54.15") and the CUDA version it supports ("12.4");
+        None where NVML cannot say."""
+        driver = self._try(self._nv.nvmlSystemGetDriverVersion)
+        cuda = self._try(self._nv.nvmlSystemGetCudaDriverVersion)
+        return (None if driver is None else _text(driver),
+                None if not isinstance(cuda, int) else f"{cuda // 1000}.{cuda % 1000 // 10}")
 
     def _mig_enabled(self, handle: Any) -> bool:
         try:
@@ -169,3 +200,51 @@ class Nvml:
             used = getattr(p, "usedGpuMemory", None)
             out[int(p.pid)] = used / 2**20 if used is not None else None
         return out
+
+    def counters(self, index: int) -> Counters:
+        """The memory health counters of device `index` (its GPU's, for a MIG instance)."""
+        nv, gpu = self._nv, physical(index)
+        ecc = self._try_on(lambda h: nv.nvmlDeviceGetTotalEccErrors(
+            h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC), gpu)
+        pending = self._try_on(nv.nvmlDeviceGetRetiredPagesPendingStatus, gpu)
+        rows = self._try_on(nv.nvmlDeviceGetRemappedRows, gpu)
+        return Counters(
+            ecc_uncorrected=int(ecc) if ecc is not None else None,
+            retired_pending=pending == nv.NVML_FEATURE_ENABLED if pending is not None else None,
+            remap_pending=bool(rows[2]) if rows is not None else None,
+            remap_failed=bool(rows[3]) if rows is not None else None,
+        )
+
+    def _events_of(self, gpu: int) -> Any:
+        """GPU `gpu`'s event set for critical Xid errors, made at the first look (None: the
+        card or the driver cannot give them). Xids from before it was made are not seen."""
+        if gpu not in self._event_sets:
+            nv = self._nv
+            event_set = None
+            try:
+                event_set = nv.nvmlEventSetCreate()
+                nv.nvmlDeviceRegisterEvents(self._handle(gpu), nv.nvmlEventTypeXidCriticalError,
+                                            event_set)
+            except nv.NVMLError:
+                if event_set is not None:
+                    self._try(nv.nvmlEventSetFree, event_set)
+                event_set = None
+            self._event_sets[gpu] = event_set
+        return self._event_sets[gpu]
+
+    def critical_xids(self, index: int) -> list[int]:
+        """The critical Xid numbers NVML reported for device `index`'s GPU since the last
+        look (without waiting); the first look starts listening."""
+        nv = self._nv
+        event_set = self._events_of(physical(index))
+        if event_set is None:
+            return []
+        xids = []
+        for _ in range(XID_EVENTS_MAX):
+            try:
+                event = nv.nvmlEventSetWait(event_set, 0)
+            except nv.NVMLError:  # NVMLError_Timeout: nothing more now
+                break
+            if int(event.eventType) & nv.nvmlEventTypeXidCriticalError:
+                xids.append(int(event.eventData))
+        return xids

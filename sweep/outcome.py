@@ -30,6 +30,16 @@ _OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
     r"CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory",
 )
+# A CUDA error that may be the card's, not the program's: what a sick GPU makes trials print
+# ("an illegal memory access", "unspecified launch failure", "uncorrectable ECC error", ...).
+# Out of memory and a device-side assert (the program's own indexing) are not.
+_CUDA_ERROR = re.compile(
+    r"CUDA error: (?!out of memory|device-side assert)|CUDA driver error|"
+    r"unspecified launch failure|illegal memory access|uncorrectable ECC error|"
+    r"ECC error|cudaErrorECCUncorrectable|cudaErrorIllegalAddress|cudaErrorLaunchFailure|"
+    r"CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ECC_UNCORRECTABLE|UNKNOWN)|"
+    r"CUBLAS_STATUS_EXECUTION_FAILED|NCCL error.*unhandled cuda error",
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class Outcome:
     exit_code: int | None = None
     oom: bool = False
     extras: dict[str, float] = field(default_factory=dict)
+    cuda_error: bool = False  # a crash with a CUDA error that is not out-of-memory
 
 
 def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
@@ -111,7 +122,8 @@ def judge(
             return Outcome(FAIL, fail_reason=f"out of memory: {last_line(oom)}", exit_code=code,
                            oom=True)
         detail = last_line(trainer_stderr) or "no stderr"
-        return Outcome(FAIL, fail_reason=f"exit code {code}: {detail}", exit_code=code)
+        return Outcome(FAIL, fail_reason=f"exit code {code}: {detail}", exit_code=code,
+                       cuda_error=cuda_error_line(trainer_stderr) is not None)
     if result_text is None:
         return Outcome(FAIL, exit_code=code, fail_reason=NO_RESULT)
     try:
@@ -177,6 +189,15 @@ def judge_files(
                                              "not found in stdout (groups found:")
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     return verdict
+
+
+def cuda_error_line(stderr: str) -> str | None:
+    """The last line of `stderr` that reports a CUDA error other than out-of-memory, if any
+    (a sick card's sign, when it comes twice in a row on one device; see `sweep.health`)."""
+    for line in reversed(stderr.splitlines()):
+        if _CUDA_ERROR.search(line):
+            return line.strip()
+    return None
 
 
 def _oom_line(stderr: str) -> str | None:

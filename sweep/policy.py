@@ -9,7 +9,7 @@ in microseconds.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optuna.trial import TrialState
 
@@ -62,6 +62,7 @@ class Policy:
     signals: int = 0
     stop_reason: str | None = None
     gave_up: bool = False
+    streak_of: list[int] = field(default_factory=list)  # the trials of `streak` (when given)
 
     @classmethod
     def of(cls, spec: Spec, grid_size: int | None, now: float) -> Policy:
@@ -113,25 +114,41 @@ class Policy:
 
     def after(
         self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False,
-        fail_reason: str | None = None, see: str = "",
+        fail_reason: str | None = None, see: str = "", device_fault: bool = False,
+        number: int | None = None,
     ) -> Followup:
         """What follows a trial told `state` (COMPLETE, PRUNED or FAIL); `attempt` is how
         many retries after a real failure its lineage has had (`lineage.Lineage.retries`);
         `see` names where the user should look if the run gives up. An interrupted trial is
-        carried on (`continues`), and is no failure: the streak stays as it was."""
+        carried on (`continues`), and is no failure: the streak stays as it was.
+        `device_fault`: it failed on a device taken out of the pool as sick: its params run
+        again elsewhere, and it is not counted toward `max_consecutive_failures`. `number`:
+        the trial's, so that `forgive` can take it out of the streak later."""
         if state is not TrialState.FAIL:
             self.streak = 0
+            self.streak_of.clear()
             return Followup()
         if interrupted:
             return Followup()
+        if device_fault:
+            return Followup(retry=True)
         retry = self.retries(state, attempt, oom, interrupted)
         self.streak += 1
+        if number is not None:
+            self.streak_of.append(number)
         if self.streak < self.max_consecutive_failures:
             return Followup(retry=retry)
         reason = (f"stopped after {self.max_consecutive_failures} failed trials in a row "
                   f"(last: {fail_reason})" + (f"; see {see}" if see else ""))
         self.give_up(reason)
         return Followup(retry=retry, give_up=reason)
+
+    def forgive(self, numbers: set[int]) -> None:
+        """These trials failed on a device found sick since: those still in the current
+        streak of failures no longer count toward `max_consecutive_failures`."""
+        kept = [n for n in self.streak_of if n not in numbers]
+        self.streak -= len(self.streak_of) - len(kept)
+        self.streak_of = kept
 
     def retries(
         self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False

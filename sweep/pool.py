@@ -298,6 +298,10 @@ class Pool:
         self.rules.want_mb = mb
         self.rules.alone = mb is None
 
+    def key(self, index: int) -> str:
+        """Device `index`'s key in the host's files: its UUID, else `sim<index>`."""
+        return self._keys[index]
+
     def quarantine(self, index: int, reason: str) -> None:
         """Take a device out of the pool for the rest of the run."""
         self.quarantined[index] = reason

@@ -49,6 +49,8 @@ class Stop(str, enum.Enum):
     DRIVER_ERROR = "driver error"
     BAD_REPORT = "bad report"
     TAKEN = "told by another driver"  # which took this one for dead (it was frozen)
+    HUNG = "hung"  # silent with idle GPUs for trainer.hang_after (`RunningTrial.detail` says)
+    DEVICE_OUT = "its GPU was taken out of the pool"  # as sick (`RunningTrial.detail` says)
 
 
 class Process(Protocol):
@@ -105,7 +107,7 @@ class TrialProcess:
             with open_log(plan.paths.stdout) as out, open_log(plan.paths.stderr) as err:
                 if server is not None:
                     self.pid = server.fork(
-                        plan.argv, {**os.environ, **plan.env}, os.getcwd(), grace,
+                        plan.argv, {**os.environ, **plan.env}, str(plan.cwd or os.getcwd()), grace,
                         str(plan.paths.dir),
                         (control_r, status_w, out.fileno(), err.fileno(), *hold))
                     os.write(self._control, GO)  # a guard not told so starts nothing
@@ -118,6 +120,7 @@ class TrialProcess:
                         [*argv, *plan.argv], env={**os.environ, **plan.env},
                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                         start_new_session=True, pass_fds=(control_r, status_w, *hold),
+                        cwd=plan.cwd,  # `trainer.workdir`; None: the driver's
                     )
                     self.pid = self._popen.pid
         except BaseException:
@@ -301,6 +304,7 @@ class RunningTrial:
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
     lineage: Lineage | None = None  # where it stands in its lineage (None: a first attempt)
+    detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
 
     def _move(self, to: Phase) -> None:
         """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
@@ -384,6 +388,8 @@ class RunningTrial:
         """How the trial was stopped, as `outcome.judge` is to be told (None: it was not)."""
         if self.stop_reason is Stop.BAD_REPORT and self.reports is not None:
             return self.reports.error
+        if self.stop_reason in (Stop.HUNG, Stop.DEVICE_OUT) and self.detail is not None:
+            return self.detail
         if self.stop_reason is None and self.process.lost:
             return "its guard process was killed (by the trainer?); what was left was stopped"
         return self.stop_reason.value if self.stop_reason else None

@@ -313,6 +313,11 @@ class Store:
             raise
         return True, done
 
+    def note(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        """Store `attrs` on a running trial (what it runs: `provenance.RunRecord.attrs`)."""
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
     def tell_verdict(
         self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
         usage: Mapping[str, float], gpus: Sequence[int] = (),

@@ -11,6 +11,7 @@ Writing the CSV is `save`.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,13 +19,13 @@ from typing import Any
 
 import pandas as pd
 
-from sweep import config, ownership, storage, storageurl, store
+from sweep import config, hang, ownership, storage, storageurl, store, trialdir
 from sweep.config import Spec
 from sweep.errors import UsageError
 
 ATTR_COLUMNS = [
     "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of",
+    "energy_j", "attempt", "retry_of", "code_version",
 ]
 
 
@@ -94,9 +95,19 @@ def status(study_file: str | Path, storage: str | None = None) -> Status:
             "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
             if last is not None else math.nan,
             "driver": ("alive" if owner.alive() else "gone") if here and owner else "elsewhere",
+            "silent_s": _silent(spec, t.number),
         })
-    columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver"]
+    columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver",
+               "silent_s"]
     return Status(counts, pd.DataFrame(rows, columns=columns))
+
+
+def _silent(spec: Spec, number: int) -> float:
+    """Seconds since the trial last wrote its stdout, stderr, reports or result (NaN: none of
+    them is in its folder here)."""
+    paths = trialdir.TrialPaths.of(spec.output_dir, number)
+    silent = hang.silence([paths.stdout, paths.stderr, paths.reports, paths.result], time.time())
+    return math.nan if silent is None else silent
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float:

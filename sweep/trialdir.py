@@ -332,6 +332,9 @@ def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     write_file(paths.command, command_script(plan, secrets), SCRIPT_MODE)
     if plan.result.parent != paths.dir:
         _remove(plan.result)
+    cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: made if it is not there
+    if cwd is not None:
+        os.makedirs(cwd, FOLDER_MODE, exist_ok=True)
 
 
 def _remove(path: Path) -> None:
@@ -438,6 +441,9 @@ def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
     if starred:
         lines.append("# a password in a URL in the arguments is written as ***: put it back "
                      "(edit this file) to run this")
+    cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: the trial runs there
+    if cwd is not None:
+        lines.append(f"cd {shlex.quote(str(cwd))} || exit 1")
     lines.append(f"{env} {' '.join(words)}")
     return "\n".join(lines) + "\n"
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import sweep
 
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs",
-     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership"},
-    {"storageurl", "searchspace", "placeholders"},
+    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
+     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership", "interpreter"},
+    {"storageurl", "searchspace", "placeholders", "health", "stacks", "accelconfig"},
     {"config", "hostlock", "lineage"},
+    {"sicklist"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies"},
-    {"budget", "heartbeat"},
+    {"budget", "heartbeat", "provenance"},
     {"process", "monitor", "store", "proxy", "accelenv"},
     {"launchers"},
     {"driver"},

@@ -166,8 +166,12 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     `launcher: direct` and `launcher: warm`: the trainer's Accelerator sees the same device,
     mixed precision, processes, threads and ACCELERATE_* variables, for a setting of
     `trainer.accelerate` and a searched one. The default's tree is guard -> `accelerate
-    launch` -> the script, new interpreters all (no fork server anywhere in it)."""
+    launch` -> the script, new interpreters all (no fork server anywhere in it).
+    Issue 25: all three launch with the study's own accelerate config file (a team's
+    MULTI_GPU file with debug mode and fp16: a one-device trial runs without MULTI_GPU, in
+    debug mode, its searched mixed precision over the file's)."""
     trainer = ROOT / "tests" / "trainers" / "state_probe.py"
+    (tmp_path / "team.yaml").write_text(MULTI_GPU_DEFAULT + "debug: true\n")
     seen: dict[str, list[dict]] = {}
     parents: dict[str, list[list[list[str]]]] = {}
     for launcher in ("accelerate", "direct", "warm"):
@@ -175,7 +179,7 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
             study={"name": launcher, "n_trials": 2,
                    "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
             trainer={"script": str(trainer), "launcher": launcher,
-                     "accelerate": {"dynamo_backend": "no"}},
+                     "accelerate": {"dynamo_backend": "no", "config_file": "team.yaml"}},
             params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
                                         "where": "accelerate"}},
             name=f"{launcher}.yaml")
@@ -200,6 +204,8 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
                for s in seen["direct"])
     assert all(s["env"]["ACCELERATE_DYNAMO_BACKEND"] == "NO" for s in seen["direct"])
+    assert all(s["env"]["ACCELERATE_DEBUG_MODE"] == "true" and "MASTER_PORT" not in s["env"]
+               and s["num_processes"] == 1 for s in seen["direct"])
     command = (tmp_path / "direct" / "trials" / "0" / "command.sh").read_text()
     assert "accelerate.commands.launch" not in command  # one interpreter, not two
 

@@ -71,20 +71,40 @@ def test_nvml_figures_it_cannot_read_are_nan_not_invented(monkeypatch):
     nvml.close()
 
 
-def test_fake_pynvml_matches_the_real_api():
+def test_fake_pynvml_matches_the_real_api(monkeypatch):
     for name in fake_pynvml.API:
         real, fake = getattr(real_pynvml, name), getattr(fake_pynvml, name)
         assert list(inspect.signature(fake).parameters) == list(
             inspect.signature(real).parameters), name
     for cls in ("NVMLError_LibraryNotFound", "NVMLError_Uninitialized", "NVMLError_NotSupported",
-                "NVMLError_NotFound", "NVMLError_DriverNotLoaded"):
+                "NVMLError_NotFound", "NVMLError_DriverNotLoaded", "NVMLError_Timeout"):
         real, fake = getattr(real_pynvml, cls), getattr(fake_pynvml, cls)
         assert issubclass(fake, fake_pynvml.NVMLError)
         assert fake().value == real().value, cls
     for const in ("NVML_DEVICE_MIG_ENABLE", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK",
                   "NVML_P2P_STATUS_NOT_SUPPORTED", "NVML_TOPOLOGY_SINGLE",
-                  "NVML_TOPOLOGY_SYSTEM"):
+                  "NVML_TOPOLOGY_SYSTEM", "NVML_ERROR_TIMEOUT", "nvmlEventTypeXidCriticalError",
+                  "nvmlEventTypeNone", "nvmlEventTypeSingleBitEccError",
+                  "nvmlEventTypeDoubleBitEccError", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+                  "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC",
+                  "NVML_AGGREGATE_ECC", "NVML_FEATURE_ENABLED", "NVML_FEATURE_DISABLED"):
         assert getattr(fake_pynvml, const) == getattr(real_pynvml, const), const
+    # an event has the fields of the real event data, in its order
+    fields = [name for name, _ in real_pynvml.c_nvmlEventData_t._fields_]
+    gpu = FakeGpu()
+    fake = fake_pynvml.install(monkeypatch, [gpu])
+    fake.nvmlInit()
+    event_set = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(gpu, fake.nvmlEventTypeXidCriticalError, event_set)
+    fake_pynvml.xid(gpu, 79)
+    event = fake.nvmlEventSetWait(event_set, 0)
+    assert list(vars(event)) == fields
+    assert (event.device, event.eventType, event.eventData) == (
+        gpu, real_pynvml.nvmlEventTypeXidCriticalError, 79)
+    with pytest.raises(fake_pynvml.NVMLError_Timeout):
+        fake.nvmlEventSetWait(event_set, 0)
+    assert len(fake.nvmlDeviceGetRemappedRows(gpu)) == 4  # as the real one: a 4-tuple
+    fake.nvmlEventSetFree(event_set)
     assert type(fake_pynvml.NVMLError(12)) is fake_pynvml.NVMLError_LibraryNotFound
     assert type(real_pynvml.NVMLError(12)) is real_pynvml.NVMLError_LibraryNotFound
 

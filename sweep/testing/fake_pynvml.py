@@ -21,6 +21,7 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
@@ -35,6 +36,16 @@ NVML_TOPOLOGY_MULTIPLE = 20
 NVML_TOPOLOGY_HOSTBRIDGE = 30
 NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_SYSTEM = 50
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+nvmlEventTypeNone = 0
+nvmlEventTypeSingleBitEccError = 1
+nvmlEventTypeDoubleBitEccError = 2
+nvmlEventTypeXidCriticalError = 8
 
 
 class NVMLError(Exception):
@@ -95,6 +106,11 @@ class FakeGpu:
     # FakeGpu of its own (uuid "MIG-...", its share of memory; no utilisation or power)
     mig: list[FakeGpu | None] | None = None
     is_mig_instance: bool = False
+    # health: None means "not supported" on this card
+    ecc_uncorrected: int | None = 0  # volatile double-bit errors
+    retired_pending: int | None = NVML_FEATURE_DISABLED
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failed
+    events: bool = True  # whether the card gives Xid events
 
 
 @dataclass
@@ -103,9 +119,30 @@ class _State:
     nvlink: set[frozenset[int]] = field(default_factory=set)  # pairs of indices with NVLink
     topology: dict[frozenset[int], int] = field(default_factory=dict)  # else: SYSTEM
     initialised: bool = False
+    event_sets: list[_EventSet] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _EventSet:
+    """What `nvmlEventSetCreate` returns: the devices registered, and events not yet read."""
+
+    registered: list[tuple[FakeGpu, int]] = field(default_factory=list)
+    pending: list[Any] = field(default_factory=list)
+    freed: bool = False
 
 
 _state = _State()
+
+
+def xid(gpu: FakeGpu, code: int) -> None:
+    """A critical Xid error on `gpu` now: queued to every event set registered for it (as in
+    NVML, sets registered later do not see it)."""
+    for event_set in _state.event_sets:
+        for device, types_ in event_set.registered:
+            if device is gpu and types_ & nvmlEventTypeXidCriticalError:
+                event_set.pending.append(types.SimpleNamespace(
+                    device=gpu, eventType=nvmlEventTypeXidCriticalError, eventData=code,
+                    gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF))
 
 
 def _check() -> None:
@@ -129,6 +166,16 @@ def nvmlInit() -> None:
 def nvmlShutdown() -> None:
     _check()
     _state.initialised = False
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    _check()
+    return "550.54.15"
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    _check()
+    return 12040
 
 
 def nvmlDeviceGetCount() -> int:
@@ -231,6 +278,67 @@ def nvmlDeviceGetTopologyCommonAncestor(device1: Any, device2: Any) -> int:
     return _state.topology.get(pair, NVML_TOPOLOGY_SYSTEM)
 
 
+def nvmlDeviceGetTotalEccErrors(handle: Any, errorType: int, counterType: int) -> int:
+    g = _gpu(handle)
+    if g.ecc_uncorrected is None or g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if errorType not in (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED) \
+            or counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return g.ecc_uncorrected if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else 0
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(device: Any) -> int:
+    g = _gpu(device)
+    if g.retired_pending is None or g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return g.retired_pending
+
+
+def nvmlDeviceGetRemappedRows(device: Any) -> tuple[int, int, int, int]:
+    g = _gpu(device)
+    if g.remapped_rows is None or g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return g.remapped_rows
+
+
+def nvmlEventSetCreate() -> _EventSet:
+    _check()
+    event_set = _EventSet()
+    _state.event_sets.append(event_set)
+    return event_set
+
+
+def _event_set(eventSet: Any) -> _EventSet:
+    _check()
+    if not isinstance(eventSet, _EventSet) or eventSet.freed:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return eventSet
+
+
+def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> None:
+    g = _gpu(handle)
+    event_set = _event_set(eventSet)
+    if not g.events or g.is_mig_instance:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    event_set.registered.append((g, eventTypes))
+
+
+def nvmlEventSetWait(eventSet: Any, timeoutms: int) -> Any:
+    """The oldest event not read; NVMLError_Timeout when there is none (this fake never
+    waits: an event comes from `xid`, called by the test)."""
+    event_set = _event_set(eventSet)
+    if not event_set.pending:
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+    return event_set.pending.pop(0)
+
+
+def nvmlEventSetFree(eventSet: Any) -> None:
+    event_set = _event_set(eventSet)
+    event_set.freed = True
+    _state.event_sets.remove(event_set)
+
+
 API = [
     "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo",
@@ -238,7 +346,10 @@ API = [
     "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetP2PStatus",
-    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows", "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents", "nvmlEventSetWait", "nvmlEventSetFree",
+    "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
 ]
 
 
@@ -249,5 +360,6 @@ def install(monkeypatch: Any, gpus: list[FakeGpu] | None) -> types.ModuleType:
     monkeypatch.setattr(_state, "nvlink", set())
     monkeypatch.setattr(_state, "topology", {})
     monkeypatch.setattr(_state, "initialised", False)
+    monkeypatch.setattr(_state, "event_sets", [])
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module

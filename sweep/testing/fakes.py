@@ -77,6 +77,7 @@ class Script:
     reports: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, value)
     ignores_term: bool = False  # exits only when SIGKILLed (after the grace period)
     leftover: float = 0.0  # a detached child lives this long after the command exits
+    output: list[tuple[float, str]] = field(default_factory=list)  # (time, stdout line)
 
 
 class FakeProcess:
@@ -102,12 +103,19 @@ class FakeProcess:
         self._stopping = False
         for when, step, value in script.reports:
             clock.at(self.started + when, functools.partial(self._report, step, value))
+        for when, line in script.output:
+            clock.at(self.started + when, functools.partial(self._print, line))
         clock.at(self.started + script.runs, self._finish)
 
     def _report(self, step: int, value: float) -> None:
         if not self.command_exited:
             with open(self.plan.paths.reports, "a") as f:
                 f.write(json.dumps({"step": step, "value": value}) + "\n")
+
+    def _print(self, line: str) -> None:
+        if not self.command_exited:
+            with open(self.plan.paths.stdout, "a") as f:
+                f.write(line + "\n")
 
     def _finish(self) -> None:
         if self.command_exited:
@@ -181,6 +189,7 @@ class FakeSpawn:
         hold: tuple[int, ...] = (),
     ) -> FakeProcess:
         params = json.loads(Path(plan.env[PARAMS_ENV]).read_text())
+        self.plan = plan  # the trial being started, for a script that depends on its device
         proc = FakeProcess(plan, grace, self.clock, self.script(params), on_change)
         self.processes.append(proc)
         return proc
