@@ -68,10 +68,33 @@ def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
     return nvml, nvml
 
 
-def run(spec: Spec, devices: list[Device] | None, console: Console | None = None) -> RunResult:
+def run(spec: Spec, devices: list[Device] | None, console: Console | None = None,
+        report: bool = False) -> RunResult:
     """Run or continue the study to its budget on `devices`, with live progress (`None`
-    where `spent` said the study has nothing left to run)."""
-    return execute(spec, devices, console)[0]
+    where `spent` said the study has nothing left to run); then, with `report` or
+    `study.report`, refresh its report (`refresh_report`)."""
+    result = execute(spec, devices, console)[0]
+    if report or spec.study.report:
+        refresh_report(spec, console)
+    return result
+
+
+def refresh_report(spec: Spec, console: Console | None = None) -> Path | None:
+    """Write `<output_dir>/report.html` from what is stored now; a report that cannot be
+    written is said in one line and does not change how the run ended."""
+    from rich.text import Text
+
+    from sweep import report
+
+    console = console or Console(stderr=True, soft_wrap=True)
+    try:
+        summary, study = report.load_spec(spec)
+        path = report.write(summary, study)
+    except (OSError, SweepError) as e:
+        console.print(Text(f"sweep: the report is not written: {e}", style="red"))
+        return None
+    console.print(Text(f"report: {path}"))
+    return path
 
 
 def run_file(
@@ -86,6 +109,8 @@ def run_file(
     spec = config.load(path, n_trials=n_trials, gpus=gpus, storage=storage)
     devices = None if spent(spec) else pool.select(pool.discover(), spec.gpus.ids, str(path))
     result, study = execute(spec, devices, console)
+    if spec.study.report:
+        refresh_report(spec, console)
     if result.exit_code == EXIT_INTERRUPTED:
         raise KeyboardInterrupt(result.message)
     if result.exit_code != 0:

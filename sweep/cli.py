@@ -1,4 +1,5 @@
-"""The command line: `sweep run | summary | status | logs | rerun | gpus | storage-proxy`.
+"""The command line: `sweep run | summary | report | status | logs | rerun | gpus |
+storage-proxy`.
 
 Every error a user can cause is one line on stderr (a study file's: one line per problem) and
 exit code 2 (1 for a failed run, 130 when interrupted); `--debug` adds the traceback and keeps
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         return 0
     console = Console(stderr=True, soft_wrap=True)
-    result = app.run(spec, devices, console)
+    result = app.run(spec, devices, console, report=args.report)
     style = "green" if result.exit_code == 0 else "red"
     console.print(Text(f"{spec.study.name}: {result.message}", style=style))
     if result.exit_code == 0:
@@ -94,6 +95,20 @@ def _summary(args: argparse.Namespace) -> int:
     console.print(summary.render(s, args.top))
     if path is not None:
         console.print(f"CSV: {path}", highlight=False)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sweep import report
+    from sweep.errors import UsageError
+
+    try:
+        path = report.report_file(args.study, Path(args.output) if args.output else None,
+                                  args.storage)
+    except OSError as e:
+        raise UsageError(f"{e.filename or args.output}: cannot write the report there "
+                         f"({e.strerror or e}); give -o a file you can write") from None
+    print(f"report: {path}")
     return 0
 
 
@@ -232,6 +247,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--n-trials", type=int, metavar="N", help="override study.n_trials")
     run.add_argument("--gpus", type=_gpu_list, metavar="I,J",
                      help="override gpus.ids, e.g. 0,1")
+    run.add_argument("--report", action="store_true",
+                     help="write <output_dir>/report.html at the end (also study.report)")
     run.set_defaults(func=_run)
 
     summ = verbs.add_parser("summary", help="trials versus GPU use: table and summary.csv")
@@ -239,6 +256,12 @@ def parser() -> argparse.ArgumentParser:
     summ.add_argument("--csv", help="where to write the CSV (default <output_dir>/summary.csv)")
     summ.add_argument("--top", type=_count, default=5, help="how many best trials to show")
     summ.set_defaults(func=_summary)
+
+    rep = verbs.add_parser("report", help="one HTML file of the study's figures, for a browser")
+    rep.add_argument("study", help="the study YAML file")
+    rep.add_argument("-o", "--output", metavar="FILE",
+                     help="where to write it (default <output_dir>/report.html)")
+    rep.set_defaults(func=_report)
 
     gpus = verbs.add_parser(
         "gpus", help="the GPU pool this shell would use: which devices a sweep would take")
@@ -269,10 +292,10 @@ def parser() -> argparse.ArgumentParser:
     prox.add_argument("--threads", type=int, default=64,
                       help="server threads (default 64; about two per driver is plenty)")
     prox.set_defaults(func=_storage_proxy)
-    for sub in (run, summ, gpus, status, logs, rerun, prox):
+    for sub in (run, summ, rep, gpus, status, logs, rerun, prox):
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks and debug logs")
-    for sub in (run, summ, status, logs, rerun, prox):
+    for sub in (run, summ, rep, status, logs, rerun, prox):
         sub.add_argument("--storage", metavar="URL",
                          help="override study.storage (also $SWEEP_STORAGE)")
     return p

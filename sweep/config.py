@@ -74,6 +74,7 @@ class StudySection(_Model):
     heartbeat_interval: Annotated[int, Field(gt=0)] = 30
     reclaim_after: Annotated[int, Field(gt=0)] | None = Field(
         default=None, validation_alias=AliasChoices("reclaim_after", "grace_period"))
+    report: StrictBool = False  # write <output_dir>/report.html at the end of each run
 
     @field_validator("name")
     @classmethod
@@ -125,34 +126,99 @@ class AccelerateSettings(_Model):
     config_file: Path | None = None
 
 
+Patterns = Annotated[str, Field(min_length=1)] | Annotated[
+    list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+
+
 class ResultSection(_Model):
     """Where a trial's metrics come from, if not `$SWEEP_RESULT_FILE`: a JSON file the script
-    writes anyway, or regular expressions over its standard output (last match wins)."""
+    writes anyway, or regular expressions over its standard output or error (last match
+    wins)."""
 
     file: Annotated[str, Field(min_length=1)] | None = None
-    stdout: Annotated[str, Field(min_length=1)] | Annotated[
-        list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    stdout: Patterns | None = None
+    stderr: Patterns | None = None
 
-    @field_validator("stdout")
+    @field_validator("stdout", "stderr")
     @classmethod
-    def _linear_patterns(cls, stdout: str | list[str] | None,
+    def _linear_patterns(cls, patterns: str | list[str] | None,
                          info: ValidationInfo) -> str | list[str] | None:
-        if info.data.get("file") is None:  # else: one source only, says _one_source
-            for pattern in [stdout] if isinstance(stdout, str) else stdout or []:
+        if info.data.get("file") is None and info.data.get("stdout") is None:
+            for pattern in [patterns] if isinstance(patterns, str) else patterns or []:
                 compile_pattern(pattern)  # RE2, named groups: PatternError is a ValueError
-        return stdout
+        return patterns
 
     @model_validator(mode="after")
     def _one_source(self) -> ResultSection:
-        if (self.file is None) == (self.stdout is None):
-            raise ValueError("give exactly one of file or stdout")
+        if [self.file, self.stdout, self.stderr].count(None) != 2:
+            raise ValueError("give exactly one of file, stdout or stderr")
         return self
 
     @property
     def patterns(self) -> list[str]:
-        if self.stdout is None:
+        """The patterns over `stream`'s output; [] for a result file."""
+        found = self.stdout if self.stdout is not None else self.stderr
+        if found is None:
             return []
-        return [self.stdout] if isinstance(self.stdout, str) else list(self.stdout)
+        return [found] if isinstance(found, str) else list(found)
+
+    @property
+    def stream(self) -> Literal["stdout", "stderr"]:
+        """The output the patterns search."""
+        return "stderr" if self.stderr is not None else "stdout"
+
+
+class TensorboardSource(_Model):
+    """Scalars of one tag from the TensorBoard event files under `dir`."""
+
+    dir: Annotated[str, Field(min_length=1)]
+    tag: Annotated[str, Field(min_length=1)]
+
+
+class ReportSection(_Model):
+    """Where a trial's intermediate values come from, if not `$SWEEP_REPORT_FILE`: patterns
+    over its stdout or stderr, TensorBoard scalars, or a JSON-lines file with `step` and
+    `value` naming its keys."""
+
+    stdout: Patterns | None = None
+    stderr: Patterns | None = None
+    tensorboard: TensorboardSource | None = None
+    file: Annotated[str, Field(min_length=1)] | None = None
+    step: Annotated[str, Field(min_length=1)] | None = None
+    value: Annotated[str, Field(min_length=1)] | None = None
+
+    @field_validator("stdout", "stderr")
+    @classmethod
+    def _linear_patterns(cls, patterns: str | list[str] | None) -> str | list[str] | None:
+        for pattern in [patterns] if isinstance(patterns, str) else patterns or []:
+            compile_pattern(pattern)  # RE2, named groups: PatternError is a ValueError
+        return patterns
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ReportSection:
+        given = [k for k in ("stdout", "stderr", "tensorboard", "file")
+                 if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of stdout, stderr, tensorboard or file"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.file is None and (self.step is not None or self.value is not None):
+            raise ValueError("step and value name the keys of a report file: give them "
+                             "with file only")
+        return self
+
+    @property
+    def patterns(self) -> list[str]:
+        """The patterns over `stream`'s output; [] for the other sources."""
+        found = self.stdout if self.stdout is not None else self.stderr
+        if found is None:
+            return []
+        return [found] if isinstance(found, str) else list(found)
+
+    @property
+    def stream(self) -> Literal["stdout", "stderr"] | None:
+        """The output the patterns search; None for the other sources."""
+        return "stdout" if self.stdout is not None else (
+            "stderr" if self.stderr is not None else None)
 
 
 ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
@@ -184,6 +250,7 @@ class TrainerSection(_Model):
     python: Annotated[str, Field(min_length=1)] | None = None
     # where a trial runs: a path with placeholders ({trial_dir}...); None: the driver's cwd
     workdir: Annotated[str, Field(min_length=1)] | None = None
+    report: ReportSection | None = None
     # appended to args when an attempt carries on a lineage whose checkpoint folder is not
     # empty (see sweep.lineage); {last_checkpoint} is the newest HF checkpoint-N folder there
     resume_args: list[str] = []
@@ -397,6 +464,7 @@ def _fields(section: str, data: Mapping[str, Any]) -> list[str]:
     models: dict[str, type[BaseModel]] = {
         "": Spec, "study": StudySection, "trainer": TrainerSection, "gpus": GpusSection,
         "trainer.accelerate": AccelerateSettings, "trainer.result": ResultSection,
+        "trainer.report": ReportSection, "trainer.report.tensorboard": TensorboardSource,
     }
     model = models.get(section)
     parts = section.split(".")
@@ -525,8 +593,10 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         groups = {g for p in trainer.result.patterns for g in compile_pattern(p).groupindex}
         for metric in study.objective_metrics:
             if metric not in groups:
-                bad("trainer.result.stdout", f"no named group for the metric {metric!r}: add "
-                    f"(?P<{metric}>...) to a pattern")
+                bad(f"trainer.result.{trainer.result.stream}", f"no named group for the "
+                    f"metric {metric!r}: add (?P<{metric}>...) to a pattern")
+    if trainer.report is not None:
+        problems.extend(_report_problems(file, trainer.report, study.objective_metrics))
     for name, param in spec.params.items():
         if param.where != "accelerate":
             continue
@@ -694,3 +764,36 @@ def _check_output_dir(file: str, output_dir: Path) -> None:
                           f"cannot create {output_dir}: no permission to write in {ancestor}")
 
 
+
+
+def _report_problems(file: str, report: ReportSection, metrics: list[str]) -> list[Problem]:
+    """What `trainer.report` asks that the study cannot do."""
+    problems: list[Problem] = []
+    if len(metrics) > 1:
+        problems.append(Problem(file, "trainer.report", "Optuna prunes studies of one "
+                                "objective only: remove trainer.report or keep one metric"))
+    if report.stream is not None:
+        key = f"trainer.report.{report.stream}"
+        for pattern in report.patterns:
+            groups = compile_pattern(pattern).groupindex
+            if metrics[0] not in groups and "value" not in groups:
+                problems.append(Problem(file, key, f"a report pattern needs a named group "
+                                        f"for the value: (?P<value>...) or (?P<{metrics[0]}>"
+                                        f"...): {short(pattern, 60)}"))
+    if report.tensorboard is not None:
+        try:
+            placeholders.check(file, "trainer.report.tensorboard.dir", report.tensorboard.dir)
+        except ConfigError as e:
+            problems.extend(e.problems)
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            problems.append(Problem(file, "trainer.report.tensorboard", "reading TensorBoard "
+                                    "event files needs the tensorboard package: pip install "
+                                    "'sweep[tensorboard]'"))
+    if report.file is not None:
+        try:
+            placeholders.check(file, "trainer.report.file", report.file)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    return problems

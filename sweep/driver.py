@@ -26,6 +26,7 @@ from sweep import (
     placement,
     process,
     provenance,
+    reportsources,
     searchspace,
     sicklist,
     stacks,
@@ -41,7 +42,6 @@ from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
 from sweep.pool import Lease, Pool
 from sweep.process import Phase, RunningTrial, Stop
-from sweep.protocol import ReportReader
 from sweep.store import Store, Taken
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
@@ -79,6 +79,7 @@ class Driver:
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
+        self._first_end = True  # no trial of this driver reported, or completed, yet
         self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
         # (number, searched params, origin, attempt, its continuation's lineage attributes) of
         # the trials that failed on each device
@@ -322,7 +323,10 @@ class Driver:
         lease.attach(proc)
         self.heartbeat.add(asked.trial)
         single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
-        reports = ReportReader(plan.paths.reports) if single else None
+        reports = reportsources.reader_for(
+            spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
+            {**launch.spec_places(spec), "trial_dir": str(plan.paths.dir),
+             "trial_number": str(asked.number)}, plan.cwd) if single else None
         # the wait for a fork server's imports is not the trial's time
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
@@ -332,7 +336,8 @@ class Driver:
             paths = plan.paths
             self._hangs[asked.number] = hang.OutputWatch(
                 sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
-                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS)
+                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS,
+                reports.watched if reports is not None else tuple)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         if line.continues is not None:
@@ -452,7 +457,8 @@ class Driver:
             self._follow_reports(run, now, rest=True)
         trainer = self.spec.trainer
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
-                              trainer.result.patterns if trainer.result else [])
+                              trainer.result.patterns if trainer.result else [],
+                              trainer.result.stream if trainer.result else "stdout")
         lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=lease is None or lease.shared)
@@ -473,6 +479,8 @@ class Driver:
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
+        if self._first_end:
+            self._say_no_reports(run, verdict.state)
         if verdict.oom:
             self._oom.add(run.number)
         if self._learns and verdict.state is not TrialState.FAIL:
@@ -512,6 +520,23 @@ class Driver:
             self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
                                 "its checkpoint folder)")
         return queued
+    def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
+        """A pruner that will never prune: say so once, when the first trial that reported
+        or completed is one that completed without reporting a value."""
+        if run.last_report is not None or state is TrialState.PRUNED:
+            self._first_end = False
+            return
+        if state is not TrialState.COMPLETE:  # it may have failed before its first report
+            return
+        self._first_end = False
+        if not self._prunes or run.reports is None:
+            return
+        where = ("trainer.report" if self.spec.trainer.report is not None else
+                 "$SWEEP_REPORT_FILE (sweep.protocol.report)")
+        self.events.message(
+            f"trial {run.number} ended without reporting an intermediate value to {where}: "
+            f"the {self.spec.study.pruner.type} pruner cannot prune this study; set "
+            "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,14 +62,16 @@ def _mark(path: Path) -> tuple[int, int] | None:
 
 
 class OutputWatch:
-    """When a trial last wrote any of `files`, on the caller's clock, seen by `look`."""
+    """When a trial last wrote any of `files`, or of the files `more()` names at each look
+    (a `trainer.report` source's: a new file is output too), on the caller's clock, seen by
+    `look`."""
 
     def __init__(self, files: Sequence[Path], started: float, hang_after: float,
-                 poll: float) -> None:
-        self.files = tuple(files)
+                 poll: float, more: Callable[[], Sequence[Path]] = tuple) -> None:
+        self.files, self.more = tuple(files), more
         self.last_output = started
         self.every = max(poll, hang_after / LOOKS_PER_WINDOW)
-        self._marks = [_mark(f) for f in self.files]
+        self._marks = self._now()
         self._next = started + self.every
 
     def due(self, now: float) -> bool:
@@ -80,7 +82,7 @@ class OutputWatch:
 
     def look(self, now: float) -> float:
         """Compare the files with the last look; the time output was last seen."""
-        marks = [_mark(f) for f in self.files]
+        marks = self._now()
         if marks != self._marks:
             self._marks, self.last_output = marks, now
         self._next = now + self.every
@@ -88,6 +90,9 @@ class OutputWatch:
 
     def silent_for(self, now: float) -> float:
         return now - self.last_output
+
+    def _now(self) -> list[tuple[Path, tuple[int, int] | None]]:
+        return [(f, _mark(f)) for f in (*self.files, *self.more())]
 
 
 def silence(files: Sequence[Path], now: float) -> float | None:

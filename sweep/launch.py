@@ -182,6 +182,8 @@ def build_launch(
         protocol.REPORT_ENV: str(paths.reports),
     })
     env.update(lineage.env(start, trainer.env))
+    if trainer.report is not None and trainer.report.stream is not None:
+        env.setdefault("PYTHONUNBUFFERED", "1")  # each line reaches the log as it is printed
     if port is not None:
         env[protocol.PORT_ENV] = str(port)
     if trainer.pass_params == "env":

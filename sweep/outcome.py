@@ -136,26 +136,30 @@ def judge(
 def judge_files(
     stderr: Path, result: Path, exit_code: int | None, metrics: list[str],
     stdout: Path | None = None, patterns: Sequence[str] = (), env_result: Path | None = None,
-    at_end: tuple[str | None] | None = None, **how: Any,
+    at_end: tuple[str | None] | None = None, stream: str = "stdout", **how: Any,
 ) -> Outcome:
     """`judge` a trial from its files: the tail of its stderr, and its metrics from the result
     file, or from `patterns` over its stdout. `env_result` is the file `$SWEEP_RESULT_FILE`
     named (default: `result`; another one came from `trainer.result.file`). A missing result
     says where sweep looked, quotes the trainer's last line of output, and, where sweep looked
     at `$SWEEP_RESULT_FILE`, the two ways to give one. `at_end`: the result file's text as it
-    was when the trainer ended (read then), instead of as it is now."""
+    was when the trainer ended (read then), instead of as it is now. `stream` ("stdout" or
+    "stderr") is the output the patterns search; when they fail there but would match in the
+    other one, the reason says so."""
     out = read_text(stdout, tail_bytes=STDOUT_TAIL) if stdout is not None else None
+    searched_path = stderr if stream == "stderr" else stdout
+    searched = read_text(stderr, tail_bytes=STDOUT_TAIL) if stream == "stderr" else out
     rejected: dict[str, str] = {}
     timed_out = None
     hint = ""
     if patterns:
         try:
-            found = parse_stdout(out or "", list(patterns), rejected, needed=metrics)
+            found = parse_stdout(searched or "", list(patterns), rejected, needed=metrics)
         except PatternTimeout as e:
             found, timed_out = {}, str(e)
         result_text = json.dumps(found) if found else None
         shown = " or ".join("'" + p + "'" for p in patterns)
-        where = f"no line of {stdout} matched {shown}"
+        where = f"no line of {searched_path} matched {shown}"
     else:
         result_text = read_text(result) if at_end is None else at_end[0]
         where = f"nothing at {result}"
@@ -174,21 +178,49 @@ def judge_files(
                     metrics, **how)
     missing = [m for m in metrics if m in rejected and verdict.state == FAIL]
     if patterns and missing:
+        said = rejected[missing[0]]
+        how_bad = "diverged" if _diverged(said) else "is not a finite number"
         return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
-            f"metric {missing[0]!r} matched in stdout but is not a finite number: "
-            f"{rejected[missing[0]]!r}"))
+            f"metric {missing[0]!r} matched in {stream} but {how_bad}: {said!r}"))
     if verdict.fail_reason == NO_RESULT and timed_out is not None:
         return Outcome(FAIL, fail_reason=timed_out, exit_code=verdict.exit_code)
+    other = "stdout" if stream == "stderr" else "stderr"
     if verdict.fail_reason == NO_RESULT:
-        said = last_line(out or "", 120)
-        reason = f"no result: {where}" + (f"; last line of stdout: {said}" if said else
-                                           "; stdout is empty") + hint
+        said = last_line(searched or "", 120)
+        reason = f"no result: {where}" + (f"; last line of {stream}: {said}" if said else
+                                           f"; {stream} is empty") + hint
+        if patterns and _matches_in(stdout if other == "stdout" else stderr, patterns,
+                                    metrics):
+            reason += f"; they match in {other}.log: set trainer.result.{other} instead"
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     if patterns and verdict.fail_reason and "missing from the result file" in verdict.fail_reason:
         reason = verdict.fail_reason.replace("missing from the result file (keys:",
-                                             "not found in stdout (groups found:")
+                                             f"not found in {stream} (groups found:")
+        if _matches_in(stdout if other == "stdout" else stderr, patterns, metrics):
+            reason += f"; the patterns match in {other}.log: set trainer.result.{other} instead"
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     return verdict
+
+
+def _diverged(text: str) -> bool:
+    """`text` reads as NaN or an infinity (a training that diverged), not as other text."""
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return number != number or number in (float("inf"), float("-inf"))
+
+
+def _matches_in(path: Path | None, patterns: Sequence[str], metrics: list[str]) -> bool:
+    """Whether `patterns` find every metric in the file at `path` (a quick second look)."""
+    text = read_text(path, tail_bytes=STDOUT_TAIL) if path is not None else None
+    if not text:
+        return False
+    try:
+        found = parse_stdout(text, list(patterns), needed=metrics, budget=0.2)
+    except PatternTimeout:
+        return False
+    return all(m in found for m in metrics)
 
 
 def cuda_error_line(stderr: str) -> str | None:

@@ -30,7 +30,8 @@ from sweep.launch import LaunchPlan
 from sweep.lineage import Lineage
 from sweep.outcome import FAIL, Outcome, judge_files, read_text
 from sweep.pool import Lease
-from sweep.protocol import TRIAL_DIR_ENV, ReportReader
+from sweep.protocol import TRIAL_DIR_ENV
+from sweep.reportsources import Reader
 from sweep.terminal import release_dead_terminal
 from sweep.trialdir import open_log, written_before
 from sweep.warm import GO, WarmServer
@@ -296,7 +297,7 @@ class RunningTrial:
     process: Process
     grace: float
     deadline: float | None = None  # trainer.timeout, on the driver's clock
-    reports: ReportReader | None = None
+    reports: Reader | None = None
     lease: Lease | None = None  # its devices, released by the driver once it ended
     phase: Phase = Phase.RUNNING
     stop_reason: Stop | None = None  # set with the move to STOPPING, kept after
@@ -370,11 +371,13 @@ class RunningTrial:
     def follows_reports(self) -> bool:
         return self.reports is not None and self.phase is Phase.RUNNING
 
-    def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str]) -> Outcome:
-        """`outcome.judge` of this trial's files, exit code, stop and last report."""
+    def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str],
+                stream: str = "stdout") -> Outcome:
+        """`outcome.judge` of this trial's files, exit code, stop and last report (`patterns`
+        search `stream`: stdout or stderr)."""
         paths, result = self.process.plan.paths, self.process.plan.result
         verdict = judge_files(paths.stderr, result, self.process.exit_code,
-                              metrics, stdout=paths.stdout, patterns=patterns,
+                              metrics, stdout=paths.stdout, patterns=patterns, stream=stream,
                               env_result=paths.result, at_end=self.process.result_at_end,
                               stop=self.stop_text(), timeout=timeout,
                               last_report=self.last_report)

@@ -165,6 +165,7 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
 
 
 _MISSING = object()
+MISSING = _MISSING  # what `lookup` returns for a name that is not there
 
 
 def lookup(data: dict[str, Any], name: str) -> Any:
@@ -178,6 +179,10 @@ def lookup(data: dict[str, Any], name: str) -> Any:
         node = node[part]
     return node
 
+
+NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|inf)"
+"""A number as Python prints it (`3`, `-0.25`, `1.2e-05`, `nan`, `inf`), for a named group:
+`loss: (?P<loss>` + NUMBER + `)`. `nan`/`inf` match so that a diverged value is seen."""
 
 LINE_TAIL = 2048  # characters of each output line the patterns see (its end)
 MAX_PROGRAM = 1000  # RE2 instructions a pattern may compile to (common patterns: under 100)
@@ -269,8 +274,8 @@ def parse_stdout(
     searched from the end until every group has a number, for at most `budget` seconds of
     `clock` (the thread's CPU time): past it, the groups found so far are the answer if every
     `needed` one is among them (a found value is always the last in the text), else
-    PatternTimeout. A group whose last match is text that is no finite number goes to
-    `rejected` (that text).
+    PatternTimeout. A group whose last match is text that is no finite number (`nan`, `inf`,
+    `97.5%`) goes to `rejected` (that text) and not to the answer: an earlier value is stale.
     """
     compiled = [compile_pattern(p) for p in patterns][::-1]  # the last pattern wins in a line
     groups = {name for c in compiled for name in c.groupindex}
@@ -290,7 +295,7 @@ def parse_stdout(
             if match is None:
                 continue
             for key, raw in match.groupdict().items():
-                if raw is None or key in found:
+                if raw is None or key in seen:  # the last match decides, even a diverged one
                     continue
                 number = _number(_float(raw))
                 if number is not None:
@@ -374,6 +379,10 @@ class ReportReader:
         self._lines = 0
         self._seen: set[int] = set()
 
+    def watched(self) -> list[Path]:
+        """The file it reads, for `trainer.hang_after`."""
+        return [self.path]
+
     def read(self) -> list[tuple[int, float]]:
         self.more = False
         if self.error is not None:
@@ -391,14 +400,22 @@ class ReportReader:
             self._offset += len(raw) + 1
             self._lines += 1
             try:
-                step, value = parse_report_line(raw.decode("utf-8", "replace"), self._lines)
+                parsed = self.parse(raw.decode("utf-8", "replace"), self._lines)
             except ReportError as e:
                 self.error, self.more = str(e), False
                 break
+            if parsed is None:
+                continue
+            step, value = parsed
             if step not in self._seen:
                 self._seen.add(step)
                 fresh.append((step, value))
         return fresh
+
+    def parse(self, line: str, number: int) -> tuple[int, float] | None:
+        """One line -> (step, value), or None for a line that reports nothing; ReportError
+        says what is wrong with it."""
+        return parse_report_line(line, number)
 
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new step left (up to `limit` bytes), for a trial whose command exited."""

@@ -29,6 +29,9 @@ ATTR_COLUMNS = [
 ]
 
 
+MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
+
+
 @dataclass
 class Summary:
     """One row per trial (`trials`), one per device (`gpus`), and the raw `samples`."""
@@ -293,6 +296,7 @@ def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:
 def render(summary: Summary, top: int = 5) -> Any:
     """The terminal view: state counts, the best trials (or the Pareto front), the GPUs."""
     from rich.console import Group
+    from rich.text import Text
 
     t = summary.trials
     counts = t["state"].value_counts().to_dict() if not t.empty else {}
@@ -306,12 +310,20 @@ def render(summary: Summary, top: int = 5) -> Any:
                        f"no COMPLETE trial yet; the last {len(failed)} failures")
         return Group(head, shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
-    show = [c for c in best.columns if c.startswith(("number", "value", "params_", "metric_"))]
+    show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
+    extras = [c for c in best.columns if c.startswith(store.METRIC_PREFIX)
+              and best[c].notna().any()]
+    show += extras[:MAX_RESULT_COLUMNS]
     show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
-    if not best.empty and (best["lineage_attempts"] > 1).any():  # continued or retried
+    if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
         show += ["continues", "lineage_attempts", "lineage_device_s"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
-    return Group(head, _table(shown_best, title), _table(summary.gpus, "GPUs"))
+    parts = [head, _table(shown_best, title)]
+    if len(extras) > MAX_RESULT_COLUMNS:
+        left = [c.removeprefix(store.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
+        parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",
+                          style="dim"))
+    return Group(*parts, _table(summary.gpus, "GPUs"))
 
 
 def _table(frame: pd.DataFrame, title: str) -> Any:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """One throwaway PostgreSQL 15 server for the whole session (under pytest-xdist, one per
+    worker: each picks a free port and its own folder), stopped and removed after. Tests take
+    `postgres_url`, a database of their own on it."""
+    from sweep.testing.postgres import throwaway_postgres
+
+    with throwaway_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> str:
+    """The URL of a new, empty database on the session's PostgreSQL server, this test's own."""
+    import psycopg
+
+    name = f"t{next(_DATABASES)}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres_server.rsplit("/", 1)[0] + "/" + name
+
+
+_DATABASES = itertools.count()

@@ -146,7 +146,7 @@ BAD_FILES = [
     ("JSON arg without doubled braces", bad(trainer={"args": ['{"a": 1}']}),
      "trainer.args.0", "a literal brace is doubled"),
     ("result from two sources", bad(trainer={"result": {"file": "a.json", "stdout": "x"}}),
-     "trainer.result", "give exactly one of file or stdout"),
+     "trainer.result", "give exactly one of file, stdout or stderr"),
     ("stdout pattern without a group", bad(trainer={"result": {"stdout": "loss: [0-9.]+"}}),
      "trainer.result", "needs named groups"),
     ("stdout pattern that is no regex", bad(trainer={"result": {"stdout": "(?P<loss>[0-9"}}),
@@ -294,7 +294,7 @@ def misspelt(section, right, wrong):
     (bad(study={"zzz": 1}), "study.zzz: unknown key `zzz` (study takes name, storage, "
      "output_dir, direction, directions, metric, metrics, n_trials, timeout, sampler, "
      "pruner, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
-     "grace_period)"),
+     "grace_period, report)"),
     ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
 ])
 def test_a_misspelt_key_says_which_key_was_meant_and_nothing_else(write_study, data, line):

@@ -15,7 +15,7 @@ import pytest
 from conftest import load_trials, run_cli, spawn_cli
 from test_loop import Sweep
 
-from sweep import config, hang, stacks
+from sweep import config, hang, stacks, trialdir
 from sweep.errors import UsageError
 from sweep.monitor import Monitor
 from sweep.nvml import GpuReading
@@ -54,6 +54,32 @@ def test_the_watch_sees_each_change_of_size_or_time_and_nothing_else(tmp_path):
     err.write_text("")  # created, empty: a change
     assert watch.look(104.0) == 104.0 and watch.silent_for(110.0) == 6.0
     assert hang.OutputWatch([out], 0.0, 1800.0, 0.5).every == 90.0  # 20 looks per window
+
+
+def test_a_report_source_is_output_too_a_new_file_of_it_included(tmp_path):
+    """A trainer whose only output is TensorBoard scalars or its own JSON-lines log (a
+    `trainer.report` source) is not silent while it writes them."""
+    from sweep import reportsources
+    from sweep.config import ReportSection
+
+    runs = tmp_path / "runs"
+    source = reportsources.reader_for(
+        ReportSection.model_validate({"tensorboard": {"dir": str(runs), "tag": "loss"}}),
+        trialdir.TrialPaths(tmp_path / "trial"), "loss", {})
+    watch = hang.OutputWatch([tmp_path / "stdout.log"], 0.0, 5.0, 0.5, source.watched)
+    assert watch.look(1.0) == 0.0  # no event file yet
+    runs.mkdir()
+    events = runs / "events.out.tfevents.1.host"
+    events.write_bytes(b"x")  # a new event file: output
+    assert watch.look(2.0) == 2.0
+    assert watch.look(3.0) == 2.0
+    with events.open("ab") as f:  # appended: output
+        f.write(b"y")
+    assert watch.look(4.0) == 4.0
+    log = tmp_path / "metrics.jsonl"
+    keyed = reportsources.reader_for(ReportSection.model_validate({"file": str(log)}),
+                                     trialdir.TrialPaths(tmp_path / "trial"), "loss", {})
+    assert keyed.watched() == [log]
 
 
 def test_status_silence_is_from_file_times(tmp_path):

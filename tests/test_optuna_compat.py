@@ -19,14 +19,6 @@ from sweep.storage import close_storage, open_storage
 KINDS = ["sqlite", "journal", "grpc", pytest.param("postgresql", marks=pytest.mark.slow)]
 
 
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    from sweep.testing.postgres import throwaway_postgres
-
-    with throwaway_postgres() as url:
-        yield url
-
-
 @pytest.fixture
 def storage(request, tmp_path) -> Iterator[optuna.storages.BaseStorage]:
     """The storage sweep opens for each kind of URL (heartbeats every 1 s, stale after 1 s)."""

@@ -1,24 +1,15 @@
-"""Several drivers share one study through PostgreSQL (a throwaway server on loopback)."""
+"""Several drivers share one study through PostgreSQL (a throwaway server on loopback, one for
+the session: conftest's `postgres_url` is a database of its own for each test)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import optuna
 import pytest
 from conftest import spawn_cli, study_dict
 
-from sweep.testing.postgres import throwaway_postgres
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """A PostgreSQL 15 server for this module, stopped and removed after."""
-    with throwaway_postgres() as url:
-        yield url
 
 
 def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):

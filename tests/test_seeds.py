@@ -22,6 +22,7 @@ def test_a_rerun_of_a_seeded_study_never_repeats_and_two_fresh_runs_agree(
             study = write_study(study_dict(
                 study={"name": f"seeded-{attempt}", "n_trials": budget,
                        "sampler": {"type": sampler, "seed": 0}},
+                trainer={"args": ["--sleep", "0"]},  # what is checked is the params asked
                 params=params))
             assert run_cli("run", str(study)) == 0
         trials = load_trials(study, f"seeded-{attempt}")

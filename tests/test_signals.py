@@ -77,16 +77,17 @@ def test_second_sigint_kills_at_once(write_study, tmp_path):
 
 
 def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trials(
-    write_study, tmp_path
+    write_study, tmp_path, fake_gpus, capsys
 ):
+    from conftest import run_cli
+
     study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "30"]})
     env = {"SWEEP_FAKE_GPUS": "2"}
-    # first, one short trial completes and must be kept
+    # first, one short trial completes and must be kept (run in this process: only the
+    # driver that is killed needs one of its own)
     quick = write_study(study_dict(study={"n_trials": 1}, trainer={"args": ["--sleep", "0"]}),
                         name="quick.yaml")
-    first = spawn_cli("run", str(quick), env=env)
-    first.communicate(timeout=60)
-    assert first.returncode == 0
+    assert run_cli("run", str(quick)) == 0
     kept = load_trials(study)[0]
 
     driver = spawn_cli("run", str(study), env=env)
@@ -102,9 +103,9 @@ def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trial
 
     fast = write_study(study_dict(study={"n_trials": 4}, trainer={"args": ["--sleep", "0.2"]}),
                        name="fast.yaml")
-    rerun = spawn_cli("run", str(fast), env=env)
-    _, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    capsys.readouterr()
+    code = run_cli("run", str(fast))
+    assert code == 0, capsys.readouterr().err
 
     trials = load_trials(study)
     by_number = {t.number: t for t in trials}

@@ -4,6 +4,7 @@ several hosts sharing one output_dir."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 
 import optuna
+import psutil
 import pytest
 from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
@@ -236,6 +238,15 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
 # ---- a holder of the budget lock that stops (frozen node, SIGSTOP, partition) ------------------
 
 
+def has_open(pid: int, path) -> bool:
+    """Whether process `pid` has the file `path` open."""
+    try:
+        real = os.path.realpath(path)
+        return any(f.path == real for f in psutil.Process(pid).open_files())
+    except psutil.Error:
+        return False
+
+
 def held_elsewhere(lock_file: str):
     """The budget lock taken through another open file, as another driver would hold it."""
     import fcntl
@@ -294,7 +305,9 @@ def test_a_driver_waiting_for_a_stuck_lock_stops_on_ctrl_c(write_study, tmp_path
     stuck = held_elsewhere(str(tmp_path / "probe.db.lock"))
     try:
         driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
-        time.sleep(4)  # well inside the 10 s it waits for the lock
+        # it waits for the lock once it has the lock file open (the file is opened to take
+        # it): a fixed 4 s sleep here came before that on a busy machine
+        assert wait_until(lambda: has_open(driver.pid, tmp_path / "probe.db.lock"), 60)
         driver.send_signal(signal.SIGINT)
         _, err = driver.communicate(timeout=30)
     finally:
@@ -326,8 +339,11 @@ def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_stud
     assert "run again" in errors[0] and "_InactiveRpcError" not in err
     assert all(len(line) < 400 for line in err.splitlines()), err
     second = start_proxy(behind, first[1])  # back on the same port
+    # the same study, its trials no longer held up (the proxy was killed while they ran)
+    fast = write_study(study={"n_trials": 4, "storage": url},
+                       trainer={"args": ["--sleep", "0.2"]}, name="fast.yaml")
     try:
-        rerun = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+        rerun = spawn_cli("run", str(fast), env={"SWEEP_FAKE_GPUS": "2"})
         _, err = rerun.communicate(timeout=120)
         assert rerun.returncode == 0, err
     finally:

@@ -14,6 +14,7 @@ import yaml
 from conftest import load_trials, run_cli, study_dict
 
 FLOAT_X = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
+QUICK = {"args": ["--sleep", "0"]}  # the trainer of a first run whose trial only has to exist
 
 
 def snapshot(tmp_path: Path) -> dict[str, tuple[int, int]]:
@@ -75,7 +76,7 @@ def bomb() -> str:
 def test_an_edited_study_file_is_refused_and_nothing_is_written(write_study, fake_gpus,
                                                                 tmp_path, capsys, case,
                                                                 change, key):
-    study = write_study(study={"n_trials": 1})
+    study = write_study(study={"n_trials": 1}, trainer=QUICK)
     assert run_cli("run", str(study)) == 0
     (tmp_path / "afile").write_text("not a folder")
     before = snapshot(tmp_path)
@@ -215,7 +216,7 @@ def test_a_dry_run_refuses_what_run_refuses(write_study, fake_gpus, tmp_path, ca
     """Hostile pass: `run --dry-run` printed commands (exit 0) for a file the stored study
     refuses. It reads the stored study and refuses it as `run` does: exit 2, one line naming
     the key, nothing written."""
-    study = write_study(edit(study={"n_trials": 1}, params=XK))
+    study = write_study(edit(study={"n_trials": 1}, params=XK, trainer=QUICK))
     assert run_cli("run", str(study)) == 0
     before = snapshot(tmp_path)
     change = {**change, "study": {**change["study"], "n_trials": 1 if spent else 4}}
@@ -236,7 +237,7 @@ def test_every_stored_study_mismatch_is_said_at_once(write_study, fake_gpus, tmp
     `run` and `run --dry-run`, nothing written."""
     xy = {"x": {"type": "float", "low": 0.0, "high": 1.0},
           "y": {"type": "float", "low": 0.1, "high": 1.0}}
-    study = write_study(edit(study={"n_trials": 1}, params=xy))
+    study = write_study(edit(study={"n_trials": 1}, params=xy, trainer=QUICK))
     assert run_cli("run", str(study)) == 0
     before = snapshot(tmp_path)
     edited = write_study(edit(study={"direction": "maximize", "metric": "size"},

@@ -94,8 +94,29 @@ def test_the_analysis_notebook_runs_against_the_study(finished_study, monkeypatc
         resources={"metadata": {"path": str(notebook.parent)}},
     )
     client.execute()
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
-    assert len(images) == 3
+    plots = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+             if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(plots) == 6  # sweep.figures' plotly figures, as `sweep report` draws them
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
+
+
+def test_many_result_keys_leave_the_terminal_table_readable(write_study):
+    """HF's Trainer writes 13 result keys: the table shows 3; the rest are named under it."""
+    from rich.console import Console
+
+    from sweep import config
+
+    spec = config.load(write_study(), runnable=False)
+    keys = [f"eval_{k}" for k in "abcdefghijklm"]
+    trials = pd.DataFrame([{"number": 0, "state": "COMPLETE", "value": 0.5, "params_x": 0.1,
+                            "gpu": 0, "gpus": None, "duration_s": 2.0, "gpu_util_mean": None,
+                            "gpu_mem_peak_mb": None, **{f"metric_{k}": 1.0 for k in keys}}])
+    console = Console(record=True, width=120)
+    console.print(summary.render(summary.Summary(spec, trials, pd.DataFrame(), pd.DataFrame())))
+    text = console.export_text()
+    assert "eval_a" in text and "eval_c" in text
+    assert "10 more result keys in the CSV: " + ", ".join(keys[3:]) in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    table = text.split("10 more result keys")[0]
+    assert "eval_d" not in table

@@ -73,7 +73,11 @@ def test_a_flood_of_report_lines_is_read_in_bounded_batches(write_study, fake_gp
     steps = flooded.intermediate_values
     assert max(steps) == 19_999  # the last one is always kept
     if pruner["type"] == "none":  # only the latest step of each pass is stored
-        assert len(steps) < 20
+        # A pass reads at most 100 lines and one stored step each: 200 full passes at most,
+        # plus one per half-second poll that found the writer behind. How many passes there
+        # are depends on how fast the trainer writes (a busy machine: dozens), so the bound
+        # is the mechanism's, not a count seen on a quiet machine.
+        assert len(steps) <= 20_000 // 100 + 20
     else:  # the pruner sees every step read while the trial ran, a batch per pass
         assert steps[19_999] == pytest.approx(1 / 20_000)
 

@@ -1,5 +1,6 @@
-"""A trainer that misbehaves as `--case` says when its x is 0.1, and behaves (sleeps a
-second, then writes a good result) otherwise: the neighbour that must not be harmed."""
+"""A trainer that misbehaves as `--case` says when its x is 0.1, and behaves (writes a good
+result) otherwise: at x 0.5 after 1.5 s, the neighbour that runs beside the misbehaving trial
+and must not be harmed; at any other x (a trial that only completes the budget) at once."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def main() -> int:
         result.write_text(json.dumps({"score": args.x}))
         return 0
     if args.x != 0.1:
-        time.sleep(1.5)
+        time.sleep(1.5 if args.x == 0.5 else 0.0)
         result.write_text(json.dumps({"score": args.x}))
         return 0
     case = args.case

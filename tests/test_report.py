@@ -1,0 +1,142 @@
+"""Issue 24: `sweep report`, one offline HTML file of a study's figures, opened in a real
+browser (headless Chromium, network off) for a finished, a running, a multi-objective, an
+only-FAIL and a 10,000-trial study; the figures and tables it is made of."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import load_trials, run_cli
+
+from sweep import figures, report
+from sweep.testing.studies import write_study as fake_study
+
+CHROMIUM = shutil.which("chromium")
+ERROR_SINK = ('<script>window.addEventListener("error",function(e){var p=document.createElement('
+              '"pre");p.className="js-error";p.textContent=String(e.message);'
+              'document.documentElement.appendChild(p)});</script>')
+
+
+def in_browser(page: Path, shots: Path) -> tuple[str, list[str]]:
+    """`page` opened in headless Chromium with the network off: (its DOM after the scripts
+    ran, the console lines Chromium logged). An error sink is put first into a copy of the
+    page, so an uncaught error is in the DOM too; a screenshot is saved beside it."""
+    copy = shots / f"{page.stem}.checked.html"
+    copy.write_text(page.read_text().replace("<head>", "<head>" + ERROR_SINK, 1))
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
+         "--window-size=1300,3600", f"--screenshot={shots / (page.stem + '.png')}",
+         "--dump-dom", copy.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True)
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    return done.stdout, console
+
+
+def rendered(dom: str) -> dict[str, int]:
+    """Per figure div of the report: how many plotly SVG roots were drawn in it."""
+    found = {}
+    parts = re.split(r'<div id="(fig-[a-z]+)"', dom)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        found[name] = body.split('<div id="fig-')[0].count('class="main-svg"')
+    return found
+
+
+FIGURES = ["fig-objective", "fig-intermediate", "fig-parallel", "fig-importances",
+           "fig-timeline", "fig-costs"]
+
+
+@pytest.fixture(scope="module")
+def big_study(tmp_path_factory) -> Path:
+    return fake_study(tmp_path_factory.mktemp("big"), "finished", n=10_000, gpus=8)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+@pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000"])
+def test_the_report_renders_every_figure_in_a_browser_without_a_network(
+        kind, tmp_path, request):
+    study = (request.getfixturevalue("big_study") if kind == "10000"
+             else fake_study(tmp_path, kind, n=40))
+    page = tmp_path / f"{kind}.html"
+    assert run_cli("report", str(study), "-o", str(page)) == 0
+    text = page.read_text()
+    assert "<script src" not in text and text.count("plotly.js v") == 1  # inlined, once
+    dom, console = in_browser(page, tmp_path)
+    assert console == [] and '<pre class="js-error">' not in dom
+    drawn = rendered(dom)
+    expected = [f.replace("intermediate", "pareto") if kind == "multi" else f for f in FIGURES]
+    assert list(drawn) == expected
+    assert set(drawn.values()) == {3}, drawn  # each figure drew plotly 7's three SVG roots
+    assert dom.count('class="plot-container plotly"') == len(FIGURES)
+    assert (tmp_path / f"{kind}.png").stat().st_size > 10_000
+    if kind == "only_fail":
+        assert "no trial has a value yet" in dom and 'id="failures"' in dom
+
+
+def summary_of(rows: list[dict]) -> report.Summary:
+    from sweep import config
+
+    spec = config.Spec.model_validate({
+        "study": {"name": "s", "metric": "loss", "n_trials": 9},
+        "trainer": {"script": "t.py"}})
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    frame = pd.DataFrame([{
+        "number": i, "state": r["state"], "value": r.get("value"), "gpu": 0,
+        "gpus": r.get("gpus"), "host": "h", "energy_j": r.get("energy_j"),
+        "fail_reason": r.get("reason"),
+        "datetime_start": start + timedelta(hours=r["at"]),
+        "datetime_complete": start + timedelta(hours=r["at"] + r["hours"])}
+        for i, r in enumerate(rows)])
+    return report.Summary(spec, frame, pd.DataFrame(), pd.DataFrame())
+
+
+def test_costs_are_device_hours_and_energy_by_state_and_until_the_best():
+    s = summary_of([
+        {"state": "COMPLETE", "value": 0.5, "at": 0, "hours": 1, "energy_j": 3.6e6},
+        {"state": "FAIL", "at": 0, "hours": 0.5, "gpus": "0,1", "reason": "exit code 1: x"},
+        {"state": "COMPLETE", "value": 0.2, "at": 1, "hours": 2, "energy_j": 7.2e6},
+        {"state": "PRUNED", "value": 0.9, "at": 1, "hours": 0.25},
+        {"state": "COMPLETE", "value": 0.3, "at": 3, "hours": 1},
+    ])
+    assert figures.cost_figures(s) == {
+        "device_hours": 5.25, "energy_kwh": 3.0, "fail_device_hours": 1.0,
+        "pruned_device_hours": 0.25, "best_trial": 2, "best_value": 0.2,
+        "device_hours_to_best": 4.25}  # trials 1, 3, 0 then 2 ended before it
+
+
+def test_failures_are_grouped_by_reason_with_their_trial_numbers():
+    rows = [{"state": "FAIL", "at": i, "hours": 1, "reason": "timeout after 5 s"}
+            for i in range(3)]
+    rows += [{"state": "FAIL", "at": 0, "hours": 1, "reason": "out of memory: x"},
+             {"state": "COMPLETE", "value": 1.0, "at": 0, "hours": 1}]
+    got = figures.failures(summary_of(rows), most=2)
+    assert got.to_dict("records") == [
+        {"reason": "timeout after 5 s", "count": 3, "trials": "0, 1, … (1 more)"},
+        {"reason": "out of memory: x", "count": 1, "trials": "3"}]
+
+
+def test_report_of_a_study_not_run_yet_is_one_line_and_writes_nothing(write_study, capsys):
+    study = write_study()
+    assert run_cli("report", str(study)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sweep: error: ")
+    assert "no study named 'probe'" in err[0] and not (study.parent / "probe").exists()
+
+
+def test_run_with_report_refreshes_the_report_at_the_end(write_study, fake_gpus, capsys):
+    study = write_study(study={"n_trials": 2})
+    assert run_cli("run", str(study), "--report") == 0
+    page = study.parent / "probe" / report.REPORT_NAME
+    assert f"report: {page}" in capsys.readouterr().err
+    assert "2 COMPLETE" in page.read_text() and len(load_trials(study)) == 2
+    keyed = write_study(study={"n_trials": 1, "name": "keyed", "report": True},
+                        name="keyed.yaml")
+    assert run_cli("run", str(keyed)) == 0
+    assert (study.parent / "keyed" / report.REPORT_NAME).is_file()
