@@ -69,10 +69,14 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
     trials = load_trials(study)
     states = collections.Counter(t.state.name for t in trials)
     assert states["COMPLETE"] == N_TRIALS and states["RUNNING"] == states["WAITING"] == 0, states
-    assert {t.user_attrs.get("fail_reason", "").split(" (")[0] for t in trials
-            if t.state.name == "FAIL"} <= set(CUT)
+    assert all(t.user_attrs["fail_reason"].startswith(CUT) for t in trials
+               if t.state.name == "FAIL")
+    # a kill between Optuna's ask and the owner record leaves a trial that never got params
+    # (no trainer ran): told FAIL "driver died before recording itself", nothing to continue
+    never_ran = [t for t in trials if t.state.name == "FAIL" and not t.params]
+    assert all("before recording itself" in t.user_attrs["fail_reason"] for t in never_ran)
     by_lineage: dict[int, list] = collections.defaultdict(list)
-    for t in trials:
+    for t in (t for t in trials if t not in never_ran):
         by_lineage[t.user_attrs.get("retry_of", t.number)].append(t)
     assert len(by_lineage) == N_TRIALS
     hits_total = 0

@@ -126,7 +126,7 @@ def _alive(pid: int) -> bool:
 def _pid_of(path: Path, timeout: float = 20.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # written meanwhile
             return int(path.read_text().split()[0])
         time.sleep(0.05)
     raise RuntimeError(f"no pid file {path}")
