@@ -251,6 +251,11 @@ class TrainerSection(_Model):
     # where a trial runs: a path with placeholders ({trial_dir}...); None: the driver's cwd
     workdir: Annotated[str, Field(min_length=1)] | None = None
     report: ReportSection | None = None
+    # appended to args when an attempt carries on a lineage whose checkpoint folder is not
+    # empty (see sweep.lineage); {last_checkpoint} is the newest HF checkpoint-N folder there
+    resume_args: list[str] = []
+    # a retry after a real failure: from the lineage's checkpoint, or from scratch
+    retry_from: Literal["checkpoint", "clean"] = "checkpoint"
 
     @field_validator("gpu_memory_gb", mode="before")
     @classmethod
@@ -580,6 +585,8 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         check(placeholders.check, file, f"trainer.args.{i}", arg)
     for name, value in trainer.env.items():
         check(placeholders.check, file, f"trainer.env.{short(name, 40)}", str(value))
+    for i, arg in enumerate(trainer.resume_args):
+        check(placeholders.check, file, f"trainer.resume_args.{i}", arg, ("last_checkpoint",))
     if trainer.result is not None and trainer.result.file is not None:
         check(placeholders.check, file, "trainer.result.file", trainer.result.file)
     if trainer.result is not None and trainer.result.patterns:

@@ -36,6 +36,7 @@ from sweep.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.config import Spec
 from sweep.events import Events, Finished, Running, Started, View
 from sweep.heartbeat import Heartbeat
+from sweep.lineage import Lineage
 from sweep.monitor import Monitor
 from sweep.placement import Refusal, Why
 from sweep.policy import Counts, OnSignal, Policy, RunResult
@@ -80,8 +81,10 @@ class Driver:
         self._went_around = False  # the last start went around a stuck budget lock
         self._first_end = True  # no trial of this driver reported, or completed, yet
         self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
-        # (number, searched params, origin, attempt) of the trials that failed on each device
-        self._failing: health.FailingDevices[tuple[int, dict[str, Any], int, int]] = (
+        # (number, searched params, origin, attempt, its continuation's lineage attributes) of
+        # the trials that failed on each device
+        self._failing: health.FailingDevices[
+            tuple[int, dict[str, Any], int, int, dict[str, Any]]] = (
             health.FailingDevices())
         self._sick: set[int] = set()  # devices taken out of the pool as sick
         self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
@@ -293,11 +296,14 @@ class Driver:
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
         params = {**asked.params, **spec.fixed}
+        line = asked.lineage or Lineage(asked.origin, asked.attempt)
         lease.bind(asked.number)
         try:
             port = self._port(lease) if len(lease.devices) > 1 else None
-            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port)
             trialdir.ensure_driver_dir(spec, self.own)
+            start = trialdir.prepare_checkpoint_dir(spec.output_dir, line)
+            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
+                                 start=start)
             secrets = trialdir.arg_secrets(spec.trainer.args, os.environ)
             trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params), secrets)
             if self.record is not None:
@@ -325,7 +331,7 @@ class Driver:
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline, reports, lease)
+            spec.trainer.stop_grace, deadline, reports, lease, lineage=line)
         if spec.trainer.hang_after is not None:
             paths = plan.paths
             self._hangs[asked.number] = hang.OutputWatch(
@@ -334,11 +340,18 @@ class Driver:
                 reports.watched if reports is not None else tuple)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
+        if line.continues is not None:
+            self.events.message(
+                f"trial {asked.number} continues trial {line.continues} (attempt {line.attempt} "
+                f"of trial {line.origin}) " + ("from its checkpoint folder" if start.resume
+                                               else "from scratch"))
         self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
 
     # ---- following ----------------------------------------------------------------------
 
     def _supervise(self, now: float) -> None:
+        if self._stopping():  # a signal that reached the trainers too (a Slurm job step's):
+            self._react(now)  # their trials were interrupted, whichever ends first
         if self.monitor is not None:
             for index, why in sorted(self.monitor.take_sick().items()):
                 self._take_out(index, why, now)
@@ -404,8 +417,8 @@ class Driver:
         if self.pool.host is not None:
             sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
         failed = self._failing.forget(index)
-        for _, searched, origin, attempt in failed:
-            if self._run_again(searched, origin, attempt + 1):
+        for _, searched, origin, attempt, attrs in failed:
+            if self._run_again(searched, origin, attempt + 1, attrs):
                 self._adjust_counts(waiting=1)
         self.policy.forgive({number for number, *_ in failed})
         for run in self.running.values():
@@ -415,9 +428,11 @@ class Driver:
                 run.detail = f"GPU {index} was taken out of the pool: {why}"
                 run.stop(Stop.DEVICE_OUT, now)
 
-    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int) -> bool:
-        """Queue `searched` again as `attempt` of trial `origin` (once); True if queued."""
-        return self.store.requeue(searched, origin, attempt)
+    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int,
+                   attrs: dict[str, Any] | None = None) -> bool:
+        """Queue `searched` again as `attempt` of trial `origin` (once), with the rest of its
+        lineage `attrs` (a continuation: no retry spent); True if queued."""
+        return self.store.requeue(searched, origin, attempt, attrs)
 
     def _on_device(self, run: RunningTrial, state: TrialState, cuda_error: bool,
                    devices: tuple[int, ...], now: float) -> bool:
@@ -429,7 +444,9 @@ class Driver:
             kind = (health.Kind.WORKED if state is not TrialState.FAIL else
                     health.Kind.CUDA_ERROR if cuda_error else health.Kind.OTHER)
             searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            payload = (run.number, searched, run.origin, run.attempt)
+            attrs = (run.lineage or Lineage(run.origin, run.attempt)).next_attrs(
+                run.number, retry=False)
+            payload = (run.number, searched, run.origin, run.attempt, attrs)
             for sick in self._failing.seen(devices, kind, payload):
                 self._take_out(sick.device, sick.why, now)
         return state is TrialState.FAIL and bool(self._sick & set(devices))
@@ -450,11 +467,15 @@ class Driver:
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
+        # An interrupted trial's continuation is queued the same way (no retry spent).
+        line = run.lineage or Lineage(run.origin, run.attempt)
+        interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
-        if run.stop_reason is not Stop.TAKEN and (fault or self.policy.retries(
-                verdict.state, run.attempt, verdict.oom, run.stop_reason is Stop.INTERRUPTED)):
-            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            queued = self._run_again(searched, run.origin, run.attempt + 1)
+        if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
+            queued = self._carry_on(run, line, not fault and self.policy.retries(
+                verdict.state, line.retries, verdict.oom, interrupted),
+                fault or self.policy.continues(verdict.state, interrupted),
+                "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage,
             lease.devices if lease is not None else ())
@@ -478,13 +499,27 @@ class Driver:
                                       lease.devices if lease is not None else ()))
         if not told:  # the other driver counted it, and queued its params again
             return
-        follow = self.policy.after(verdict.state, run.attempt, verdict.oom,
-                                   run.stop_reason is Stop.INTERRUPTED, verdict.fail_reason,
-                                   see=str(_where_to_look(run.process.plan.paths)),
-                                   device_fault=fault, number=run.number)
-        if follow.retry and queued:
+        self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
+                          verdict.fail_reason, see=str(_where_to_look(run.process.plan.paths)),
+                          device_fault=fault, number=run.number)
+        if queued:
             self._adjust_counts(waiting=1)
 
+    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool,
+                  why: str = "interrupted") -> bool:
+        """Queue the next attempt of `run`'s lineage: a retry after a real failure, or the
+        continuation (`resume`) of a trial that was interrupted or failed on a sick device
+        (`why`). True if this call queued it."""
+        if not (retry or resume):
+            return False
+        searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+        attrs = line.next_attrs(run.number, retry=retry,
+                                clean=self.spec.trainer.retry_from == "clean")
+        queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
+        if queued and resume:
+            self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
+                                "its checkpoint folder)")
+        return queued
     def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
         """A pruner that will never prune: say so once, when the first trial that reported
         or completed is one that completed without reporting a value."""
@@ -546,6 +581,10 @@ class Driver:
             if run.lease is not None:
                 self.pool.release(run.lease)
             if not run.judged:
+                if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
+                    with contextlib.suppress(Exception):  # storage gone: reclaimed later
+                        self._carry_on(run, run.lineage or Lineage(run.origin, run.attempt),
+                                       False, True)
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
                 run.judged_now(self.clock.now())

@@ -217,7 +217,8 @@ def quiet_signals() -> None:
     """TERM, INT and HUP do nothing to the guard (the driver stops it through CONTROL).
 
     A handler, not SIG_IGN: a command it execs must get default dispositions back."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # a scheduler's signals reach every process of a job step (Slurm): the guard outlives them
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep import accelconfig, protocol
+from sweep import accelconfig, lineage, protocol
 from sweep.config import Spec, TrainerSection, env_name
 from sweep.placeholders import fill
 from sweep.trialdir import TrialPaths
@@ -145,6 +145,7 @@ def build_launch(
     port: int | None = None,
     launcher_env: Mapping[str, str] | None = None,
     through_accelerate: bool = True,
+    start: lineage.Start | None = None,
     study: str | None = None,
     distributed: str | None = None,
 ) -> LaunchPlan:
@@ -160,8 +161,12 @@ def build_launch(
     environment, for `$VAR` in args; `study` its name, for trackers (`tracker_env`);
     `distributed` the distributed type of `accelerate_config` when it is the study's own
     (`LaunchConfig`). The trial runs in `trainer.workdir` (relative to {study_dir}) when set.
+    `start` is what the trial gets from its lineage (its checkpoint folder,
+    `trainer.resume_args` when it resumes; default: a new lineage's).
     """
-    places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number)}
+    start = start or lineage.Start(lineage.checkpoint_dir(paths.dir.parent.parent, number))
+    places = {**(places or {}), "trial_dir": str(paths.dir), "trial_number": str(number),
+              **lineage.places(start)}
     mine = script_params(params, passing)
     to_launcher = {k: v for k, v in params.items() if k not in mine}
     params = mine
@@ -176,6 +181,7 @@ def build_launch(
         protocol.RESULT_ENV: str(paths.result),
         protocol.REPORT_ENV: str(paths.reports),
     })
+    env.update(lineage.env(start, trainer.env))
     if trainer.report is not None and trainer.report.stream is not None:
         env.setdefault("PYTHONUNBUFFERED", "1")  # each line reaches the log as it is printed
     if port is not None:
@@ -184,6 +190,7 @@ def build_launch(
         env.update({env_name(k): format_value(v) for k, v in params.items()})
     trial_env = {**(environ if environ is not None else os.environ), **env}
     args = [fill(a, places, trial_env) for a in trainer.args]
+    args += lineage.resume_args(trainer.resume_args, start, places, trial_env)
     if trainer.pass_params == "args":
         args += param_args(params, passing, trainer.prefix)
     entry = ["-m", str(trainer.module)] if trainer.module else [str(trainer.script)]
@@ -251,6 +258,7 @@ def plan_trial(
     spec: Spec, number: int, params: Mapping[str, Any], device: int,
     pin: str | None = None, port: int | None = None,
     launcher_env: Mapping[str, str] | None = None, through_accelerate: bool = True,
+    start: lineage.Start | None = None,
     config: LaunchConfig = SWEEP_CONFIG,
 ) -> LaunchPlan:
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir`, its
@@ -261,7 +269,8 @@ def plan_trial(
                         python=spec.trainer.python or sys.executable,
                         passing=spec.params, places=spec_places(spec), pin=pin, port=port,
                         launcher_env=launcher_env, through_accelerate=through_accelerate,
-                        study=spec.study.name, distributed=config.distributed)
+                        study=spec.study.name, distributed=config.distributed,
+                        start=start)
 
 
 def spec_places(spec: Spec) -> dict[str, str]:

@@ -27,6 +27,7 @@ from sweep import accelconfig, interpreter, launch, process, provenance
 from sweep.accelenv import AccelerateEnv
 from sweep.config import Spec
 from sweep.launch import LaunchPlan
+from sweep.lineage import Start
 from sweep.process import Process, Spawn
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.warm import (
@@ -51,7 +52,8 @@ class Launcher(Protocol):
     def prepare(self) -> None: ...
     def get_ready(self) -> None: ...
     def plan(self, number: int, params: Mapping[str, Any], device: int,
-             pin: str | None = None, port: int | None = None) -> LaunchPlan: ...
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan: ...
     def note(self, params: Mapping[str, Any]) -> str | None: ...
     def header(self) -> list[str]: ...
     def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
@@ -82,12 +84,13 @@ class BaseLauncher:
         its server's imports, until the run is asked to stop)."""
 
     def plan(self, number: int, params: Mapping[str, Any], device: int,
-             pin: str | None = None, port: int | None = None) -> LaunchPlan:
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
         """Trial `number`'s argv, environment and files (pure: the same inputs give the same
-        plan)."""
+        plan); `start`: what it gets from its lineage (`lineage.prepare`)."""
         return launch.plan_trial(self.spec, number, params, device, pin, port,
                                  through_accelerate=self.through_accelerate,
-                                 config=self.config)
+                                 config=self.config, start=start)
 
     def note(self, params: Mapping[str, Any]) -> str | None:
         """For a dry run: what the printed command of a trial of `params` leaves out."""
@@ -147,13 +150,14 @@ class DirectLauncher(BaseLauncher):
             self.accelerate_env.get(options)
 
     def plan(self, number: int, params: Mapping[str, Any], device: int,
-             pin: str | None = None, port: int | None = None) -> LaunchPlan:
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
         """As the base's, with accelerate's variables beneath sweep's: for launch options not
         seen before (a searched `where: accelerate` param) they are asked of accelerate once
         (a few seconds) and cached; then the plan is pure again."""
         return launch.plan_trial(self.spec, number, params, device, pin, port,
                                  self._variables(params), through_accelerate=False,
-                                 config=self.config)
+                                 config=self.config, start=start)
 
     def note(self, params: Mapping[str, Any]) -> str | None:
         if self._variables(params) is None:

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 
 from sweep.errors import ConfigError
 
-PLACES = ("trial_dir", "trial_number", "study_dir", "output_dir")
+# {checkpoint_dir}: the trial's lineage's checkpoint folder (see `lineage`)
+PLACES = ("trial_dir", "trial_number", "study_dir", "output_dir", "checkpoint_dir")
 
 
 _TOKEN = re.compile(
@@ -38,11 +39,12 @@ def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = N
     return _TOKEN.sub(one, text)
 
 
-def check(file: str, key: str, text: str) -> None:
-    """`text` uses only known placeholders."""
+def check(file: str, key: str, text: str, extra: tuple[str, ...] = ()) -> None:
+    """`text` uses only known placeholders (`PLACES`, and `extra` where the key has more)."""
+    known = (*PLACES, *extra)
     try:
-        fill(text, {name: "" for name in PLACES})
+        fill(text, {name: "" for name in known})
     except KeyError as e:
         raise ConfigError(file, key, f"unknown placeholder {{{e.args[0]}}}: use "
-                          f"{', '.join('{' + p + '}' for p in PLACES)}; a literal brace is "
+                          f"{', '.join('{' + p + '}' for p in known)}; a literal brace is "
                           "doubled ({{ }})") from None

@@ -117,11 +117,13 @@ class Policy:
         fail_reason: str | None = None, see: str = "", device_fault: bool = False,
         number: int | None = None,
     ) -> Followup:
-        """What follows a trial told `state` (COMPLETE, PRUNED or FAIL) on its `attempt`;
-        `see` names where the user should look if the run gives up. `device_fault`: it failed
-        on a device taken out of the pool as sick: its params run again elsewhere, and it is
-        not counted toward `max_consecutive_failures`. `number`: the trial's, so that
-        `forgive` can take it out of the streak later."""
+        """What follows a trial told `state` (COMPLETE, PRUNED or FAIL); `attempt` is how
+        many retries after a real failure its lineage has had (`lineage.Lineage.retries`);
+        `see` names where the user should look if the run gives up. An interrupted trial is
+        carried on (`continues`), and is no failure: the streak stays as it was.
+        `device_fault`: it failed on a device taken out of the pool as sick: its params run
+        again elsewhere, and it is not counted toward `max_consecutive_failures`. `number`:
+        the trial's, so that `forgive` can take it out of the streak later."""
         if state is not TrialState.FAIL:
             self.streak = 0
             self.streak_of.clear()
@@ -151,10 +153,17 @@ class Policy:
     def retries(
         self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False
     ) -> bool:
-        """Whether a trial told `state` on its `attempt` is queued again (as `after` says),
-        decided before it is told: its retry is queued first."""
+        """Whether a trial told `state` after `attempt` retries of its lineage is retried (as
+        `after` says), decided before it is told: its retry is queued first. An interrupted
+        trial is not retried but carried on (`continues`)."""
         return state is TrialState.FAIL and not interrupted and attempt < self.max_retries \
             and (self.retry_oom or not oom)
+
+    def continues(self, state: TrialState, interrupted: bool) -> bool:
+        """Whether a trial told `state` is carried on by a new attempt of its lineage (the
+        same params, from its checkpoint): it failed only because the run was interrupted.
+        Decided before it is told, as `retries`; no retry is spent."""
+        return state is TrialState.FAIL and interrupted
 
     def exit_code(self) -> int:
         if self.signals:

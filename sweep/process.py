@@ -27,6 +27,7 @@ import psutil
 
 from sweep import guard
 from sweep.launch import LaunchPlan
+from sweep.lineage import Lineage
 from sweep.outcome import FAIL, Outcome, judge_files, read_text
 from sweep.pool import Lease
 from sweep.protocol import TRIAL_DIR_ENV
@@ -303,6 +304,7 @@ class RunningTrial:
     last_report: tuple[int, float] | None = None
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
+    lineage: Lineage | None = None  # where it stands in its lineage (None: a first attempt)
     detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
 
     def _move(self, to: Phase) -> None:
@@ -410,16 +412,23 @@ class RunningTrial:
 
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
+# SIGHUP: the terminal closed; SIGUSR1/SIGUSR2: what Slurm (`--signal`) and submitit send
+# before a time limit or a preemption
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # a repeat is dropped
 
 
 @contextlib.contextmanager
 def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
-    """Route SIGINT, SIGTERM and SIGHUP to `handler` inside the block; restore the old ones
-    after. SIGHUP (a closed terminal, a dropped ssh session) is one more way to say stop; a
-    terminal it left dead is first replaced by /dev/null (`terminal.release_dead_terminal`).
+    """Route SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to `handler` inside the block;
+    restore the old ones after. SIGHUP (a closed terminal, a dropped ssh session) is one more
+    way to say stop; a terminal it left dead is first replaced by /dev/null
+    (`terminal.release_dead_terminal`).
     A SIGHUP ignored when the block starts (`nohup`) stays ignored; one that comes after
-    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills).
+    another signal is dropped (it asks to stop, never to hurry: a second Ctrl-C kills). So is
+    a SIGTERM, SIGUSR1 or SIGUSR2 that came before (a scheduler sends one to every process
+    of the job: the batch shell, srun, which forwards it, and the driver); a different one
+    after it counts as a second signal.
 
     Outside the main thread (where Python cannot catch signals) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
@@ -427,6 +436,7 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
         return
 
     routed = False
+    seen: set[int] = set()
 
     def on_signal(signum: int, frame: Any) -> None:
         nonlocal routed
@@ -434,6 +444,9 @@ def signals_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
             release_dead_terminal()
             if routed:  # the terminal and the shell each send one: it asks to stop, once
                 return
+        if signum in SCHEDULER_SIGNALS and signum in seen:
+            return  # a copy: Slurm signals srun and its tasks alike (srun forwards it)
+        seen.add(signum)
         routed = True
         handler(signum, frame)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -21,7 +22,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from sweep import searchspace
+from sweep import lineage, searchspace
 from sweep.budget import BudgetLock, target_of
 from sweep.config import Spec
 from sweep.optuna_compat import stale_trial_ids, trial_id
@@ -46,7 +47,9 @@ log = logging.getLogger("sweep")
 # User attributes of a trial. OWNER (see `ownership`) is written right after the trial's first
 # heartbeat and before its trainer starts: {"host", "pid", "started" (the driver's), "gpu",
 # "dir", and "gpus" for a trial of several devices}.
-GPU, HOST, ATTEMPT, RETRY_OF, RERUN_OF = "gpu", "host", "attempt", "retry_of", "rerun_of"
+# A trial's lineage (`retry_of`, `attempt`, `continues`, ...): see `lineage`.
+GPU, HOST, RERUN_OF = "gpu", "host", "rerun_of"
+ATTEMPT, RETRY_OF, CONTINUES = lineage.ATTEMPT, lineage.RETRY_OF, lineage.CONTINUES
 GPUS = "gpus"  # a trial of several devices: all of them, "0,1" (GPU is the first)
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
 BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
@@ -66,6 +69,7 @@ class Asked:
     params: dict[str, Any]
     attempt: int
     origin: int  # the trial number this one retries, or its own
+    lineage: lineage.Lineage | None = None  # where it stands in its lineage (origin, ...)
 
 
 def connect(
@@ -142,8 +146,10 @@ class Store:
             for p in params:
                 self.study.enqueue_trial(p, skip_if_exists=True)
 
-    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int) -> bool:
-        """Queue the same params again, as attempt `attempt` of trial `origin`, unless a trial
+    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int,
+                attrs: Mapping[str, Any] | None = None) -> bool:
+        """Queue the same params again, as attempt `attempt` of trial `origin` (with `attrs`,
+        the rest of its lineage: `lineage.Lineage.next_attrs`), unless a trial
         of that origin and attempt exists already (queued, running or finished): True if it
         queued one. Under the budget lock, so two drivers queue it once; idempotent, so it can
         go before the tell it follows from (a kill between the two leaves the retry queued,
@@ -152,7 +158,7 @@ class Store:
             if self._retry_exists(origin, attempt):
                 return False
             self.study.enqueue_trial(
-                dict(params), user_attrs={RETRY_OF: origin, ATTEMPT: attempt},
+                dict(params), user_attrs={**(attrs or {}), RETRY_OF: origin, ATTEMPT: attempt},
                 skip_if_exists=False)
         return True
 
@@ -192,12 +198,30 @@ class Store:
             self.beat(trial)
             trial.set_user_attr(OWNER, record)
             params = sample(self.study, trial, searched, self.sampler_for)
+            line = self._carry_lineage(trial)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
-        attrs = trial.user_attrs
-        return Asked(trial, trial.number, params, int(attrs.get(ATTEMPT, 0)),
-                     int(attrs.get(RETRY_OF, trial.number)))
+        return Asked(trial, trial.number, params, line.attempt, line.origin, line)
+
+    def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
+        """The lineage of a trial just asked: a new one gets its run id; an attempt that
+        resumes gets the curve (intermediate values) its lineage's earlier attempts reached,
+        so the pruner compares what the trial really reached."""
+        line = lineage.Lineage.of(trial.user_attrs, trial.number)
+        if line.run_id is None:
+            run_id = lineage.new_run_id(self.study.study_name, line.origin)
+            trial.set_user_attr(lineage.RUN_ID, run_id)
+            line = dataclasses.replace(line, run_id=run_id)
+        if line.resumes:
+            earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
+                       for t in self.study.get_trials(deepcopy=False)
+                       if t.number != trial.number and t.state.is_finished()
+                       and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
+            key = trial_id(trial)
+            for step, value in sorted(lineage.merged_curve(earlier).items()):
+                self.storage.set_trial_intermediate_value(key, step, value)
+        return line
 
     @contextlib.contextmanager
     def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
@@ -415,7 +439,10 @@ class Store:
         params = {**t.system_attrs.get("fixed_params", {}), **t.params}
         a = t.user_attrs
         if params:  # none: the driver died before sampling them, so no trainer ran
-            self.requeue(params, int(a.get(RETRY_OF, t.number)), int(a.get(ATTEMPT, 0)) + 1)
+            # its continuation: a dead driver is no failure of the trial (no retry spent)
+            line = lineage.Lineage.of(a, t.number)
+            self.requeue(params, line.origin, line.attempt + 1,
+                         line.next_attrs(t.number, retry=False))
         owner = a.get(OWNER) or {}
         attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
                  ATTEMPT: a.get(ATTEMPT, 0)}

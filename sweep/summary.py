@@ -144,6 +144,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
         row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
         row["rerun_of"] = t.user_attrs.get(store.RERUN_OF)
+        row["continues"] = t.user_attrs.get(store.CONTINUES)
         row.update({k: v for k, v in t.user_attrs.items() if k.startswith(store.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -153,12 +154,29 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
              *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
              *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
-             *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX))]
-    frame = frame[order]
+             *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX)),
+             "continues"]
+    frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
     frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
+    return frame
+
+
+def _with_lineages(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add each trial's lineage (`lineage`: its first attempt's number; see `sweep.lineage`),
+    how many attempts the lineage has had (`lineage_attempts`) and the device-seconds they
+    took together (`lineage_device_s`: each attempt's duration times its devices; a running
+    one counts as far as it is known)."""
+    frame = frame.copy()
+    origin = pd.to_numeric(frame["retry_of"], errors="coerce")
+    frame["lineage"] = pd.array(origin.fillna(frame["number"]), dtype="Int64")
+    width = frame["gpus"].map(lambda g: len(str(g).split(",")) if isinstance(g, str) else 1)
+    device_s = pd.to_numeric(frame["duration_s"], errors="coerce").fillna(0.0) * width
+    by = frame.groupby("lineage")
+    frame["lineage_attempts"] = by["number"].transform("count")
+    frame["lineage_device_s"] = device_s.groupby(frame["lineage"]).transform("sum")
     return frame
 
 
@@ -297,6 +315,8 @@ def render(summary: Summary, top: int = 5) -> Any:
               and best[c].notna().any()]
     show += extras[:MAX_RESULT_COLUMNS]
     show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
+    if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
+        show += ["continues", "lineage_attempts", "lineage_device_s"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
     parts = [head, _table(shown_best, title)]
     if len(extras) > MAX_RESULT_COLUMNS:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweep import lineage
 from sweep.config import Spec
 from sweep.errors import UsageError
 from sweep.safefs import (
@@ -298,6 +299,13 @@ def cannot(e: OSError, fallback: Path) -> str:
     if isinstance(e, UnsafePath):
         return str(e)
     return f"cannot write {e.filename or fallback}: {e.strerror or e}"
+
+
+def prepare_checkpoint_dir(output_dir: Path, line: lineage.Lineage) -> lineage.Start:
+    """`lineage.prepare` (the lineage's checkpoint folder, emptied for a new lineage or a
+    clean retry); TrialFileError (naming the path) if it cannot be done."""
+    with _trial_files(lineage.checkpoint_dir(output_dir, line.origin)):
+        return lineage.prepare(output_dir, line)
 
 
 def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],

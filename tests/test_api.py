@@ -35,7 +35,10 @@ def test_ctrl_c_in_python_stops_the_trials_then_raises_keyboard_interrupt(write_
     with pytest.raises(KeyboardInterrupt, match="interrupted"):
         sweep.run(study_file)
     trials = load_trials(study_file)
-    assert [t.user_attrs["fail_reason"] for t in trials] == ["interrupted"] * 2
+    assert [t.user_attrs["fail_reason"] for t in trials[:2]] == ["interrupted"] * 2
+    # and their continuations are queued for the next run
+    assert [(t.state.name, t.user_attrs["retry_of"]) for t in trials[2:]] in (
+        [("WAITING", 0), ("WAITING", 1)], [("WAITING", 1), ("WAITING", 0)])
     assert processes_mentioning(str(tmp_path)) == []
 
 

@@ -11,7 +11,7 @@ LAYERS = [
     {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
      "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership", "interpreter"},
     {"storageurl", "searchspace", "placeholders", "health", "stacks", "accelconfig"},
-    {"config", "hostlock"},
+    {"config", "hostlock", "lineage"},
     {"sicklist"},
     {"trialdir"},
     {"launch", "outcome", "policy", "pool", "warm", "storage", "studies", "reportsources"},

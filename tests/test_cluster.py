@@ -73,7 +73,9 @@ def test_the_sbatch_script_asks_for_one_driver_per_gpu_node():
     assert "--ntasks-per-node=1" in directives
     assert any(d.startswith("--gres=gpu:") for d in directives)
     assert any(d.startswith("--nodes=") for d in directives)
-    assert "--signal=TERM@120" in directives  # the drivers, not only the batch shell (B:)
+    # the batch shell is signalled before the time limit: it stops the drivers and requeues
+    assert "--signal=B:USR1@300" in directives and "--requeue" in directives
+    assert "--open-mode=append" in directives  # each run of a requeued job adds to its log
     assert "SWEEP_STORAGE" in text
     assert "set -euo pipefail" in text
 
@@ -137,6 +139,20 @@ def test_the_job_runs_one_driver_per_gpu_node():
     claim = volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"]
     assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"] == "sweep-output"
     assert "ReadWriteMany" in docs["PersistentVolumeClaim"]["spec"]["accessModes"]
+
+
+def test_a_pod_stopped_by_sigterm_is_replaced_and_its_trials_continue():
+    """Pod deletion or a node drain: SIGTERM, the trials get stop_grace to save (inside the
+    pod's termination grace), the driver exits 130, and the Job starts another pod."""
+    docs = manifest()
+    spec = docs["Job"]["spec"]
+    rules = spec["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onExitCodes": {"containerName": "driver", "operator": "In",
+                                                "values": [130]}} in rules
+    assert any(r.get("onPodConditions") == [{"type": "DisruptionTarget"}] for r in rules)
+    study = yaml.safe_load(docs["ConfigMap"]["data"]["study.yaml"])
+    grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= study["trainer"]["stop_grace"] + 30
 
 
 def test_the_configmap_study_loads(tmp_path, storage_url):

@@ -106,9 +106,13 @@ def test_sigint_through_accelerate_leaves_no_orphan_trainer(write_study, tmp_pat
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130, err
     assert processes_mentioning(str(tmp_path)) == []
-    states = {t.user_attrs["fail_reason"] for t in optuna.load_study(
-        study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}").trials}
-    assert states == {"interrupted"}
+    trials = optuna.load_study(study_name="probe",
+                               storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
+    told = [t for t in trials if t.state.name != "WAITING"]
+    assert {t.user_attrs["fail_reason"] for t in told} == {"interrupted"}
+    # each interrupted trial's continuation is queued for the next run
+    assert sorted(t.user_attrs["continues"] for t in trials if t.state.name == "WAITING") == [
+        t.number for t in told]
 
 
 

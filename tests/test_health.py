@@ -156,7 +156,11 @@ def test_two_cuda_failures_in_a_row_take_a_device_out_and_its_trials_run_elsewhe
     by_device(s, {"1": [crash, crash]}, Script(runs=0.5))
     messages = said(s)
     assert s.run() == 0
-    assert messages == [(pytest.approx(0.8), f"GPU 1 taken out of the pool: {WHY_1}")]
+    assert messages == [
+        (pytest.approx(0.8), f"GPU 1 taken out of the pool: {WHY_1}"),
+        # each runs again as its lineage's continuation (no retry spent; nothing saved yet)
+        (pytest.approx(1.0), "trial 4 continues trial 1 (attempt 1 of trial 1) from scratch"),
+        (pytest.approx(1.5), "trial 5 continues trial 2 (attempt 1 of trial 2) from scratch")]
     assert s.pool.quarantined == {1: WHY_1}
     failed = [t for t in s.trials if t.state.name == "FAIL"]
     assert [t.user_attrs["gpu"] for t in failed] == [1, 1]
@@ -166,6 +170,7 @@ def test_two_cuda_failures_in_a_row_take_a_device_out_and_its_trials_run_elsewhe
     assert len(done) == 4 and {t.user_attrs["gpu"] for t in done} == {0}
     again = {t.user_attrs.get("retry_of"): t.params for t in done if "retry_of" in t.user_attrs}
     assert again == {t.number: t.params for t in failed}  # each one's params, run again
+    assert [t.user_attrs["retries"] for t in done if "retry_of" in t.user_attrs] == [0, 0]
     assert s.driver.policy.streak == 0
 
 
@@ -206,7 +211,12 @@ def test_an_xid_takes_the_device_out_within_a_sample_and_its_trials_run_again(
     messages = said(s)
     assert s.run() == 0
     why = "critical Xid 79 (GPU has fallen off the bus) reported by NVML"
-    assert messages == [(pytest.approx(1.25), f"GPU 1 taken out of the pool: {why}")]
+    assert messages == [
+        (pytest.approx(1.25), f"GPU 1 taken out of the pool: {why}"),
+        (pytest.approx(1.25), "trial 2 failed on a GPU taken out of the pool: queued to "
+         "continue (same params, its checkpoint folder)"),
+        (pytest.approx(2.0), "trial 3 continues trial 1 (attempt 1 of trial 1) from scratch"),
+        (pytest.approx(4.0), "trial 4 continues trial 2 (attempt 1 of trial 2) from scratch")]
     first, second, third = s.trials[:3]
     assert first.state.name == "COMPLETE" and first.user_attrs["gpu"] == 0
     assert second.state.name == "FAIL" and second.user_attrs["gpu"] == 1  # the CUDA crash

@@ -36,6 +36,7 @@ def test_accelerate_launch_is_pinned_and_ignores_the_users_default_config():
         "SWEEP_PARAMS_FILE": "/out/trials/7/params.json",
         "SWEEP_RESULT_FILE": "/out/trials/7/result.json",
         "SWEEP_REPORT_FILE": "/out/trials/7/reports.jsonl",
+        "SWEEP_CHECKPOINT_DIR": "/out/checkpoints/7",
     }
 
 

@@ -231,8 +231,11 @@ def test_first_signal_stops_every_trial_gently_and_a_second_kills(tmp_path):
     s.clock.at(1.0, lambda: s.driver._on_signal(2, None))
     s.clock.at(2.0, lambda: s.driver._on_signal(2, None))
     assert s.run() == 130
-    assert s.states() == ["FAIL", "FAIL"]
-    assert {t.user_attrs["fail_reason"] for t in s.trials} == {"interrupted"}
+    # each interrupted trial's continuation is queued for the next run (no retry spent)
+    assert s.states() == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert {t.user_attrs["fail_reason"] for t in s.trials[:2]} == {"interrupted"}
+    assert sorted((t.user_attrs["continues"], t.user_attrs["retries"]) for t in s.trials[2:]) \
+        == [(0, 0), (1, 0)]
     assert all(p.signals == ["TERM", "KILL"] for p in s.spawn.processes)
     assert s.clock.t == pytest.approx(2.0)
 

@@ -1,15 +1,17 @@
 """Scripts people already have, swept unmodified from the studies in studies/: one that only
 prints its metrics, one that writes all_results.json where it is told, one with dash-named
-options and store_true / store_false flags."""
+options and store_true / store_false flags; one that saves checkpoint-N folders and continues
+after an interruption."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_trials, run_cli
+from conftest import ROOT, load_trials, run_cli, spawn_cli, wait_until
 
 EXAMPLES = ROOT / "tests" / "examples"
 
@@ -64,3 +66,43 @@ def test_a_script_with_dash_names_and_store_true_flags(copied, fake_gpus):
         assert f"amp={t.params['use_amp']}" in out and "shuffle=True" in out
         assert f"batch={t.params['batch_size']}" in out
     assert {t.params["use_amp"] for t in trials} == {True, False}
+
+
+@pytest.mark.slow
+def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_checkpoint(
+        copied, tmp_path):
+    """studies/hf_resume.yaml: the script resumes only when told --resume_from_checkpoint;
+    after a SIGTERM to the driver, the rerun's continuation is told the newest checkpoint-N
+    folder of the trial's checkpoint folder, and trains only the steps left."""
+    study = copied / "hf_resume.yaml"
+    out = copied / "hf-resume"
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    driver = spawn_cli("run", str(study), env=env)
+    assert wait_until(lambda: all((out / "checkpoints" / n / "checkpoint-20").is_dir()
+                                  for n in ("0", "1")), 60)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err
+    rerun = spawn_cli("run", str(study), env=env)
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    trials = load_trials(study, "hf-resume")
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 4
+    for first in (t for t in trials if t.user_attrs.get("fail_reason") == "interrupted"):
+        then = next(t for t in trials if t.user_attrs.get("continues") == first.number)
+        assert then.state.name == "COMPLETE" and then.params == first.params
+        ran = [json.loads(line)["step"] for line in
+               (out / "trials" / str(first.number) / "stdout.log").read_text().splitlines()]
+        log = (out / "trials" / str(then.number) / "stdout.log").read_text()
+        saved = max(s for s in ran if s % 10 == 0)  # the newest checkpoint it wrote
+        assert (f"Continuing training from checkpoint, will skip to saved global_step {saved}"
+                in log)
+        command = (out / "trials" / str(then.number) / "command.sh").read_text()
+        assert f"--resume_from_checkpoint {out}/checkpoints/{first.number}/checkpoint-{saved}" \
+            in command
+        results = json.loads((out / "checkpoints" / str(first.number) /
+                              "all_results.json").read_text())
+        assert results["global_step"] == 60  # one run's steps, not a second run's
+        assert results["train_steps_this_run"] == 60 - saved
+        assert then.value == results["eval_loss"]
+    assert sum(t.user_attrs.get("fail_reason") == "interrupted" for t in trials) == 2

@@ -28,6 +28,18 @@ def running_trainers(tmp_path) -> list[psutil.Process]:
     return out
 
 
+def told_interrupted_and_continued(trials) -> bool:
+    """Every trial asked was told FAIL `interrupted`, and the continuation of each is queued
+    (its params, its lineage) for the next run."""
+    cut = [t for t in trials if t.state.name != "WAITING"]
+    queued = [t for t in trials if t.state.name == "WAITING"]
+    return (all(t.state.name == "FAIL" and t.user_attrs["fail_reason"] == "interrupted"
+                for t in cut)
+            and sorted(t.user_attrs["continues"] for t in queued) == [t.number for t in cut]
+            and all(t.system_attrs["fixed_params"] == cut[t.user_attrs["retry_of"]].params
+                    for t in queued))
+
+
 def started(study) -> int:
     return len(list((study.parent / "probe" / "trials").glob("*/probe_start.json")))
 
@@ -40,9 +52,9 @@ def test_sigint_stops_trials_tells_them_interrupted_and_exits_130(write_study, t
     _, err = driver.communicate(timeout=30)
     assert driver.returncode == 130, err
     trials = load_trials(study)
-    assert len(trials) == 2
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
-    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert len(trials) == 4  # two asked, and their continuations queued
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert told_interrupted_and_continued(trials)
     assert "Traceback" not in err
     assert processes_mentioning(str(tmp_path)) == []
 
@@ -60,7 +72,7 @@ def test_second_sigint_kills_at_once(write_study, tmp_path):
     driver.communicate(timeout=30)
     assert time.monotonic() - t0 < 10  # not the 60 s grace period
     assert driver.returncode == 130
-    assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
+    assert told_interrupted_and_continued(load_trials(study))
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -152,8 +164,8 @@ def test_sighup_stops_trials_as_sigterm_does_tells_them_and_exits_130(write_stud
     _, err = driver.communicate(timeout=30)
     assert driver.returncode == 130, err
     trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
-    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert told_interrupted_and_continued(trials)
     assert "Traceback" not in err
     assert processes_mentioning(str(tmp_path)) == []
 
@@ -175,8 +187,8 @@ def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_pat
         os.close(master)  # the terminal is gone: SIGHUP to its session
     assert driver.wait(timeout=30) == 130
     trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
-    assert {t.user_attrs["fail_reason"] for t in trials} == {"interrupted"}
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert told_interrupted_and_continued(trials)
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -277,7 +289,7 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
     driver.send_signal(signal.SIGHUP)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 130, err
-    assert {t.user_attrs["fail_reason"] for t in load_trials(study)} == {"interrupted"}
+    assert told_interrupted_and_continued(load_trials(study))
     graceful = list((study.parent / "probe" / "trials").glob("*/stopped_gracefully"))
     assert len(graceful) == 2  # each stopped at its next step, not SIGKILLed
 
@@ -309,3 +321,25 @@ def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
         assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
+    """Slurm signals every process of a job step, and srun forwards its copy: the same
+    SIGTERM, SIGUSR1 or SIGUSR2 twice asks once; a different signal after it still counts."""
+    from sweep.process import signals_to
+
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGUSR1)  # srun's copy: dropped
+        signal.raise_signal(signal.SIGTERM)  # the time limit itself: a second signal
+        signal.raise_signal(signal.SIGTERM)
+    assert got == [signal.SIGUSR1, signal.SIGTERM]
+    got.clear()
+    with signals_to(lambda signum, frame: got.append(signum)):
+        signal.raise_signal(signal.SIGUSR2)
+        signal.raise_signal(signal.SIGUSR2)
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C-like stop still hurries
+    assert got == [signal.SIGUSR2, signal.SIGINT]
+    assert {s: signal.getsignal(s) for s in before} == before

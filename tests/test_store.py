@@ -186,7 +186,9 @@ def test_an_orphan_is_queued_again_with_the_params_it_was_given(tmp_path):
         assert s.fail_orphan(ownership.Orphan(frozen, "driver died", None))
     waiting = [t for t in s.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 0.125}]
-    assert waiting[0].user_attrs == {"retry_of": queued.number, "attempt": 1}
+    # its continuation: a dead driver spends no retry (retries stays 0)
+    assert waiting[0].user_attrs == {"retry_of": queued.number, "attempt": 1,
+                                     "continues": queued.number, "retries": 0}
 
 
 @pytest.mark.parametrize("change", ["deleted", "replaced"])
@@ -320,7 +322,9 @@ def test_a_reclaimer_killed_at_its_fail_loses_no_point(tmp_path, cut):
     assert not second.fail_orphan(ownership.Orphan(trials[0], "driver died", None))
     trials = second.study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
-    assert trials[1].user_attrs == {"retry_of": asked.number, "attempt": 1}
+    assert trials[1].user_attrs == {"retry_of": asked.number, "attempt": 1,
+                                    "continues": asked.number, "retries": 0,
+                                    "run_id": asked.lineage.run_id}
     retry = second.ask(searched(second), gpu=0, trial_dir=str)
     assert (retry.number, retry.params, retry.origin, retry.attempt) == (
         1, asked.params, asked.number, 1)

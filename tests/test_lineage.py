@@ -1,0 +1,199 @@
+"""A trial's lineage: what its attempts share (checkpoint folder, run id, curve), what an
+interruption or a retry queues, and how the driver carries it out (fakes, in milliseconds)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_loop import Sweep
+
+from sweep import config, lineage, summary
+from sweep.driver import Driver
+from sweep.errors import ConfigError
+from sweep.lineage import Lineage, Start
+from sweep.testing.fakes import Script
+
+
+def test_a_first_attempt_is_its_own_lineage_and_old_retries_count_as_retries():
+    assert Lineage.of({}, 7) == Lineage(7)
+    assert Lineage.of({"retry_of": 3, "attempt": 2}, 9) == Lineage(3, 2, retries=2)
+    line = Lineage.of({"retry_of": 3, "attempt": 2, "retries": 0, "continues": 8,
+                       "run_id": "s-3-ab"}, 9)
+    assert (line.origin, line.attempt, line.retries, line.continues, line.resumes) == (
+        3, 2, 0, 8, True)
+
+
+def test_an_interruption_is_continued_without_spending_a_retry_and_a_retry_spends_one():
+    line = Lineage(3, attempt=1, retries=0, continues=5, run_id="s-3-ab")
+    assert line.next_attrs(9, retry=False) == {
+        "retry_of": 3, "attempt": 2, "continues": 9, "retries": 0, "run_id": "s-3-ab"}
+    assert line.next_attrs(9, retry=True) == {
+        "retry_of": 3, "attempt": 2, "continues": 9, "retries": 1, "run_id": "s-3-ab"}
+    clean = line.next_attrs(9, retry=True, clean=True)
+    assert clean["clean"] is True and not Lineage.of(clean, 10).resumes
+    assert "clean" not in line.next_attrs(9, retry=False, clean=True)  # continuations resume
+
+
+def test_the_curve_takes_each_step_from_the_latest_attempt_that_reported_it():
+    assert lineage.merged_curve([(2, {4: 0.1, 5: 0.2}), (0, {0: 1.0, 4: 0.9}),
+                                 (1, {1: 0.5})]) == {0: 1.0, 1: 0.5, 4: 0.1, 5: 0.2}
+
+
+def test_the_newest_complete_hf_checkpoint_is_found(tmp_path):
+    assert lineage.last_checkpoint(tmp_path / "none") is None
+    assert lineage.last_checkpoint(tmp_path) is None
+    for n in (5, 10, 40):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+    (tmp_path / "checkpoint-99").write_text("a file, not a checkpoint")
+    (tmp_path / "checkpoint-x").mkdir()
+    assert lineage.last_checkpoint(tmp_path) == tmp_path / "checkpoint-40"  # none complete
+    for n in (5, 10):
+        (tmp_path / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+    assert lineage.last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"  # 40 was cut short
+
+
+def test_resume_args_only_when_the_lineage_is_carried_on_into_a_folder_not_empty(tmp_path):
+    args = ["--resume_from_checkpoint", "{last_checkpoint}", "--dir", "{checkpoint_dir}/$X"]
+    places = {"checkpoint_dir": str(tmp_path)}
+    env = {"X": "y"}
+    assert lineage.resume_args(args, Start(tmp_path), places, env) == []
+    assert lineage.resume_args(args, Start(tmp_path, resume=True), places, env) == []
+    last = tmp_path / "checkpoint-3"
+    assert lineage.resume_args(args, Start(tmp_path, True, last), places, env) == [
+        "--resume_from_checkpoint", str(last), "--dir", f"{tmp_path}/y"]
+    assert lineage.resume_args(["--resume"], Start(tmp_path, resume=True), places, env) == [
+        "--resume"]
+
+
+def test_prepare_empties_the_folder_of_a_new_lineage_or_a_clean_retry_only(tmp_path):
+    folder = lineage.checkpoint_dir(tmp_path, 4)
+    folder.mkdir(parents=True)
+    (folder / "old.pt").write_text("left by an earlier study of this output_dir")
+    new = lineage.prepare(tmp_path, Lineage(4))
+    assert new == Start(folder, False, None, None) and not any(folder.iterdir())
+    (folder / "checkpoint-2").mkdir()
+    carried = lineage.prepare(tmp_path, Lineage(4, 1, continues=4, run_id="r"))
+    assert carried == Start(folder, True, folder / "checkpoint-2", "r")
+    clean = lineage.prepare(tmp_path, Lineage(4, 2, 1, continues=5, clean=True))
+    assert not clean.resume and not any(folder.iterdir())
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+
+
+def test_wandb_continues_the_run_unless_the_study_sets_its_own():
+    start = Start(Path("/o/checkpoints/3"), run_id="s-3-ab")
+    assert lineage.env(start, {}) == {
+        "SWEEP_CHECKPOINT_DIR": "/o/checkpoints/3", "SWEEP_RUN_ID": "s-3-ab",
+        "WANDB_RUN_ID": "s-3-ab", "WANDB_RESUME": "allow"}
+    assert lineage.env(start, {"WANDB_RESUME": "never"}) == {
+        "SWEEP_CHECKPOINT_DIR": "/o/checkpoints/3", "SWEEP_RUN_ID": "s-3-ab",
+        "WANDB_RUN_ID": "s-3-ab"}
+    run_id = lineage.new_run_id("my study/v2", 12)
+    assert run_id.startswith("my-study-v2-12-") and len(run_id) == len("my-study-v2-12-") + 8
+
+
+def study_file(tmp_path: Path, trainer: dict) -> Path:
+    path = tmp_path / "s.yaml"
+    import yaml
+    from conftest import study_dict
+    path.write_text(yaml.safe_dump(study_dict(trainer=trainer)))
+    return path
+
+
+def test_last_checkpoint_is_a_placeholder_of_resume_args_only(tmp_path):
+    spec = config.load(study_file(tmp_path, {"resume_args": [
+        "--resume_from_checkpoint", "{last_checkpoint}"], "args": ["--out", "{checkpoint_dir}"]}))
+    assert spec.trainer.retry_from == "checkpoint"
+    with pytest.raises(ConfigError) as e:
+        config.load(study_file(tmp_path, {"args": ["--r", "{last_checkpoint}"]}))
+    assert "trainer.args.1" in str(e.value) and "unknown placeholder {last_checkpoint}" in str(
+        e.value)
+    with pytest.raises(ConfigError) as e:
+        config.load(study_file(tmp_path, {"retry_from": "scratch"}))
+    assert "trainer.retry_from" in str(e.value)
+
+
+def scripted(*scripts: Script):
+    left = list(scripts)
+    return lambda params: left.pop(0)
+
+
+def rerun(s: Sweep) -> int:
+    """Another run of the same study (a new driver on the same storage)."""
+    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    return s.run()
+
+
+def test_an_interrupted_trial_continues_in_the_next_run_and_keeps_its_retry(tmp_path):
+    s = Sweep(tmp_path, scripted(Script(runs=100), Script(runs=1, code=3, result=None),
+                                 Script(runs=1, result={"score": 0.25})), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 2},
+              trainer={"max_retries": 1, "resume_args": ["--resume"]})
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    assert s.states() == ["FAIL", "WAITING"]
+    assert rerun(s) == 0
+    assert s.states() == ["FAIL", "FAIL", "COMPLETE"]
+    attrs = [t.user_attrs for t in s.trials]
+    assert [a["fail_reason"] for a in attrs[:2]] == ["interrupted", "exit code 3: no stderr"]
+    assert [(a.get("retry_of"), a.get("continues"), a.get("retries")) for a in attrs] == [
+        (None, None, None), (0, 0, 0), (0, 1, 1)]  # the interruption spent no retry
+    assert len({a["run_id"] for a in attrs}) == 1
+    dirs = {p.plan.env["SWEEP_CHECKPOINT_DIR"] for p in s.spawn.processes}
+    assert dirs == {str(s.spec.output_dir / "checkpoints" / "0")}
+    assert s.store.counts().finished == 1 and s.driver.policy.streak == 0
+    frame = summary.trials_frame(s.store.study, s.spec)
+    assert frame["continues"].tolist()[1:] == [0, 1] and frame["continues"].isna().tolist()[0]
+    assert frame["lineage"].tolist() == [0, 0, 0]
+    assert frame["lineage_attempts"].tolist() == [3, 3, 3]
+    total = frame["duration_s"].sum()
+    assert frame["lineage_device_s"].tolist() == pytest.approx([total] * 3)
+    assert frame["value"].notna().tolist() == [False, False, True]  # the final value, once
+
+
+def test_a_retry_after_a_real_failure_resumes_by_default_and_starts_clean_if_asked(tmp_path):
+    for retry_from, resumed in (("checkpoint", True), ("clean", False)):
+        folder = tmp_path / retry_from
+        folder.mkdir()
+        s = Sweep(folder, scripted(Script(runs=2, code=1, result=None),
+                                   Script(runs=1, result={"score": 0.5})), gpus=1,
+                  study={"n_trials": 1},
+                  trainer={"max_retries": 1, "retry_from": retry_from,
+                           "resume_args": ["--resume", "{checkpoint_dir}/last.pt"]})
+        saved = s.spec.output_dir / "checkpoints" / "0" / "last.pt"
+        s.clock.at(1.0, lambda p=saved: p.write_text("step 10"))  # the trainer saves
+        assert s.run() == 0
+        assert s.states() == ["FAIL", "COMPLETE"]
+        first, retry = (p.plan.argv for p in s.spawn.processes)
+        assert "--resume" not in first
+        assert ("--resume" in retry) is resumed  # after trainer.args, before the params
+        if resumed:
+            assert retry[retry.index("--resume"):][:4] == ["--resume", str(saved), "--x",
+                                                           retry[-1]]
+        assert saved.exists() is resumed
+        assert s.trials[1].user_attrs.get("clean", False) is not resumed
+
+
+def test_the_continuation_carries_the_curve_its_lineage_reached(tmp_path):
+    s = Sweep(tmp_path, scripted(
+        Script(runs=100, reports=[(0.1, 0, 0.9), (0.2, 1, 0.8)]),
+        Script(runs=1, reports=[(0.1, 2, 0.7)], result={"score": 0.6})), gpus=1,
+        study={"n_trials": 1, "pruner": {"type": "median"}})
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    assert rerun(s) == 0
+    assert s.trials[1].intermediate_values == {0: 0.9, 1: 0.8, 2: 0.7}
+    assert s.trials[1].value == 0.6 and s.trials[0].value is None
+
+
+def test_a_stopping_driver_tells_a_trainer_that_died_of_the_same_signal_interrupted(tmp_path):
+    """A Slurm job step's signal reaches the trainers too: one that ends before the loop has
+    reacted is still interrupted (and continued), not a failure."""
+    s = Sweep(tmp_path, scripted(Script(runs=1.0, code=143, result=None)), gpus=1,
+              study={"n_trials": 1})
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))  # as the trainer exits
+    assert s.run() == 130
+    assert s.states() == ["FAIL", "WAITING"]
+    assert s.trials[0].user_attrs["fail_reason"] == "interrupted"
+    assert os.path.isdir(s.spec.output_dir / "checkpoints" / "0")

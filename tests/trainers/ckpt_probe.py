@@ -1,0 +1,50 @@
+"""A test trainer that checkpoints every step in $SWEEP_CHECKPOINT_DIR and resumes from it.
+
+Each step is logged to `steps.log` in the checkpoint folder (`<trial number> <step>`) before
+its checkpoint is written, so a kill between the two runs that step once more. On SIGTERM
+(`should_stop`) it stops after the current step, its checkpoint written, and exits 0 with no
+result (the driver tells the trial FAIL "interrupted"). It reports each step's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from sweep.protocol import report, should_stop, write_result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--x", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--sleep", type=float, default=0.05)
+    args, _ = p.parse_known_args()
+    folder = Path(os.environ["SWEEP_CHECKPOINT_DIR"])
+    number = os.environ["SWEEP_TRIAL_NUMBER"]
+    state = folder / "state.json"
+    step = json.loads(state.read_text())["next"] if state.exists() else 0
+    with open(folder / "starts.log", "a") as f:
+        f.write(f"{number} {step} {os.environ.get('SWEEP_RUN_ID')}\n")
+    should_stop()  # SIGTERM from now on ends the loop after the step it is in
+    while step < args.steps:
+        time.sleep(args.sleep)
+        value = (args.x - 0.3) ** 2 + 1.0 / (step + 1)
+        with open(folder / "steps.log", "a") as f:
+            f.write(f"{number} {step}\n")
+        tmp = folder / "state.json.tmp"
+        tmp.write_text(json.dumps({"next": step + 1}))
+        os.replace(tmp, state)
+        report(step, value)
+        step += 1
+        if should_stop():
+            return 0
+    write_result({"score": (args.x - 0.3) ** 2})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
