@@ -36,6 +36,7 @@ from sweep.errors import ConfigError, Problem, short
 from sweep.protocol import compile_pattern
 from sweep.searchspace import (
     PARAM_TYPES,
+    YES_NO,
     BoolParam,
     CategoricalParam,
     FixedParam,
@@ -46,6 +47,7 @@ from sweep.searchspace import (
     PrunerSpec,
     SamplerSpec,
     Searched,
+    StrictNumbers,
 )
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
@@ -53,7 +55,7 @@ PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 Direction = Literal["minimize", "maximize"]
 
 
-class _Model(BaseModel):
+class _Model(StrictNumbers, BaseModel):  # BaseModel named: ruff knows a pydantic model
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -435,6 +437,8 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
         if e["loc"][:1] == ("params",) and "[key]" in e["loc"] and e["type"] == "string_type":
             continue  # a param name that is no text: `load` says so in its own words
         key, root = _location(e["loc"])
+        if e["type"] == YES_NO:  # found by the model, said of its key
+            key = root = f"{key}.{e['ctx']['key']}" if key else str(e["ctx"]["key"])
         groups.setdefault(root, []).append((key, e))
     meant: set[str] = set()
     problems = []
@@ -453,7 +457,7 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
                 msg = f"unknown key `{short(name, 40)}` ({where} {', '.join(fields)})"
         elif first["type"] == "missing":
             msg = "required key is missing"
-        elif "input" in first and first["type"] not in ("value_error",):
+        elif "input" in first and first["type"] not in ("value_error", YES_NO):
             msg = f"{msg} (got {short(repr(first['input']))})"
         problems.append((first["type"], Problem(file, key, msg)))
     return [p for kind, p in problems if not (kind == "missing" and p.key in meant)]

@@ -12,16 +12,60 @@ import hashlib
 import importlib.util
 import inspect
 import math
+import types
+import typing
 import warnings
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from sweep.errors import ConfigError, short
 
+YES_NO = "number_not_yes_no"  # the error type; its ctx `key` names the field
+YES_NO_TEXT = ("a number is needed, not {got} (YAML reads an unquoted yes/no/on/off as "
+               "true/false); where a key can be turned off, null does it")
 
-class _Model(BaseModel):
+
+def takes_number_not_yes_no(annotation: Any) -> bool:
+    """Whether a field of type `annotation` takes a number (int or float, maybe in a union
+    with None or a literal) and no yes/no."""
+    leaves: set[Any] = set()
+    todo = [annotation]
+    while todo:
+        kind = todo.pop()
+        if typing.get_origin(kind) in (typing.Union, types.UnionType, Annotated):
+            todo.extend(typing.get_args(kind)[:1] if typing.get_origin(kind) is Annotated
+                        else typing.get_args(kind))
+        else:
+            leaves.add(kind)
+    return bool(leaves & {int, float}) and bool not in leaves and Any not in leaves
+
+
+class StrictNumbers(BaseModel):
+    """A model whose number fields refuse a yes/no: pydantic takes `true` as 1, and YAML reads
+    an unquoted true, yes or on as one, so `hang_after: yes` would be a 1-second limit."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_yes_no(cls, data: Any) -> Any:
+        for name, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(name) if isinstance(name, str) else None
+            if (isinstance(value, bool) and field is not None
+                    and takes_number_not_yes_no(field.annotation)):
+                raise PydanticCustomError(YES_NO, YES_NO_TEXT,
+                                          {"key": name, "got": str(value).lower()})
+        return data
+
+
+class _Model(StrictNumbers, BaseModel):  # BaseModel named: ruff knows a pydantic model
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
