@@ -204,13 +204,8 @@ def build_launch(
     else:
         argv = [python, *tail]
         env = {**(launcher_env or {}), **env}  # what `accelerate launch` would set, then ours
-    cwd = None
-    if trainer.workdir is not None:
-        cwd = Path(places.get("study_dir", ".")) / fill(trainer.workdir, places)
-    result = paths.result
-    if trainer.result is not None and trainer.result.file is not None:
-        filled = Path(fill(trainer.result.file, places))
-        result = (cwd / filled if cwd is not None else filled).absolute()
+    cwd = trial_cwd(trainer, places)
+    result = result_path(trainer, paths, places, cwd)
     return LaunchPlan(argv, env, paths, result, entry[-1] if through_accelerate else None, cwd)
 
 
@@ -271,6 +266,24 @@ def plan_trial(
                         launcher_env=launcher_env, through_accelerate=through_accelerate,
                         study=spec.study.name, distributed=config.distributed,
                         start=start)
+
+
+def trial_cwd(trainer: TrainerSection, places: Mapping[str, str]) -> Path | None:
+    """Where a trial runs: `trainer.workdir` filled, from the study's folder; None: the
+    driver's working directory."""
+    if trainer.workdir is None:
+        return None
+    return Path(places.get("study_dir", ".")) / fill(trainer.workdir, places)
+
+
+def result_path(trainer: TrainerSection, paths: TrialPaths, places: Mapping[str, str],
+                cwd: Path | None) -> Path:
+    """The trial's result file: `result.file` filled, from its `cwd`; else the one of
+    `$SWEEP_RESULT_FILE` in its folder."""
+    if trainer.result is None or trainer.result.file is None:
+        return paths.result
+    filled = Path(fill(trainer.result.file, places))
+    return (cwd / filled if cwd is not None else filled).absolute()
 
 
 def spec_places(spec: Spec) -> dict[str, str]:

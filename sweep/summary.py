@@ -10,6 +10,7 @@ Writing the CSV is `save`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweep import config, hang, ownership, storage, storageurl, store, trialdir
+from sweep import config, hang, launch, ownership, storage, storageurl, store, trialdir
 from sweep.config import Spec
 from sweep.errors import UsageError
 
@@ -109,7 +110,13 @@ def _silent(spec: Spec, number: int) -> float:
     """Seconds since the trial last wrote its stdout, stderr, reports or result (NaN: none of
     them is in its folder here)."""
     paths = trialdir.TrialPaths.of(spec.output_dir, number)
-    silent = hang.silence([paths.stdout, paths.stderr, paths.reports, paths.result], time.time())
+    files = [paths.stdout, paths.stderr, paths.reports, paths.result]
+    places = {**launch.spec_places(spec), "trial_dir": str(paths.dir),
+              "trial_number": str(number)}
+    with contextlib.suppress(KeyError):  # a placeholder only the driver knows (a lineage's)
+        files.append(launch.result_path(spec.trainer, paths, places,
+                                        launch.trial_cwd(spec.trainer, places)))
+    silent = hang.silence(files, time.time())
     return math.nan if silent is None else silent
 
 
