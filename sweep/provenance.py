@@ -77,12 +77,38 @@ def _git(folder: Path, args: Sequence[str], run: Run) -> bytes | None:
     return bytes(done.stdout) if done.returncode == 0 else None
 
 
+def _inside(path: Path | None, repo: Path) -> str | None:
+    """`path` relative to `repo`, as git names it; None when it is not in it."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _new_file(repo: Path, name: str, run: Run) -> bytes:
+    """An untracked file's content as a diff that `git apply` creates it from (b"" if git
+    fails; `diff --no-index` exits 1 when there is a difference)."""
+    try:
+        done = run(["git", "-C", str(repo), "diff", "--no-index", "--binary", "--",
+                    os.devnull, name], capture_output=True, timeout=GIT_TIMEOUT, check=False,
+                   stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+    return bytes(done.stdout) if done.returncode in (0, 1) else b""
+
+
 def _text(out: bytes | None) -> str | None:
     return None if out is None else out.decode("utf-8", "replace").strip()
 
 
-def git_code(folder: Path, run: Run = subprocess.run) -> Code | None:
-    """The git state of `folder`; None if it is in no repository (or git is missing)."""
+def git_code(folder: Path, run: Run = subprocess.run, script: Path | None = None) -> Code | None:
+    """The git state of `folder`; None if it is in no repository (or git is missing).
+
+    The diff is against the commit; in a repository without commits, the staged files as new
+    files, then their unstaged changes. An untracked `script` (the trainer itself) is code
+    too: its content is in the diff, as a new file's."""
     top = _text(_git(folder, ["rev-parse", "--show-toplevel"], run))
     if top is None:
         return None
@@ -92,7 +118,15 @@ def git_code(folder: Path, run: Run = subprocess.run) -> Code | None:
     status = (_git(repo, ["status", "--porcelain", "--untracked-files=normal"], run)
               or b"").decode("utf-8", "replace").splitlines()
     untracked = tuple(line[3:] for line in status if line.startswith("??"))
-    patch = (_git(repo, ["diff", "HEAD", "--binary"], run) or b"") if commit else b""
+    if commit:
+        patch = _git(repo, ["diff", "HEAD", "--binary"], run) or b""
+    else:
+        patch = ((_git(repo, ["diff", "--cached", "--binary"], run) or b"")
+                 + (_git(repo, ["diff", "--binary"], run) or b""))
+    own = _inside(script, repo)
+    if own is not None and any(own == u or (u.endswith("/") and own.startswith(u))
+                               for u in untracked):  # an untracked folder is one line
+        patch += _new_file(repo, own, run)
     dirty = bool(patch) or (not commit and any(not line.startswith("??") for line in status))
     cut = len(patch) > MAX_PATCH
     return Code(str(repo), commit or None, branch or None, dirty, b"" if cut else patch,
@@ -154,7 +188,8 @@ class RunRecord:
         except InterpreterError as e:
             found, error = None, str(e)
         devices = {int(k): dict(v) for k, v in (gpus or {}).items()}
-        return cls(host or socket.gethostname(), git_code(folder, run), found, error,
+        return cls(host or socket.gethostname(), git_code(folder, run, spec.trainer.script),
+                   found, error,
                    accelerate, devices, *system)
 
     def software(self) -> dict[str, Any]:

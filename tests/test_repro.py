@@ -492,3 +492,47 @@ def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path
     said.clear()
     launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append, dry=True)
     assert said == []  # a dry run prints its header instead
+
+
+def test_the_code_of_a_repository_without_commits_or_of_an_untracked_script_is_recorded(
+        tmp_path):
+    """Hostile pass: in a repository without commits every trial had an empty code.patch and
+    the same code_version (the hash of nothing), whatever the staged script said; an
+    untracked script could change between trials with code_version unchanged."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    script = repo / "t.py"
+    script.write_text("print(1)\n")
+    git(repo, "add", "t.py")
+    first = provenance.git_code(repo, script=script)
+    assert first is not None and first.commit is None and first.dirty
+    assert b"print(1)" in first.patch
+    script.write_text("print(2)\n")  # changed after it was staged: the diff says so too
+    second = provenance.git_code(repo, script=script)
+    assert second is not None and b"print(2)" in second.patch
+    assert second.version != first.version
+    empty = provenance.hashlib.sha256(b"").hexdigest()[:8]
+    assert not first.version.endswith(empty) and not second.version.endswith(empty)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    (other / "README").write_text("x")
+    git(other, "add", "README")
+    git(other, "commit", "-qm", "first")
+    (other / "new").mkdir()
+    loose = other / "new" / "train.py"  # in an untracked folder: git lists only the folder
+    loose.write_text("print('a')\n")
+    a = provenance.git_code(other, script=loose)
+    loose.write_text("print('b')\n")
+    b = provenance.git_code(other, script=loose)
+    assert a is not None and b is not None and a.dirty and b.dirty
+    assert a.version != b.version and b"print('b')" in b.patch
+    target = tmp_path / "applied"
+    subprocess.run(["git", "init", "-q", str(target)], check=True)
+    (target / "README").write_text("x")
+    patch = tmp_path / "code.patch"
+    patch.write_bytes(b.patch)
+    subprocess.run(["git", "-C", str(target), "apply", str(patch)], check=True)
+    assert (target / "new" / "train.py").read_text() == "print('b')\n"
