@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -78,8 +78,8 @@ def dump(processes: list[tuple[int, str]], path: Path, why: str,
             parts[pid] = out.rstrip()
             return
         said = (err.strip() or out.strip()).splitlines()
-        text = said[-1] if said else f"exit code {code}"
-        hint = f" ({NO_RIGHTS})" if any(w in text.lower() for w in (
+        text = said_error(said) or f"exit code {code}"
+        hint = f" ({NO_RIGHTS})" if any(w in "\n".join(said).lower() for w in (
             "permission", "not permitted", "ptrace")) else ""
         parts[pid] = f"py-spy could not read it: {text}{hint}"
 
@@ -100,3 +100,12 @@ def dump(processes: list[tuple[int, str]], path: Path, why: str,
     except OSError:
         pass  # a removed or full output_dir: the trial is stopped all the same
     return text
+
+
+def said_error(lines: Sequence[str]) -> str | None:
+    """What py-spy said went wrong: its `Error: ...` line (a backtrace may follow it), else
+    its last line; None if it said nothing."""
+    for line in lines:
+        if line.strip().startswith("Error:"):
+            return line.strip()
+    return lines[-1].strip() if lines else None

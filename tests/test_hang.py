@@ -126,6 +126,22 @@ def test_a_dump_says_for_each_process_what_it_got(tmp_path):
     assert "py-spy is not installed (pip install py-spy): no stack taken" in none
 
 
+def test_a_dump_py_spy_failed_says_its_error_not_the_backtrace_after_it(tmp_path):
+    """Hostile pass: of a stopped (SIGSTOP) trainer, stack.txt said `py-spy could not read it:
+    9: main`, the last frame of py-spy's own backtrace, not its error."""
+    said = ("Error: Failed to find python version from target process\n"
+            "Stack backtrace:\n   0: anyhow::error\n   9: main\n")
+
+    def run(argv: list[str], timeout: float) -> tuple[int, str, str]:
+        return 1, "", said
+
+    text = stacks.dump([(1, "python t.py")], tmp_path / "stack.txt", "hung", find=lambda: "x",
+                       run=run, timeout=2)
+    assert ("py-spy could not read it: Error: Failed to find python version from target "
+            "process") in text.splitlines()
+    assert stacks.said_error([]) is None and stacks.said_error(["a", "b"]) == "b"
+
+
 def test_py_spy_reads_a_real_sleeping_process(tmp_path):
     code = ("import time\ndef stuck_here():\n    time.sleep(60)\nprint('up', flush=True)\n"
             "stuck_here()\n")
