@@ -499,9 +499,10 @@ class Driver:
                                       lease.devices if lease is not None else ()))
         if not told:  # the other driver counted it, and queued its params again
             return
+        see = _where_to_look(run.process.plan.paths, run.stop_reason)
         self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
-                          verdict.fail_reason, see=str(_where_to_look(run.process.plan.paths)),
-                          device_fault=fault, number=run.number)
+                          verdict.fail_reason, see=str(see), device_fault=fault,
+                          number=run.number)
         if queued:
             self._adjust_counts(waiting=1)
 
@@ -591,9 +592,11 @@ class Driver:
         self.running.clear()
 
 
-def _where_to_look(paths: trialdir.TrialPaths) -> Path:
-    """The log a user should read about a failed trial: its stderr.log, or its stdout.log when
-    the trainer wrote nothing to stderr."""
+def _where_to_look(paths: trialdir.TrialPaths, stop: Stop | None = None) -> Path:
+    """The file a user should read about a failed trial: a hung one's stack.txt; else its
+    stderr.log, or its stdout.log when the trainer wrote nothing to stderr."""
+    if stop is Stop.HUNG:
+        return paths.dir / stacks.STACK_NAME
     try:
         return paths.stderr if paths.stderr.stat().st_size else paths.stdout
     except OSError:

@@ -371,6 +371,9 @@ def test_a_give_up_points_at_the_log_the_trainer_wrote(tmp_path):
     assert _where_to_look(paths) == paths.stdout
     paths.stderr.write_text("Traceback ...\n")
     assert _where_to_look(paths) == paths.stderr
+    # a hung trial: its stacks (the hostile pass was sent to an empty stdout.log)
+    assert _where_to_look(paths, Stop.HUNG) == paths.dir / "stack.txt"
+    assert _where_to_look(paths, Stop.TIMEOUT) == paths.stderr
 
 
 def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_once(tmp_path):
