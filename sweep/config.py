@@ -650,6 +650,11 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         bad("study.pruner", "Optuna cannot prune multi-objective studies")
     if trainer.workdir is not None:
         check(placeholders.check, file, "trainer.workdir", trainer.workdir)
+        fixed = base / placeholders.fill(trainer.workdir, {}) if "{" not in trainer.workdir \
+            else None  # the same folder for every trial: checked now
+        if runnable and fixed is not None and fixed.exists() and not fixed.is_dir():
+            bad("trainer.workdir", f"{fixed} is a file, not a folder: name a folder (made if "
+                "missing) or a placeholder path such as \"{trial_dir}\"")
     python, config_file = _trainer_environment(file, base, trainer, runnable, bad)
     accelerate = trainer.accelerate.model_copy(update={"config_file": config_file})
     resolved = spec.model_copy(

@@ -536,3 +536,20 @@ def test_the_code_of_a_repository_without_commits_or_of_an_untracked_script_is_r
     patch.write_bytes(b.patch)
     subprocess.run(["git", "-C", str(target), "apply", str(patch)], check=True)
     assert (target / "new" / "train.py").read_text() == "print('b')\n"
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path, capsys,
+                                                                       fake_gpus):
+    """Hostile pass: a workdir that is a file cost a trial (FAIL "could not prepare") and
+    exit 1; it is a study file mistake: exit 2, one line, nothing written."""
+    (tmp_path / "afile").write_text("x")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"workdir": "afile"})))
+    assert run_cli("run", str(path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"sweep: error: {path}: trainer.workdir: {tmp_path / 'afile'} is a file, "
+                   "not a folder: name a folder (made if missing) or a placeholder path such "
+                   "as \"{trial_dir}\"")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "study.yaml"]
+    path.write_text(yaml.safe_dump(study_dict(trainer={"workdir": "{trial_dir}/afile"})))
+    assert config.load(path).trainer.workdir == "{trial_dir}/afile"  # per trial: made then
