@@ -63,9 +63,9 @@ class Merged:
 def read(path: Path) -> dict[str, Any]:
     """The file's mapping; ConfigFileError if it is not a readable YAML mapping."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigFileError(f"cannot read {path}: {e.strerror or e}") from None
+        text = yamlfile.read_text(path, str(path))  # never blocks, never reads without end
+    except yamlfile.FileTextError as e:
+        raise ConfigFileError(f"{e}: give the file `accelerate config` writes") from None
     try:
         data = yamlfile.load(text)
     except yamlfile.YamlError as e:

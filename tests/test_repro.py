@@ -5,6 +5,7 @@ what ran (env.json, code.patch, code_version)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -157,6 +158,37 @@ def test_a_config_file_with_launcher_python_is_refused(tmp_path):
     assert str(e.value) == (f"{path}: trainer.accelerate.config_file: launcher: python runs "
                             "no accelerate; use launcher: accelerate (or direct, warm), or "
                             "remove the config file")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_config_file_that_is_no_regular_file_is_refused_in_one_line_without_reading_it(
+        tmp_path, kind):
+    """A FIFO would block the read forever, /dev/zero would fill memory: both are refused as
+    the study file itself is (one bounded, non-blocking read)."""
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.unlink()
+    if kind == "fifo":
+        os.mkfifo(team)
+    else:
+        team.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team.resolve()} is "
+                            "not a "
+                            "regular file (a folder? a FIFO?): give the file `accelerate "
+                            "config` writes")
+
+
+def test_a_config_file_too_large_is_refused(tmp_path):
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.write_text("# " + "x" * config.MAX_FILE + "\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team} is larger than "
+                            f"{config.MAX_FILE} bytes: give the file `accelerate config` "
+                            "writes")
 
 
 def make_venv(where: Path, with_accelerate: bool) -> Path:
@@ -457,7 +489,8 @@ def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(path)
     assert str(e.value) == (f"{path}: trainer.accelerate.config_file: cannot read "
-                            f"{tmp_path / 'team.yaml'}: No such file or directory")
+                            f"{tmp_path / 'team.yaml'} (No such file or directory): give "
+                            "the file `accelerate config` writes")
     (tmp_path / "team.yaml").write_text("- a list\n")
     with pytest.raises(ConfigError) as e:
         config.load(path)
