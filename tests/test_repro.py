@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,63 @@ def test_a_broken_interpreter_and_one_without_accelerate_are_refused(tmp_path):
                             "accelerate), or use launcher: python")
     path.write_text(yaml.safe_dump(study_dict(trainer={"python": str(bare)})))
     assert config.load(path).trainer.python == str(bare)  # launcher: python needs none
+
+
+def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_killed(
+        tmp_path, monkeypatch):
+    """A `trainer.python` that never answers: refused after PROBE_TIMEOUT in one line naming
+    the file (not the probe's source), and what it started is killed with it."""
+    pid_file = tmp_path / "child.pid"
+    hang = tmp_path / "hang"
+    hang.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    hang.chmod(0o755)
+    assert interpreter.PROBE_TIMEOUT == 30.0
+    monkeypatch.setattr(interpreter, "PROBE_TIMEOUT", 1.0)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "hang"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: {hang} did not answer in 1 s (a program "
+                            "that hangs, not a Python?): give a working Python (e.g. your "
+                            "project's .venv/bin/python)")
+    child = int(pid_file.read_text())
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"the probe's child {child} still runs")
+
+
+def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "/tmp"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: /tmp is a folder, not an interpreter: "
+                            "give a working Python (e.g. your project's .venv/bin/python)")
+
+
+def test_an_accelerate_that_has_metadata_but_cannot_be_imported_is_none(tmp_path):
+    """A venv with an accelerate-*.dist-info folder but no accelerate package: the probe asks
+    `importlib.util.find_spec` (nothing is imported), and the launcher is refused."""
+    bare = make_venv(tmp_path / "bare", with_accelerate=False)
+    site = bare.parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / (
+        "site-packages")
+    info = site / "accelerate-1.15.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\n")
+    assert not interpreter.probe(str(bare)).has("accelerate")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": str(bare),
+                                                       "launcher": "accelerate"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: {bare} has no accelerate, which "
+                            "launcher: accelerate runs: install it there (pip install "
+                            "accelerate), or use launcher: python")
 
 
 # ---- the plan --------------------------------------------------------------------------
