@@ -695,7 +695,7 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
     if data is not None:
         for message in accelconfig.problems(
                 data, interp.keys, interp.has("deepspeed"), trainer.accelerate.mixed_precision,
-                trainer.accelerate.dynamo_backend):
+                trainer.accelerate.dynamo_backend, choices=interp.choices):
             bad("trainer.accelerate.config_file", f"{config_file}: {message}")
     return python, config_file
 

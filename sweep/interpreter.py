@@ -6,9 +6,10 @@ versions of torch, accelerate, optuna and deepspeed (from package metadata, and 
 that `importlib.util.find_spec` does not find: nothing is imported), which
 distributions provide given top-level modules, and, when asked (`keys=True`: accelerate is
 imported there, a few seconds), the keys accelerate's own `ClusterConfig` takes in a config
-file. Answers are kept per (interpreter, question) for the life of the process. The probe
-runs in its own session, for at most PROBE_TIMEOUT seconds; on a timeout or an interruption
-its whole process group is killed.
+file and the values of its public enums (`accelerate.utils.DistributedType`, `PrecisionType`,
+`DynamoBackend`). Answers are kept per (interpreter, question) for the life of the process.
+The probe runs in its own session, for at most PROBE_TIMEOUT seconds; on a timeout or an
+interruption its whole process group is killed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ out = {"executable": sys.executable, "prefix": sys.prefix,
        "version": ".".join(map(str, sys.version_info[:3])),
        "packages": {n: version(n) if importable(n) else None
                     for n in ("torch", "accelerate", "optuna", "deepspeed")},
-       "modules": {}, "keys": None}
+       "modules": {}, "keys": None, "choices": None}
 if ask["modules"]:
     owners = metadata.packages_distributions()
     for module in ask["modules"]:
@@ -50,6 +51,10 @@ if ask["keys"] and out["packages"]["accelerate"]:
     import dataclasses
     from accelerate.commands.config.config_args import ClusterConfig
     out["keys"] = sorted(f.name for f in dataclasses.fields(ClusterConfig))
+    from accelerate.utils import DistributedType, DynamoBackend, PrecisionType
+    out["choices"] = {"distributed_type": [e.value for e in DistributedType],
+                      "mixed_precision": [e.value for e in PrecisionType],
+                      "dynamo_backend": [e.value for e in DynamoBackend]}
 print(json.dumps(out))
 """
 
@@ -68,6 +73,9 @@ class Interpreter:
     packages: dict[str, str | None] = field(default_factory=dict)  # torch, accelerate, ...
     modules: dict[str, str | None] = field(default_factory=dict)  # distributions asked for
     keys: tuple[str, ...] | None = None  # accelerate's ClusterConfig fields, if asked
+    # with `keys`: the values accelerate's enums take (distributed_type, mixed_precision,
+    # dynamo_backend)
+    choices: dict[str, tuple[str, ...]] | None = None
 
     def has(self, package: str) -> bool:
         return self.packages.get(package) is not None
@@ -117,7 +125,9 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
         data = json.loads(done.stdout.strip().splitlines()[-1])
         found = Interpreter(str(data["executable"]), str(data["prefix"]), str(data["version"]),
                             dict(data["packages"]), dict(data["modules"]),
-                            None if data["keys"] is None else tuple(data["keys"]))
+                            None if data["keys"] is None else tuple(data["keys"]),
+                            None if data["choices"] is None else {
+                                str(k): tuple(map(str, v)) for k, v in data["choices"].items()})
     except (ValueError, IndexError, KeyError, TypeError):
         last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise InterpreterError(f"{python} is not a working Python (exit {done.returncode}: "

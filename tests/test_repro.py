@@ -122,6 +122,52 @@ def test_accelerates_own_keys_are_what_the_probe_reports(tmp_path):
         "keys the trainer's accelerate does not know: gradient_accumulation_steps")
 
 
+CHOICES = {"distributed_type": ("NO", "MULTI_GPU", "FSDP"),
+           "mixed_precision": ("no", "fp16", "bf16"), "dynamo_backend": ("NO", "INDUCTOR")}
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"mixed_precision": "fp17"}, "mixed_precision is 'fp17': the trainer's accelerate takes "
+     "no, fp16, bf16 (accelerate refuses it too: give one of them)"),
+    ({"distributed_type": "BOGUS"}, "distributed_type is 'BOGUS': the trainer's accelerate "
+     "takes NO, MULTI_GPU, FSDP (accelerate refuses it too: give one of them)"),
+    ({"dynamo_config": {"dynamo_backend": "turbo"}}, "dynamo_config.dynamo_backend is "
+     "'turbo': the trainer's accelerate takes NO, INDUCTOR (accelerate refuses it too: give "
+     "one of them)"),
+    ({"mixed_precision": 16}, "mixed_precision is 16: the trainer's accelerate takes no, fp16, "
+     "bf16 (accelerate refuses it too: give one of them)"),
+])
+def test_a_value_the_trainers_accelerate_refuses_is_one_message(change, expected):
+    data = {**accelconfig.read(TEAM), **change}
+    assert accelconfig.problems(data, None, False, None, None, choices=CHOICES) == [expected]
+
+
+def test_values_in_accelerates_case_are_taken():
+    data = {**accelconfig.read(TEAM), "mixed_precision": "BF16",
+            "dynamo_config": {"dynamo_backend": "inductor"}}
+    assert accelconfig.problems(data, None, False, None, None, choices=CHOICES) == []
+
+
+def test_the_probe_reports_accelerates_own_enums_and_a_bad_value_is_refused_by_load(tmp_path):
+    """Contract: the values come from accelerate's public enums (accelerate.utils), asked in
+    the trainer's interpreter; a bad one is refused before anything is written."""
+    from accelerate.utils import DistributedType, DynamoBackend, PrecisionType
+
+    choices = interpreter.probe(sys.executable, keys=True).choices
+    assert choices == {"distributed_type": tuple(e.value for e in DistributedType),
+                       "mixed_precision": tuple(e.value for e in PrecisionType),
+                       "dynamo_backend": tuple(e.value for e in DynamoBackend)}
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.write_text(team.read_text().replace("mixed_precision: bf16", "mixed_precision: fp17"))
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team}: "
+                            "mixed_precision is 'fp17': the trainer's accelerate takes "
+                            f"{', '.join(choices['mixed_precision'])} (accelerate refuses it "
+                            "too: give one of them)")
+
+
 # ---- the study file ----------------------------------------------------------------------
 
 
