@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -317,6 +318,35 @@ def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_kill
         time.sleep(0.02)
     else:
         pytest.fail(f"the probe's child {child} still runs")
+
+
+def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
+    """SIGTERM to `sweep run --dry-run` while it waits for a `trainer.python` that hangs: the
+    driver ends, and the probe's child (`sleep 300`) does not outlive it."""
+    pid_file = tmp_path / "child.pid"
+    hang = tmp_path / "hang"
+    hang.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    hang.chmod(0o755)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "hang"})))
+    proc = spawn_cli("run", "--dry-run", str(path))
+    for _ in range(500):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.02)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the probe's child {child} outlived the driver")
 
 
 def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
