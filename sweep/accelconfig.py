@@ -8,7 +8,8 @@ distributed type a trial's width needs (`NO` for one device; `MULTI_GPU` for sev
 the file says `NO`). Everything else (FSDP / DeepSpeed / dynamo sections, mixed precision,
 debug, CPU affinity...) is kept as written. What contradicts sweep is refused (`problems`):
 several machines, a compute environment other than this machine, a DeepSpeed config without
-deepspeed in the trainer's interpreter, a key the trainer's accelerate does not know.
+deepspeed in the trainer's interpreter, a key the trainer's accelerate does not know, a
+distributed type, mixed precision or dynamo backend its enums do not have.
 
 `merge` and `problems` are pure; `read` reads the file; the driver writes the merged config
 once per run (`write`), named by its content.
@@ -63,9 +64,9 @@ class Merged:
 def read(path: Path) -> dict[str, Any]:
     """The file's mapping; ConfigFileError if it is not a readable YAML mapping."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigFileError(f"cannot read {path}: {e.strerror or e}") from None
+        text = yamlfile.read_text(path, str(path))  # never blocks, never reads without end
+    except yamlfile.FileTextError as e:
+        raise ConfigFileError(f"{e}: give the file `accelerate config` writes") from None
     try:
         data = yamlfile.load(text)
     except yamlfile.YamlError as e:
@@ -77,10 +78,13 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def problems(data: Mapping[str, Any], keys: Sequence[str] | None, has_deepspeed: bool,
-             mixed_precision: str | None, dynamo_backend: str | None) -> list[str]:
+             mixed_precision: str | None, dynamo_backend: str | None, *,
+             choices: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     """What in the file contradicts sweep or the trainer's accelerate, one message each.
     `keys`: the keys the trainer's accelerate takes (None: not known, not checked);
-    `mixed_precision` / `dynamo_backend`: `trainer.accelerate`'s own settings, if given."""
+    `mixed_precision` / `dynamo_backend`: `trainer.accelerate`'s own settings, if given;
+    `choices`: the values the trainer's accelerate takes for distributed_type,
+    mixed_precision and dynamo_backend (its enums; None: not known, not checked)."""
     out = []
     if keys is not None:
         unknown = sorted(set(data) - set(keys))
@@ -88,6 +92,19 @@ def problems(data: Mapping[str, Any], keys: Sequence[str] | None, has_deepspeed:
             out.append(f"keys the trainer's accelerate does not know: {', '.join(unknown)} "
                        "(accelerate refuses them too: remove them, or write the file again "
                        "with `accelerate config`)")
+    dynamo_config = data.get("dynamo_config")
+    for name, value, case in (
+            ("distributed_type", data.get("distributed_type"), str),
+            ("mixed_precision", data.get("mixed_precision"), str.lower),  # as accelerate reads
+            ("dynamo_backend", dynamo_config.get("dynamo_backend")
+             if isinstance(dynamo_config, dict) else None, str.upper)):
+        taken = (choices or {}).get(name)
+        if value is None or taken is None:
+            continue
+        if not isinstance(value, str) or case(value) not in taken:
+            where = "dynamo_config.dynamo_backend" if name == "dynamo_backend" else name
+            out.append(f"{where} is {value!r}: the trainer's accelerate takes "
+                       f"{', '.join(taken)} (accelerate refuses it too: give one of them)")
     machines = data.get("num_machines", 1)
     if not isinstance(machines, int) or isinstance(machines, bool) or machines != 1:
         out.append(f"num_machines is {machines!r}: sweep runs each trial on one machine "

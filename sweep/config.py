@@ -14,7 +14,6 @@ import math
 import os
 import re
 import shutil
-import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -406,26 +405,15 @@ def load(
 NOT_IN_FILES = ("source", "storage_from")  # fields of `Spec` that `load` sets, not the file
 
 
-MAX_FILE = 1 << 20  # a study file is a few kB
+MAX_FILE = yamlfile.MAX_FILE  # a study file is a few kB
 
 
 def _read_study_file(file: str, path: Path) -> str:
     """The text of a regular, UTF-8 file of at most MAX_FILE bytes (never blocks)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise ConfigError(file, "", f"cannot read the study file ({e.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder
-        os.close(fd)
-        raise ConfigError(file, "", "the study file is not a regular file (a folder? a FIFO?)")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_FILE + 1)
-    if len(data) > MAX_FILE:
-        raise ConfigError(file, "", f"the study file is larger than {MAX_FILE} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(file, "", f"the study file is not UTF-8 text (byte {e.start})") from None
+        return yamlfile.read_text(path, "the study file")
+    except yamlfile.FileTextError as e:
+        raise ConfigError(file, "", str(e)) from None
 
 
 def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> list[Problem]:
@@ -701,9 +689,17 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
             return python, config_file
     if not runnable or (python is None and config_file is None):
         return python, config_file
+    data = None
+    if config_file is not None:  # read first: cheap, and bounded (never blocks)
+        try:
+            data = accelconfig.read(config_file)
+        except accelconfig.ConfigFileError as e:
+            bad("trainer.accelerate.config_file", str(e))
+            if python is None:
+                return python, config_file
     try:
         interp = interpreter.probe(python or interpreter.driver_python(),
-                                   keys=config_file is not None)
+                                   keys=data is not None)
     except interpreter.InterpreterError as e:
         bad("trainer.python" if python else "trainer.accelerate.config_file",
             f"{e}: give a working Python (e.g. your project's .venv/bin/python)")
@@ -712,15 +708,10 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
         bad("trainer.python", f"{python} has no accelerate, which launcher: {trainer.launcher} "
             "runs: install it there (pip install accelerate), or use launcher: python")
         return python, config_file
-    if config_file is not None:
-        try:
-            data = accelconfig.read(config_file)
-        except accelconfig.ConfigFileError as e:
-            bad("trainer.accelerate.config_file", str(e))
-            return python, config_file
+    if data is not None:
         for message in accelconfig.problems(
                 data, interp.keys, interp.has("deepspeed"), trainer.accelerate.mixed_precision,
-                trainer.accelerate.dynamo_backend):
+                trainer.accelerate.dynamo_backend, choices=interp.choices):
             bad("trainer.accelerate.config_file", f"{config_file}: {message}")
     return python, config_file
 

@@ -3,11 +3,41 @@ expand beyond any study file's size (a "billion laughs" bomb), before anything e
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 MAX_NODES = 20_000  # a large study file has a few hundred
+MAX_FILE = 1 << 20  # a study file (or an accelerate config file) is a few kB
+
+
+class FileTextError(ValueError):
+    """A file that is not a regular UTF-8 file of at most MAX_FILE bytes: the one-line text
+    names it (as `read_text` was told to) and says what is wrong."""
+
+
+def read_text(path: Path, name: str) -> str:
+    """The text of `path`, a regular UTF-8 file of at most MAX_FILE bytes, read without ever
+    blocking (a FIFO) or reading without end (a link to /dev/zero). FileTextError, naming the
+    file as `name`, if it is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise FileTextError(f"cannot read {name} ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder
+        os.close(fd)
+        raise FileTextError(f"{name} is not a regular file (a folder? a FIFO?)")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise FileTextError(f"{name} is larger than {MAX_FILE} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileTextError(f"{name} is not UTF-8 text (byte {e.start})") from None
 
 
 class YamlError(ValueError):

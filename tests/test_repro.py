@@ -5,9 +5,12 @@ what ran (env.json, code.patch, code_version)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,52 @@ def test_accelerates_own_keys_are_what_the_probe_reports(tmp_path):
         "keys the trainer's accelerate does not know: gradient_accumulation_steps")
 
 
+CHOICES = {"distributed_type": ("NO", "MULTI_GPU", "FSDP"),
+           "mixed_precision": ("no", "fp16", "bf16"), "dynamo_backend": ("NO", "INDUCTOR")}
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"mixed_precision": "fp17"}, "mixed_precision is 'fp17': the trainer's accelerate takes "
+     "no, fp16, bf16 (accelerate refuses it too: give one of them)"),
+    ({"distributed_type": "BOGUS"}, "distributed_type is 'BOGUS': the trainer's accelerate "
+     "takes NO, MULTI_GPU, FSDP (accelerate refuses it too: give one of them)"),
+    ({"dynamo_config": {"dynamo_backend": "turbo"}}, "dynamo_config.dynamo_backend is "
+     "'turbo': the trainer's accelerate takes NO, INDUCTOR (accelerate refuses it too: give "
+     "one of them)"),
+    ({"mixed_precision": 16}, "mixed_precision is 16: the trainer's accelerate takes no, fp16, "
+     "bf16 (accelerate refuses it too: give one of them)"),
+])
+def test_a_value_the_trainers_accelerate_refuses_is_one_message(change, expected):
+    data = {**accelconfig.read(TEAM), **change}
+    assert accelconfig.problems(data, None, False, None, None, choices=CHOICES) == [expected]
+
+
+def test_values_in_accelerates_case_are_taken():
+    data = {**accelconfig.read(TEAM), "mixed_precision": "BF16",
+            "dynamo_config": {"dynamo_backend": "inductor"}}
+    assert accelconfig.problems(data, None, False, None, None, choices=CHOICES) == []
+
+
+def test_the_probe_reports_accelerates_own_enums_and_a_bad_value_is_refused_by_load(tmp_path):
+    """Contract: the values come from accelerate's public enums (accelerate.utils), asked in
+    the trainer's interpreter; a bad one is refused before anything is written."""
+    from accelerate.utils import DistributedType, DynamoBackend, PrecisionType
+
+    choices = interpreter.probe(sys.executable, keys=True).choices
+    assert choices == {"distributed_type": tuple(e.value for e in DistributedType),
+                       "mixed_precision": tuple(e.value for e in PrecisionType),
+                       "dynamo_backend": tuple(e.value for e in DynamoBackend)}
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.write_text(team.read_text().replace("mixed_precision: bf16", "mixed_precision: fp17"))
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team}: "
+                            "mixed_precision is 'fp17': the trainer's accelerate takes "
+                            f"{', '.join(choices['mixed_precision'])} (accelerate refuses it "
+                            "too: give one of them)")
+
+
 # ---- the study file ----------------------------------------------------------------------
 
 
@@ -157,6 +206,37 @@ def test_a_config_file_with_launcher_python_is_refused(tmp_path):
     assert str(e.value) == (f"{path}: trainer.accelerate.config_file: launcher: python runs "
                             "no accelerate; use launcher: accelerate (or direct, warm), or "
                             "remove the config file")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_config_file_that_is_no_regular_file_is_refused_in_one_line_without_reading_it(
+        tmp_path, kind):
+    """A FIFO would block the read forever, /dev/zero would fill memory: both are refused as
+    the study file itself is (one bounded, non-blocking read)."""
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.unlink()
+    if kind == "fifo":
+        os.mkfifo(team)
+    else:
+        team.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team.resolve()} is "
+                            "not a "
+                            "regular file (a folder? a FIFO?): give the file `accelerate "
+                            "config` writes")
+
+
+def test_a_config_file_too_large_is_refused(tmp_path):
+    study = team_study(tmp_path)
+    team = tmp_path / "team.yaml"
+    team.write_text("# " + "x" * config.MAX_FILE + "\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value) == (f"{study}: trainer.accelerate.config_file: {team} is larger than "
+                            f"{config.MAX_FILE} bytes: give the file `accelerate config` "
+                            "writes")
 
 
 def make_venv(where: Path, with_accelerate: bool) -> Path:
@@ -210,6 +290,92 @@ def test_a_broken_interpreter_and_one_without_accelerate_are_refused(tmp_path):
                             "accelerate), or use launcher: python")
     path.write_text(yaml.safe_dump(study_dict(trainer={"python": str(bare)})))
     assert config.load(path).trainer.python == str(bare)  # launcher: python needs none
+
+
+def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_killed(
+        tmp_path, monkeypatch):
+    """A `trainer.python` that never answers: refused after PROBE_TIMEOUT in one line naming
+    the file (not the probe's source), and what it started is killed with it."""
+    pid_file = tmp_path / "child.pid"
+    hang = tmp_path / "hang"
+    hang.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    hang.chmod(0o755)
+    assert interpreter.PROBE_TIMEOUT == 30.0
+    monkeypatch.setattr(interpreter, "PROBE_TIMEOUT", 1.0)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "hang"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: {hang} did not answer in 1 s (a program "
+                            "that hangs, not a Python?): give a working Python (e.g. your "
+                            "project's .venv/bin/python)")
+    child = int(pid_file.read_text())
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"the probe's child {child} still runs")
+
+
+def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
+    """SIGTERM to `sweep run --dry-run` while it waits for a `trainer.python` that hangs: the
+    driver ends, and the probe's child (`sleep 300`) does not outlive it."""
+    pid_file = tmp_path / "child.pid"
+    hang = tmp_path / "hang"
+    hang.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    hang.chmod(0o755)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "hang"})))
+    proc = spawn_cli("run", "--dry-run", str(path))
+    for _ in range(500):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.02)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the probe's child {child} outlived the driver")
+
+
+def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": "/tmp"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: /tmp is a folder, not an interpreter: "
+                            "give a working Python (e.g. your project's .venv/bin/python)")
+
+
+def test_an_accelerate_that_has_metadata_but_cannot_be_imported_is_none(tmp_path):
+    """A venv with an accelerate-*.dist-info folder but no accelerate package: the probe asks
+    `importlib.util.find_spec` (nothing is imported), and the launcher is refused."""
+    bare = make_venv(tmp_path / "bare", with_accelerate=False)
+    site = bare.parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / (
+        "site-packages")
+    info = site / "accelerate-1.15.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\n")
+    assert not interpreter.probe(str(bare)).has("accelerate")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(trainer={"python": str(bare),
+                                                       "launcher": "accelerate"})))
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == (f"{path}: trainer.python: {bare} has no accelerate, which "
+                            "launcher: accelerate runs: install it there (pip install "
+                            "accelerate), or use launcher: python")
 
 
 # ---- the plan --------------------------------------------------------------------------
@@ -457,7 +623,8 @@ def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(path)
     assert str(e.value) == (f"{path}: trainer.accelerate.config_file: cannot read "
-                            f"{tmp_path / 'team.yaml'}: No such file or directory")
+                            f"{tmp_path / 'team.yaml'} (No such file or directory): give "
+                            "the file `accelerate config` writes")
     (tmp_path / "team.yaml").write_text("- a list\n")
     with pytest.raises(ConfigError) as e:
         config.load(path)
