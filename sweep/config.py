@@ -131,6 +131,14 @@ Patterns = Annotated[str, Field(min_length=1)] | Annotated[
     list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
 
 
+def _patterns(stdout: str | list[str] | None, stderr: str | list[str] | None) -> list[str]:
+    """The patterns of a section's `stdout` or else `stderr` key, as a list ([]: neither)."""
+    found = stdout if stdout is not None else stderr
+    if found is None:
+        return []
+    return [found] if isinstance(found, str) else list(found)
+
+
 class ResultSection(_Model):
     """Where a trial's metrics come from, if not `$SWEEP_RESULT_FILE`: a JSON file the script
     writes anyway, or regular expressions over its standard output or error (last match
@@ -158,10 +166,7 @@ class ResultSection(_Model):
     @property
     def patterns(self) -> list[str]:
         """The patterns over `stream`'s output; [] for a result file."""
-        found = self.stdout if self.stdout is not None else self.stderr
-        if found is None:
-            return []
-        return [found] if isinstance(found, str) else list(found)
+        return _patterns(self.stdout, self.stderr)
 
     @property
     def stream(self) -> Literal["stdout", "stderr"]:
@@ -210,10 +215,7 @@ class ReportSection(_Model):
     @property
     def patterns(self) -> list[str]:
         """The patterns over `stream`'s output; [] for the other sources."""
-        found = self.stdout if self.stdout is not None else self.stderr
-        if found is None:
-            return []
-        return [found] if isinstance(found, str) else list(found)
+        return _patterns(self.stdout, self.stderr)
 
     @property
     def stream(self) -> Literal["stdout", "stderr"] | None:

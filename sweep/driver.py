@@ -23,6 +23,7 @@ from sweep import (
     hostlock,
     launch,
     launchers,
+    lineage,
     placement,
     process,
     provenance,
@@ -309,6 +310,12 @@ class Driver:
             if self.record is not None:
                 provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
                 self.store.note(asked.trial, self.record.attrs())
+            single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
+            reports = reportsources.reader_for(
+                spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
+                {**launch.spec_places(spec), "trial_dir": str(plan.paths.dir),
+                 "trial_number": str(asked.number), **lineage.places(start)},
+                plan.cwd) if single else None
             proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
         except trialdir.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
@@ -322,11 +329,6 @@ class Driver:
             raise
         lease.attach(proc)
         self.heartbeat.add(asked.trial)
-        single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
-        reports = reportsources.reader_for(
-            spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
-            {**launch.spec_places(spec), "trial_dir": str(plan.paths.dir),
-             "trial_number": str(asked.number)}, plan.cwd) if single else None
         # the wait for a fork server's imports is not the trial's time
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(

@@ -149,7 +149,8 @@ def problems(write_study, **trainer) -> list[str]:
      "trainer.report: step and value name the keys of a report file: give them with file only"),
     ({"tensorboard": {"dir": "{nowhere}/runs", "tag": "t"}},
      "trainer.report.tensorboard.dir: unknown placeholder {nowhere}: use {trial_dir}, "
-     "{trial_number}, {study_dir}, {output_dir}; a literal brace is doubled ({{ }})"),
+     "{trial_number}, {study_dir}, {output_dir}, {checkpoint_dir}; a literal brace is doubled "
+     "({{ }})"),
     ({"tensorboard": {"dir": "runs"}}, "trainer.report.tensorboard.tag: required key is missing"),
 ])
 def test_bad_report_keys_are_one_line_each(write_study, report, said):
@@ -177,3 +178,17 @@ def test_a_stream_report_makes_python_write_each_line_at_once(write_study):
     assert launch.plan_trial(mine, 0, {"x": 0.5}, 0).env["PYTHONUNBUFFERED"] == ""
     plain = config.load(write_study())
     assert "PYTHONUNBUFFERED" not in launch.plan_trial(plain, 0, {"x": 0.5}, 0).env
+
+
+def test_a_report_source_in_the_checkpoint_folder_is_followed(tmp_path):
+    """{checkpoint_dir} passed the study file's check but the driver filled a source's path
+    without it: the trial's start raised KeyError (its trainer already spawned)."""
+    from test_loop import Sweep
+
+    from sweep.testing.fakes import Script
+
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 1},
+              trainer={"report": {"file": "{checkpoint_dir}/metrics.jsonl"}})
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE"]
+
