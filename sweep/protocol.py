@@ -362,6 +362,33 @@ def parse_report_line(line: str, number: int) -> tuple[int, float]:
 CHUNK = 1 << 18  # bytes of the report file read at most per pass
 
 
+class FollowedFile:
+    """The bounded, never blocking reading of one growing regular file (from `offset`): a
+    FIFO, a device or a folder sets `error` instead of blocking."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = path, what
+        self.error: str | None = None
+        self.offset = 0
+
+    def chunk(self, size: int = CHUNK) -> bytes | None:
+        """At most `size` bytes from `offset` (None: no file yet, or `error`)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.error = f"cannot read {self.what} ({e.strerror})"
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.error = f"{self.what} is not a regular file"
+            return None
+        with os.fdopen(fd, "rb") as f:
+            f.seek(self.offset)
+            return f.read(size)
+
+
 class ReportReader:
     """Follows one trial's report file: each `read()` returns new steps, at most `batch` lines.
 
@@ -375,7 +402,7 @@ class ReportReader:
         self.batch = batch
         self.error: str | None = None
         self.more = False  # complete lines were left for the next read
-        self._offset = 0
+        self._file = FollowedFile(path, "the report file")
         self._lines = 0
         self._seen: set[int] = set()
 
@@ -397,7 +424,7 @@ class ReportReader:
         self.more = len(lines) > self.batch or len(chunk) == CHUNK
         fresh = []
         for raw in lines[: self.batch]:
-            self._offset += len(raw) + 1
+            self._file.offset += len(raw) + 1
             self._lines += 1
             try:
                 parsed = self.parse(raw.decode("utf-8", "replace"), self._lines)
@@ -420,25 +447,14 @@ class ReportReader:
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new step left (up to `limit` bytes), for a trial whose command exited."""
         fresh: list[tuple[int, float]] = []
-        start = self._offset
-        while self._offset - start < limit:
+        start = self._file.offset
+        while self._file.offset - start < limit:
             fresh += self.read()
             if not self.more:
                 break
         return fresh
 
     def _chunk(self, size: int) -> bytes | None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            self.error = f"cannot read the report file ({e.strerror})"
-            return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device, a folder
-            os.close(fd)
-            self.error = "the report file is not a regular file"
-            return None
-        with os.fdopen(fd, "rb") as f:
-            f.seek(self._offset)
-            return f.read(size)
+        chunk = self._file.chunk(size)
+        self.error = self.error or self._file.error
+        return chunk

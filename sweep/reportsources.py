@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +29,7 @@ from sweep.protocol import (
     LINE_TAIL,
     MAX_STEP,
     MISSING,
+    FollowedFile,
     ReportError,
     ReportReader,
     compile_pattern,
@@ -106,31 +105,6 @@ def _cut(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-class _Followed:
-    """The bounded, never blocking reading of one growing regular file (from `offset`)."""
-
-    def __init__(self, path: Path, what: str) -> None:
-        self.path, self.what = path, what
-        self.error: str | None = None
-        self.offset = 0
-
-    def chunk(self, size: int = CHUNK) -> bytes | None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            self.error = f"cannot read {self.what} ({e.strerror})"
-            return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            self.error = f"{self.what} is not a regular file"
-            return None
-        with os.fdopen(fd, "rb") as f:
-            f.seek(self.offset)
-            return f.read(size)
-
-
 _LINE = re.compile(rb"([^\r\n]*)[\r\n]+")  # `\r` ends a line too (progress bars)
 
 
@@ -147,7 +121,7 @@ class OutputReader:
     def __init__(self, path: Path, patterns: list[str], metric: str, name: str = "stdout",
                  batch: int = BATCH) -> None:
         self.name, self.batch = name, batch
-        self._file = _Followed(path, f"{path.name}")
+        self._file = FollowedFile(path, f"{path.name}")
         self._path = path
         self.more = False
         self._patterns = [compile_pattern(p) for p in patterns][::-1]  # the last one wins
