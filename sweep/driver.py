@@ -306,7 +306,8 @@ class Driver:
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
                                  start=start)
             secrets = trialdir.arg_secrets(spec.trainer.args, os.environ)
-            trialdir.prepare_trial_dir(plan, launch.script_params(params, spec.params), secrets)
+            before = trialdir.prepare_trial_dir(
+                plan, launch.script_params(params, spec.params), secrets)
             if self.record is not None:
                 provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
                 self.store.note(asked.trial, self.record.attrs())
@@ -333,7 +334,8 @@ class Driver:
         deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
         self.running[asked.number] = RunningTrial(
             asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline, reports, lease, lineage=line)
+            spec.trainer.stop_grace, deadline, reports, lease, lineage=line,
+            result_before=before)
         if spec.trainer.hang_after is not None:
             paths = plan.paths
             self._hangs[asked.number] = hang.OutputWatch(

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sweep.placeholders import fill
-from sweep.safefs import make_own_folder
+from sweep.safefs import UnsafePath, make_own_folder, remove_tree, write_file
 
 ATTEMPT, RETRY_OF = "attempt", "retry_of"
 CONTINUES = "continues"  # the number of the attempt this one carries on
@@ -123,17 +122,43 @@ class Start:
     run_id: str | None = None
 
 
+def made_marker(output_dir: Path, origin: int) -> Path:
+    """The file beside a lineage's checkpoint folder that says sweep made that folder:
+    `checkpoints/.<origin>.sweep` (beside it, not in it: a script may take a folder with
+    anything in it for a checkpoint)."""
+    return output_dir / CHECKPOINTS / f".{origin}.sweep"
+
+
 def prepare(output_dir: Path, lineage: Lineage) -> Start:
     """Make the lineage's checkpoint folder ready for an attempt: a first attempt or a clean
-    retry gets it empty (whatever an earlier study of this output_dir left there is removed),
-    an attempt that carries the lineage on gets it as it was left. OSError if it cannot."""
+    retry gets it empty, an attempt that carries the lineage on gets it as it was left.
+
+    `checkpoints/` must be this user's real folder (a link is refused before anything in it
+    is touched). A folder a first attempt finds there (left by an earlier study of this
+    output_dir) is removed only if sweep made it (`made_marker`); a clean retry's is its
+    lineage's own. Either way nothing is removed through a link, across a mount point, or
+    with another study's output_dir in it (`safefs.remove_tree`). OSError if it cannot."""
     folder = checkpoint_dir(output_dir, lineage.origin)
-    if not lineage.resumes and folder.exists():
-        shutil.rmtree(folder)
-    make_own_folder(folder.parent, 0o700)
+    try:
+        make_own_folder(folder.parent, 0o700)
+    except UnsafePath as e:
+        if e.why != "is a symbolic link":
+            raise
+        raise UnsafePath(folder.parent, "is a symbolic link: sweep writes no checkpoint "
+                         "through a link; to keep checkpoints on another disk, put "
+                         "study.output_dir there") from None
+    marker = made_marker(output_dir, lineage.origin)
+    if not lineage.resumes:
+        remove_tree(folder, lineage.continues is not None or _is_file(marker))
     make_own_folder(folder, 0o700)
+    if not _is_file(marker):
+        write_file(marker, f"{lineage.origin}\n", 0o600)
     resume = lineage.resumes and any(folder.iterdir())
     return Start(folder, resume, last_checkpoint(folder) if resume else None, lineage.run_id)
+
+
+def _is_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def places(start: Start) -> dict[str, str]:

@@ -306,6 +306,7 @@ class RunningTrial:
     _force_at: float | None = field(default=None, repr=False)
     lineage: Lineage | None = None  # where it stands in its lineage (None: a first attempt)
     detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
+    result_before: os.stat_result | None = None  # the result file found before it started
 
     def _move(self, to: Phase) -> None:
         """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
@@ -376,12 +377,14 @@ class RunningTrial:
         """`outcome.judge` of this trial's files, exit code, stop and last report (`patterns`
         search `stream`: stdout or stderr)."""
         paths, result = self.process.plan.paths, self.process.plan.result
+        stale = not patterns and written_before(result, paths, self.result_before)
         verdict = judge_files(paths.stderr, result, self.process.exit_code,
                               metrics, stdout=paths.stdout, patterns=patterns, stream=stream,
-                              env_result=paths.result, at_end=self.process.result_at_end,
+                              env_result=paths.result,
+                              at_end=(None,) if stale else self.process.result_at_end,
                               stop=self.stop_text(), timeout=timeout,
                               last_report=self.last_report)
-        if verdict.state != FAIL and not patterns and written_before(result, paths):
+        if stale and (verdict.fail_reason or "").startswith("no result:"):
             return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
                 f"no result: {result} was last written before the trial started (left by "
                 "an earlier run?)"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import shutil
 import stat
 from pathlib import Path
 
@@ -156,3 +157,47 @@ def write_file(path: Path, text: str, mode: int = 0o600) -> None:
         raise _named(e, path) from e
     finally:
         os.close(fd)
+
+
+MARKER = "study.json"  # what marks a folder as a study's output_dir (see sweep.trialdir)
+
+
+def remove_tree(path: Path, made: bool | str) -> None:
+    """Remove `path`, a folder sweep made, with all that is in it; nothing if it is not there.
+
+    It is removed only if it is this user's real folder (not a symbolic link, not a file)
+    that sweep made: `made` True (the caller knows), or the name of a file sweep put in it
+    (a regular file there), or False (then only an empty folder is removed); and only if no
+    folder inside it is on another file system (a mount point) or holds a `study.json`
+    (another study's output_dir). Links inside are removed, never followed. Otherwise
+    UnsafePath, naming the path and why, and nothing is removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _named(e, path) from e
+    problem = own_folder_problem(st)
+    if problem:
+        raise UnsafePath(path, problem)
+    try:
+        for folder, _, files, fd in os.fwalk(path, follow_symlinks=False):
+            if folder == str(path) and not _made_by_sweep(fd, files, made):
+                named = f" (it has no {made} of sweep's)" if isinstance(made, str) else ""
+                raise UnsafePath(path, f"holds files sweep did not put there{named}")
+            if os.fstat(fd).st_dev != st.st_dev:
+                raise UnsafePath(path, f"holds {folder}, another file system mounted there")
+            if MARKER in files:
+                raise UnsafePath(path, f"holds {Path(folder) / MARKER}, another study's "
+                                 "output_dir")
+        shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
+    except OSError as e:
+        raise _named(e, path) from e
+
+
+def _made_by_sweep(fd: int, files: list[str], made: bool | str) -> bool:
+    """Whether the folder open as `fd` (holding `files`) is sweep's, as `remove_tree` says."""
+    if made is True or not os.listdir(fd):
+        return True
+    return (isinstance(made, str) and made in files
+            and stat.S_ISREG(os.lstat(made, dir_fd=fd).st_mode))

@@ -1,12 +1,14 @@
 """The folders and files of a sweep in `output_dir`: whose they are, and writing them safely.
 
 `output_dir` belongs to one study: `study.json` there names it and its storage, and a driver
-of another study refuses the folder before it writes anything (`claim_output_dir`). A trial's
-folder `trials/<number>/` is made anew before the trial starts, so no file in it (nor its
-declared result file) is older than the trial. Trial folders are 0700 and their files 0600
-(`command.sh` 0700), never written through a symbolic link; `command.sh` leaves out the
-values of variables whose names look secret or that hold a URL's password, and writes a
-URL's password in an argument as `***`.
+of another study refuses the folder before it writes anything (`claim_output_dir`), and so
+does an output_dir inside another study's. A trial's folder `trials/<number>/` is made anew
+before the trial starts, so no file in it is older than the trial; a declared result file
+elsewhere is never removed, and counts only if the trial wrote it. sweep removes only
+folders it made, never through a link (`safefs.remove_tree`). Trial folders are 0700 and
+their files 0600 (`command.sh` 0700), never written through a symbolic link; `command.sh`
+leaves out the values of variables whose names look secret or that hold a URL's password,
+and writes a URL's password in an argument as `***`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,15 +28,18 @@ from sweep import lineage
 from sweep.config import Spec
 from sweep.errors import UsageError
 from sweep.safefs import (
+    MARKER,
     UnsafePath,
     check_output_dir,
     make_own_folder,
     open_for_writing,
+    remove_tree,
     write_file,
 )
 from sweep.storageurl import GRPC, JOURNAL, grpc_address, journal_path, shown_url
 
-MARKER_NAME = "study.json"
+MARKER_NAME = MARKER  # study.json: whose output_dir this is
+TRIAL_MARKER = "command.sh"  # sweep writes it first into every trial folder it makes
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
 # names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
 SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
@@ -179,7 +183,10 @@ def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
     """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
     `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
     study's (another name, or the same name in another storage: `storage_identity`).
-    Drivers of one study on several hosts share it."""
+    Drivers of one study on several hosts share it. An output_dir inside another one (a
+    folder above it holds a study.json) is refused: its trials would be removed with that
+    study's."""
+    check_not_nested(output_dir, source)
     prepare_output_dir(output_dir, source=source)
     try:
         found = _mark(output_dir, owner)
@@ -188,6 +195,18 @@ def claim_output_dir(output_dir: Path, owner: Owner, source: Path) -> None:
                          f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
     if not same_owner(found, owner):
         raise UsageError(foreign(source, output_dir, found))
+
+
+def check_not_nested(output_dir: Path, source: Path) -> None:
+    """UsageError if a folder above `output_dir` is a study's output_dir (holds a study.json
+    naming a study): a trial folder or checkpoint folder of that study could hold it."""
+    for above in Path(os.path.realpath(output_dir)).parents:
+        found = read_marker(above)
+        if found is not None and found.study != "<unreadable>":
+            raise UsageError(
+                f"{source}: study.output_dir: {output_dir} is inside {above}, the output_dir "
+                f"of {_whose(found)} (see {above / MARKER_NAME}), whose trial folders are "
+                "removed with their trials: give this study a folder of its own")
 
 
 def _mark(output_dir: Path, owner: Owner) -> Owner | None:
@@ -309,63 +328,67 @@ def prepare_checkpoint_dir(output_dir: Path, line: lineage.Lineage) -> lineage.S
 
 
 def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
-                      secrets: Mapping[str, str] | None = None) -> None:
-    """Make the trial's folder anew (0700; whatever an earlier trial of that number left is
-    removed), with params.json (the script's params) and command.sh, and remove the trial's
-    declared result file if it lies elsewhere: no file the trial is judged by is older than
-    it. `secrets` (see `arg_secrets`) are left out of command.sh's arguments, as are the
-    values of the trial's variables whose names look secret. TrialFileError (naming the
-    path) if it cannot be done."""
+                      secrets: Mapping[str, str] | None = None) -> os.stat_result | None:
+    """Make the trial's folder anew (0700), with command.sh (first: it marks the folder as
+    sweep's) and params.json (the script's params). A folder an earlier trial of that number
+    left is removed, if sweep made it (`safefs.remove_tree` with `TRIAL_MARKER`); a link, a
+    file or a folder of someone else's there is refused. The declared result file is never
+    removed (a result written before the trial never counts: `written_before`), and one that
+    is a folder is refused. `secrets` (see `arg_secrets`) are left out of command.sh's
+    arguments, as are the values of the trial's variables whose names look secret.
+    TrialFileError (naming the path) if it cannot be done; then nothing was removed.
+    Returns the `stat` of the result file found elsewhere before the trial (for
+    `written_before`), None if there was none."""
     with _trial_files(plan.paths.dir):
-        _prepare_trial_dir(plan, params, secrets or {})
+        return _prepare_trial_dir(plan, params, secrets or {})
 
 
 def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
-                       secrets: Mapping[str, str]) -> None:
+                       secrets: Mapping[str, str]) -> os.stat_result | None:
     paths = plan.paths
     paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
     make_own_folder(paths.dir.parent, FOLDER_MODE)
-    _remove(paths.dir)
+    remove_tree(paths.dir, TRIAL_MARKER)
     os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here
     make_own_folder(paths.dir, FOLDER_MODE)
-    write_file(paths.params, json.dumps(dict(params), indent=2) + "\n", FILE_MODE)
+    before = None
+    if plan.result.parent != paths.dir:  # (a path through the trial's folder resolves now)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            before = os.stat(plan.result)
+        if before is not None and stat.S_ISDIR(before.st_mode):
+            raise UnsafePath(plan.result, "is a folder: trainer.result.file must name a "
+                             "file (the one the trainer writes)")
     write_file(paths.command, command_script(plan, secrets), SCRIPT_MODE)
-    if plan.result.parent != paths.dir:
-        _remove(plan.result)
+    write_file(paths.params, json.dumps(dict(params), indent=2) + "\n", FILE_MODE)
     cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: made if it is not there
     if cwd is not None:
         os.makedirs(cwd, FOLDER_MODE, exist_ok=True)
-
-
-def _remove(path: Path) -> None:
-    """Remove `path`, a folder with what is in it or a file (or a link: not what it points
-    to). An OSError names the path."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
-        else:
-            os.unlink(path)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, e.filename or str(path)) from e
+    return before
 
 
 STALE_MARGIN_NS = 1_000_000_000  # a file's clock may differ this much from command.sh's
 
 
-def written_before(result: Path, paths: TrialPaths) -> bool:
-    """Whether the trial's result file was last written before the trial was prepared (its
-    command.sh), by over a second: left by something else, it must not count. Only files of
-    command.sh's file system are compared (another one's clock may differ)."""
+def written_before(result: Path, paths: TrialPaths,
+                   before: os.stat_result | None = None) -> bool:
+    """Whether the trial's result file was not written by the trial: it is the very file
+    found before the trial (`before`, from `prepare_trial_dir`), unchanged since, or it was
+    last written before the trial was prepared (its command.sh) by over a second (only files
+    of command.sh's file system are compared that way: another one's clock may differ)."""
     try:
         found, prepared = os.stat(result), os.stat(paths.command)
     except OSError:
         return False
+    if before is not None and _same_file(found, before):
+        return True
     return (found.st_dev == prepared.st_dev
             and found.st_mtime_ns < prepared.st_mtime_ns - STALE_MARGIN_NS)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """The same file, unchanged: no write, rename or change of its inode in between."""
+    return ((a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns)
+            == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns))
 
 
 def open_log(path: Path) -> Any:

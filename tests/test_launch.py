@@ -76,7 +76,8 @@ def test_prepare_trial_dir_writes_params_and_command(tmp_path):
                                {"lr": 0.5}, 1, paths, tmp_path / "c.yaml",
                                through_accelerate=False)
     paths.dir.mkdir(parents=True)
-    paths.result.write_text("{}")  # from an earlier run with the same output_dir
+    paths.command.write_text("#!/bin/sh\n")  # sweep's, from an earlier run with the same
+    paths.result.write_text("{}")  # output_dir
     trialdir.prepare_trial_dir(plan, {"lr": 0.5})
     assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
     assert "--lr 0.5" in paths.command.read_text()

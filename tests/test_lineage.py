@@ -13,6 +13,7 @@ from sweep import config, lineage, summary
 from sweep.driver import Driver
 from sweep.errors import ConfigError
 from sweep.lineage import Lineage, Start
+from sweep.safefs import UnsafePath
 from sweep.testing.fakes import Script
 
 
@@ -71,6 +72,7 @@ def test_prepare_empties_the_folder_of_a_new_lineage_or_a_clean_retry_only(tmp_p
     folder = lineage.checkpoint_dir(tmp_path, 4)
     folder.mkdir(parents=True)
     (folder / "old.pt").write_text("left by an earlier study of this output_dir")
+    lineage.made_marker(tmp_path, 4).write_text("4\n")  # sweep made it, for that study
     new = lineage.prepare(tmp_path, Lineage(4))
     assert new == Start(folder, False, None, None) and not any(folder.iterdir())
     (folder / "checkpoint-2").mkdir()
@@ -79,6 +81,37 @@ def test_prepare_empties_the_folder_of_a_new_lineage_or_a_clean_retry_only(tmp_p
     clean = lineage.prepare(tmp_path, Lineage(4, 2, 1, continues=5, clean=True))
     assert not clean.resume and not any(folder.iterdir())
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_new_lineage_never_empties_a_folder_sweep_did_not_make(tmp_path):
+    """Issue 32: a folder at a new lineage's place that sweep did not make (no marker beside
+    it) is refused, and kept; an empty one is taken, and marked."""
+    folder = lineage.checkpoint_dir(tmp_path, 7)
+    folder.mkdir(parents=True)
+    (folder / "data.bin").write_text("the user's")
+    with pytest.raises(UnsafePath, match="holds files sweep did not put there"):
+        lineage.prepare(tmp_path, Lineage(7))
+    assert (folder / "data.bin").read_text() == "the user's"
+    (folder / "data.bin").unlink()
+    assert lineage.prepare(tmp_path, Lineage(7)) == Start(folder, False, None, None)
+    assert lineage.made_marker(tmp_path, 7).read_text() == "7\n"
+
+
+def test_a_linked_checkpoints_folder_is_refused_before_anything_through_it_goes(tmp_path):
+    """Issue 32: `checkpoints` as a link to a bigger disk: the new lineage's folder there
+    was emptied through the link before the link was refused."""
+    disk = tmp_path / "bigdisk"
+    (disk / "0").mkdir(parents=True)
+    (disk / "0" / "model.pt").write_text("weeks of training")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "checkpoints").symlink_to(disk)
+    (disk / ".0.sweep").write_text("0\n")  # even marked as sweep's
+    with pytest.raises(UnsafePath) as refused:
+        lineage.prepare(tmp_path / "out", Lineage(0))
+    assert str(refused.value) == (
+        f"{tmp_path}/out/checkpoints is a symbolic link: sweep writes no checkpoint through a "
+        "link; to keep checkpoints on another disk, put study.output_dir there")
+    assert (disk / "0" / "model.pt").read_text() == "weeks of training"
 
 
 def test_wandb_continues_the_run_unless_the_study_sets_its_own():

@@ -52,12 +52,15 @@ def plan_of(tmp_path: Path, number: int = 0, env: dict[str, str] | None = None,
 
 def test_a_result_file_left_by_an_earlier_trial_of_that_number_never_counts(tmp_path):
     """Item 1: a study restarted in the same output_dir, whose trainer writes no result,
-    COMPLETEd with the old trial's `result.file` value (0.7524)."""
+    COMPLETEd with the old trial's `result.file` value (0.7524). The old file is not removed
+    (issue 32: it may be the user's): the very file found before the trial never counts,
+    however new its time."""
     old = tmp_path / "out" / "results" / "0.json"
     old.parent.mkdir(parents=True)
     old.write_text(json.dumps({"score": 0.7524}))
     stale = tmp_path / "out" / "trials" / "0"
     stale.mkdir(parents=True)
+    (stale / "command.sh").write_text("#!/bin/sh\n")  # sweep's, from the earlier study
     (stale / "checkpoint.pt").write_text("another trial's")
     s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
               study={"n_trials": 1, "max_consecutive_failures": 1,
@@ -66,21 +69,48 @@ def test_a_result_file_left_by_an_earlier_trial_of_that_number_never_counts(tmp_
     assert s.run() == 1
     [trial] = s.trials
     assert trial.state.name == "FAIL"
-    assert trial.user_attrs["fail_reason"].startswith(f"no result: nothing at {old}")
-    assert not (stale / "checkpoint.pt").exists()  # the folder was made anew
+    assert trial.user_attrs["fail_reason"] == (
+        f"no result: {old} was last written before the trial started (left by an earlier "
+        "run?)")
+    assert json.loads(old.read_text()) == {"score": 0.7524}  # never removed
+    assert not (stale / "checkpoint.pt").exists()  # sweep's stale trial folder was made anew
 
 
-def test_prepare_makes_the_trial_folder_anew_even_where_a_link_or_file_was(tmp_path):
+@pytest.mark.parametrize("planted", ["link", "file", "folder"])
+def test_prepare_never_removes_a_link_file_or_folder_sweep_did_not_make(tmp_path, planted):
+    """Issue 32: a link, a file or a folder at a trial's folder's place that sweep did not
+    make is refused, and nothing of it (or of what a link points to) goes."""
     plan = plan_of(tmp_path)
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("mine")
     plan.paths.dir.parent.mkdir(parents=True)
-    plan.paths.dir.symlink_to(victim)
+    if planted == "link":
+        plan.paths.dir.symlink_to(victim)
+    elif planted == "file":
+        plan.paths.dir.write_text("mine")
+    else:
+        plan.paths.dir.mkdir()
+        (plan.paths.dir / "keep").write_text("mine")
+    with pytest.raises(TrialFileError) as refused:
+        trialdir.prepare_trial_dir(plan, {"x": 0.5})
+    why = {"link": "is a symbolic link", "file": "is not a folder",
+           "folder": "holds files sweep did not put there (it has no command.sh of sweep's)"}
+    assert str(refused.value) == f"{plan.paths.dir} {why[planted]}"
+    assert (victim / "keep").read_text() == "mine"
+    kept = plan.paths.dir.read_text() if planted == "file" else (plan.paths.dir / "keep")
+    assert kept == "mine" or kept.read_text() == "mine"
+
+
+def test_prepare_makes_a_trial_folder_sweep_made_anew(tmp_path):
+    plan = plan_of(tmp_path)
     trialdir.prepare_trial_dir(plan, {"x": 0.5})
-    assert not plan.paths.dir.is_symlink() and plan.paths.dir.is_dir()
-    assert (victim / "keep").read_text() == "mine"  # the link was removed, not its target
+    (plan.paths.dir / "model.pt").write_text("the earlier trial's")
+    (plan.paths.dir / "link").symlink_to(tmp_path / "victim")
+    (tmp_path / "victim").write_text("mine")
+    trialdir.prepare_trial_dir(plan, {"x": 0.5})
     assert sorted(p.name for p in plan.paths.dir.iterdir()) == ["command.sh", "params.json"]
+    assert (tmp_path / "victim").read_text() == "mine"
 
 
 def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_path):
