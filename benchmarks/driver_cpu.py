@@ -50,7 +50,7 @@ def storage_url(path: Path, kind: str) -> str:
 
 def prefill(path: Path, k: int, kind: str = "sqlite", wal: bool = True) -> float:
     """A study of `k` finished trials (as the benchmark's study would have them); seconds.
-    `wal`: a SQLite file in WAL mode, as sweep creates its files since it has sweep/sqlite.py
+    `wal`: a SQLite file in WAL mode, as sweep creates its files since it has sweep/study/sqlite.py
     (the last connection to it folds the log into the file)."""
     import optuna
     from optuna.distributions import FloatDistribution
@@ -73,7 +73,7 @@ def prefill(path: Path, k: int, kind: str = "sqlite", wal: bool = True) -> float
              for i in range(k)]
     study.add_trials(batch)
     if kind == "sqlite" and wal:
-        from sweep import sqlite
+        from sweep.study import sqlite
 
         sqlite.adopt_wal(path)
     return time.perf_counter() - began

@@ -52,7 +52,7 @@ python3 - "$work" <<'PY' || fail=1
 import sys
 from pathlib import Path
 import pandas as pd
-from sweep import summary
+from sweep.analysis import summary
 work = Path(sys.argv[1])
 s = summary.load(work / "gpu_smoke.yaml")
 t = s.trials

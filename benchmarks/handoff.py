@@ -38,7 +38,17 @@ with open(os.environ["SWEEP_RESULT_FILE"], "w") as f:
 """
 RUN = """
 import json, sys, time
-from sweep import cli, driver, process, store
+from sweep import cli
+try:  # the packages (issue 30); an older checkout: the flat modules
+    from sweep.runner import driver
+    from sweep.study import store
+    from sweep.trial import launchers, process
+except ImportError:
+    from sweep import driver, process, store
+    try:
+        from sweep import launchers
+    except ImportError:
+        launchers = None
 marks = []
 
 def timed(cls, name, kind, number):
@@ -52,11 +62,10 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
-try:  # the launchers' spawn (warm's is its own); an older checkout: the driver's
-    from sweep import launchers
+if launchers is not None:  # the launchers' spawn (warm's is its own); older: the driver's
     for launcher in (launchers.BaseLauncher, launchers.WarmLauncher):
         timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
-except ImportError:
+else:
     timed(driver.Driver, "_spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
 init = process.TrialProcess.__init__
 

@@ -79,9 +79,9 @@ def monitor_cost(samples: int = 300) -> float:
     """CPU seconds of one sample of 8 fake devices, each held by a trial."""
     import pytest
 
-    from sweep.monitor import Monitor
-    from sweep.nvml import Nvml
-    from sweep.pool import Pool, fake_devices
+    from sweep.gpus.monitor import Monitor
+    from sweep.gpus.nvml import Nvml
+    from sweep.gpus.pool import Pool, fake_devices
     from sweep.testing import fake_pynvml
     from sweep.testing.fakes import lease
 
@@ -112,7 +112,8 @@ def monitor_cost(samples: int = 300) -> float:
 
 
 def driver_imports() -> list[str]:
-    code = ("import sys, sweep.cli, sweep.driver, sweep.monitor, sweep.progress, sweep.pool\n"
+    code = ("import sys, sweep.cli, sweep.runner.driver, sweep.gpus.monitor, "
+            "sweep.runner.progress, sweep.gpus.pool\n"
             "print([m for m in ('torch', 'accelerate', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.replace("'", '"'))

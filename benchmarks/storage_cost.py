@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from optuna.trial import TrialState  # noqa: E402
 
-from sweep import config  # noqa: E402
-from sweep.outcome import Outcome  # noqa: E402
-from sweep.ownership import Owner  # noqa: E402
-from sweep.storage import open_storage  # noqa: E402
-from sweep.store import connect  # noqa: E402
-from sweep.studies import open_study  # noqa: E402
+from sweep.spec import config  # noqa: E402
+from sweep.study.opening import open_study  # noqa: E402
+from sweep.study.ownership import Owner  # noqa: E402
+from sweep.study.storage import open_storage  # noqa: E402
+from sweep.study.store import connect  # noqa: E402
 from sweep.testing.postgres import throwaway_postgres  # noqa: E402
+from sweep.trial.outcome import Outcome  # noqa: E402
 
 
 def spec_for(url: str, name: str) -> config.Spec:

@@ -14,13 +14,13 @@ ANALYSIS = [
 
 Loads the study named by the environment variable `SWEEP_STUDY` (a study YAML path; default
 `studies/quickstart.yaml`), shows the summary and the figures of `sweep report` (the same
-functions, from `sweep.figures`): the objective against time and device-hours, intermediate
+functions, from `sweep.analysis.figures`): the objective against time and device-hours, intermediate
 values, parameters, a time line of trials per GPU with utilisation and memory, what the trials
 cost, and the failures by reason. Works while the sweep is still running."""),
     ("code", """import os
 from pathlib import Path
 
-from sweep import figures, report
+from sweep.analysis import figures, report
 
 study_file = Path(os.environ.get("SWEEP_STUDY", "studies/quickstart.yaml"))
 if not study_file.exists() and (Path("..") / study_file).exists():

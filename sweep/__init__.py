@@ -6,6 +6,10 @@
     sweep.load("study.yaml").trials                             # a pandas DataFrame
 
 Importing sweep is light (trainers import `sweep.protocol`); the rest loads on first use.
+
+Public: `run`, `load`, `status` here; `sweep.protocol` (the trainer's side of the trial
+contract); `sweep.analysis.summary` and `sweep.analysis.figures` (also as `sweep.summary` and
+`sweep.figures`); `sweep.testing` (fakes for tests). Every other module may change.
 """
 
 from __future__ import annotations
@@ -14,9 +18,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweep.summary import Status, Summary
+    from sweep.analysis.summary import Status, Summary
 
 __version__ = "0.2.0"
+__all__ = ["__version__", "load", "run", "status"]
+_ANALYSIS = ("figures", "report", "summary")  # `from sweep import figures` works as before
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ANALYSIS:
+        import importlib
+
+        return importlib.import_module(f"sweep.analysis.{name}")
+    raise AttributeError(f"module 'sweep' has no attribute {name!r}")
 
 
 def run(
@@ -35,13 +49,13 @@ def run(
 
 def load(study: str | Path, storage: str | None = None) -> Summary:
     """The study's trials, GPUs and samples as DataFrames (works while it runs)."""
-    from sweep.summary import load as load_summary
+    from sweep.analysis.summary import load as load_summary
 
     return load_summary(study, storage=storage)
 
 
 def status(study: str | Path, storage: str | None = None) -> Status:
     """Trial counts by state, and the running trials with their elapsed time and last value."""
-    from sweep.summary import status as read_status
+    from sweep.analysis.summary import status as read_status
 
     return read_status(study, storage=storage)

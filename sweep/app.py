@@ -17,29 +17,21 @@ from typing import Any
 
 from rich.console import Console
 
-from sweep import (
-    config,
-    hostlock,
-    launch,
-    launchers,
-    pool,
-    provenance,
-    searchspace,
-    storageurl,
-    trialdir,
-)
-from sweep.config import Spec
-from sweep.driver import Driver
-from sweep.errors import SweepError, UsageError
-from sweep.hostlock import HostSlots, lock_dir
-from sweep.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Reader
-from sweep.nvml import Nvml, NvmlUnavailable
-from sweep.ownership import OWNER, Owner, host_name
-from sweep.placement import Refusal
-from sweep.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
-from sweep.pool import Device, Pool, Rules
-from sweep.progress import Progress
-from sweep.storage import (
+from sweep._core.errors import SweepError, UsageError
+from sweep.gpus import hostlock, pool
+from sweep.gpus.hostlock import HostSlots, lock_dir
+from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, SampleReader
+from sweep.gpus.nvml import Nvml, NvmlUnavailable
+from sweep.gpus.placement import Refusal
+from sweep.gpus.pool import Device, Pool, Rules
+from sweep.runner.driver import Driver
+from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
+from sweep.runner.progress import Progress
+from sweep.spec import config, searchspace, storageurl
+from sweep.spec.config import Spec
+from sweep.study.opening import check_stored, sample
+from sweep.study.ownership import OWNER, Owner, host_name
+from sweep.study.storage import (
     describe,
     read_study,
     reading,
@@ -47,8 +39,8 @@ from sweep.storage import (
     storage_lost_errors,
     unreachable,
 )
-from sweep.store import FINISHED, RERUN_OF, Store, connect
-from sweep.studies import check_stored, sample
+from sweep.study.store import FINISHED, RERUN_OF, Store, connect
+from sweep.trial import folders, launch_plan, launchers, provenance
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
@@ -57,7 +49,7 @@ def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
     return connect(spec, Owner.me(host_name()), notes=notes)
 
 
-def nvml_reader(devices: list[Device]) -> tuple[Reader, Nvml | None]:
+def nvml_reader(devices: list[Device]) -> tuple[SampleReader, Nvml | None]:
     """What the monitor reads devices with: NVML, or nothing for a simulated pool."""
     if not devices or devices[0].simulated:
         return NoReader(), None
@@ -84,7 +76,7 @@ def refresh_report(spec: Spec, console: Console | None = None) -> Path | None:
     written is said in one line and does not change how the run ended."""
     from rich.text import Text
 
-    from sweep import report
+    from sweep.analysis import report
 
     console = console or Console(stderr=True, soft_wrap=True)
     try:
@@ -151,11 +143,11 @@ def execute(
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # before storage is touched: output_dir can be made, is this user's and this study's,
     # and so are the driver's folder and trials/; the host's lock folder can be trusted
-    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
     hostlock.usable_lock_dir(host_name())
     if devices is not None:  # the driver's folder and trials/ too: a link there is refused
-        trialdir.prepare_output_dir(
-            spec.output_dir, trialdir.driver_dir(spec.output_dir, host_name(), os.getpid()),
+        folders.prepare_output_dir(
+            spec.output_dir, folders.driver_dir(spec.output_dir, host_name(), os.getpid()),
             spec.source)
     notes: list[str] = []
     store = open_store(spec, notes)
@@ -166,7 +158,7 @@ def execute(
             store.close()
     reader, nvml = nvml_reader(devices)
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
-    own = trialdir.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+    own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
                       host=store.owner.host, history_s=spec.trainer.hang_after or 3600.0)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
@@ -195,7 +187,7 @@ def execute(
             nvml.close()
 
 
-def make_pool(spec: Spec, devices: list[Device], reader: Reader, nvml: bool,
+def make_pool(spec: Spec, devices: list[Device], reader: SampleReader, nvml: bool,
               notes: list[str] | None = None, host: bool = False) -> Pool:
     """The pool a run places its trials with: its slots per device, its rules, NVML (if
     `nvml`) and, with `host`, the slots shared by every sweep of this host."""
@@ -221,7 +213,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     that holds another study's trials."""
     import optuna
 
-    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
@@ -241,7 +233,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         if lease.slots == 0:
             lines.append(f"# no trial can start: {lease.acquire()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
-        own = trialdir.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
+        own = folders.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
         launcher = launchers.make(spec, host_name(), own, dry=True)
         lines += launcher.header()
         for _ in range(n):
@@ -262,14 +254,14 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             if note is not None:
                 lines.append(note)
             plan = launcher.plan(trial.number, params, gpu, pins, port)
-            lines.append(runnable(plan, launch.script_params(params, spec.params)))
+            lines.append(runnable(plan, launch_plan.script_params(params, spec.params)))
     finally:
         if nvml is not None:
             nvml.close()
     return lines
 
 
-def runnable(plan: launch.LaunchPlan, params: Mapping[str, Any]) -> str:
+def runnable(plan: launch_plan.LaunchPlan, params: Mapping[str, Any]) -> str:
     """A trial's command as a dry run prints it: one shell line that runs when pasted, its
     trial folder and params.json made first (a run makes them; a dry run writes nothing)."""
     folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
@@ -299,8 +291,8 @@ def trial_log(
     comes, until the trial is finished, or its driver, of this host, is gone (then a last line
     says so)."""
     spec = config.load(path, runnable=False, storage=storage)
-    trialdir.check_belongs(spec.output_dir, trialdir.owner_of(spec), spec.source)
-    paths = trialdir.TrialPaths.of(spec.output_dir, number)
+    folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
+    paths = folders.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")

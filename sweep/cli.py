@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.text import Text
 
 from sweep import __version__
-from sweep.errors import SweepError
-from sweep.terminal import release_dead_terminal
+from sweep._core.errors import SweepError
+from sweep._core.terminal import release_dead_terminal
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -58,7 +58,9 @@ def _count(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweep import app, config, pool
+    from sweep import app
+    from sweep.gpus import pool
+    from sweep.spec import config
 
     spec = config.load(args.study, n_trials=args.n_trials, gpus=args.gpus, storage=args.storage)
     spent = app.spent(spec)  # then nothing runs, and no device pool is needed
@@ -78,8 +80,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from sweep import summary
-    from sweep.errors import UsageError
+    from sweep._core.errors import UsageError
+    from sweep.analysis import summary
 
     s = summary.load(args.study, storage=args.storage)
     try:
@@ -99,8 +101,8 @@ def _summary(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from sweep import report
-    from sweep.errors import UsageError
+    from sweep._core.errors import UsageError
+    from sweep.analysis import report
 
     try:
         path = report.report_file(args.study, Path(args.output) if args.output else None,
@@ -115,11 +117,11 @@ def _report(args: argparse.Namespace) -> int:
 def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sweep import health, placement, pool, sicklist
     from sweep.app import nvml_reader
-    from sweep.hostlock import file_key, held_slots, usable_lock_dir
-    from sweep.monitor import NvmlProbe
-    from sweep.ownership import host_name
+    from sweep.gpus import health, placement, pool, sicklist
+    from sweep.gpus.hostlock import file_key, held_slots, usable_lock_dir
+    from sweep.gpus.monitor import NvmlProbe
+    from sweep.study.ownership import host_name
 
     folder = usable_lock_dir(host_name())  # before NVML is opened: nothing to close
     devices = pool.discover()
@@ -180,7 +182,7 @@ def _num(value: float) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sweep import summary
+    from sweep.analysis import summary
 
     now = summary.status(args.study, storage=args.storage)
     console = Console()
@@ -223,8 +225,9 @@ def _rerun(args: argparse.Namespace) -> int:
 def _storage_proxy(args: argparse.Namespace) -> int:
     import os
 
-    from sweep import config, proxy
-    from sweep.errors import UsageError
+    from sweep._core.errors import UsageError
+    from sweep.spec import config
+    from sweep.study import proxy
 
     url = args.storage or os.environ.get(config.STORAGE_ENV)
     if not url:

@@ -1,56 +1,129 @@
-"""Imports go one way: a module imports only from the layers below its own."""
+"""The layout is the architecture: packages in layers, imports one way, the doc true to the tree.
+
+A module imports only from packages of lower layers, and from its own package without a cycle;
+`docs/explanation/architecture.md` lists exactly the packages and modules the tree has.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import sweep
 
+PACKAGE = Path(sweep.__file__).parent
+DOC = PACKAGE.parent / "docs" / "explanation" / "architecture.md"
+
+# one line per package (or top-level module), lowest first
 LAYERS = [
-    {"errors", "protocol", "guard", "nvml", "events", "yamlfile", "safefs", "hang",
-     "grpclock", "placement", "sqlite", "terminal", "optuna_compat", "ownership", "interpreter"},
-    {"storageurl", "searchspace", "placeholders", "health", "stacks", "accelconfig"},
-    {"config", "hostlock", "lineage"},
-    {"sicklist"},
-    {"trialdir"},
-    {"launch", "outcome", "policy", "pool", "warm", "storage", "studies", "reportsources"},
-    {"budget", "heartbeat", "provenance"},
-    {"process", "monitor", "store", "proxy", "accelenv"},
-    {"launchers"},
-    {"driver"},
-    {"progress", "summary"},
-    {"figures"},
-    {"report"},
+    {"_core", "protocol"},  # import nothing of sweep
+    {"spec"},  # the study file -> Spec
+    {"gpus"},  # devices, the pool, placement, health, the monitor
+    {"trial"},  # one trial as files and processes
+    {"study"},  # the Optuna storage
+    {"runner"},  # the driver's loop and its policy
+    {"analysis"},  # summary, figures, report
     {"app"},
     {"cli"},
-    {"__main__"},
+    {"__main__", "__init__"},
 ]
 
 
+def modules() -> Iterator[tuple[str, Path]]:
+    """Every module of sweep but `testing`, as a dotted name under sweep (`trial.process`)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] != "testing" and "__pycache__" not in rel.parts:
+            yield ".".join(rel.with_suffix("").parts), path
+
+
+def part_of(name: str) -> str:
+    """The package (or top-level module) a dotted module name belongs to."""
+    return name.split(".")[0]
+
+
 def sweep_imports(path: Path) -> set[str]:
-    """The sweep modules that `path` imports (TYPE_CHECKING-only imports included)."""
+    """The sweep modules `path` imports, dotted under sweep (TYPE_CHECKING imports too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sweep"):
-            parts = node.module.split(".")
-            if len(parts) > 1:
-                found.add(parts[1])
-            else:
-                found |= {alias.name for alias in node.names}
+            base = node.module.split(".")[1:]
+            for alias in node.names:
+                whole = ".".join([*base, alias.name])
+                found.add(whole if (PACKAGE / f"{whole.replace('.', '/')}.py").exists()
+                          else ".".join(base) or alias.name)
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("sweep.")}
-    return found - {"testing", "__version__"}
+            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("sweep.")}
+    return {f for f in found if part_of(f) not in ("testing", "__version__")}
+
+
+def test_every_package_has_a_layer_and_says_its_job():
+    layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    parts = {part_of(name) for name, _ in modules()}
+    assert parts == set(layer_of), "a package or module without a layer: place it in LAYERS"
+    for init in PACKAGE.glob("*/__init__.py"):
+        if init.parent.name != "testing":
+            doc = ast.get_docstring(ast.parse(init.read_text()))
+            assert doc and "Imports" in doc, f"{init}: say the package's job and its imports"
 
 
 def test_imports_go_one_way():
     layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
-    package = Path(sweep.__file__).parent
-    modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
-    assert modules == set(layer_of), "a module without a layer: place it in LAYERS"
     upward = []
-    for name in modules:
-        for imported in sweep_imports(package / f"{name}.py") - {name}:
-            if layer_of[imported] >= layer_of[name]:
+    for name, path in modules():
+        for imported in sweep_imports(path):
+            mine, theirs = part_of(name), part_of(imported)
+            if mine != theirs and layer_of[theirs] >= layer_of[mine]:
                 upward.append(f"{name} -> {imported}")
     assert not upward, upward
+
+
+def test_no_import_cycle_inside_a_package():
+    graph = {name: {i for i in sweep_imports(path) if part_of(i) == part_of(name) and i != name}
+             for name, path in modules()}
+    done: set[str] = set()
+
+    def visit(node: str, stack: list[str]) -> None:
+        if node in stack:
+            raise AssertionError(" -> ".join([*stack[stack.index(node):], node]))
+        if node in done:
+            return
+        for nxt in graph.get(node, ()):
+            visit(nxt, [*stack, node])
+        done.add(node)
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_no_two_classes_share_a_name():
+    seen: dict[str, str] = {}
+    twice = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                if node.name in seen:
+                    twice.append(f"{node.name}: {seen[node.name]} and {name}")
+                seen[node.name] = name
+    assert not twice, twice
+
+
+def documented() -> dict[str, str]:
+    """The modules the architecture doc's tree lists, each with the package line above it."""
+    block = DOC.read_text().split("```")[1]
+    found, package = {}, ""
+    for line in block.splitlines():
+        if m := re.match(r"^  ([a-z_]+)/\s", line + " "):
+            package = m.group(1)
+        elif m := re.match(r"^    ([a-z_]+)\.py\s", line + " "):
+            found[f"{package}.{m.group(1)}"] = package
+        elif m := re.match(r"^  ([a-z_]+)\.py\s", line + " "):
+            found[m.group(1)] = m.group(1)
+    return found
+
+
+def test_the_architecture_doc_lists_the_tree():
+    tree = {name for name, _ in modules() if not name.endswith("__init__")} - {"__main__"}
+    assert set(documented()) == tree

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from conftest import load_trials, spawn_cli, study_dict
 
-from sweep import config
-from sweep.ownership import Owner
-from sweep.store import Store, connect
+from sweep.spec import config
+from sweep.study.ownership import Owner
+from sweep.study.store import Store, connect
 
 
 def three_drivers_at_once(write_study, storage: str | None = None, name: str = "shared") -> Any:
@@ -70,8 +70,8 @@ def test_the_window_between_the_budget_check_and_the_ask_is_closed(write_study, 
     import threading
     import time
 
-    from sweep.driver import Driver
-    from sweep.pool import Pool, fake_devices
+    from sweep.gpus.pool import Pool, fake_devices
+    from sweep.runner.driver import Driver
 
     real_ask = Store.ask
 

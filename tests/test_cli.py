@@ -41,8 +41,8 @@ def test_gpus_says_which_cards_a_sweep_would_take_and_who_holds_them(monkeypatch
                                                                      own_lock_dir):
     import os
 
-    from sweep.hostlock import HostSlots, lock_dir
-    from sweep.ownership import host_name
+    from sweep.gpus.hostlock import HostSlots, lock_dir
+    from sweep.study.ownership import host_name
 
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -118,7 +118,8 @@ def test_dry_run_continues_the_stored_study(write_study, fake_gpus, capsys, tmp_
 
 
 def test_the_driver_does_not_import_torch_or_accelerate():
-    code = ("import sys, sweep.cli, sweep.app, sweep.driver, sweep.monitor, sweep.progress\n"
+    code = ("import sys, sweep.cli, sweep.app, sweep.runner.driver, sweep.gpus.monitor, "
+            "sweep.runner.progress\n"
             "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -249,7 +250,7 @@ def test_the_summary_of_a_read_only_output_dir_is_shown_without_its_csv(
     one line saying the CSV is not written (only a --csv named outright is an error)."""
     import errno
 
-    from sweep import summary
+    from sweep.analysis import summary
 
     study = write_study(study={"n_trials": 1})
     assert run_cli("run", str(study)) == 0
@@ -275,8 +276,8 @@ def test_off_a_terminal_each_event_is_one_plain_line_however_long():
     from optuna.trial import TrialState
     from rich.console import Console
 
-    from sweep.events import Finished, Started
-    from sweep.progress import Progress
+    from sweep.runner.events import Finished, Started
+    from sweep.runner.progress import Progress
 
     out = io.StringIO()
     progress = Progress(Console(file=out, width=40))
@@ -300,7 +301,8 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     import optuna
 
     import sweep
-    from sweep import app, config
+    from sweep import app
+    from sweep.spec import config
 
     study = write_study(study={"n_trials": 2})
     assert run_cli("run", str(study)) == 0
@@ -421,10 +423,12 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     import subprocess
     import sys
 
-    from sweep import app, config, searchspace, trialdir
-    from sweep.ownership import OWNER, host_name
-    from sweep.storage import open_storage
-    from sweep.studies import open_study
+    from sweep import app
+    from sweep.spec import config, searchspace
+    from sweep.study.opening import open_study
+    from sweep.study.ownership import OWNER, host_name
+    from sweep.study.storage import open_storage
+    from sweep.trial import folders
 
     study_file = write_study(study={"n_trials": 1})
     spec = config.load(study_file)
@@ -432,7 +436,7 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     trial.set_user_attr(OWNER, {"host": host_name(), "pid": dead.pid, "started": 1.0})
-    paths = trialdir.TrialPaths.of(spec.output_dir, 0)
+    paths = folders.TrialPaths.of(spec.output_dir, 0)
     paths.dir.mkdir(parents=True)
     paths.stdout.write_text("epoch 1\n")
     assert list(app.trial_log(study_file, 0, follow=True, poll=0.01)) == [

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from sweep import config
+from sweep.spec import config
 
 CLUSTER = ROOT / "studies" / "cluster"
 SBATCH = CLUSTER / "slurm.sbatch"

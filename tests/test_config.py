@@ -9,8 +9,9 @@ import pytest
 import yaml
 from conftest import PROBE, study_dict
 
-from sweep import config, launch, searchspace
-from sweep.errors import ConfigError
+from sweep._core.errors import ConfigError
+from sweep.spec import config, searchspace
+from sweep.trial import launch_plan
 
 
 def test_the_example_study_loads_with_resolved_defaults(tmp_path, write_study):
@@ -281,7 +282,7 @@ def test_config_error_names_file_and_key(tmp_path):
 
 
 def test_accelerate_config_is_single_process_and_not_distributed():
-    data = yaml.safe_load(launch.ACCELERATE_CONFIG)
+    data = yaml.safe_load(launch_plan.ACCELERATE_CONFIG)
     assert data["distributed_type"] == "NO" and data["num_processes"] == 1
 
 
@@ -369,7 +370,7 @@ def test_params_that_share_an_environment_variable_are_refused(write_study, para
         config.load(path)
     assert str(e.value).startswith(f"{path}: {line}")
     assert len(e.value.problems) == 1
-    assert {launch.env_name(name) for name in params} | set(env) == {
+    assert {launch_plan.env_name(name) for name in params} | set(env) == {
         line.split("$")[1].split()[0]}  # the variable the driver would set
 
 

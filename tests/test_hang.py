@@ -15,11 +15,12 @@ import pytest
 from conftest import load_trials, run_cli, spawn_cli
 from test_loop import Sweep
 
-from sweep import config, hang, stacks, trialdir
-from sweep.errors import UsageError
-from sweep.monitor import Monitor
-from sweep.nvml import GpuReading
+from sweep._core.errors import UsageError
+from sweep.gpus.monitor import Monitor
+from sweep.gpus.nvml import GpuReading
+from sweep.spec import config
 from sweep.testing.fakes import FakeProcess, Script
+from sweep.trial import folders, hang, stacks
 
 # ---- the rule -----------------------------------------------------------------------------
 
@@ -59,13 +60,13 @@ def test_the_watch_sees_each_change_of_size_or_time_and_nothing_else(tmp_path):
 def test_a_report_source_is_output_too_a_new_file_of_it_included(tmp_path):
     """A trainer whose only output is TensorBoard scalars or its own JSON-lines log (a
     `trainer.report` source) is not silent while it writes them."""
-    from sweep import reportsources
-    from sweep.config import ReportSection
+    from sweep.spec.config import ReportSection
+    from sweep.trial import intermediate
 
     runs = tmp_path / "runs"
-    source = reportsources.reader_for(
+    source = intermediate.reader_for(
         ReportSection.model_validate({"tensorboard": {"dir": str(runs), "tag": "loss"}}),
-        trialdir.TrialPaths(tmp_path / "trial"), "loss", {})
+        folders.TrialPaths(tmp_path / "trial"), "loss", {})
     watch = hang.OutputWatch([tmp_path / "stdout.log"], 0.0, 5.0, 0.5, source.watched)
     assert watch.look(1.0) == 0.0  # no event file yet
     runs.mkdir()
@@ -77,8 +78,8 @@ def test_a_report_source_is_output_too_a_new_file_of_it_included(tmp_path):
         f.write(b"y")
     assert watch.look(4.0) == 4.0
     log = tmp_path / "metrics.jsonl"
-    keyed = reportsources.reader_for(ReportSection.model_validate({"file": str(log)}),
-                                     trialdir.TrialPaths(tmp_path / "trial"), "loss", {})
+    keyed = intermediate.reader_for(ReportSection.model_validate({"file": str(log)}),
+                                     folders.TrialPaths(tmp_path / "trial"), "loss", {})
     assert keyed.watched() == [log]
 
 
@@ -394,7 +395,7 @@ def test_status_shows_how_long_a_running_trial_has_been_silent(write_study, tmp_
 def test_status_silence_counts_a_result_file_of_its_own_in_the_workdir(write_study, tmp_path):
     """Hostile pass: with `result.file: out.json` and `workdir: "{trial_dir}/wd"`, a trainer
     rewriting out.json every 0.5 s was shown silent for 5 s (status looked at result.json)."""
-    from sweep import summary
+    from sweep.analysis import summary
 
     study = write_study(trainer={"workdir": "{trial_dir}/wd",
                                  "result": {"file": "out.json"}})

@@ -11,11 +11,11 @@ import pytest
 from conftest import load_trials, run_cli
 from test_loop import Sweep
 
-from sweep import health, sicklist
-from sweep.health import FailingDevices, Kind, Sick
-from sweep.hostlock import lock_dir
-from sweep.nvml import Counters, Nvml
-from sweep.ownership import host_name
+from sweep.gpus import health, sicklist
+from sweep.gpus.health import FailingDevices, Kind, Sick
+from sweep.gpus.hostlock import lock_dir
+from sweep.gpus.nvml import Counters, Nvml
+from sweep.study.ownership import host_name
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import Script
@@ -285,7 +285,7 @@ def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
     ("ValueError: bad lr\n", False),
 ])
 def test_which_crashes_are_cuda_errors_that_may_be_the_cards(stderr, cuda):
-    from sweep.outcome import judge
+    from sweep.trial.outcome import judge
 
     verdict = judge(1, stderr, None, ["score"])
     assert verdict.state.name == "FAIL" and verdict.cuda_error is cuda
@@ -295,7 +295,7 @@ def test_which_crashes_are_cuda_errors_that_may_be_the_cards(stderr, cuda):
 def test_forgiven_failures_leave_the_streak_others_stay():
     from optuna.trial import TrialState
 
-    from sweep.policy import Policy
+    from sweep.runner.policy import Policy
 
     policy = Policy(n_trials=10, max_consecutive_failures=3)
     policy.after(TrialState.FAIL, 0, number=1)

@@ -13,9 +13,9 @@ import time
 import pytest
 from conftest import load_trials, spawn_cli, study_dict, wait_until
 
-from sweep.hostlock import HostSlots, take_port
-from sweep.placement import Refusal, Why
-from sweep.pool import Lease, Pool, fake_devices
+from sweep.gpus.hostlock import HostSlots, take_port
+from sweep.gpus.placement import Refusal, Why
+from sweep.gpus.pool import Lease, Pool, fake_devices
 from sweep.testing.fakes import lease
 
 
@@ -59,7 +59,7 @@ def test_the_slots_of_a_killed_driver_free_within_a_second(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from sweep.hostlock import HostSlots
+        from sweep.gpus.hostlock import HostSlots
         slot = HostSlots(Path({str(tmp_path)!r}), 1).take("gpu0")
         print("held", flush=True)
         time.sleep(60)
@@ -138,12 +138,12 @@ def test_a_device_other_sweeps_fill_is_waited_for_not_given_up(tmp_path):
     """Their trial's memory makes it refuse ours now, but their trial will end."""
     from test_placement import FakeProbe, devices
 
-    from sweep.placement import Look
-    from sweep.pool import Rules
+    from sweep.gpus.placement import DeviceLook
+    from sweep.gpus.pool import Rules
 
     theirs = HostSlots(tmp_path, 1).take("GPU-0")
     assert theirs is not None
-    probe = FakeProbe({0: Look(80 * 1024, 70 * 1024, {})})
+    probe = FakeProbe({0: DeviceLook(80 * 1024, 70 * 1024, {})})
     mine = Pool(devices(1), 16, host=HostSlots(tmp_path, 16), probe=probe,
                 rules=Rules(want_mb=20 * 1024, hopeless_after=0))
     assert mine.acquire() == Refusal(  # waited for, as the README says
@@ -159,8 +159,8 @@ NOBODY = 65534
 def test_a_lock_file_planted_as_a_link_is_never_followed(own_lock_dir, tmp_path):
     """Another user who made symlinks named like sweep's lock files had root's sweep create
     files where they pointed."""
-    from sweep.hostlock import lock_dir
-    from sweep.safefs import UnsafePath
+    from sweep._core.safefs import UnsafePath
+    from sweep.gpus.hostlock import lock_dir
 
     folder = lock_dir("host")
     target = tmp_path / "victim-dir" / "chosen"
@@ -180,8 +180,8 @@ def test_a_lock_file_planted_as_a_link_is_never_followed(own_lock_dir, tmp_path)
 
 
 def test_a_host_folder_planted_as_a_link_is_refused(own_lock_dir, tmp_path):
-    from sweep.hostlock import lock_dir
-    from sweep.safefs import UnsafePath
+    from sweep._core.safefs import UnsafePath
+    from sweep.gpus.hostlock import lock_dir
 
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir()
@@ -199,8 +199,8 @@ def test_a_host_folder_planted_as_a_link_is_refused(own_lock_dir, tmp_path):
 def test_another_users_host_folder_is_used_only_if_sticky(own_lock_dir):
     """Sweeps of different users still share the host's slots (never one device twice), in
     a folder another user made, as long as no one may replace the files of others there."""
-    from sweep.hostlock import lock_dir
-    from sweep.safefs import UnsafePath
+    from sweep._core.safefs import UnsafePath
+    from sweep.gpus.hostlock import lock_dir
 
     own_lock_dir.mkdir(mode=0o755)
     own_lock_dir.chmod(0o1777)
@@ -221,7 +221,7 @@ def test_another_users_host_folder_is_used_only_if_sticky(own_lock_dir):
 
 
 def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
-    from sweep.hostlock import lock_dir
+    from sweep.gpus.hostlock import lock_dir
 
     folder = lock_dir("host")
     assert [stat.S_IMODE(p.stat().st_mode) for p in (own_lock_dir, folder)] == [0o1777] * 2
@@ -229,8 +229,9 @@ def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
 
 def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
         write_study, own_lock_dir, tmp_path):
-    from sweep import app, config
-    from sweep.errors import UsageError
+    from sweep import app
+    from sweep._core.errors import UsageError
+    from sweep.spec import config
 
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir()
@@ -246,10 +247,11 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
         write_study, own_lock_dir, tmp_path, capsys):
     """Hostile pass item 3: `ln -s /victim $SWEEP_LOCK_DIR/<host>/sim0.0.lock` gave
     `UnsafePath: ... (run with --debug for the traceback)`, exit 1, to run and `sweep gpus`."""
-    from sweep import app, cli, config
-    from sweep.errors import UsageError
-    from sweep.hostlock import LockFileError, lock_dir, usable_lock_dir
-    from sweep.ownership import host_name
+    from sweep import app, cli
+    from sweep._core.errors import UsageError
+    from sweep.gpus.hostlock import LockFileError, lock_dir, usable_lock_dir
+    from sweep.spec import config
+    from sweep.study.ownership import host_name
 
     folder = lock_dir(host_name())
     victim = tmp_path / "victim"
@@ -274,8 +276,8 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
 
 def test_a_lock_file_found_unsafe_during_a_run_is_said_in_one_line(own_lock_dir, tmp_path):
     """A link planted after the run looked is a SweepError too: one line, no traceback."""
-    from sweep.errors import SweepError
-    from sweep.hostlock import lock_dir
+    from sweep._core.errors import SweepError
+    from sweep.gpus.hostlock import lock_dir
 
     folder = lock_dir("host")
     (folder / "gpu0.mutex").symlink_to(tmp_path / "victim")

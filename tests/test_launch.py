@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from sweep import launch, trialdir
-from sweep.config import TrainerSection
+from sweep.spec.config import TrainerSection
+from sweep.trial import folders, launch_plan
 
-PATHS = trialdir.TrialPaths(Path("/out/trials/7"))
+PATHS = folders.TrialPaths(Path("/out/trials/7"))
 
 
 def test_accelerate_launch_is_pinned_and_ignores_the_users_default_config():
     trainer = TrainerSection(script=Path("/t/train.py"), args=["--epochs", "5"],
                              env={"WANDB_MODE": "offline", "SEED": 3},
                              accelerate={"mixed_precision": "bf16"})
-    plan = launch.build_launch(trainer, 7, {"lr": 0.001, "layers": 2, "act": "gelu"}, 2, PATHS,
+    plan = launch_plan.build_launch(trainer, 7, {"lr": 0.001, "layers": 2, "act": "gelu"}, 2, PATHS,
                                Path("/out/accelerate_config.yaml"), python="/py")
     assert plan.argv == [
         "/py", "-m", "accelerate.commands.launch",
@@ -41,10 +41,10 @@ def test_accelerate_launch_is_pinned_and_ignores_the_users_default_config():
 
 
 def test_module_entry_points_and_the_plain_python_launcher():
-    acc = launch.build_launch(TrainerSection(module="pkg.train"), 0, {}, 0, PATHS,
+    acc = launch_plan.build_launch(TrainerSection(module="pkg.train"), 0, {}, 0, PATHS,
                               Path("/c.yaml"), python="/py")
     assert acc.argv[-2:] == ["--module", "pkg.train"]
-    plain = launch.build_launch(TrainerSection(module="pkg.train", launcher="python"), 0,
+    plain = launch_plan.build_launch(TrainerSection(module="pkg.train", launcher="python"), 0,
                                 {"x": 1}, 3, PATHS, Path("/c.yaml"), python="/py",
                                 through_accelerate=False)
     assert plain.argv == ["/py", "-m", "pkg.train", "--x", "1"]
@@ -58,12 +58,12 @@ def test_module_entry_points_and_the_plain_python_launcher():
     ([1, 2], "[1, 2]"), ({"a": 1}, '{"a": 1}'),
 ])
 def test_param_values_are_single_argv_elements(value, text):
-    assert launch.param_args({"p": value}) == ["--p", text]
+    assert launch_plan.param_args({"p": value}) == ["--p", text]
 
 
 def test_command_line_can_be_pasted_into_a_shell():
     trainer = TrainerSection(script=Path("/t/my train.py"), launcher="python")
-    plan = launch.build_launch(trainer, 1, {"name": "it's"}, 0, PATHS, Path("/c"),
+    plan = launch_plan.build_launch(trainer, 1, {"name": "it's"}, 0, PATHS, Path("/c"),
                                python=sys.executable, through_accelerate=False)
     words = shlex.split(plan.command_line())
     assert words[-3:] == ["/t/my train.py", "--name", "it's"]
@@ -71,21 +71,21 @@ def test_command_line_can_be_pasted_into_a_shell():
 
 
 def test_prepare_trial_dir_writes_params_and_command(tmp_path):
-    paths = trialdir.TrialPaths.of(tmp_path, 4)
-    plan = launch.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 4,
+    paths = folders.TrialPaths.of(tmp_path, 4)
+    plan = launch_plan.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 4,
                                {"lr": 0.5}, 1, paths, tmp_path / "c.yaml",
                                through_accelerate=False)
     paths.dir.mkdir(parents=True)
     paths.command.write_text("#!/bin/sh\n")  # sweep's, from an earlier run with the same
     paths.result.write_text("{}")  # output_dir
-    trialdir.prepare_trial_dir(plan, {"lr": 0.5})
+    folders.prepare_trial_dir(plan, {"lr": 0.5})
     assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
     assert "--lr 0.5" in paths.command.read_text()
     assert not paths.result.exists()
 
 
 def _param(**kw):
-    from sweep.config import Spec
+    from sweep.spec.config import Spec
 
     return Spec.model_validate({
         "study": {"name": "s", "metric": "m", "n_trials": 1},
@@ -110,7 +110,7 @@ def _param(**kw):
      ["--no-shuffle"]),
 ])
 def test_params_reach_the_script_the_way_it_expects(how, value, prefix, argv):
-    assert launch.param_args({"p": value}, {"p": _param(**how)}, prefix) == argv
+    assert launch_plan.param_args({"p": value}, {"p": _param(**how)}, prefix) == argv
 
 
 def test_placeholders_and_variables_in_args_env_and_the_result_file(tmp_path):
@@ -120,7 +120,7 @@ def test_placeholders_and_variables_in_args_env_and_the_result_file(tmp_path):
               "--log", "$SWEEP_TRIAL_DIR/x", "--cuda", "${CUDA_VISIBLE_DEVICES}", "--cost",
               "$$5", "--unknown", "$NOT_SET", "--json", "{{\"a\": 1}}"],
         env={"OUT": "{output_dir}/o"}, result={"file": "{trial_dir}/hf/all_results.json"})
-    plan = launch.build_launch(trainer, 7, {}, 3, PATHS, Path("/a.yaml"), python="/py",
+    plan = launch_plan.build_launch(trainer, 7, {}, 3, PATHS, Path("/a.yaml"), python="/py",
                                places={"study_dir": "/s", "output_dir": "/out"}, environ={},
                                through_accelerate=False)
     assert plan.argv[2:] == [
@@ -136,7 +136,7 @@ def test_placeholders_and_variables_in_args_env_and_the_result_file(tmp_path):
 def test_params_by_environment_or_file_leave_argv_alone(mode):
     trainer = TrainerSection(script=Path("/t/train.py"), launcher="python", pass_params=mode,
                              args=["--epochs", "1"])
-    plan = launch.build_launch(trainer, 1, {"lr": 0.1, "model.depth": 4}, 0, PATHS,
+    plan = launch_plan.build_launch(trainer, 1, {"lr": 0.1, "model.depth": 4}, 0, PATHS,
                                Path("/a.yaml"), python="/py", through_accelerate=False)
     assert plan.argv == ["/py", "/t/train.py", "--epochs", "1"]
     assert plan.env["SWEEP_PARAMS_FILE"] == "/out/trials/7/params.json"
@@ -147,7 +147,7 @@ def test_params_by_environment_or_file_leave_argv_alone(mode):
 
 
 def test_params_where_accelerate_go_on_the_launchers_command_line():
-    from sweep.searchspace import BoolParam, CategoricalParam, FloatParam
+    from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam
 
     trainer = TrainerSection(script=Path("/t/train.py"))
     passing = {
@@ -157,7 +157,7 @@ def test_params_where_accelerate_go_on_the_launchers_command_line():
         "lr": FloatParam(type="float", low=0.0, high=1.0),
     }
     params = {"mixed_precision": "bf16", "dynamo_use_fullgraph": True, "lr": 0.1}
-    plan = launch.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
+    plan = launch_plan.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
                                passing=passing)
     script = plan.argv.index("/t/train.py")
     assert plan.argv[script:] == ["/t/train.py", "--lr", "0.1"]
@@ -165,12 +165,12 @@ def test_params_where_accelerate_go_on_the_launchers_command_line():
     at = settings.index("--mixed_precision")
     assert settings[at + 1] == "bf16" and "--dynamo_use_fullgraph" in settings
     params["dynamo_use_fullgraph"] = False
-    plan = launch.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
+    plan = launch_plan.build_launch(trainer, 7, params, 0, PATHS, Path("/a.yaml"), python="/py",
                                passing=passing)
     assert "--dynamo_use_fullgraph" not in plan.argv  # a false flag is left out
-    assert launch.script_params(params, passing) == {"lr": 0.1}  # what params.json holds
+    assert launch_plan.script_params(params, passing) == {"lr": 0.1}  # what params.json holds
     env_trainer = TrainerSection(script=Path("/t/train.py"), pass_params="env")
-    plan = launch.build_launch(env_trainer, 7, params, 0, PATHS, Path("/a.yaml"),
+    plan = launch_plan.build_launch(env_trainer, 7, params, 0, PATHS, Path("/a.yaml"),
                                python="/py", passing=passing)
     assert "SWEEP_PARAM_MIXED_PRECISION" not in plan.env and "SWEEP_PARAM_LR" in plan.env
 
@@ -179,7 +179,8 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
     trainer = TrainerSection(script=Path("/t/train.py"), launcher="direct", args=["--e", "1"])
     accelerate_env = {"ACCELERATE_MIXED_PRECISION": "bf16", "OMP_NUM_THREADS": "1",
                       "SWEEP_TRIAL_DIR": "/not/this/one"}
-    plan = launch.build_launch(trainer, 7, {"lr": 0.1}, 2, PATHS, Path("/a.yaml"), python="/py",
+    plan = launch_plan.build_launch(trainer, 7, {"lr": 0.1}, 2, PATHS, Path("/a.yaml"),
+                                    python="/py",
                                launcher_env=accelerate_env, pin="GPU-x",
                                through_accelerate=False)
     assert plan.argv == ["/py", "/t/train.py", "--e", "1", "--lr", "0.1"]
@@ -189,7 +190,7 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
 
 
 def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_path, monkeypatch):
-    from sweep.accelenv import AccelerateEnv
+    from sweep.trial.accelenv import AccelerateEnv
 
     calls = []
 
@@ -213,8 +214,8 @@ def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_pat
 
 
 def test_options_accelerate_refuses_are_one_line(tmp_path):
-    from sweep.accelenv import AccelerateEnv
-    from sweep.errors import SweepError
+    from sweep._core.errors import SweepError
+    from sweep.trial.accelenv import AccelerateEnv
 
     env = AccelerateEnv(tmp_path, "h", python=sys.executable)
     with pytest.raises(SweepError, match="accelerate refused the options --no_such_option"):
@@ -222,7 +223,7 @@ def test_options_accelerate_refuses_are_one_line(tmp_path):
 
 
 def _spec(tmp_path, **trainer):
-    from sweep.config import Spec
+    from sweep.spec.config import Spec
 
     return Spec.model_validate({
         "study": {"name": "s", "metric": "m", "n_trials": 1, "output_dir": str(tmp_path)},
@@ -234,7 +235,7 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     """`launchers.make` is the one place that reads `trainer.launcher`; the default starts
     `accelerate launch` per trial, with sweep's config from the package (a file that exists
     wherever sweep is installed: a command sweep prints runs when pasted)."""
-    from sweep import launchers
+    from sweep.trial import launchers
 
     monkeypatch.setattr(launchers.AccelerateEnv, "get", lambda self, options: {"A": "1"})
     kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
@@ -246,9 +247,9 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     default = launchers.make(_spec(tmp_path), "h", tmp_path)
     plan = default.plan(3, {"x": 0.5}, 1)
     assert plan.argv[1:5] == ["-m", "accelerate.commands.launch", "--config_file",
-                              str(launch.ACCELERATE_CONFIG_FILE)]
-    assert launch.ACCELERATE_CONFIG_FILE.read_text() == launch.ACCELERATE_CONFIG
-    assert "distributed_type: 'NO'" in launch.ACCELERATE_CONFIG
+                              str(launch_plan.ACCELERATE_CONFIG_FILE)]
+    assert launch_plan.ACCELERATE_CONFIG_FILE.read_text() == launch_plan.ACCELERATE_CONFIG
+    assert "distributed_type: 'NO'" in launch_plan.ACCELERATE_CONFIG
     direct = launchers.make(_spec(tmp_path, launcher="direct"), "h", tmp_path)
     assert direct.plan(3, {"x": 0.5}, 1).argv[1:] == ["/t/train.py", "--x", "0.5"]
     assert direct.plan(3, {"x": 0.5}, 1).env["A"] == "1"
@@ -259,14 +260,15 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
 def test_no_module_but_the_factory_asks_which_launcher_a_run_has():
     import re
 
-    package = Path(launch.__file__).parent
+    package = Path(launch_plan.__file__).parent.parent
     asks = re.compile(r"\.launcher\s*(==|!=|in\b|not in\b)|launcher\s*==\s*\"")
-    found = [p.name for p in package.glob("*.py") if asks.search(p.read_text())]
-    assert sorted(found) == ["config.py", "launchers.py"]  # validation; the factory
+    found = [p.relative_to(package).as_posix() for p in package.rglob("*.py")
+             if asks.search(p.read_text())]
+    assert sorted(found) == ["spec/config.py", "trial/launchers.py"]  # validation; the factory
 
 
 def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
-    from sweep import launchers
+    from sweep.trial import launchers
 
     said: list[str] = []
     launchers.make(_spec(tmp_path, fork_launcher=False, preload=["json"]), "h", tmp_path,
@@ -284,8 +286,8 @@ def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
 def test_a_dry_runs_line_makes_the_trial_folder_and_params_file_first(tmp_path):
     from sweep.app import runnable
 
-    paths = trialdir.TrialPaths.of(tmp_path / "o u t", 2)
-    plan = launch.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 2,
+    paths = folders.TrialPaths.of(tmp_path / "o u t", 2)
+    plan = launch_plan.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 2,
                                {"lr": 0.5}, 1, paths, Path("/c"), python=sys.executable,
                                through_accelerate=False)
     line = runnable(plan, {"lr": 0.5})

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from test_loop import Sweep
 
-from sweep import config, lineage, summary
-from sweep.driver import Driver
-from sweep.errors import ConfigError
-from sweep.lineage import Lineage, Start
-from sweep.safefs import UnsafePath
+from sweep._core.errors import ConfigError
+from sweep._core.safefs import UnsafePath
+from sweep.analysis import summary
+from sweep.runner.driver import Driver
+from sweep.spec import config
 from sweep.testing.fakes import Script
+from sweep.trial import lineage
+from sweep.trial.lineage import Lineage, Start
 
 
 def test_a_first_attempt_is_its_own_lineage_and_old_retries_count_as_retries():

@@ -14,14 +14,14 @@ import pytest
 import yaml
 from conftest import study_dict
 
-from sweep import config, searchspace
-from sweep.driver import Driver
-from sweep.monitor import Monitor, NoReader
-from sweep.ownership import Owner
-from sweep.pool import Pool, fake_devices
-from sweep.process import GUARD_MARGIN, MOVES, Phase, PhaseError, RunningTrial, Stop
-from sweep.store import Store
+from sweep.gpus.monitor import Monitor, NoReader
+from sweep.gpus.pool import Pool, fake_devices
+from sweep.runner.driver import Driver
+from sweep.spec import config, searchspace
+from sweep.study.ownership import Owner
+from sweep.study.store import Store
 from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
+from sweep.trial.process import GUARD_MARGIN, MOVES, Phase, PhaseError, RunningTrial, Stop
 
 TrialScript = Callable[[dict[str, Any]], Script]
 
@@ -361,8 +361,8 @@ def test_an_impossible_move_raises(first):
 def test_a_give_up_points_at_the_log_the_trainer_wrote(tmp_path):
     """A trainer that wrote nothing to stderr is read in its stdout.log (the hostile pass was
     sent to an empty stderr.log)."""
-    from sweep.driver import _where_to_look
-    from sweep.trialdir import TrialPaths
+    from sweep.runner.driver import _where_to_look
+    from sweep.trial.folders import TrialPaths
 
     paths = TrialPaths.of(tmp_path, 0)
     paths.dir.mkdir(parents=True)
@@ -380,7 +380,7 @@ def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_o
     """Hostile pass: the retry of a failed trial was queued after its FAIL was told, so a
     driver killed between the two lost the point. It is queued first: killed at the tell, the
     retry is there, and a reclaimer that then tells the trial FAIL queues no second one."""
-    from sweep.ownership import Orphan
+    from sweep.study.ownership import Orphan
 
     s = Sweep(tmp_path, lambda p: Script(code=3, result=None, stderr="boom\n"), gpus=1,
               study={"n_trials": 1}, trainer={"max_retries": 1})

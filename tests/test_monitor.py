@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from conftest import load_trials, run_cli
 
-from sweep import summary
-from sweep.monitor import Monitor, NoReader
-from sweep.nvml import Nvml
-from sweep.pool import Pool, fake_devices
+from sweep.analysis import summary
+from sweep.gpus.monitor import Monitor, NoReader
+from sweep.gpus.nvml import Nvml
+from sweep.gpus.pool import Pool, fake_devices
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import lease
@@ -119,7 +119,7 @@ def test_a_gpu_still_holding_a_trials_process_is_cleaned_then_quarantined(monkey
     import subprocess
     import sys
 
-    from sweep import process
+    from sweep.trial import process
 
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

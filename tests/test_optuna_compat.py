@@ -1,7 +1,7 @@
-"""The contract of `sweep.optuna_compat` (what sweep needs from Optuna without a public form), on
-every storage sweep supports: SQLite, PostgreSQL, a journal file and the gRPC proxy. It fails
-first when an Optuna release moves one of them; pyproject.toml bounds `optuna` to what it has
-passed on."""
+"""The contract of `sweep.study.optuna_compat` (what sweep needs from Optuna without a public
+form), on every storage sweep supports: SQLite, PostgreSQL, a journal file and the gRPC proxy.
+It fails first when an Optuna release moves one of them; pyproject.toml bounds `optuna` to what
+it has passed on."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from conftest import study_dict
 from optuna.trial import TrialState
 
-from sweep import config, optuna_compat, proxy
-from sweep.storage import close_storage, open_storage
+from sweep.spec import config
+from sweep.study import optuna_compat, proxy
+from sweep.study.storage import close_storage, open_storage
 
 KINDS = ["sqlite", "journal", "grpc", pytest.param("postgresql", marks=pytest.mark.slow)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from sweep.outcome import judge, judge_files, split_launcher_traceback
+from sweep.trial.outcome import judge, judge_files, split_launcher_traceback
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 
@@ -135,7 +135,8 @@ def test_no_line_matching_the_patterns_quotes_them_and_the_last_line(tmp_path):
 
 
 def test_patterns_out_of_time_fail_the_trial_saying_so(tmp_path, monkeypatch):
-    from sweep import outcome, protocol
+    from sweep import protocol
+    from sweep.trial import outcome
 
     def ticking(*args, **kw):
         calls = iter(range(1000))

@@ -14,11 +14,11 @@ import pytest
 from conftest import load_trials, run_cli, wait_until
 from test_loop import Sweep
 
-from sweep import placement
-from sweep.monitor import Monitor, NoReader, NvmlProbe
-from sweep.nvml import Nvml
-from sweep.placement import Held, Look, Refusal, Why
-from sweep.pool import Device, Lease, Pool, Rules
+from sweep.gpus import placement
+from sweep.gpus.monitor import Monitor, NoReader, NvmlProbe
+from sweep.gpus.nvml import Nvml
+from sweep.gpus.placement import DeviceLook, Held, Refusal, Why
+from sweep.gpus.pool import Device, Lease, Pool, Rules
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import Script, lease
@@ -29,10 +29,10 @@ GB = 1024.0
 class FakeProbe:
     """Devices as the pool would see them through NVML; edit `looks` between calls."""
 
-    def __init__(self, looks: dict[int, Look], sweeps: Iterable[int] = ()) -> None:
+    def __init__(self, looks: dict[int, DeviceLook], sweeps: Iterable[int] = ()) -> None:
         self.looks, self.sweeps = looks, set(sweeps)
 
-    def look(self, index: int) -> Look | None:
+    def look(self, index: int) -> DeviceLook | None:
         return self.looks[index]
 
     def closeness(self, a: int, b: int) -> int:
@@ -47,12 +47,12 @@ def devices(n: int) -> list[Device]:
     return [Device(i, "H200", f"GPU-{i}", 141 * GB) for i in range(n)]
 
 
-def idle(total_gb: float = 141) -> Look:
-    return Look(total_gb * GB, 300.0, {})
+def idle(total_gb: float = 141) -> DeviceLook:
+    return DeviceLook(total_gb * GB, 300.0, {})
 
 
 def test_a_card_others_use_is_left_out_and_taken_back_once_freed():
-    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
+    probe = FakeProbe({0: DeviceLook(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
     pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True))
     assert lease(pool, 1).device == 1  # GPU 0 is a colleague's
     busy = Refusal(Why.IN_USE_BY_OTHERS, "in use by others (pid 4242)")
@@ -63,23 +63,23 @@ def test_a_card_others_use_is_left_out_and_taken_back_once_freed():
 
 
 def test_memory_in_use_with_no_process_shown_is_busy_unless_a_sweep_holds_the_card():
-    probe = FakeProbe({0: Look(141 * GB, 5000.0, {}), 1: idle()})
+    probe = FakeProbe({0: DeviceLook(141 * GB, 5000.0, {}), 1: idle()})
     pool = Pool(devices(2), 2, probe=probe, rules=Rules(skip_busy=True, busy_memory_mb=1024))
     assert lease(pool, 1).device == 1 and pool.out[0] == Refusal(
         Why.IN_USE_BY_OTHERS, "in use by others (5000 MB used, over gpus.busy_memory_mb)")
-    probe.looks[1] = Look(141 * GB, 30 * GB, {777: None})  # our trial's own memory and pid
+    probe.looks[1] = DeviceLook(141 * GB, 30 * GB, {777: None})  # our trial's own memory and pid
     probe.sweeps = {777}
     assert lease(pool, 2).device == 1  # its own trial's memory does not make a card busy
 
 
 def test_processes_of_other_sweeps_on_this_host_do_not_make_a_card_busy():
-    probe = FakeProbe({0: Look(141 * GB, 9 * GB, {555: 9 * GB})}, sweeps={555})
+    probe = FakeProbe({0: DeviceLook(141 * GB, 9 * GB, {555: 9 * GB})}, sweeps={555})
     pool = Pool(devices(1), 2, probe=probe, rules=Rules(skip_busy=True))
     assert lease(pool, 1).device == 0
 
 
 def test_with_skip_busy_off_a_busy_card_is_used():
-    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB})})
+    probe = FakeProbe({0: DeviceLook(141 * GB, 20 * GB, {4242: 20 * GB})})
     assert lease(Pool(devices(1), 1, probe=probe, rules=Rules(skip_busy=False)), 1).device == 0
 
 
@@ -95,10 +95,10 @@ def test_memory_promised_to_running_trials_is_respected():
     assert pool.verdicts[0] == full and pool.out == {}
     for x in held:  # the trials allocated what they were promised
         x.used_mb[0] = 40 * GB
-    probe.looks[0] = Look(141 * GB, 120.3 * GB, {})
+    probe.looks[0] = DeviceLook(141 * GB, 120.3 * GB, {})
     assert not isinstance(pool.acquire(), Lease)
     pool.release(held[0])
-    probe.looks[0] = Look(141 * GB, 80.3 * GB, {})
+    probe.looks[0] = DeviceLook(141 * GB, 80.3 * GB, {})
     assert lease(pool, 3).device == 0
 
 
@@ -115,7 +115,7 @@ def test_a_device_smaller_than_a_trial_stops_the_sweep_at_once():
 
 def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever():
     now = [0.0]
-    probe = FakeProbe({0: Look(141 * GB, GB, {1: GB}), 1: Look(141 * GB, GB, {2: GB})})
+    probe = FakeProbe({0: DeviceLook(141 * GB, GB, {1: GB}), 1: DeviceLook(141 * GB, GB, {2: GB})})
     pool = Pool(devices(2), 1, probe=probe, rules=Rules(skip_busy=True, hopeless_after=10),
                 clock=lambda: now[0])
     waiting = Refusal(Why.BLOCKED, "GPU 0: in use by others (pid 1); "
@@ -132,7 +132,7 @@ def test_cards_all_in_use_by_others_stop_the_sweep_after_a_while_never_forever()
     freed = pool.acquire()
     assert isinstance(freed, Lease) and freed.device == 1
     pool.release(freed)
-    probe.looks[1] = Look(141 * GB, GB, {2: GB})
+    probe.looks[1] = DeviceLook(141 * GB, GB, {2: GB})
     now[0] = 19.9
     assert pool.acquire() == waiting
 
@@ -185,7 +185,7 @@ def test_auto_packs_after_the_first_trial_in_the_driver(tmp_path):
             self.sweep = sweep
 
         def read(self, index: int) -> Any:
-            from sweep.nvml import GpuReading
+            from sweep.gpus.nvml import GpuReading
 
             used = 10 * GB * len(self.compute_processes(index))
             return GpuReading(0.0, 0.0, used, 141 * GB, math.nan)
@@ -231,7 +231,7 @@ def pinned(study: Any) -> dict[int, tuple[str, str]]:
 
 
 def test_trials_are_pinned_by_uuid_and_the_summary_shows_the_index(write_study, nvml_gpus):
-    from sweep import summary
+    from sweep.analysis import summary
 
     study = write_study(study={"n_trials": 2})
     assert run_cli("run", str(study)) == 0
@@ -290,7 +290,7 @@ def test_the_probe_reads_memory_and_processes_through_nvml(monkeypatch):
         look = NvmlProbe(nvml).look(0)
     finally:
         nvml.close()
-    assert look == Look(141 * 1024, 1024, {7: 1024})
+    assert look == DeviceLook(141 * 1024, 1024, {7: 1024})
 
 
 # ---- multi-GPU trials ----------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_two_concurrent_two_gpu_trials_get_their_own_devices_and_ports(tmp_path)
 def test_ports_are_leased_host_wide_and_freed_with_the_trial(tmp_path):
     import socket
 
-    from sweep import hostlock
+    from sweep.gpus import hostlock
 
     a = hostlock.take_port(tmp_path, range(40100, 40110))
     b = hostlock.take_port(tmp_path, range(40100, 40110))
@@ -392,7 +392,7 @@ def mig_gpus(monkeypatch):
 
 
 def test_mig_instances_are_pool_members_of_their_own(mig_gpus):
-    from sweep import pool
+    from sweep.gpus import pool
 
     found = pool.discover({})
     assert [(d.index, d.uuid, d.parent) for d in found] == [
@@ -511,7 +511,7 @@ def test_a_card_others_use_joins_the_sweep_once_freed_and_the_user_is_told(tmp_p
     left out while a colleague's process runs on it; the loop looks again every poll while
     blocked, and the first look after the colleague is done starts a trial there."""
     s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=2, study={"n_trials": 4})
-    probe = FakeProbe({0: Look(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
+    probe = FakeProbe({0: DeviceLook(141 * GB, 20 * GB, {4242: 20 * GB}), 1: idle()})
     s.pool.probe, s.pool.rules.skip_busy = probe, True
     s.clock.at(1.5, lambda: probe.looks.update({0: idle()}))
     said: list[str] = []

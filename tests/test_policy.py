@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from sweep.policy import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Counts, OnSignal, Policy
+from sweep.runner.policy import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OnSignal, Policy
+from sweep.study.counts import Counts
 
 FAIL = TrialState.FAIL
 

@@ -7,10 +7,10 @@ import inspect
 import pynvml as real_pynvml
 import pytest
 
-from sweep import pool
-from sweep.errors import UsageError
-from sweep.nvml import GpuInfo, Nvml, NvmlUnavailable
-from sweep.placement import Refusal, Why
+from sweep._core.errors import UsageError
+from sweep.gpus import pool
+from sweep.gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
+from sweep.gpus.placement import Refusal, Why
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import lease

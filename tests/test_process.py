@@ -14,9 +14,9 @@ import psutil
 import pytest
 from conftest import wait_until
 
-from sweep.launch import LaunchPlan, TrialPaths
-from sweep.process import TrialProcess
 from sweep.protocol import TRIAL_DIR_ENV
+from sweep.trial.launch_plan import LaunchPlan, TrialPaths
+from sweep.trial.process import TrialProcess
 
 # The command starts a child that hides (its own session, or its own process group) and
 # ignores SIGTERM; the child writes its pid to child.pid; then the command exits or sleeps.
@@ -140,7 +140,7 @@ def test_the_guard_asks_the_kernel_whether_a_child_is_left():
     fresh interpreter: this one may have children of its own)."""
     code = textwrap.dedent("""
         import subprocess, time
-        from sweep import guard
+        from sweep.trial import guard
         seen = [guard.has_children()]
         live = subprocess.Popen(["sleep", "30"])
         seen.append(guard.has_children())
@@ -162,8 +162,8 @@ def test_no_file_in_a_trial_folder_decides_what_is_killed(tmp_path):
     named (with the start time the same file gave). A trainer, or anyone who can write the
     folder, named an unrelated process: it must survive. What runs for the trial (its
     environment, set by the driver, names the folder) is killed."""
-    from sweep import guard
-    from sweep.process import kill_leftovers
+    from sweep.trial import guard
+    from sweep.trial.process import kill_leftovers
 
     trial = tmp_path / "trials" / "0"
     trial.mkdir(parents=True)

@@ -7,8 +7,8 @@ import io
 
 from rich.console import Console
 
-from sweep.events import Running, Started, View
-from sweep.progress import Progress
+from sweep.runner.events import Running, Started, View
+from sweep.runner.progress import Progress
 
 
 def plain_lines(params: dict[str, object]) -> list[str]:

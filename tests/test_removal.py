@@ -22,11 +22,12 @@ import yaml
 from conftest import study_dict
 from test_loop import Sweep
 
-from sweep import config, lineage, trialdir
-from sweep.errors import UsageError
-from sweep.lineage import Lineage
-from sweep.safefs import UnsafePath, remove_tree
+from sweep._core.errors import UsageError
+from sweep._core.safefs import UnsafePath, remove_tree
+from sweep.spec import config
 from sweep.testing.fakes import Script
+from sweep.trial import folders, lineage
+from sweep.trial.lineage import Lineage
 
 MINE = "the user's, not sweep's"
 
@@ -159,11 +160,11 @@ def test_an_output_dir_inside_another_studys_is_refused_before_anything_is_writt
     """The hostile pass: an output_dir inside another study's trial folder was accepted, and
     later deleted with it."""
     a = spec_at(tmp_path, "a", tmp_path / "a")
-    trialdir.claim_output_dir(a.output_dir, trialdir.owner_of(a), a.source)
+    folders.claim_output_dir(a.output_dir, folders.owner_of(a), a.source)
     inner = tmp_path / "a" / "trials" / "3" / "b"
     b = spec_at(tmp_path, "b", inner)
     with pytest.raises(UsageError) as refused:
-        trialdir.claim_output_dir(inner, trialdir.owner_of(b), b.source)
+        folders.claim_output_dir(inner, folders.owner_of(b), b.source)
     assert str(refused.value) == (
         f"{b.source}: study.output_dir: {inner} is inside {tmp_path}/a, the output_dir of "
         f"study 'a' (storage sqlite:///{tmp_path}/a.db) (see {tmp_path}/a/study.json), whose "

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import load_trials, run_cli
 
-from sweep import figures, report
+from sweep.analysis import figures, report
 from sweep.testing.studies import write_study as fake_study
 
 CHROMIUM = shutil.which("chromium")
@@ -81,7 +81,7 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
 
 
 def summary_of(rows: list[dict]) -> report.Summary:
-    from sweep import config
+    from sweep.spec import config
 
     spec = config.Spec.model_validate({
         "study": {"name": "s", "metric": "loss", "n_trials": 9},

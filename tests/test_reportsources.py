@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from sweep import config, protocol
-from sweep.errors import ConfigError
-from sweep.reportsources import (
+from sweep import protocol
+from sweep._core.errors import ConfigError
+from sweep.spec import config
+from sweep.trial.folders import TrialPaths
+from sweep.trial.intermediate import (
     KeyedLinesReader,
     OutputReader,
     TensorboardReader,
     reader_for,
 )
-from sweep.trialdir import TrialPaths
 
 LINE = r"epoch (?P<step>\d+) .* valid loss (?P<value>\S+)"
 
@@ -169,15 +170,15 @@ def test_a_missing_tensorboard_package_refuses_the_key_in_one_line(write_study, 
 
 
 def test_a_stream_report_makes_python_write_each_line_at_once(write_study):
-    from sweep import launch
+    from sweep.trial import launch_plan
 
     spec = config.load(write_study(trainer={"report": {"stdout": LINE}}))
-    assert launch.plan_trial(spec, 0, {"x": 0.5}, 0).env["PYTHONUNBUFFERED"] == "1"
+    assert launch_plan.plan_trial(spec, 0, {"x": 0.5}, 0).env["PYTHONUNBUFFERED"] == "1"
     mine = config.load(write_study(trainer={"report": {"stdout": LINE},
                                             "env": {"PYTHONUNBUFFERED": ""}}))
-    assert launch.plan_trial(mine, 0, {"x": 0.5}, 0).env["PYTHONUNBUFFERED"] == ""
+    assert launch_plan.plan_trial(mine, 0, {"x": 0.5}, 0).env["PYTHONUNBUFFERED"] == ""
     plain = config.load(write_study())
-    assert "PYTHONUNBUFFERED" not in launch.plan_trial(plain, 0, {"x": 0.5}, 0).env
+    assert "PYTHONUNBUFFERED" not in launch_plan.plan_trial(plain, 0, {"x": 0.5}, 0).env
 
 
 def test_a_report_source_in_the_checkpoint_folder_is_followed(tmp_path):

@@ -17,9 +17,10 @@ import pytest
 import yaml
 from conftest import ROOT, load_trials, run_cli, spawn_cli, study_dict
 
-from sweep import accelconfig, config, interpreter, launch, provenance
-from sweep.errors import ConfigError
-from sweep.trialdir import TrialPaths
+from sweep._core.errors import ConfigError
+from sweep.spec import accelconfig, config, interpreter
+from sweep.trial import launch_plan, provenance
+from sweep.trial.folders import TrialPaths
 
 TEAM = ROOT / "studies" / "accelerate" / "fsdp.yaml"
 KEYS = ("compute_environment", "debug", "distributed_type", "fsdp_config", "gpu_ids",
@@ -59,8 +60,8 @@ def test_several_device_trials_keep_fsdp_and_get_no_multi_gpu_flag():
     assert accelconfig.merge({**data, "distributed_type": "NO"}, 2).distributed_type == (
         "MULTI_GPU")
     spec = config.TrainerSection(script=Path("t.py"), gpus_per_trial=2)
-    fsdp = launch.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "FSDP")
-    multi = launch.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "MULTI_GPU")
+    fsdp = launch_plan.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "FSDP")
+    multi = launch_plan.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "MULTI_GPU")
     assert "--multi_gpu" not in fsdp  # the flag would make accelerate ignore the file's FSDP
     assert fsdp == ["--config_file", "c.yaml", "--num_processes", "2", "--num_machines", "1",
                     "--gpu_ids", "0,1", "--main_process_port", "29600"]
@@ -386,16 +387,17 @@ def test_the_plan_runs_the_trainers_python_in_its_workdir_with_tracker_names(tmp
         script=Path("/w/train.py"), python="/venv/bin/python", workdir="{trial_dir}/run",
         env={"WANDB_NAME": "mine"}, result=config.ResultSection(file="out/metrics.json"))
     paths = TrialPaths(tmp_path / "trials" / "3")
-    plan = launch.build_launch(trainer, 3, {}, 0, paths, Path("c.yaml"), python="/venv/bin/python",
+    plan = launch_plan.build_launch(trainer, 3, {}, 0, paths, Path("c.yaml"),
+                                    python="/venv/bin/python",
                                places={"study_dir": "/s"}, study="team")
     assert plan.argv[:3] == ["/venv/bin/python", "-m", "accelerate.commands.launch"]
     assert plan.cwd == paths.dir / "run"
     assert plan.result == paths.dir / "run" / "out" / "metrics.json"  # the trainer's cwd
     assert plan.env["WANDB_RUN_GROUP"] == "team" and plan.env["WANDB_NAME"] == "mine"
     relative = config.TrainerSection(script=Path("/w/train.py"), workdir="runs/{trial_number}")
-    assert launch.build_launch(relative, 3, {}, 0, paths, Path("c.yaml"),
+    assert launch_plan.build_launch(relative, 3, {}, 0, paths, Path("c.yaml"),
                                places={"study_dir": "/s"}).cwd == Path("/s/runs/3")
-    assert launch.tracker_env("team", 3, {}) == {"WANDB_RUN_GROUP": "team",
+    assert launch_plan.tracker_env("team", 3, {}) == {"WANDB_RUN_GROUP": "team",
                                                   "WANDB_NAME": "trial-3"}
 
 
@@ -554,7 +556,7 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
 
 
 def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
-    from sweep import launchers
+    from sweep.trial import launchers
 
     python = make_venv(tmp_path / "venv", with_accelerate=True)
     assert not launchers.other_interpreter(None)
@@ -574,23 +576,23 @@ def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
 
 
 def test_a_trial_with_a_workdir_is_pasted_and_rerun_by_hand_in_it(tmp_path):
-    from sweep import trialdir
     from sweep.app import runnable
+    from sweep.trial import folders
 
     trainer = config.TrainerSection(script=Path("/w/app.py"), launcher="python",
                                     workdir="{trial_dir}/run dir")
     paths = TrialPaths(tmp_path / "trials" / "1")
-    plan = launch.build_launch(trainer, 1, {}, 0, paths, Path("c.yaml"),
+    plan = launch_plan.build_launch(trainer, 1, {}, 0, paths, Path("c.yaml"),
                                places={"study_dir": str(tmp_path)})
     where = paths.dir / "run dir"
     assert f"&& mkdir -p '{where}' && cd '{where}' && " in runnable(plan, {})
-    assert trialdir.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
-    trialdir.prepare_trial_dir(plan, {})
+    assert folders.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
+    folders.prepare_trial_dir(plan, {})
     assert where.is_dir()  # made with the trial's folder
 
 
 def test_the_gpu_driver_and_cuda_versions_come_from_nvml(monkeypatch):
-    from sweep.nvml import Nvml
+    from sweep.gpus.nvml import Nvml
     from sweep.testing import fake_pynvml
     from sweep.testing.fake_pynvml import FakeGpu
 
@@ -644,7 +646,7 @@ def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path):
-    from sweep import launchers
+    from sweep.trial import launchers
 
     said: list[str] = []
     launcher = launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append)

@@ -6,8 +6,8 @@ import optuna
 import pytest
 from conftest import load_trials, run_cli, study_dict
 
-from sweep import config, searchspace
-from sweep.errors import ConfigError
+from sweep._core.errors import ConfigError
+from sweep.spec import config, searchspace
 
 DISCRETE = {"a": {"type": "categorical", "choices": ["x", "y"]},
             "n": {"type": "int", "low": 1, "high": 3},
@@ -118,7 +118,7 @@ def test_an_end_to_end_run_with_qmc(write_study, fake_gpus):
 
 def test_two_objectives_end_to_end_with_the_pareto_front_in_the_summary(write_study, fake_gpus,
                                                                         capsys):
-    from sweep import summary
+    from sweep.analysis import summary
 
     data = study_dict(study={"directions": ["minimize", "maximize"],
                              "metrics": ["score", "size"], "n_trials": 5})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_trials, run_cli, study_dict
 
-from sweep import searchspace
+from sweep.spec import searchspace
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])

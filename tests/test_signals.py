@@ -128,9 +128,9 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
                                                                              fake_gpus):
     import optuna
 
-    from sweep import config, searchspace
-    from sweep.storage import open_storage
-    from sweep.studies import open_study
+    from sweep.spec import config, searchspace
+    from sweep.study.opening import open_study
+    from sweep.study.storage import open_storage
 
     data = study_dict(study={"n_trials": 2, "heartbeat_interval": 1, "grace_period": 1})
     study_file = write_study(data)
@@ -232,7 +232,7 @@ def drain(fd: int) -> bytes:
 def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kept():
     import pty
 
-    from sweep.terminal import release_dead_terminal
+    from sweep._core.terminal import release_dead_terminal
 
     master, slave = pty.openpty()
     r, w = os.pipe()
@@ -253,15 +253,16 @@ def test_a_hung_up_terminal_is_replaced_by_dev_null_and_live_descriptors_are_kep
 
 def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
     """`sweep logs --follow` of a running trial, its terminal closed: exit 130, as SIGTERM."""
-    from sweep import config, searchspace, trialdir
-    from sweep.storage import open_storage
-    from sweep.studies import open_study
+    from sweep.spec import config, searchspace
+    from sweep.study.opening import open_study
+    from sweep.study.storage import open_storage
+    from sweep.trial import folders
 
     study_file = write_study(study={"n_trials": 1})
     spec = config.load(study_file)
     study = open_study(spec, open_storage(spec))
     study.ask(searchspace.distributions(spec.searched))  # RUNNING, for ever
-    log = trialdir.TrialPaths.of(spec.output_dir, 0).stdout
+    log = folders.TrialPaths.of(spec.output_dir, 0).stdout
     log.parent.mkdir(parents=True)
     log.write_text("epoch 1\n")
     follower = spawn_cli("logs", "--follow", str(study_file), "0")
@@ -295,7 +296,7 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
 
 
 def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
-    from sweep.process import signals_to
+    from sweep.trial.process import signals_to
 
     got: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -326,7 +327,7 @@ def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
 def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
     """Slurm signals every process of a job step, and srun forwards its copy: the same
     SIGTERM, SIGUSR1 or SIGUSR2 twice asks once; a different signal after it still counts."""
-    from sweep.process import signals_to
+    from sweep.trial.process import signals_to
 
     got: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}

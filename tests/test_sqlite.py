@@ -19,11 +19,12 @@ import pytest
 import yaml
 from conftest import load_trials, spawn_cli, study_dict
 
-from sweep import config, sqlite
-from sweep.outcome import Outcome
-from sweep.ownership import Owner
-from sweep.storage import open_storage
-from sweep.store import Asked, Store, connect
+from sweep.spec import config
+from sweep.study import sqlite
+from sweep.study.ownership import Owner
+from sweep.study.storage import open_storage
+from sweep.study.store import Asked, Store, connect
+from sweep.trial.outcome import Outcome
 
 
 def part(mountpoint: str, fstype: str) -> SimpleNamespace:
@@ -148,9 +149,9 @@ def test_a_reader_in_the_middle_of_a_read_does_not_hold_up_the_driver(tmp_path):
 KILLED_AFTER_TELL = """
 import os, signal, sys
 import optuna
-from sweep import config
-from sweep.outcome import Outcome
-from sweep.store import Owner, connect
+from sweep.spec import config
+from sweep.trial.outcome import Outcome
+from sweep.study.store import Owner, connect
 spec = config.load(sys.argv[1])
 store = connect(spec, Owner.me("h"), 60)
 for i in range(3):
@@ -253,7 +254,7 @@ def test_an_empty_file_left_by_a_stopped_first_run_is_made_a_wal_study(tmp_path)
 
 
 def test_drivers_that_name_one_file_two_ways_share_its_budget_lock(tmp_path):
-    from sweep.budget import Target
+    from sweep.study.budget import Target
 
     (tmp_path / "real").mkdir()
     db = tmp_path / "real" / "study.db"

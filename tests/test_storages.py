@@ -17,12 +17,15 @@ import pytest
 from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
-from sweep import config, grpclock, proxy, searchspace, storageurl, summary
-from sweep.monitor import SAMPLES_NAME
-from sweep.ownership import Owner
-from sweep.storage import open_storage
-from sweep.store import Store, connect
-from sweep.studies import open_study
+from sweep._core.optional import import_grpc
+from sweep.analysis import summary
+from sweep.gpus.monitor import SAMPLES_NAME
+from sweep.spec import config, searchspace, storageurl
+from sweep.study import grpclock, proxy
+from sweep.study.opening import open_study
+from sweep.study.ownership import Owner
+from sweep.study.storage import open_storage
+from sweep.study.store import Store, connect
 
 
 def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -57,7 +60,7 @@ def test_three_drivers_on_one_journal_file_spend_exactly_its_budget(write_study,
 
 
 def test_a_journal_url_must_name_an_absolute_file(write_study, tmp_path):
-    from sweep.errors import ConfigError
+    from sweep._core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="absolute file path"):
         config.load(write_study(study={"storage": "journal://relative/study.log"}))
@@ -134,7 +137,7 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
     try:
         holder = subprocess.Popen([sys.executable, "-c", (
             "import grpc, sys, time\n"
-            "from sweep import grpclock\n"
+            "from sweep.study import grpclock\n"
             f"c = grpc.insecure_channel('127.0.0.1:{port}')\n"
             "with grpclock.held(c, 'k'):\n"
             "    print('held', flush=True); time.sleep(120)\n")],
@@ -163,7 +166,7 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
 
 
 def test_the_proxy_refuses_a_journal_and_a_taken_port(tmp_path):
-    from sweep.errors import UsageError
+    from sweep._core.errors import UsageError
 
     with pytest.raises(UsageError, match="serves a database"):
         proxy.make_server(f"journal:///{tmp_path}/j.log", "127.0.0.1", 0, 2)
@@ -180,7 +183,7 @@ def test_a_driver_says_so_in_one_line_when_no_proxy_answers(write_study, capsys,
 
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     path = write_study(study={"storage": "grpc://127.0.0.1:9"})
-    monkeypatch.setattr("sweep.storage._grpc_proxy.__defaults__", (0.5,))
+    monkeypatch.setattr("sweep.study.storage._grpc_proxy.__defaults__", (0.5,))
     assert run_cli("run", str(path)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no storage proxy answers on 127.0.0.1:9" in err
@@ -258,8 +261,8 @@ def held_elsewhere(lock_file: str):
 
 def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patience(
         write_study, monkeypatch):
-    from sweep import budget
-    from sweep.budget import LockAbandoned
+    from sweep.study import budget
+    from sweep.study.budget import LockAbandoned
 
     monkeypatch.setattr(budget, "LOCK_PATIENCE", 0.5)
     spec = config.load(write_study())
@@ -285,7 +288,7 @@ def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patie
 def test_the_proxy_takes_its_lock_back_from_a_holder_that_keeps_it_too_long(tmp_path,
                                                                              monkeypatch):
     monkeypatch.setattr(grpclock, "MAX_HOLD", 1.0)
-    grpc = grpclock.import_grpc()
+    grpc = import_grpc()
     server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 8)
     try:
         frozen = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
@@ -390,7 +393,7 @@ def test_a_lock_held_by_drivers_that_keep_asking_is_waited_for_not_gone_around(
     """Patience counts a wait with no new trial: a busy study is not a frozen holder."""
     import threading
 
-    from sweep import budget
+    from sweep.study import budget
 
     monkeypatch.setattr(budget, "LOCK_PATIENCE", 1.5)  # progress is looked at each 1 s
     spec = config.load(write_study())
@@ -417,7 +420,7 @@ def test_describe_says_the_databases_words_under_every_wrapper():
 
     from sqlalchemy.exc import OperationalError
 
-    from sweep.storage import describe
+    from sweep.study.storage import describe
 
     cause = OperationalError("INSERT", {}, sqlite3.OperationalError(
         "attempt to write a readonly database"))

@@ -16,13 +16,14 @@ import yaml
 from conftest import study_dict
 from optuna.trial import TrialState
 
-from sweep import config, ownership, searchspace
-from sweep.errors import UsageError
-from sweep.optuna_compat import trial_id
-from sweep.ownership import Judged, Look, Owner, judge
-from sweep.storage import StudyFileReplaced, open_storage
-from sweep.store import Store, connect
-from sweep.studies import open_study
+from sweep._core.errors import UsageError
+from sweep.spec import config, searchspace
+from sweep.study import ownership
+from sweep.study.opening import open_study
+from sweep.study.optuna_compat import trial_id
+from sweep.study.ownership import Judged, Owner, Sighting, judge
+from sweep.study.storage import StudyFileReplaced, open_storage
+from sweep.study.store import Store, connect
 
 HOST = "this-host"
 
@@ -242,8 +243,8 @@ def test_drivers_starting_at_once_on_a_new_database_all_open_it(tmp_path):
     already exists" was seen in CI)."""
     code = (
         "import sys, time\n"
-        "from sweep import config\n"
-        "from sweep.store import open_storage, open_study\n"
+        "from sweep.spec import config\n"
+        "from sweep.study.store import open_storage, open_study\n"
         "at = float(sys.argv[1])\n"
         "for i, path in enumerate(sys.argv[2:]):\n"
         "    spec = config.load(path)\n"
@@ -268,24 +269,24 @@ ELSEWHERE = Owner("elsewhere", 7, 1.0)
 
 @pytest.mark.parametrize(("look", "judged"), [
     # on this host: a dead driver's trial at once, a live one's never (late heartbeats too)
-    (Look(Owner(HOST, 7, 1.0), False, False, True), Judged("driver died (pid 7 on this-host)")),
-    (Look(Owner(HOST, 7, 1.0), True, True, True), Judged()),
+    (Sighting(Owner(HOST, 7, 1.0), False, False, True), Judged("driver died (pid 7 on this-host)")),
+    (Sighting(Owner(HOST, 7, 1.0), True, True, True), Judged()),
     # elsewhere: silent past the grace
-    (Look(ELSEWHERE, None, True, True), Judged("driver on elsewhere died (no heartbeat)")),
-    (Look(ELSEWHERE, None, False, True, age=100.0), Judged()),
-    (Look(ELSEWHERE, None, True, False), Judged("driver on elsewhere died (no heartbeat)")),
+    (Sighting(ELSEWHERE, None, True, True), Judged("driver on elsewhere died (no heartbeat)")),
+    (Sighting(ELSEWHERE, None, False, True, age=100.0), Judged()),
+    (Sighting(ELSEWHERE, None, True, False), Judged("driver on elsewhere died (no heartbeat)")),
     # without Optuna's heartbeats, a fresh look watches the `beat` first
-    (Look(ELSEWHERE, None, False, False, first_look_left=1.25), Judged(wait=1.25)),
-    (Look(ELSEWHERE, None, False, False, first_look_left=None), Judged()),
+    (Sighting(ELSEWHERE, None, False, False, first_look_left=1.25), Judged(wait=1.25)),
+    (Sighting(ELSEWHERE, None, False, False, first_look_left=None), Judged()),
     # no owner on record: by its start on a database, by its silence elsewhere
-    (Look(None, None, False, True, age=1.5), Judged(wait=0.5)),
-    (Look(None, None, False, True, age=2.0),
+    (Sighting(None, None, False, True, age=1.5), Judged(wait=0.5)),
+    (Sighting(None, None, False, True, age=2.0),
      Judged("driver died before recording itself (no owner after 2 s)")),
-    (Look(None, None, False, True, age=None), Judged()),
-    (Look(None, None, False, False, silence_left=0.75), Judged(wait=0.75)),
-    (Look(None, None, True, False),
+    (Sighting(None, None, False, True, age=None), Judged()),
+    (Sighting(None, None, False, False, silence_left=0.75), Judged(wait=0.75)),
+    (Sighting(None, None, True, False),
      Judged("driver died before recording itself (no owner, no heartbeat for 2 s)")),
-    (Look(None, None, True, True),
+    (Sighting(None, None, True, True),
      Judged("driver died before recording itself (no owner, no heartbeat for 2 s)")),
 ])
 def test_the_reclaim_rules(look, judged):

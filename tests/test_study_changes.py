@@ -187,12 +187,12 @@ def test_a_changed_step_is_said_as_such():
     """Removing a float's step used to read "range changed from [0.0, 0.5] to [0.0, 0.5]"."""
     from optuna.distributions import FloatDistribution, IntDistribution
 
-    from sweep import studies
+    from sweep.study import opening
 
-    assert studies._range(FloatDistribution(0.0, 0.5, step=0.1)) == "[0.0, 0.5] step 0.1"
-    assert studies._range(FloatDistribution(0.0, 0.5)) == "[0.0, 0.5]"
-    assert studies._range(IntDistribution(1, 9)) == "[1, 9]"
-    assert studies._range(IntDistribution(1, 9, step=2)) == "[1, 9] step 2"
+    assert opening._range(FloatDistribution(0.0, 0.5, step=0.1)) == "[0.0, 0.5] step 0.1"
+    assert opening._range(FloatDistribution(0.0, 0.5)) == "[0.0, 0.5]"
+    assert opening._range(IntDistribution(1, 9)) == "[1, 9]"
+    assert opening._range(IntDistribution(1, 9, step=2)) == "[1, 9] step 2"
 
 
 XK = {"x": {"type": "float", "low": 0.1, "high": 1.0}, "k": {"type": "int", "low": 1, "high": 8}}

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, load_trials, run_cli, study_dict
 
-from sweep import summary
+from sweep.analysis import summary
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_the_analysis_notebook_runs_against_the_study(finished_study, monkeypatc
     client.execute()
     plots = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
              if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    assert len(plots) == 6  # sweep.figures' plotly figures, as `sweep report` draws them
+    assert len(plots) == 6  # sweep.analysis.figures' plotly figures, as `sweep report` draws them
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
 
@@ -105,7 +105,7 @@ def test_many_result_keys_leave_the_terminal_table_readable(write_study):
     """HF's Trainer writes 13 result keys: the table shows 3; the rest are named under it."""
     from rich.console import Console
 
-    from sweep import config
+    from sweep.spec import config
 
     spec = config.load(write_study(), runnable=False)
     keys = [f"eval_{k}" for k in "abcdefghijklm"]

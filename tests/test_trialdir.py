@@ -19,13 +19,15 @@ import yaml
 from conftest import study_dict
 from test_loop import Sweep
 
-from sweep import app, config, launch, trialdir
-from sweep.errors import UsageError
-from sweep.monitor import SAMPLE_COLUMNS, Monitor, NoReader
-from sweep.pool import Pool, fake_devices
-from sweep.safefs import UnsafePath
+from sweep import app
+from sweep._core.errors import UsageError
+from sweep._core.safefs import UnsafePath
+from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
+from sweep.gpus.pool import Pool, fake_devices
+from sweep.spec import config
 from sweep.testing.fakes import Script
-from sweep.trialdir import TrialFileError, TrialPaths
+from sweep.trial import folders, launch_plan
+from sweep.trial.folders import TrialFileError, TrialPaths
 
 NOBODY = 65534
 
@@ -41,10 +43,10 @@ def load(tmp_path: Path, name: str = "study.yaml", **sections: Any) -> config.Sp
 
 
 def plan_of(tmp_path: Path, number: int = 0, env: dict[str, str] | None = None,
-            args: list[str] | None = None, **sections: Any) -> launch.LaunchPlan:
+            args: list[str] | None = None, **sections: Any) -> launch_plan.LaunchPlan:
     trainer = {"env": env or {}, "args": args or [], **sections.pop("trainer", {})}
     spec = load(tmp_path, trainer=trainer, **sections)
-    return launch.plan_trial(spec, number, {"x": 0.5}, 0)
+    return launch_plan.plan_trial(spec, number, {"x": 0.5}, 0)
 
 
 # ---- item 1: a trial folder belongs to one study, and to one trial --------------------
@@ -93,7 +95,7 @@ def test_prepare_never_removes_a_link_file_or_folder_sweep_did_not_make(tmp_path
         plan.paths.dir.mkdir()
         (plan.paths.dir / "keep").write_text("mine")
     with pytest.raises(TrialFileError) as refused:
-        trialdir.prepare_trial_dir(plan, {"x": 0.5})
+        folders.prepare_trial_dir(plan, {"x": 0.5})
     why = {"link": "is a symbolic link", "file": "is not a folder",
            "folder": "holds files sweep did not put there (it has no command.sh of sweep's)"}
     assert str(refused.value) == f"{plan.paths.dir} {why[planted]}"
@@ -104,11 +106,11 @@ def test_prepare_never_removes_a_link_file_or_folder_sweep_did_not_make(tmp_path
 
 def test_prepare_makes_a_trial_folder_sweep_made_anew(tmp_path):
     plan = plan_of(tmp_path)
-    trialdir.prepare_trial_dir(plan, {"x": 0.5})
+    folders.prepare_trial_dir(plan, {"x": 0.5})
     (plan.paths.dir / "model.pt").write_text("the earlier trial's")
     (plan.paths.dir / "link").symlink_to(tmp_path / "victim")
     (tmp_path / "victim").write_text("mine")
-    trialdir.prepare_trial_dir(plan, {"x": 0.5})
+    folders.prepare_trial_dir(plan, {"x": 0.5})
     assert sorted(p.name for p in plan.paths.dir.iterdir()) == ["command.sh", "params.json"]
     assert (tmp_path / "victim").read_text() == "mine"
 
@@ -119,8 +121,8 @@ def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_
     out = tmp_path / "out"
     first = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out),
                                               "storage": f"sqlite:///{tmp_path}/a.db"})
-    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
-    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)  # again: its own
+    folders.claim_output_dir(out, folders.owner_of(first), first.source)
+    folders.claim_output_dir(out, folders.owner_of(first), first.source)  # again: its own
     assert json.loads((out / "study.json").read_text()) == {
         "study": "a", "storage": f"sqlite:///{tmp_path}/a.db"}
     second = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out),
@@ -140,14 +142,14 @@ def test_the_same_name_in_another_storage_is_another_study(tmp_path):
                                           "storage": f"sqlite:///{tmp_path}/1.db"})
     b = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
                                           "storage": f"sqlite:///{tmp_path}/2.db"})
-    trialdir.claim_output_dir(out, trialdir.owner_of(a), a.source)
+    folders.claim_output_dir(out, folders.owner_of(a), a.source)
     with pytest.raises(UsageError, match="holds the trials of study 's' "):
-        trialdir.claim_output_dir(out, trialdir.owner_of(b), b.source)
+        folders.claim_output_dir(out, folders.owner_of(b), b.source)
 
 
 def test_the_marker_shows_no_password(tmp_path):
     spec = load(tmp_path, study={"storage": "postgresql://me:hunter2@db:5432/s"})
-    assert "hunter2" not in trialdir.owner_of(spec).storage
+    assert "hunter2" not in folders.owner_of(spec).storage
 
 
 def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
@@ -155,7 +157,7 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
     out = tmp_path / "out"
     mine = load(tmp_path, "a.yaml", study={"name": "a", "output_dir": str(out)})
     theirs = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out)})
-    trialdir.claim_output_dir(out, trialdir.owner_of(theirs), theirs.source)
+    folders.claim_output_dir(out, folders.owner_of(theirs), theirs.source)
     (out / "trials" / "0").mkdir(parents=True)
     (out / "trials" / "0" / "stdout.log").write_text("study b's trial 0\n")
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
@@ -176,10 +178,10 @@ def test_a_planted_log_link_never_truncates_what_it_points_to(tmp_path):
     folder.mkdir()
     (folder / "stdout.log").symlink_to(victim)
     with pytest.raises(TrialFileError, match=r"stdout.log is a symbolic link"):
-        trialdir.open_log(folder / "stdout.log")
+        folders.open_log(folder / "stdout.log")
     os.link(victim, folder / "stderr.log")
     with pytest.raises(TrialFileError, match=r"stderr.log has other hard links"):
-        trialdir.open_log(folder / "stderr.log")
+        folders.open_log(folder / "stderr.log")
     assert victim.read_text() == "precious"
 
 
@@ -190,7 +192,7 @@ def test_an_output_dir_of_another_user_is_refused_in_one_line(tmp_path):
     os.chown(out, NOBODY, -1)
     spec = load(tmp_path, study={"output_dir": str(out)})
     with pytest.raises(UsageError) as refused:
-        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+        folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
     assert str(refused.value).startswith(
         f"{spec.source}: study.output_dir: {out} is owned by nobody, not by root who runs "
         "sweep")
@@ -203,7 +205,7 @@ def test_an_output_dir_writable_by_every_user_is_refused(tmp_path):
     out.chmod(0o777)
     spec = load(tmp_path, study={"output_dir": str(out)})
     with pytest.raises(UsageError, match=r"out is writable by every user \(mode 777\)"):
-        trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+        folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
 
 
 def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
@@ -212,9 +214,9 @@ def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
     shared.chmod(0o777)  # no sticky bit: anyone may rename what is in it
     spec = load(tmp_path, study={"output_dir": str(shared / "out")})
     with pytest.raises(UsageError, match=r"is inside .*shared, writable by every user"):
-        trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+        folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
     shared.chmod(0o1777)  # sticky, as /tmp
-    trialdir.claim_output_dir(spec.output_dir, trialdir.owner_of(spec), spec.source)
+    folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
 
 
 # ---- item 8: no secret in command.sh ------------------------------------------------
@@ -227,13 +229,13 @@ def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
     spec = load(tmp_path, trainer={
         "env": {"WANDB_API_KEY": "wandb-secret-1234", "MODE": "fast"},
         "args": ["--token=$HF_TOKEN", "--name", "run"]})
-    plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+    plan = launch_plan.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
                                TrialPaths.of(spec.output_dir, 0),
-                               launch.ACCELERATE_CONFIG_FILE,
-                               places=launch.spec_places(spec), environ=environ)
+                               launch_plan.ACCELERATE_CONFIG_FILE,
+                               places=launch_plan.spec_places(spec), environ=environ)
     assert "--token=hf_abcdefghijkl" in plan.argv  # the trainer gets it
-    trialdir.prepare_trial_dir(plan, {"x": 0.5},
-                               trialdir.arg_secrets(spec.trainer.args, environ))
+    folders.prepare_trial_dir(plan, {"x": 0.5},
+                               folders.arg_secrets(spec.trainer.args, environ))
     paths = plan.paths
     assert (mode(paths.dir), mode(paths.dir.parent)) == (0o700, 0o700)
     assert (mode(paths.params), mode(paths.command)) == (0o600, 0o700)
@@ -256,7 +258,7 @@ def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
 
 
 def test_logs_are_private(tmp_path):
-    with trialdir.open_log(tmp_path / "stdout.log") as f:
+    with folders.open_log(tmp_path / "stdout.log") as f:
         f.write(b"x")
     assert mode(tmp_path / "stdout.log") == 0o600
 
@@ -264,7 +266,7 @@ def test_logs_are_private(tmp_path):
 def test_secret_looking_names():
     assert [n for n in ("HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
                         "MODE", "CUDA_VISIBLE_DEVICES", "SWEEP_PARAM_KEY_SIZE")
-            if trialdir.secret_name(n)] == ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD",
+            if folders.secret_name(n)] == ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD",
                                             "AWS_SECRET_ACCESS_KEY"]
 
 
@@ -311,7 +313,7 @@ def test_the_drivers_folder_is_made_again_when_output_dir_was_removed(tmp_path):
     assert s.run() == 0
     assert s.states() == ["COMPLETE", "COMPLETE"]
     assert seen == [True, True]  # there when trial 1 started, as for trial 0
-    assert trialdir.read_marker(s.spec.output_dir) == trialdir.owner_of(s.spec)
+    assert folders.read_marker(s.spec.output_dir) == folders.owner_of(s.spec)
 
 
 def test_an_output_dir_another_study_took_meanwhile_fails_the_trial_and_stops(tmp_path):
@@ -407,8 +409,8 @@ def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path
     ("grpc://LocalHost:13000", "grpc://127.0.0.1:13000"),
 ])
 def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
-    assert trialdir.storage_identity(marked) == trialdir.storage_identity(given)
-    assert trialdir.same_owner(trialdir.Owner("s", marked), trialdir.Owner("s", given))
+    assert folders.storage_identity(marked) == folders.storage_identity(given)
+    assert folders.same_owner(folders.OutputOwner("s", marked), folders.OutputOwner("s", given))
 
 
 @pytest.mark.parametrize("one, other", [
@@ -419,7 +421,7 @@ def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
     ("grpc://h:13000", "grpc://h:13001"),
 ])
 def test_other_databases_stay_other_storages(one, other):
-    assert trialdir.storage_identity(one) != trialdir.storage_identity(other)
+    assert folders.storage_identity(one) != folders.storage_identity(other)
 
 
 def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output_dir(
@@ -430,25 +432,25 @@ def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output
     (tmp_path / "link").symlink_to(real)
     first = load(tmp_path, "a.yaml", study={"name": "s", "output_dir": str(out),
                                               "storage": f"sqlite:///{real}/m.db"})
-    trialdir.claim_output_dir(out, trialdir.owner_of(first), first.source)
+    folders.claim_output_dir(out, folders.owner_of(first), first.source)
     for storage in (f"sqlite:///{tmp_path}/link/m.db", f"sqlite:///{tmp_path}//real/m.db",
                     f"sqlite:///{tmp_path}/real/./m.db"):
         again = load(tmp_path, "b.yaml", study={"name": "s", "output_dir": str(out),
                                                   "storage": storage})
-        trialdir.claim_output_dir(out, trialdir.owner_of(again), again.source)
-        trialdir.check_belongs(out, trialdir.owner_of(again), again.source)
+        folders.claim_output_dir(out, folders.owner_of(again), again.source)
+        folders.check_belongs(out, folders.owner_of(again), again.source)
     # the marker keeps the URL it was written with, for the message
     assert json.loads((out / "study.json").read_text())["storage"] == f"sqlite:///{real}/m.db"
     other = load(tmp_path, "c.yaml", study={"name": "s", "output_dir": str(out),
                                               "storage": f"sqlite:///{real}/n.db"})
     with pytest.raises(UsageError, match=f"storage sqlite:///{real}/m.db"):
-        trialdir.claim_output_dir(out, trialdir.owner_of(other), other.source)
+        folders.claim_output_dir(out, folders.owner_of(other), other.source)
 
 
 def test_a_journal_file_through_a_link_is_one_storage(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path)
-    assert trialdir.storage_identity(f"journal://{tmp_path}/link/j.log") == (
-        trialdir.storage_identity(f"journal://{tmp_path}//j.log"))
+    assert folders.storage_identity(f"journal://{tmp_path}/link/j.log") == (
+        folders.storage_identity(f"journal://{tmp_path}//j.log"))
 
 
 def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
@@ -459,8 +461,8 @@ def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
         {"study": "s", "storage": "postgresql+psycopg://me:***@LOCALHOST/db"}, indent=1))
     spec = load(tmp_path, study={"name": "s", "output_dir": str(out),
                                   "storage": "postgresql://me:hunter2@127.0.0.1:5432/db"})
-    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
-    trialdir.check_belongs(out, trialdir.owner_of(spec), spec.source)
+    folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
+    folders.check_belongs(out, folders.owner_of(spec), spec.source)
 
 
 # ---- nothing written when a folder of output_dir is a link (hostile pass, item 2) -------
@@ -474,7 +476,7 @@ def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made
     out, victim = tmp_path / "out", tmp_path / "victim"
     victim.mkdir()
     spec = load(tmp_path, study={"output_dir": str(out), "storage": f"sqlite:///{tmp_path}/s.db"})
-    trialdir.claim_output_dir(out, trialdir.owner_of(spec), spec.source)
+    folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
     (out / folder).symlink_to(victim)
     with pytest.raises(UsageError) as refused:
         app.execute(spec, fake_devices("1"))
@@ -494,12 +496,12 @@ def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
     spec = load(tmp_path, trainer={
         "env": {"DB_URL": "postgresql://u:pw_SECRET1@h/db", "HOME_URL": "https://h/x"},
         "args": ["--db", "postgresql://v:pw_SECRET2@h2/db", "--other=$OTHER_DB"]})
-    plan = launch.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+    plan = launch_plan.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
                                TrialPaths.of(spec.output_dir, 0),
-                               launch.ACCELERATE_CONFIG_FILE,
-                               places=launch.spec_places(spec), environ=environ)
-    trialdir.prepare_trial_dir(plan, {"x": 0.5},
-                               trialdir.arg_secrets(spec.trainer.args, environ))
+                               launch_plan.ACCELERATE_CONFIG_FILE,
+                               places=launch_plan.spec_places(spec), environ=environ)
+    folders.prepare_trial_dir(plan, {"x": 0.5},
+                               folders.arg_secrets(spec.trainer.args, environ))
     text = plan.paths.command.read_text()
     assert "pw_SECRET" not in text
     assert ("# left out (their values hold a password in a URL): DB_URL, OTHER_DB; set them "
@@ -513,8 +515,8 @@ def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
 
 
 def test_what_holds_a_urls_password():
-    assert trialdir.holds_password("postgresql://u:pw@h/db")
-    assert trialdir.holds_password("--db=redis://:pw@h:6379/0")
-    assert not trialdir.holds_password("postgresql://u@h/db")
-    assert not trialdir.holds_password("https://h:8080/x")
-    assert not trialdir.holds_password("user:pw@h")  # no scheme: not a URL
+    assert folders.holds_password("postgresql://u:pw@h/db")
+    assert folders.holds_password("--db=redis://:pw@h:6379/0")
+    assert not folders.holds_password("postgresql://u@h/db")
+    assert not folders.holds_password("https://h:8080/x")
+    assert not folders.holds_password("user:pw@h")  # no scheme: not a URL

@@ -20,11 +20,11 @@ import pytest
 from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
 import sweep
-from sweep import launchers
-from sweep.launch import LaunchPlan, TrialPaths
-from sweep.process import TrialProcess
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
-from sweep.warm import TESTED_PYTHONS, WarmError, WarmServer, cannot_take, server_modules
+from sweep.trial import launchers
+from sweep.trial.launch_plan import LaunchPlan, TrialPaths
+from sweep.trial.process import TrialProcess
+from sweep.trial.warm import TESTED_PYTHONS, WarmError, WarmServer, cannot_take, server_modules
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
@@ -232,7 +232,7 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_trials_start_as_d
         assert warm.ready(60)["threads"] == ["holder"]
     finally:
         warm.close()
-    spec = sweep.config.Spec.model_validate({
+    spec = sweep.spec.config.Spec.model_validate({
         "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
         "trainer": {"script": str(PROBE), "launcher": "warm", "preload": ["holds_lock"]},
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
@@ -355,7 +355,7 @@ def test_the_interpreter_imitation_holds_on_every_python_warm_claims(tmp_path, p
 
 
 def test_warm_on_a_python_it_was_not_tested_on_starts_trials_as_direct(tmp_path):
-    spec = sweep.config.Spec.model_validate({
+    spec = sweep.spec.config.Spec.model_validate({
         "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
         "trainer": {"script": str(PROBE), "launcher": "warm"},
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
@@ -478,7 +478,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
     stopping = threading.Event()
     for name, patience, why in (("patience", 1.0, "no answer in 1 s"),
                                 ("signal", 6.0, "the run is stopping")):
-        monkeypatch.setattr(sweep.warm, "FORK_PATIENCE", patience)
+        monkeypatch.setattr(sweep.trial.warm, "FORK_PATIENCE", patience)
         warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)},
                           tmp_path / f"{name}.log", abort=stopping.is_set)
         warm.ready(30)
@@ -487,7 +487,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
         began = time.monotonic()
         if name == "signal":
             threading.Timer(0.3, stopping.set).start()
-        with pytest.raises(sweep.warm.WarmError, match=why):
+        with pytest.raises(sweep.trial.warm.WarmError, match=why):
             TrialProcess(p, 1.0, server=warm)
         took = time.monotonic() - began
         assert took < 3.0
@@ -560,7 +560,7 @@ def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
         params={"x": {"type": "float", "low": 0, "high": 1}})
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
     forks = lambda: [p for p in processes_mentioning(str(tmp_path))  # noqa: E731
-                     if "sweep.warm" in p.cmdline()]
+                     if "sweep.trial.warm" in p.cmdline()]
     assert wait_until(lambda: len(forks()) == 5, 60)  # the server, 2 guards, 2 trainers
     run.send_signal(signal.SIGKILL)
     run.wait()

@@ -1,6 +1,6 @@
 """A stand-in for `pynvml` (nvidia-ml-py) with the same names, signatures and exceptions.
 
-Install it with `install(monkeypatch, [FakeGpu(...), ...])`; `sweep.nvml` then talks to it as
+Install it with `install(monkeypatch, [FakeGpu(...), ...])`; `sweep.gpus.nvml` then talks to it as
 to the real library. `install(monkeypatch, None)` behaves like a machine without the NVIDIA
 driver: `nvmlInit()` raises `NVMLError_LibraryNotFound`, as the real module does here.
 Mutate the `FakeGpu` objects to change what the next call reports.

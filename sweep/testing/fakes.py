@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep.launch import LaunchPlan
-from sweep.pool import Lease, PidSource, Pool
+from sweep.gpus.pool import Lease, PidSource, Pool
 from sweep.protocol import PARAMS_ENV
+from sweep.trial.launch_plan import LaunchPlan
 
 
 class FakeClock:
@@ -81,7 +81,8 @@ class Script:
 
 
 class FakeProcess:
-    """A trial process on a `FakeClock`, following a `Script` (see `sweep.process.Process`)."""
+    """A trial process on a `FakeClock`, following a `Script` (see
+    `sweep.trial.process.Process`)."""
 
     _pids = itertools.count(10_000)
 

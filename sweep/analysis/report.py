@@ -1,0 +1,135 @@
+"""`sweep report`: one self-contained HTML file of a study's figures (`sweep.analysis.figures`).
+
+It works offline: plotly.js is inlined once, and nothing is fetched. It only reads: storage
+through Optuna and the drivers' GPU samples, as `sweep summary` does; writing the file is
+`write`.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sweep._core.errors import UsageError
+from sweep.analysis import figures
+from sweep.analysis.summary import Summary, gpu_table, read_samples, trials_frame
+from sweep.spec import config
+from sweep.spec.config import Spec
+from sweep.study import storage
+
+REPORT_NAME = "report.html"
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1300px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
+.num{text-align:right}.note{color:#666}"""
+
+
+def load(study_file: str | Path, storage_url: str | None = None) -> tuple[Summary, Any]:
+    """The study file's summary and its `optuna.Study`, read from storage (nothing written);
+    UsageError when it has not run yet."""
+    spec = config.load(study_file, runnable=False, storage=storage_url)
+    return load_spec(spec)
+
+
+def load_spec(spec: Spec) -> tuple[Summary, Any]:
+    from sweep.spec import storageurl
+
+    study = storage.read_study(spec)
+    if study is None:
+        raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
+                         f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
+    trials = trials_frame(study, spec)
+    samples = read_samples(spec.output_dir)
+    return Summary(spec, trials, gpu_table(trials, samples), samples), study
+
+
+def render(s: Summary, study: Any, now: datetime | None = None) -> str:
+    """The report's HTML text."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    figs = figures.all_figures(s, study)
+    counts = s.trials["state"].value_counts().to_dict() if not s.trials.empty else {}
+    said = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no trials"
+    when = (now or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(s.spec.study.name)}: sweep report</title>",
+        f"<style>{_STYLE}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>', "</head><body>",
+        f"<h1>{html.escape(s.spec.study.name)}</h1>",
+        f'<p>{html.escape(said)}; written {when} from '
+        f"{html.escape(str(s.spec.source))}</p>",
+    ]
+    headings = {"objective": "Objective", "pareto": "Pareto front",
+                "intermediate": "Intermediate values", "parallel": "Parameters",
+                "importances": "Parameter importances", "timeline": "GPUs over time",
+                "costs": "Cost"}
+    for name, fig in figs.items():
+        parts.append(f"<h2>{headings[name]}</h2>")
+        if name == "costs":
+            parts.append(_cost_table(figures.cost_figures(s)))
+        parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=False,
+                                 div_id=f"fig-{name}", config={"displaylogo": False}))
+    parts += ["<h2>Failures by reason</h2>", _failure_table(figures.failures(s)),
+              "</body></html>"]
+    return "\n".join(parts)
+
+
+def _cost_table(numbers: dict[str, Any]) -> str:
+    if not numbers:
+        return '<p class="note">no trial yet</p>'
+
+    def hours(key: str) -> str:
+        return f"{numbers[key]:.3g}"
+
+    rows = [("device-hours in all", hours("device_hours")),
+            ("of which FAIL trials", hours("fail_device_hours")),
+            ("of which PRUNED trials", hours("pruned_device_hours")),
+            ("energy (kWh)", "-" if numbers["energy_kwh"] is None
+             else f"{numbers['energy_kwh']:.3g}")]
+    if "best_trial" in numbers:
+        rows.append((f"device-hours until the best trial ({numbers['best_trial']}: "
+                     f"{numbers['best_value']:.4g}) ended", hours("device_hours_to_best")))
+    cells = "".join(f"<tr><td>{html.escape(k)}</td><td class=num>{v}</td></tr>"
+                    for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def _failure_table(frame: Any) -> str:
+    if frame.empty:
+        return '<p class="note">no FAIL trial</p>'
+    head = "<tr><th>reason</th><th>trials</th><th>numbers</th></tr>"
+    body = "".join(
+        f"<tr><td>{html.escape(r.reason)}</td><td class=num>{r.count}</td>"
+        f"<td>{html.escape(r.trials)}</td></tr>" for r in frame.itertuples())
+    return f'<table id="failures">{head}{body}</table>'
+
+
+def write(s: Summary, study: Any, path: Path | None = None) -> Path:
+    """Write the report (default `<output_dir>/report.html`) atomically; its path."""
+    path = path or s.spec.output_dir / REPORT_NAME
+    text = render(s, study)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def report_file(study_file: str | Path, out: Path | None = None,
+                storage_url: str | None = None) -> Path:
+    """`sweep report STUDY.yaml [-o FILE]`: read the study, write its report, return where."""
+    s, study = load(study_file, storage_url)
+    return write(s, study, out)

@@ -1,0 +1,356 @@
+"""A study in storage + its GPU samples -> pandas DataFrames, a CSV and a terminal table.
+
+    from sweep.analysis.summary import load
+    s = load("studies/quickstart.yaml")   # works while the sweep is still running
+    s.trials, s.gpus, s.samples           # DataFrames
+
+Only reads: storage through Optuna, the drivers' `<output_dir>/drivers/*/gpu_samples.csv`.
+Writing the CSV is `save`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sweep._core.errors import UsageError
+from sweep.spec import config, storageurl
+from sweep.spec.config import Spec
+from sweep.study import ownership, storage, store
+from sweep.trial import folders, hang, launch_plan
+
+ATTR_COLUMNS = [
+    "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
+    "energy_j", "attempt", "retry_of", "code_version",
+]
+
+
+MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
+
+
+@dataclass
+class Summary:
+    """One row per trial (`trials`), one per device (`gpus`), and the raw `samples`."""
+
+    spec: Spec
+    trials: pd.DataFrame
+    gpus: pd.DataFrame
+    samples: pd.DataFrame
+
+    def save(self, path: Path | None = None) -> Path:
+        """Write the trials table as CSV (default `<output_dir>/summary.csv`)."""
+        path = path or self.spec.output_dir / "summary.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.trials.to_csv(path, index=False)
+        return path
+
+
+@dataclass
+class Status:
+    """Trial counts by state; one row per running trial (`number, gpu, host, elapsed_s,
+    last_step, last_value, driver`, where gpu is "1,2" for a trial of several devices and
+    driver is "alive", "gone" or "elsewhere")."""
+
+    counts: dict[str, int]
+    running: pd.DataFrame
+
+
+def load(study_file: str | Path, storage: str | None = None) -> Summary:
+    """Read a study file's study and samples; raise UsageError if it has not run yet."""
+    spec = config.load(study_file, runnable=False, storage=storage)
+    study = _load_study(spec)
+    trials = trials_frame(study, spec)
+    samples = read_samples(spec.output_dir)
+    return Summary(spec, trials, gpu_table(trials, samples), samples)
+
+
+def _load_study(spec: Spec) -> Any:
+    study = storage.read_study(spec)
+    if study is None:
+        raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
+                         f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
+    return study
+
+
+def status(study_file: str | Path, storage: str | None = None) -> Status:
+    """The study's state now: counts, and each running trial's place, age and last report."""
+    spec = config.load(study_file, runnable=False, storage=storage)
+    study = _load_study(spec)
+    counts: dict[str, int] = {}
+    rows = []
+    now = datetime.now()
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        if t.state.name != "RUNNING":
+            continue
+        record = t.user_attrs.get(ownership.OWNER) or {}
+        owner = ownership.Owner.of(t.user_attrs)
+        here = owner is not None and owner.host == ownership.host_name()
+        last = max(t.intermediate_values) if t.intermediate_values else None
+        rows.append({
+            "number": t.number, "gpu": record.get(store.GPUS) or record.get("gpu"),
+            "host": record.get("host"),
+            "elapsed_s": _seconds(t.datetime_start, now),
+            "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
+            if last is not None else math.nan,
+            "driver": ("alive" if owner.alive() else "gone") if here and owner else "elsewhere",
+            "silent_s": _silent(spec, t.number),
+        })
+    columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver",
+               "silent_s"]
+    return Status(counts, pd.DataFrame(rows, columns=columns))
+
+
+def _silent(spec: Spec, number: int) -> float:
+    """Seconds since the trial last wrote its stdout, stderr, reports or result (NaN: none of
+    them is in its folder here)."""
+    paths = folders.TrialPaths.of(spec.output_dir, number)
+    files = [paths.stdout, paths.stderr, paths.reports, paths.result]
+    places = {**launch_plan.spec_places(spec), "trial_dir": str(paths.dir),
+              "trial_number": str(number)}
+    with contextlib.suppress(KeyError):  # a placeholder only the driver knows (a lineage's)
+        files.append(launch_plan.result_path(spec.trainer, paths, places,
+                                        launch_plan.trial_cwd(spec.trainer, places)))
+    silent = hang.silence(files, time.time())
+    return math.nan if silent is None else silent
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float:
+    if start is None or end is None:
+        return math.nan
+    return (end - start).total_seconds()
+
+
+def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
+    """One row per trial with the columns the README documents."""
+    metrics = spec.study.objective_metrics
+    multi = len(metrics) > 1
+    front = {t.number for t in study.best_trials} if multi else set()
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
+        values = t.values or [math.nan] * len(metrics)
+        if multi:
+            row.update({f"values_{m}": v for m, v in zip(metrics, values, strict=True)})
+            row["pareto"] = t.number in front
+        else:
+            row["value"] = values[0]
+        row.update({f"params_{k}": v for k, v in t.params.items()})
+        owner = t.user_attrs.get(ownership.OWNER) or {}
+        for key in ATTR_COLUMNS:
+            row[key] = t.user_attrs.get(key)
+        if row["gpu"] is None:  # a running trial: its place is in the owner record
+            row["gpu"], row["gpus"] = owner.get("gpu"), owner.get(store.GPUS)
+        row["datetime_start"] = t.datetime_start
+        row["datetime_complete"] = t.datetime_complete
+        row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
+        row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
+        row["rerun_of"] = t.user_attrs.get(store.RERUN_OF)
+        row["continues"] = t.user_attrs.get(store.CONTINUES)
+        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(store.METRIC_PREFIX)})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    params = [c for c in frame.columns if c.startswith("params_")]
+    order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
+             *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
+             *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
+             *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX)),
+             "continues"]
+    frame = _with_lineages(frame[order])
+    for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
+    frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
+    return frame
+
+
+def _with_lineages(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add each trial's lineage (`lineage`: its first attempt's number; see `sweep.trial.lineage`),
+    how many attempts the lineage has had (`lineage_attempts`) and the device-seconds they
+    took together (`lineage_device_s`: each attempt's duration times its devices; a running
+    one counts as far as it is known)."""
+    frame = frame.copy()
+    origin = pd.to_numeric(frame["retry_of"], errors="coerce")
+    frame["lineage"] = pd.array(origin.fillna(frame["number"]), dtype="Int64")
+    width = frame["gpus"].map(lambda g: len(str(g).split(",")) if isinstance(g, str) else 1)
+    device_s = pd.to_numeric(frame["duration_s"], errors="coerce").fillna(0.0) * width
+    by = frame.groupby("lineage")
+    frame["lineage_attempts"] = by["number"].transform("count")
+    frame["lineage_device_s"] = device_s.groupby(frame["lineage"]).transform("sum")
+    return frame
+
+
+def read_samples(output_dir: Path) -> pd.DataFrame:
+    """The samples of every driver that ran with this `output_dir` (sweep 0.2's single
+    `gpu_samples.csv` too); an empty frame with the right columns if there are none yet.
+
+    `time` is naive local time, like Optuna's `datetime_start`, so the two can be compared.
+    """
+    from sweep.gpus.monitor import SAMPLE_COLUMNS, SAMPLES_NAME
+
+    files = sorted(output_dir.glob(f"drivers/*/{SAMPLES_NAME}"))
+    if (output_dir / SAMPLES_NAME).is_file():
+        files.insert(0, output_dir / SAMPLES_NAME)
+    frames = [pd.read_csv(f, dtype={"trials": "string", "host": "string"},
+                          on_bad_lines="skip") for f in files]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=SAMPLE_COLUMNS)
+    samples = pd.concat(frames, ignore_index=True)
+    if "host" not in samples:
+        samples["host"] = pd.NA
+    samples = samples[SAMPLE_COLUMNS]
+    samples["trials"] = samples["trials"].fillna("")
+    local = datetime.now().astimezone().tzinfo
+    samples["time"] = (
+        pd.to_datetime(samples["time"], unit="s", utc=True).dt.tz_convert(local)
+        .dt.tz_localize(None)
+    )
+    return samples.sort_values("time", kind="stable", ignore_index=True)
+
+
+def _union_seconds(intervals: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is not None and start < end:
+            if stop > end:
+                total += (stop - end).total_seconds()
+                end = stop
+        else:
+            total += (stop - start).total_seconds()
+            end = stop
+    return total
+
+
+def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Per device of each host: trials run, busy fraction of the sweep's wall time,
+    utilisation, idle hours.
+
+    Wall time runs from the first trial's start to the last trial's end (now, while trials run);
+    a device is busy while it holds at least one trial. `util_mean_busy` is the mean sampled
+    utilisation while busy (NaN without NVML).
+    """
+    columns = ["host", "gpu", "trials", "busy_s", "busy_fraction", "util_mean_busy",
+               "idle_gpu_hours"]
+    if trials.empty or trials["datetime_start"].isna().all():
+        return pd.DataFrame(columns=columns)
+    started = trials.dropna(subset=["datetime_start", "gpu"]).copy()
+    if started.empty:
+        return pd.DataFrame(columns=columns)
+    started["host"] = started["host"].fillna("").astype(str) if "host" in started else ""
+    samples = samples.copy()
+    if not samples.empty:
+        hosts = set(started["host"])
+        # sweep 0.2's samples name no host: they are the one host's, if the trials have one
+        samples["host"] = samples["host"].fillna(hosts.pop() if len(hosts) == 1 else "")
+        samples["host"] = samples["host"].astype(str)
+    now = pd.Timestamp(datetime.now())
+    ends = started["datetime_complete"].fillna(now)
+    wall = (ends.max() - started["datetime_start"].min()).total_seconds()
+    places = set(zip(started["host"], started["gpu"].astype(int), strict=True))
+    if not samples.empty:
+        places |= set(zip(samples["host"], samples["gpu"].astype(int), strict=True))
+    devices = [_devices(g, gs) for g, gs in zip(started["gpu"], started["gpus"], strict=True)] \
+        if "gpus" in started else [[int(g)] for g in started["gpu"]]
+    for host, many in zip(started["host"], devices, strict=True):
+        places |= {(host, g) for g in many}
+    rows = []
+    for host, gpu in sorted(places):
+        on = [gpu in many for many in devices]
+        mine = started[(started["host"] == host) & pd.Series(on, index=started.index, dtype=bool)]
+        intervals = list(zip(mine["datetime_start"], ends[mine.index], strict=True))
+        busy = _union_seconds(intervals)
+        util = math.nan
+        if not samples.empty:
+            held = samples[(samples["host"] == host) & (samples["gpu"] == gpu)
+                           & (samples["trials"] != "")]
+            if held["util_gpu"].notna().any():
+                util = float(held["util_gpu"].mean())
+        rows.append({
+            "host": host, "gpu": gpu, "trials": len(mine), "busy_s": busy,
+            "busy_fraction": busy / wall if wall > 0 else math.nan,
+            "util_mean_busy": util, "idle_gpu_hours": max(0.0, wall - busy) / 3600,
+        })
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _devices(gpu: Any, gpus: Any) -> list[int]:
+    """All devices of a trial: its `gpus` ("0,1") when it had several, else its `gpu`."""
+    if isinstance(gpus, str) and gpus:
+        return [int(g) for g in gpus.split(",")]
+    return [int(gpu)]
+
+
+def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:
+    """The best finished trials: the Pareto front for several objectives, else the top values."""
+    t = summary.trials
+    if t.empty:
+        return t
+    done = t[t["state"] == "COMPLETE"]
+    if "pareto" in t.columns:
+        return done[done["pareto"]]
+    ascending = summary.spec.study.objective_directions[0] == "minimize"
+    return done.sort_values("value", ascending=ascending).head(top)
+
+
+def render(summary: Summary, top: int = 5) -> Any:
+    """The terminal view: state counts, the best trials (or the Pareto front), the GPUs."""
+    from rich.console import Group
+    from rich.text import Text
+
+    t = summary.trials
+    counts = t["state"].value_counts().to_dict() if not t.empty else {}
+    head = f"[bold]{summary.spec.study.name}[/]: " + (
+        ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials yet"
+    )
+    best = best_rows(summary, top)
+    if best.empty and not t.empty:  # nothing finished well: say why the trials failed
+        failed = t[t["state"] == "FAIL"].tail(top)
+        shown = _table(failed[["number", "gpu", "duration_s", "fail_reason"]],
+                       f"no COMPLETE trial yet; the last {len(failed)} failures")
+        return Group(head, shown, _table(summary.gpus, "GPUs"))
+    title = "Pareto front" if "pareto" in t.columns else f"best {top}"
+    show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
+    extras = [c for c in best.columns if c.startswith(store.METRIC_PREFIX)
+              and best[c].notna().any()]
+    show += extras[:MAX_RESULT_COLUMNS]
+    show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
+    if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
+        show += ["continues", "lineage_attempts", "lineage_device_s"]
+    shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
+    parts = [head, _table(shown_best, title)]
+    if len(extras) > MAX_RESULT_COLUMNS:
+        left = [c.removeprefix(store.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
+        parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",
+                          style="dim"))
+    return Group(*parts, _table(summary.gpus, "GPUs"))
+
+
+def _table(frame: pd.DataFrame, title: str) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    for col in frame.columns:  # values wrap rather than being cut to "0.000…"
+        table.add_column(Text(str(col).removeprefix("params_")), justify="right",
+                         overflow="fold")
+    for _, row in frame.iterrows():
+        table.add_row(*(Text(_cell(v)) for v in row))  # values as they are, never markup
+    return table
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

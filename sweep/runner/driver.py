@@ -1,0 +1,605 @@
+"""The loop of one sweep: ask -> lease -> launch -> follow -> judge and tell -> release.
+
+The loop only decides when to look. `policy` says what may happen, `store` speaks to Optuna,
+`process` owns the trials' processes, `outcome` judges them, `pool` holds the devices. Every
+trial asked is told, whatever happens: a crash, a timeout, pruning, Ctrl-C, a driver error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from sweep.gpus import health, hostlock, placement, sicklist
+from sweep.gpus.monitor import Monitor
+from sweep.gpus.placement import Refusal, Why
+from sweep.gpus.pool import Lease, Pool
+from sweep.runner.events import Events, Finished, Running, Started, View
+from sweep.runner.policy import OnSignal, Policy, RunResult
+from sweep.spec import searchspace
+from sweep.spec.config import Spec
+from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
+from sweep.study.counts import Counts
+from sweep.study.heartbeat import Heartbeat
+from sweep.study.store import Store, Taken
+from sweep.trial import (
+    folders,
+    hang,
+    intermediate,
+    launch_plan,
+    launchers,
+    lineage,
+    process,
+    provenance,
+    stacks,
+)
+from sweep.trial.lineage import Lineage
+from sweep.trial.process import Phase, RunningTrial, Stop
+
+POLL_SECONDS = 0.5  # how often a running trial's reports are read
+
+
+class Driver:
+    """Runs `spec` on `pool` until the budget, the timeout, a signal or too many failures."""
+
+    def __init__(
+        self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
+        events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
+        clock: Any = None, record: provenance.RunRecord | None = None,
+    ) -> None:
+        self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
+        self.events = events or Events()
+        self.spawn = spawn
+        self.clock = clock or process.WallClock()
+        self._own_clock = clock is None
+        self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
+                                self.clock.now())
+        self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
+        self.own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+        self.launcher: launchers.Launcher | None = None  # made when the run starts
+        self.running: dict[int, RunningTrial] = {}
+        self._signals = 0
+        self._counts: Counts | None = None
+        self._counts_adjusted = False  # what this driver did was added to them since
+        self._next_look = -math.inf  # when storage is read again for orphans and the budget
+        self._orphan_wait: float | None = None
+        self._announced = False
+        self._prunes = spec.study.pruner.type != "none"
+        self._oom: set[int] = set()  # trials judged out of memory, until their device is free
+        self._blocked = False  # the pool's last refusal: others hold the devices (look again)
+        self._learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
+        self._peaks: list[float] = []
+        self._out: set[int] = set()  # devices said to be in use by others
+        self._went_around = False  # the last start went around a stuck budget lock
+        self._first_end = True  # no trial of this driver reported, or completed, yet
+        self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
+        # (number, searched params, origin, attempt, its continuation's lineage attributes) of
+        # the trials that failed on each device
+        self._failing: health.FailingDevices[
+            tuple[int, dict[str, Any], int, int, dict[str, Any]]] = (
+            health.FailingDevices())
+        self._sick: set[int] = set()  # devices taken out of the pool as sick
+        self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
+        self.python_pids = stacks.python_pids
+        if monitor is not None:  # its samples on this clock; a sick device wakes the loop
+            monitor.clock = self.clock.now
+            monitor.on_sick = self.clock.wake
+        self.record = record  # what every trial's env.json shares (None: none is written)
+
+    def run(self) -> RunResult:
+        """Run to the end. Always tells every trial it asked; restores signal handlers; ends
+        what the launcher holds (warm's fork server)."""
+        folders.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
+        self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
+                                       self.events.message, self._stopping, self.spawn)
+        try:
+            return self._run()
+        finally:
+            self.launcher.close()
+
+    def _run(self) -> RunResult:
+        assert self.launcher is not None
+        self.launcher.prepare()
+        if self._learns:
+            self._peaks = self.store.peaks()
+            self._learn(None)
+        self.store.enqueue(self.spec.study.enqueue)
+        try:
+            with process.signals_to(self._on_signal), self.heartbeat, (
+                self.monitor or contextlib.nullcontext()
+            ):
+                try:
+                    self._loop()
+                finally:
+                    self._abandon()
+        finally:
+            if self._own_clock:
+                self.clock.close()
+        return self.policy.result(self.store.counts())
+
+    def _loop(self) -> None:
+        while True:
+            now = self.clock.now()
+            self._react(now)
+            self._start_trials()
+            if self._stopping():  # a signal came while starting: react to it first
+                continue
+            if not self.running and not self._waiting():
+                if not self._counts_adjusted:
+                    return
+                self._counts = None  # others' trials may have failed since: look once more
+                continue
+            self.events.tick(self.view())
+            self.clock.wait(self._next_wakeup(now))
+            self._supervise(self.clock.now())
+
+    def _waiting(self) -> bool:
+        """Nothing runs, but the run is not over: a trial whose owner is unknown may become
+        ours to reclaim, or other sweeps of this host hold the devices the budget needs."""
+        if self.policy.stop_reason:
+            return False
+        return self._orphan_wait is not None or (
+            self._blocked and self.policy.room(self._budget()) > 0)
+
+    def _stopping(self) -> bool:
+        """A signal came that the loop has not reacted to yet."""
+        return self._signals > self.policy.signals
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        self.clock.wake()
+
+    def _react(self, now: float) -> None:
+        """Signals, `study.timeout`, and the periodic look at storage (orphans, budget)."""
+        while self._signals > self.policy.signals:
+            kill = self.policy.on_signal() is OnSignal.KILL_ALL
+            for run in self.running.values():
+                run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
+        self.policy.check_clock(now)
+        if now >= self._next_look:
+            self._reclaim()
+            self._counts = None
+            wait = math.inf if self._orphan_wait is None else self._orphan_wait
+            self._next_look = now + min(self.spec.study.heartbeat_interval, wait)
+        if self.policy.stop_reason and not self._announced:
+            self._announced = True
+            self.events.message(f"{self.policy.stop_reason}: no new trials; "
+                                f"waiting for {len(self.running)}")
+
+    def _next_wakeup(self, now: float) -> float:
+        times = [self._next_look]
+        if self._blocked:  # other sweeps of this host hold the devices: look again soon
+            times.append(now + POLL_SECONDS)
+        if self.policy.deadline is not None and self.policy.stop_reason is None:
+            times.append(self.policy.deadline)
+        for run in self.running.values():
+            due = run.next_wakeup(now, POLL_SECONDS)
+            times.append(math.inf if due is None else due)
+            watch = self._hangs.get(run.number)
+            if watch is not None and run.phase is Phase.RUNNING:
+                times.append(watch.next_look())
+        return max(0.0, min(times) - now)
+
+    # ---- starting -----------------------------------------------------------------------
+
+    def _learn(self, peak: float | None) -> None:
+        """`gpu_memory_gb: auto`: promise each trial the largest peak seen, with a margin."""
+        if peak is not None and peak == peak:
+            self._peaks.append(peak)
+        self.pool.expect(placement.learned_mb(self._peaks))
+
+    def _say_out(self) -> None:
+        """Tell the user when devices go out because others use them, and come back."""
+        seen = self.pool.left_out()
+        for index in sorted(set(seen) - self._out):
+            self.events.message(f"GPU {index} left out: {seen[index]}")
+        for index in sorted(self._out - set(seen)):
+            self.events.message(f"GPU {index} is free again: back in the pool")
+        self._out = set(seen)
+
+    def _start_trials(self) -> None:
+        """Start trials while the budget has room and the pool gives devices; a refusal that
+        ends the run gives up."""
+        while self.policy.room(self._budget()) > 0 and not self._stopping():
+            got = self.pool.acquire()
+            if isinstance(got, Refusal):
+                self._refused(got)
+                break
+            self._blocked = False
+            try:
+                self._start_one(got)
+            finally:
+                if got.trial is None:  # not asked after all (a signal, the budget spent)
+                    self.pool.release(got)
+        self._say_out()
+
+    def _refused(self, refusal: Refusal) -> None:
+        self._blocked = refusal.kind is Why.BLOCKED
+        if refusal.kind.ends_run:
+            self.policy.give_up(refusal.text)
+
+    def _port(self, lease: Lease) -> int:
+        """A rendezvous port for a multi-GPU trial, held with its device slots."""
+        folder = self.pool.host.folder if self.pool.host else hostlock.lock_dir(
+            self.store.owner.host)
+        taken = hostlock.take_port(folder)
+        if taken is None:
+            raise RuntimeError("no free TCP port for the trial's rendezvous")
+        port, slot = taken
+        lease.hold(slot)
+        return port
+
+    def view(self) -> View:
+        """The run now, for a progress display (the counts as last read: the loop has just
+        read them to decide on starting, so this reads no storage)."""
+        counts = self._budget()
+        return View(
+            self.spec.study.name, self.spec.study.n_trials, counts.finished,
+            tuple(Running(r.number, r.device, r.params, r.process.started)
+                  for r in self.running.values()),
+            tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
+            self.store.best)
+
+    def _adjust_counts(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
+        """What this driver just did to the study, added to the counts last read: they are
+        read again under the budget lock before each ask, and every heartbeat interval."""
+        c = self._counts
+        if c is None or self.store.grid:  # a grid point started is not known here
+            self._counts = None
+            return
+        self._counts_adjusted = True
+        self._counts = dataclasses.replace(
+            c, finished=c.finished + finished, running=max(0, c.running + running),
+            waiting=max(0, c.waiting + waiting))
+
+    def _budget(self) -> Counts:
+        """The study's trials by state: as last read (under the budget lock before each ask,
+        and every heartbeat interval), plus what this driver did since."""
+        if self._counts is None:
+            self._counts = self.store.counts()
+            self._counts_adjusted = False
+        return self._counts
+
+    def _start_one(self, lease: Lease) -> None:
+        """Ask a trial for `lease`'s devices, bind the lease to it, and start it. Returns
+        without asking (the lease unbound) on a signal or once the budget is spent."""
+        spec, device, launcher = self.spec, lease.device, self.launcher
+        assert launcher is not None
+        launcher.get_ready()  # before asking: a signal may end the wait
+        if self._stopping():
+            return
+        try:
+            with self.store.budget_lock(abort=self._stopping) as locked:
+                # other drivers of the study may have spent the budget
+                self._counts = None
+                if self.policy.room(self._budget()) <= 0 or self._stopping():
+                    return
+                queued = self._budget().waiting > 0
+                asked = self.store.ask(
+                    spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
+                    lease.devices, queued=queued)
+        except LockAbandoned:
+            return
+        self._adjust_counts(running=1, waiting=-1 if queued else 0)
+        if not locked and not self._went_around:
+            self.events.message(
+                f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
+                "new trial (a stopped or frozen driver?): starting trials without it for a "
+                "while, so n_trials may be passed by one")
+        self._went_around = not locked
+        params = {**asked.params, **spec.fixed}
+        line = asked.lineage or Lineage(asked.origin, asked.attempt)
+        lease.bind(asked.number)
+        try:
+            port = self._port(lease) if len(lease.devices) > 1 else None
+            folders.ensure_driver_dir(spec, self.own)
+            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
+                                 start=start)
+            secrets = folders.arg_secrets(spec.trainer.args, os.environ)
+            before = folders.prepare_trial_dir(
+                plan, launch_plan.script_params(params, spec.params), secrets)
+            if self.record is not None:
+                provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
+                self.store.note(asked.trial, self.record.attrs())
+            single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
+            reports = intermediate.reader_for(
+                spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
+                {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
+                 "trial_number": str(asked.number), **lineage.places(start)},
+                plan.cwd) if single else None
+            proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
+        except folders.TrialFileError as e:  # a full, read-only or removed output_dir
+            self.pool.release(lease)
+            self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
+            self._adjust_counts(running=-1)
+            self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
+            return
+        except BaseException as e:
+            self.pool.release(lease)
+            self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
+            raise
+        lease.attach(proc)
+        self.heartbeat.add(asked.trial)
+        # the wait for a fork server's imports is not the trial's time
+        deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
+        self.running[asked.number] = RunningTrial(
+            asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
+            spec.trainer.stop_grace, deadline, reports, lease, lineage=line,
+            result_before=before)
+        if spec.trainer.hang_after is not None:
+            paths = plan.paths
+            self._hangs[asked.number] = hang.OutputWatch(
+                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
+                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS,
+                reports.watched if reports is not None else tuple)
+        if self.monitor is not None:
+            self.monitor.trial_started(asked.number, lease.devices)
+        if line.continues is not None:
+            self.events.message(
+                f"trial {asked.number} continues trial {line.continues} (attempt {line.attempt} "
+                f"of trial {line.origin}) " + ("from its checkpoint folder" if start.resume
+                                               else "from scratch"))
+        self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
+
+    # ---- following ----------------------------------------------------------------------
+
+    def _supervise(self, now: float) -> None:
+        if self._stopping():  # a signal that reached the trainers too (a Slurm job step's):
+            self._react(now)  # their trials were interrupted, whichever ends first
+        if self.monitor is not None:
+            for index, why in sorted(self.monitor.take_sick().items()):
+                self._take_out(index, why, now)
+        for run in list(self.running.values()):
+            run.tick(now)
+            if run.phase is Phase.RUNNING and not run.process.command_exited:
+                self._look_for_hang(run, now)
+            if run.follows_reports:
+                self._follow_reports(run, now)
+            if run.process.command_exited and not run.judged:
+                self._judge(run, now)
+            if run.process.ended:
+                self._end(run, now)
+
+    def _follow_reports(self, run: RunningTrial, now: float, rest: bool = False) -> None:
+        """New report lines (a bounded batch; all of them once the command exited): each to
+        the pruner while the trial runs, else only the latest is stored. A bad line stops the
+        trial."""
+        assert run.reports is not None
+        fresh = run.reports.read_rest() if rest else run.reports.read()
+        prune = self._prunes and not rest
+        for step, value in fresh if prune else fresh[-1:]:
+            try:
+                if self.store.report(run.trial, step, value):
+                    run.last_report = (step, value)
+            except Taken:  # this driver was taken for dead (frozen): the trial is not ours
+                run.stop(Stop.TAKEN, now)
+                return
+        if fresh and prune and self.store.should_prune(run.trial):
+            run.stop(Stop.PRUNED, now)
+        if run.reports.error is not None:
+            run.stop(Stop.BAD_REPORT, now)
+
+    def _look_for_hang(self, run: RunningTrial, now: float) -> None:
+        """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
+        Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
+        watch, trainer = self._hangs.get(run.number), self.spec.trainer
+        if watch is None or trainer.hang_after is None or not watch.due(now):
+            return
+        last = watch.look(now)
+        samples = self.monitor.samples_of(run.number) if self.monitor is not None else []
+        found = hang.judge(last, samples, now, trainer.hang_after, trainer.hang_gpu_util)
+        if found is None:
+            return
+        path = run.process.plan.paths.dir / stacks.STACK_NAME
+        pids = run.process.tree_pids() - {run.process.pid}  # the guard is sweep's own
+        self.dump_stacks(self.python_pids(pids), path, found.reason())
+        run.detail = f"{found.reason()}; stacks in {path}"
+        run.stop(Stop.HUNG, self.clock.now())
+
+    def _take_out(self, index: int, why: str, now: float) -> None:
+        """Device `index` is sick: out of the pool for the rest of the run, said in one line
+        (and recorded for `sweep gpus`); the trials running on it are stopped, and those that
+        failed on it in a row run again elsewhere, no longer counted as failures."""
+        if index in self._sick or index not in {d.index for d in self.pool.devices}:
+            return
+        self._sick.add(index)
+        self.pool.quarantine(index, why)
+        self.events.message(f"GPU {index} taken out of the pool: {why}")
+        if len(self.pool.quarantined) == len(self.pool.devices):  # the run cannot go on
+            out = "; ".join(f"GPU {i}: {w}" for i, w in sorted(self.pool.quarantined.items()))
+            self.policy.give_up(f"no GPU left in the pool (taken out: {out})")
+        if self.pool.host is not None:
+            sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
+        failed = self._failing.forget(index)
+        for _, searched, origin, attempt, attrs in failed:
+            if self._run_again(searched, origin, attempt + 1, attrs):
+                self._adjust_counts(waiting=1)
+        self.policy.forgive({number for number, *_ in failed})
+        for run in self.running.values():
+            devices = run.lease.devices if run.lease is not None else (run.device,)
+            if index in devices and run.phase is Phase.RUNNING \
+                    and not run.process.command_exited:
+                run.detail = f"GPU {index} was taken out of the pool: {why}"
+                run.stop(Stop.DEVICE_OUT, now)
+
+    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int,
+                   attrs: dict[str, Any] | None = None) -> bool:
+        """Queue `searched` again as `attempt` of trial `origin` (once), with the rest of its
+        lineage `attrs` (a continuation: no retry spent); True if queued."""
+        return self.store.requeue(searched, origin, attempt, attrs)
+
+    def _on_device(self, run: RunningTrial, state: TrialState, cuda_error: bool,
+                   devices: tuple[int, ...], now: float) -> bool:
+        """What the trial says of its devices (a sick one is taken out); whether it failed on
+        a device that is out now (its params then run again elsewhere, not as a failure)."""
+        if run.stop_reason in (Stop.INTERRUPTED, Stop.TAKEN, Stop.DRIVER_ERROR):
+            return False
+        if run.stop_reason is not Stop.DEVICE_OUT:
+            kind = (health.Kind.WORKED if state is not TrialState.FAIL else
+                    health.Kind.CUDA_ERROR if cuda_error else health.Kind.OTHER)
+            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+            attrs = (run.lineage or Lineage(run.origin, run.attempt)).next_attrs(
+                run.number, retry=False)
+            payload = (run.number, searched, run.origin, run.attempt, attrs)
+            for sick in self._failing.seen(devices, kind, payload):
+                self._take_out(sick.device, sick.why, now)
+        return state is TrialState.FAIL and bool(self._sick & set(devices))
+
+    def _judge(self, run: RunningTrial, now: float) -> None:
+        """The command exited: judge the trial and tell it; its device stays leased."""
+        if run.follows_reports:
+            self._follow_reports(run, now, rest=True)
+        trainer = self.spec.trainer
+        verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
+                              trainer.result.patterns if trainer.result else [],
+                              trainer.result.stream if trainer.result else "stdout")
+        lease = run.lease
+        usage = {} if self.monitor is None else self.monitor.trial_finished(
+            run.number, shared=lease is None or lease.shared)
+        fault = self._on_device(run, verdict.state, verdict.cuda_error,
+                                lease.devices if lease is not None else (run.device,), now)
+        # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
+        # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
+        # A trial told by another driver (TAKEN) is that driver's to queue again.
+        # An interrupted trial's continuation is queued the same way (no retry spent).
+        line = run.lineage or Lineage(run.origin, run.attempt)
+        interrupted = run.stop_reason is Stop.INTERRUPTED
+        queued = False
+        if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
+            queued = self._carry_on(run, line, not fault and self.policy.retries(
+                verdict.state, line.retries, verdict.oom, interrupted),
+                fault or self.policy.continues(verdict.state, interrupted),
+                "failed on a GPU taken out of the pool" if fault else "interrupted")
+        told, exhausted = self.store.tell_verdict(
+            run.trial, verdict, run.device, run.attempt, usage,
+            lease.devices if lease is not None else ())
+        if self._first_end:
+            self._say_no_reports(run, verdict.state)
+        if verdict.oom:
+            self._oom.add(run.number)
+        if self._learns and verdict.state is not TrialState.FAIL:
+            self._learn(usage.get("gpu_mem_peak_mb"))
+        run.judged_now(now)  # only once told: a driver error before it tells it FAIL
+        self.heartbeat.discard(run.number)
+        if told:
+            self._adjust_counts(finished=verdict.state is not TrialState.FAIL, running=-1)
+        else:
+            self._counts = None
+            self.events.message(f"trial {run.number} was already told by another driver")
+        if exhausted:
+            self.policy.stop_starting("the sampler has searched its whole space")
+        self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
+                                      time.time() - run.process.started, verdict.fail_reason,
+                                      lease.devices if lease is not None else ()))
+        if not told:  # the other driver counted it, and queued its params again
+            return
+        see = _where_to_look(run.process.plan.paths, run.stop_reason)
+        self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
+                          verdict.fail_reason, see=str(see), device_fault=fault,
+                          number=run.number)
+        if queued:
+            self._adjust_counts(waiting=1)
+
+    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool,
+                  why: str = "interrupted") -> bool:
+        """Queue the next attempt of `run`'s lineage: a retry after a real failure, or the
+        continuation (`resume`) of a trial that was interrupted or failed on a sick device
+        (`why`). True if this call queued it."""
+        if not (retry or resume):
+            return False
+        searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
+        attrs = line.next_attrs(run.number, retry=retry,
+                                clean=self.spec.trainer.retry_from == "clean")
+        queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
+        if queued and resume:
+            self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
+                                "its checkpoint folder)")
+        return queued
+    def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
+        """A pruner that will never prune: say so once, when the first trial that reported
+        or completed is one that completed without reporting a value."""
+        if run.last_report is not None or state is TrialState.PRUNED:
+            self._first_end = False
+            return
+        if state is not TrialState.COMPLETE:  # it may have failed before its first report
+            return
+        self._first_end = False
+        if not self._prunes or run.reports is None:
+            return
+        where = ("trainer.report" if self.spec.trainer.report is not None else
+                 "$SWEEP_REPORT_FILE (sweep.protocol.report)")
+        self.events.message(
+            f"trial {run.number} ended without reporting an intermediate value to {where}: "
+            f"the {self.spec.study.pruner.type} pruner cannot prune this study; set "
+            "trainer.report to read them from the script's output or TensorBoard logs")
+
+    def _end(self, run: RunningTrial, now: float) -> None:
+        """The trial's processes are gone: free its devices once none holds memory on them."""
+        lease = run.lease
+        devices = lease.devices if lease is not None else (run.device,)
+        on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in devices}
+        clear = run.clear_device(set().union(*on.values()), now)
+        if clear is None:
+            return
+        if not clear:
+            reason = f"processes of trial {run.number} still hold it after SIGKILL"
+            for index in devices:
+                if on[index] & run.process.seen_pids:
+                    self.pool.quarantine(index, reason)
+                    self.events.message(f"GPU {index} taken out of the pool: {reason}")
+        del self.running[run.number]
+        self._hangs.pop(run.number, None)
+        run.process.close()
+        oom = run.number in self._oom
+        self._oom.discard(run.number)
+        if lease is not None:
+            self.pool.release(lease, oom=oom)
+
+    # ---- the end ------------------------------------------------------------------------
+
+    def _reclaim(self) -> None:
+        """Tell FAIL, and queue again, the trials of drivers that are gone."""
+        orphans, self._orphan_wait = self.store.orphans(set(self.running))
+        for orphan in orphans:
+            if orphan.trial_dir:
+                process.kill_leftovers(orphan.trial_dir)
+            if self.store.fail_orphan(orphan):
+                self._counts = None
+                self.events.message(
+                    f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")
+
+    def _abandon(self) -> None:
+        """On the way out with trials still running (a driver error): stop and tell them."""
+        runs = list(self.running.values())
+        process.stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
+        for run in runs:
+            if run.lease is not None:
+                self.pool.release(run.lease)
+            if not run.judged:
+                if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
+                    with contextlib.suppress(Exception):  # storage gone: reclaimed later
+                        self._carry_on(run, run.lineage or Lineage(run.origin, run.attempt),
+                                       False, True)
+                self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
+                                       run.device, run.attempt)
+                run.judged_now(self.clock.now())
+        self.running.clear()
+
+
+def _where_to_look(paths: folders.TrialPaths, stop: Stop | None = None) -> Path:
+    """The file a user should read about a failed trial: a hung one's stack.txt; else its
+    stderr.log, or its stdout.log when the trainer wrote nothing to stderr."""
+    if stop is Stop.HUNG:
+        return paths.dir / stacks.STACK_NAME
+    try:
+        return paths.stderr if paths.stderr.stat().st_size else paths.stdout
+    except OSError:
+        return paths.stderr

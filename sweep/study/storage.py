@@ -1,0 +1,239 @@
+"""A study's storage: opened (a database, a journal file, the gRPC proxy), closed, read
+without writing, and the errors it raises said in one line.
+
+`FileIdentity` tells when a SQLite study file is deleted or replaced under a running driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from sweep._core.errors import UsageError, short
+from sweep._core.optional import import_grpc
+from sweep.spec import storageurl
+from sweep.spec.config import Spec
+from sweep.study import sqlite
+
+
+def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
+    """The study's storage: a database with Optuna's heartbeats on (the driver records them
+    for its trials), a journal file, or a gRPC storage proxy (neither has heartbeats: sweep
+    writes its own, see `Store.orphans`)."""
+    kind = storageurl.storage_kind(spec.storage_url)
+    if kind == "journal":
+        return _journal(spec.storage_url)
+    if kind == "grpc":
+        return _grpc_proxy(spec)
+    engine_kwargs: dict[str, Any] = {}
+    db_file = sqlite.file_of(spec.storage_url)
+    if db_file is not None and sqlite.is_new(db_file):
+        sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
+    if spec.storage_url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                rdb = optuna.storages.RDBStorage(
+                    spec.storage_url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=spec.study.heartbeat_interval,
+                    grace_period=spec.study.reclaim_seconds,
+                )
+            if db_file is not None:
+                sqlite.tune(rdb.engine)
+            return rdb
+        except (IntegrityError, ProgrammingError, OperationalError,
+                optuna.exceptions.StorageInternalError) as e:
+            # Drivers starting at once on a new database all create the schema: one wins,
+            # the others fail ("already exists", "database is locked") and try again.
+            if attempt == 4 or (isinstance(e, (OperationalError, optuna.exceptions.
+                                               StorageInternalError)) and not _racing(e)):
+                raise
+            time.sleep(0.2 + 0.4 * attempt)
+    raise AssertionError("unreachable")
+
+
+def close_storage(storage: optuna.storages.BaseStorage) -> None:
+    """Close a database storage's connections: SQLite then folds its write-ahead log into the
+    study file and removes it. It stays usable (on new connections)."""
+    if isinstance(storage, optuna.storages.RDBStorage):
+        storage.engine.dispose()
+
+
+def _journal(url: str) -> optuna.storages.BaseStorage:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(storageurl.journal_path(url))))
+
+
+def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
+    grpc = import_grpc()
+
+    host, port = storageurl.grpc_address(spec.storage_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
+    try:
+        proxy.wait_server_ready(timeout=wait)
+    except (grpc.FutureTimeoutError, ConnectionError):
+        proxy.close()
+        raise ConnectionError(f"no storage proxy answers on {host}:{port} "
+                              "(start one with `sweep storage-proxy`)") from None
+    return proxy
+
+
+def storage_lost_errors() -> tuple[type[Exception], ...]:
+    """What a storage raises during a run when it is gone (not a full disk of ours)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    errors: tuple[type[Exception], ...] = (
+        ConnectionError, SQLAlchemyError, optuna.exceptions.StorageInternalError)
+    grpc = sys.modules.get("grpc")
+    return errors if grpc is None else (*errors, grpc.RpcError)
+
+
+def storage_errors() -> tuple[type[Exception], ...]:
+    """What opening or reading a storage raises when the storage, not the code, is at fault
+    (a journal file's own OSError too)."""
+    return (OSError, *storage_lost_errors())
+
+
+def describe(error: BaseException) -> str:
+    """A storage error in one line: the database's or gRPC's own words, not a repr."""
+    seen: set[int] = set()  # Optuna's wrapper(s) say "invalid data in the commit": the cause
+    while isinstance(error, optuna.exceptions.StorageInternalError) and id(error) not in seen:
+        seen.add(id(error))
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    details = getattr(error, "details", None)  # a grpc.RpcError
+    if callable(details) and details():
+        code = getattr(error, "code", None)
+        name = getattr(code(), "name", "") if callable(code) else ""
+        cause = f"{name}: {details()}" if name else str(details())
+    else:
+        cause = str(getattr(error, "orig", None) or error).strip() or type(error).__name__
+    return short(cause.splitlines()[0], 160)
+
+
+def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError:
+    """The one line for a storage that cannot be used: no secret of its URL is shown."""
+    cause = describe(error)
+    return UsageError(f"{spec.source}: {spec.storage_from}: cannot {doing} "
+                      f"{storageurl.shown_url(spec.storage_url)}: "
+                      f"{storageurl.redact(short(cause, 200), spec.storage_url)}")
+
+
+def read_study(spec: Spec) -> optuna.Study | None:
+    """The stored study, read without creating anything (no file, no table); None if there is
+    none yet."""
+    found = _read(spec)
+    return None if found is None else found[0]
+
+
+@contextlib.contextmanager
+def reading(spec: Spec) -> Iterator[optuna.Study | None]:
+    """`read_study` for the block, its storage closed after (a SQLite file in WAL is left as
+    it was found: no -wal or -shm beside it)."""
+    found = _read(spec)
+    try:
+        yield None if found is None else found[0]
+    finally:
+        if found is not None:
+            close_storage(found[1])
+
+
+def _read(spec: Spec) -> tuple[optuna.Study, optuna.storages.BaseStorage] | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    kind = storageurl.storage_kind(spec.storage_url)
+    if kind != "rdb":
+        if kind == "journal" and not storageurl.journal_path(spec.storage_url).exists():
+            return None
+        try:
+            storage = open_storage(spec)
+            return optuna.load_study(study_name=spec.study.name, storage=storage), storage
+        except KeyError:
+            return None
+        except storage_errors() as e:
+            raise unreachable(spec, e, "read") from None
+    url = make_url(spec.storage_url)
+    if url.get_backend_name() == "sqlite" and (
+        not url.database or not Path(url.database).exists()
+    ):
+        return None
+    read_only = sqlite.read_only_url(spec.storage_url)
+    for attempt in (spec.storage_url, read_only or spec.storage_url):
+        try:
+            storage = optuna.storages.RDBStorage(attempt, skip_table_creation=True)
+            try:
+                return optuna.load_study(study_name=spec.study.name, storage=storage), storage
+            except BaseException:
+                close_storage(storage)
+                raise
+        except KeyError:
+            return None
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+            cause = str(e.__cause__ or e)
+            if "no such table" in cause or "does not exist" in cause:
+                return None
+            if "alembic_version" in cause:  # Optuna's version row, written as another
+                return None  # driver creates the schema this moment: nothing to read yet
+            if read_only and attempt != read_only and (
+                    "unable to open database" in cause or "readonly database" in cause):
+                continue  # a WAL file in a folder this reader cannot write: as last folded
+            raise unreachable(spec, e, "read") from None
+    raise AssertionError("unreachable")
+
+
+def _racing(error: Exception) -> bool:
+    text = f"{error} {error.__cause__}"
+    return "already exists" in text or "database is locked" in text
+
+
+
+class StudyFileReplaced(ConnectionError):
+    """The SQLite study file a driver opened was deleted, or another file put in its place."""
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Which file a path named when the study was opened: its device and inode."""
+
+    path: Path
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, url: str) -> FileIdentity | None:
+        """The identity of a `sqlite:///` URL's file now (None: not a SQLite file)."""
+        path = sqlite.file_of(url)
+        if path is None:
+            return None
+        st = path.stat()
+        return cls(path, st.st_dev, st.st_ino)
+
+    def check(self) -> None:
+        """StudyFileReplaced if the path no longer names the same file."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            raise StudyFileReplaced(f"the study file {self.path} was deleted") from None
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            raise StudyFileReplaced(f"the study file {self.path} was replaced by another file")

@@ -1,0 +1,456 @@
+"""One study as one driver sees it: asking, telling, counting and reclaiming trials, through
+Optuna's public API (the few names it has no public form for are in `optuna_compat`).
+
+It names the user attributes sweep stores on a trial, records who owns a running trial (its
+heartbeat and owner, before its trainer starts), and finds the trials whose driver is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import optuna
+from optuna.trial import TrialState
+
+from sweep.spec import searchspace
+from sweep.spec.config import Spec
+from sweep.spec.searchspace import Searched
+from sweep.study.budget import BudgetLock, target_of
+from sweep.study.counts import Counts
+from sweep.study.opening import open_study, sample
+from sweep.study.optuna_compat import stale_trial_ids, trial_id
+from sweep.study.optuna_compat import tell as compat_tell
+from sweep.study.ownership import OWNER, Orphan, Owner, Sighting, judge
+from sweep.study.storage import (
+    FileIdentity,
+    StudyFileReplaced,
+    close_storage,
+    describe,
+    open_storage,
+    storage_errors,
+    unreachable,
+)
+from sweep.trial import lineage
+from sweep.trial.outcome import Outcome
+
+log = logging.getLogger("sweep")
+
+# User attributes of a trial. OWNER (see `ownership`) is written right after the trial's first
+# heartbeat and before its trainer starts: {"host", "pid", "started" (the driver's), "gpu",
+# "dir", and "gpus" for a trial of several devices}.
+# A trial's lineage (`retry_of`, `attempt`, `continues`, ...): see `lineage`.
+GPU, HOST, RERUN_OF = "gpu", "host", "rerun_of"
+ATTEMPT, RETRY_OF, CONTINUES = lineage.ATTEMPT, lineage.RETRY_OF, lineage.CONTINUES
+GPUS = "gpus"  # a trial of several devices: all of them, "0,1" (GPU is the first)
+EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
+BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
+METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+class Taken(Exception):
+    """Another driver has told this driver's trial (it took this one for dead)."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A trial just asked and owned: its params (searched ones) and its place in retries."""
+
+    trial: optuna.Trial
+    number: int
+    params: dict[str, Any]
+    attempt: int
+    origin: int  # the trial number this one retries, or its own
+    lineage: lineage.Lineage | None = None  # where it stands in its lineage (origin, ...)
+
+
+def connect(
+    spec: Spec, owner: Owner, reclaim_after: float | None = None,
+    notes: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
+) -> Store:
+    """The study of `spec` in its storage, opened (created if new) for the driver `owner`;
+    an unreachable storage is a UsageError. What changed since earlier runs, and may, is
+    added to `notes`."""
+    try:
+        storage = open_storage(spec)
+    except storage_errors() as e:
+        raise unreachable(spec, e) from None
+    try:
+        study = open_study(spec, storage, notes)
+        identity = FileIdentity.of(spec.storage_url)
+    except BaseException as e:
+        close_storage(storage)  # a file refused leaves nothing beside the study's either
+        if isinstance(e, storage_errors()):
+            raise unreachable(spec, e) from None
+        raise
+    return Store(study, storage, owner,
+                 spec.study.reclaim_seconds if reclaim_after is None else reclaim_after,
+                 grid=spec.study.sampler.type == "grid",
+                 sampler_for=(lambda number: searchspace.build_sampler(
+                     spec.study.sampler, spec.searched, str(spec.source), number))
+                 if searchspace.reseeds(spec.study.sampler) else None,
+                 clock=clock, lock=target_of(spec.storage_url, storage), identity=identity)
+
+
+class Store:
+    """One study in its storage, as one driver (`owner`) sees it.
+
+    `storage` is the storage the study was opened on (as `storage.open_storage` gives it);
+    `lock` what the budget lock is taken on; `identity` the SQLite study file as opened (a
+    file deleted or replaced meanwhile stops the run: `StudyFileReplaced`).
+    """
+
+    def __init__(
+        self, study: optuna.Study, storage: optuna.storages.BaseStorage, owner: Owner,
+        reclaim_after: float, grid: bool = False,
+        sampler_for: Callable[[int], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        lock: Any = None, identity: FileIdentity | None = None,
+    ) -> None:
+        self.study = study
+        self.storage = storage
+        self.study_id = storage.get_study_id_from_name(study.study_name)
+        self.owner = owner
+        self.reclaim_after = reclaim_after
+        self.grid = grid
+        self.sampler_for = sampler_for  # trial number -> the sampler that samples it
+        self.clock = clock
+        self.identity = identity
+        self.lock = BudgetLock(lock, study.study_name, lambda: self._progress(), clock)
+        self._optuna_beats = isinstance(storage, optuna.storages.RDBStorage) and \
+            storage.get_heartbeat_interval() is not None
+        self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
+        self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+
+    def check_file(self) -> None:
+        """StudyFileReplaced if the SQLite study file is no longer the one opened."""
+        if self.identity is not None:
+            self.identity.check()
+
+    # ---- asking -----------------------------------------------------------------------
+
+    def enqueue(self, params: Sequence[dict[str, Any]]) -> None:
+        """Queue trials to run first; params already queued or run are not queued again
+        (under the budget lock: drivers starting together queue each of them once)."""
+        if not params:
+            return
+        with self.budget_lock():
+            for p in params:
+                self.study.enqueue_trial(p, skip_if_exists=True)
+
+    def requeue(self, params: Mapping[str, Any], origin: int, attempt: int,
+                attrs: Mapping[str, Any] | None = None) -> bool:
+        """Queue the same params again, as attempt `attempt` of trial `origin` (with `attrs`,
+        the rest of its lineage: `lineage.Lineage.next_attrs`), unless a trial
+        of that origin and attempt exists already (queued, running or finished): True if it
+        queued one. Under the budget lock, so two drivers queue it once; idempotent, so it can
+        go before the tell it follows from (a kill between the two leaves the retry queued,
+        and whoever tells the trial after does not queue a second)."""
+        with self.budget_lock():
+            if self._retry_exists(origin, attempt):
+                return False
+            self.study.enqueue_trial(
+                dict(params), user_attrs={**(attrs or {}), RETRY_OF: origin, ATTEMPT: attempt},
+                skip_if_exists=False)
+        return True
+
+    def _retry_exists(self, origin: int, attempt: int) -> bool:
+        """Whether the study has a trial that is attempt `attempt` of trial `origin`."""
+        return any(t.user_attrs.get(RETRY_OF) == origin and t.user_attrs.get(ATTEMPT) == attempt
+                   for t in self.study.get_trials(deepcopy=False))
+
+    def ask(
+        self,
+        searched: Mapping[str, Searched],
+        gpu: int,
+        trial_dir: Callable[[int], str],
+        gpus: Sequence[int] = (),
+        queued: bool = True,
+    ) -> Asked:
+        """A new trial (a queued one first), owned on record (its first heartbeat, then its
+        owner) before its params are sampled and its trainer starts.
+
+        Killed between Optuna's ask and the owner record, a trial is RUNNING with no owner:
+        `orphans` reclaims it after `reclaim_after`. `queued` (whether the caller saw a
+        WAITING trial) is not needed: Optuna's ask looks at the queue itself. If sampling
+        fails, the trial is told FAIL and the error raised.
+        """
+        del queued
+        self.check_file()
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for optimize(); sweep records its own.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        try:
+            record: dict[str, Any] = {
+                "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
+                "gpu": gpu, "dir": trial_dir(trial.number)}
+            if len(gpus) > 1:
+                record[GPUS] = ",".join(map(str, gpus))
+            self.beat(trial)
+            trial.set_user_attr(OWNER, record)
+            params = sample(self.study, trial, searched, self.sampler_for)
+            line = self._carry_lineage(trial)
+        except Exception as e:
+            self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
+            raise
+        return Asked(trial, trial.number, params, line.attempt, line.origin, line)
+
+    def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
+        """The lineage of a trial just asked: a new one gets its run id; an attempt that
+        resumes gets the curve (intermediate values) its lineage's earlier attempts reached,
+        so the pruner compares what the trial really reached."""
+        line = lineage.Lineage.of(trial.user_attrs, trial.number)
+        if line.run_id is None:
+            run_id = lineage.new_run_id(self.study.study_name, line.origin)
+            trial.set_user_attr(lineage.RUN_ID, run_id)
+            line = dataclasses.replace(line, run_id=run_id)
+        if line.resumes:
+            earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
+                       for t in self.study.get_trials(deepcopy=False)
+                       if t.number != trial.number and t.state.is_finished()
+                       and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
+            key = trial_id(trial)
+            for step, value in sorted(lineage.merged_curve(earlier).items()):
+                self.storage.set_trial_intermediate_value(key, step, value)
+        return line
+
+    @contextlib.contextmanager
+    def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
+        """See `budget.BudgetLock.hold`."""
+        with self.lock.hold(abort) as held:
+            yield held
+
+    def _progress(self) -> int:
+        """How many trials the study has: it grows while holders of the lock do their work."""
+        try:
+            return len(self.study.get_trials(deepcopy=False))  # Optuna's cache: no full read
+        except Exception:  # a storage hiccup: no news
+            return -1
+
+    def close(self) -> None:
+        """See `storage.close_storage`."""
+        close_storage(self.storage)
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def counts(self) -> Counts:
+        """Finished, running and waiting trials of every driver (and grid points started)."""
+        self.check_file()
+        trials = self.study.get_trials(deepcopy=False)  # Optuna's cache: new and unfinished
+        by_state = collections.Counter(t.state for t in trials)
+        grid = 0
+        if self.grid:
+            grid = len({t.system_attrs.get("grid_id") for t in trials
+                        if t.state != TrialState.WAITING} - {None})
+        return Counts(sum(by_state[s] for s in FINISHED), by_state[TrialState.RUNNING], grid,
+                      by_state[TrialState.WAITING])
+
+    def peaks(self) -> list[float]:
+        """The GPU memory peaks (MB) of the study's finished trials, where measured."""
+        return [float(t.user_attrs["gpu_mem_peak_mb"])
+                for t in self.study.get_trials(deepcopy=False, states=FINISHED)
+                if isinstance(t.user_attrs.get("gpu_mem_peak_mb"), (int, float))]
+
+    def best(self, k: int = 3) -> list[tuple[int, list[float]]]:
+        """The best trial (or up to `k` of the Pareto front) as (number, values)."""
+        try:
+            if len(self.study.directions) > 1:
+                best = self.study.best_trials[:k]
+            else:
+                best = [self.study.best_trial]
+        except ValueError:
+            return []
+        return [(t.number, list(t.values)) for t in best]
+
+    # ---- following and telling ---------------------------------------------------------
+
+    def report(self, trial: optuna.Trial, step: int, value: float) -> bool:
+        """Store an intermediate value; False if Optuna refuses it (the step is skipped).
+        Taken if another driver has told the trial meanwhile."""
+        try:
+            trial.report(value, step)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise Taken(trial.number) from None
+        except (ValueError, OverflowError, TypeError) as e:
+            log.debug("trial %d: report (%r, %r) refused: %s", trial.number, step, value, e)
+            return False
+        return True
+
+    def should_prune(self, trial: optuna.Trial) -> bool:
+        return bool(trial.should_prune())
+
+    def tell(
+        self, trial: optuna.Trial, state: TrialState, values: list[float] | None,
+        attrs: Mapping[str, Any],
+    ) -> tuple[bool, bool]:
+        """Store `attrs` (NaN left out), then tell `state` (COMPLETE, PRUNED, FAIL).
+
+        Returns (told: False if another driver finished the trial first, whether the sampler
+        has now searched its whole space).
+        """
+        self.check_file()
+        state = TrialState[state] if isinstance(state, str) else state
+        kept = {k: v for k, v in attrs.items() if not (isinstance(v, float) and math.isnan(v))}
+        try:
+            for key, value in kept.items():
+                trial.set_user_attr(key, value)
+            done = compat_tell(self.study, trial,
+                               values if state is TrialState.COMPLETE else None, state)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False, False
+        except ValueError:  # "Cannot tell a FAIL trial": finished by another driver
+            if self.storage.get_trial(trial_id(trial)).state.is_finished():
+                return False, False
+            raise
+        return True, done
+
+    def note(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        """Store `attrs` on a running trial (what it runs: `provenance.RunRecord.attrs`)."""
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    def tell_verdict(
+        self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
+        usage: Mapping[str, float], gpus: Sequence[int] = (),
+    ) -> tuple[bool, bool]:
+        """Tell a judged trial with the attributes sweep stores (see `tell`); `gpus`: all its
+        devices, for a trial of several (stored as "0,1")."""
+        attrs: dict[str, Any] = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
+                 EXIT_CODE: verdict.exit_code, **usage,
+                 **{METRIC_PREFIX + k: v for k, v in verdict.extras.items()}}
+        if len(gpus) > 1:
+            attrs[GPUS] = ",".join(str(g) for g in gpus)
+        if verdict.fail_reason:
+            attrs[FAIL_REASON] = verdict.fail_reason
+        return self.tell(trial, verdict.state, verdict.values, attrs)
+
+    def tell_failed(
+        self, trial: optuna.Trial, reason: str, gpu: int | None = None, attempt: int | None = None
+    ) -> None:
+        """Tell FAIL with `reason` (and where it ran), as far as the storage still can (not
+        at all into a study file replaced meanwhile)."""
+        attrs: dict[str, Any] = {FAIL_REASON: reason, HOST: self.owner.host}
+        if gpu is not None:
+            attrs.update({GPU: gpu, ATTEMPT: attempt or 0})
+        try:
+            self.tell(trial, TrialState.FAIL, None, attrs)
+        except StudyFileReplaced:
+            log.debug("trial %d not told: the study file is gone", trial.number)
+        except Exception as e:  # storage gone too: nothing more can be done from here
+            log.error("could not tell trial %d: %s", trial.number, describe(e))
+
+    # ---- owners, heartbeats and orphans -------------------------------------------------
+
+    def beat(self, trial: optuna.Trial) -> None:
+        """Record that the trial's driver is alive: Optuna's heartbeat where the storage has
+        them (databases), else a `beat` attribute that changes each time (journal, proxy)."""
+        if self._optuna_beats:
+            cast(optuna.storages.RDBStorage, self.storage).record_heartbeat(trial_id(trial))
+        else:
+            self.storage.set_trial_user_attr(trial_id(trial), BEAT, time.time())
+
+    def _silence_left(self, trial_id: int) -> float:
+        """Seconds until a trial's `beat`, unchanged, makes it silent (0: unseen)."""
+        seen = self._beats.get(trial_id)
+        return max(0.0, self.reclaim_after - (self.clock() - seen[1])) if seen else 0.0
+
+    def _first_look_left(self, trial_id: int) -> float | None:
+        """Seconds until this driver has watched a trial's `beat` for `reclaim_after` since it
+        first saw it (None: it has, and the trial beats)."""
+        first = self._first_seen.get(trial_id)
+        if first is None or self.clock() - first >= self.reclaim_after:
+            return None
+        return self._silence_left(trial_id)
+
+    def _silent(self, t: optuna.trial.FrozenTrial) -> bool:
+        """Whether a trial's `beat` has not changed for `reclaim_after` s of this driver's
+        own clock (storages without Optuna heartbeats; no clocks of two hosts compared)."""
+        now, seen, key = self.clock(), t.user_attrs.get(BEAT), trial_id(t)
+        self._first_seen.setdefault(key, now)
+        last = self._beats.get(key)
+        if last is None or last[0] != seen:
+            self._beats[key] = (seen, now)
+            return False
+        return now - last[1] >= self.reclaim_after
+
+    def orphans(
+        self, mine: set[int], now: datetime | None = None
+    ) -> tuple[list[Orphan], float | None]:
+        """RUNNING trials (not in `mine`) whose driver is gone, by the rules of
+        `ownership.judge`, and in how many seconds one may become one (None: none may).
+        `now`: the wall clock, naive local time as Optuna's `datetime_start`."""
+        self.check_file()
+        now = now or datetime.now()
+        stale: set[int] = set()
+        if self._optuna_beats:
+            stale = stale_trial_ids(cast(optuna.storages.RDBStorage, self.storage),
+                                    self.study_id)
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not self._optuna_beats:
+            stale = {trial_id(t) for t in running if self._silent(t)}
+            ids = {trial_id(t) for t in running}
+            self._beats = {k: v for k, v in self._beats.items() if k in ids}
+            self._first_seen = {k: v for k, v in self._first_seen.items() if k in ids}
+        found: list[Orphan] = []
+        wait: float | None = None
+        for t in running:
+            if t.number in mine:
+                continue
+            key = trial_id(t)
+            owner = Owner.of(t.user_attrs)
+            here = owner is not None and owner.host == self.owner.host
+            start = t.datetime_start
+            judged = judge(Sighting(
+                owner, (owner is not None and owner.alive()) if here else None, key in stale,
+                self._optuna_beats, None if start is None else (now - start).total_seconds(),
+                self._silence_left(key), self._first_look_left(key)), self.reclaim_after)
+            if judged.wait is not None:
+                wait = judged.wait if wait is None else min(wait, judged.wait)
+            if judged.reason is not None:
+                trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir") if here else None
+                found.append(Orphan(t, judged.reason, trial_dir))
+        return found, wait
+
+    def fail_orphan(self, orphan: Orphan) -> bool:
+        """Queue an orphan's params again, then tell it FAIL with its reason; False if another
+        driver got there first.
+
+        Safe against a kill at any point: the retry is queued before the FAIL (`requeue`
+        queues it once), so a reclaimer killed in between leaves the orphan RUNNING with its
+        retry queued, and the next reclaimer tells it FAIL without queueing a second. Its
+        attributes are written before its state (a finished trial takes none): a driver
+        wrongly taken for dead that tells in between keeps its own state, and its trial the
+        reclaimer's `fail_reason` beside its own attributes (and the retry queued for it runs
+        its params once more)."""
+        t = orphan.trial
+        key = trial_id(t)
+        if self.storage.get_trial(key).state.is_finished():
+            return False  # told meanwhile (by its driver, or another reclaimer)
+        # a queued trial's own params, where the driver died before it had written them all
+        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        a = t.user_attrs
+        if params:  # none: the driver died before sampling them, so no trainer ran
+            # its continuation: a dead driver is no failure of the trial (no retry spent)
+            line = lineage.Lineage.of(a, t.number)
+            self.requeue(params, line.origin, line.attempt + 1,
+                         line.next_attrs(t.number, retry=False))
+        owner = a.get(OWNER) or {}
+        attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
+                 ATTEMPT: a.get(ATTEMPT, 0)}
+        try:
+            for k, v in attrs.items():
+                if v is not None:
+                    self.storage.set_trial_user_attr(key, k, v)
+            return bool(self.storage.set_trial_state_values(key, state=TrialState.FAIL))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False

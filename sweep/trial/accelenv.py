@@ -1,0 +1,100 @@
+"""What `accelerate launch` would put in a one-process trial's environment, computed by
+accelerate's own code (`_validate_launch_command`, then `prepare_simple_launcher_cmd_env`) in
+a helper process, once per set of launch options, and cached: `trainer.launcher: direct`
+then starts each trial with one interpreter instead of two. The driver never imports
+accelerate (nor torch).
+
+The cache is a JSON file per host and options in `<output_dir>/cache/`; the key holds the
+accelerate version, the interpreter, the options and the variables accelerate reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+from sweep._core.errors import SweepError
+
+# Run as `python -c HELPER OPTIONS_JSON`: prints the variables accelerate sets or changes.
+HELPER = """
+import json, os, sys
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+args = launch_command_parser().parse_args(json.loads(sys.argv[1]) + ["sweep_trial.py"])
+args, _, _ = _validate_launch_command(args)
+_, env = prepare_simple_launcher_cmd_env(args)
+print(json.dumps({k: v for k, v in env.items() if os.environ.get(k) != v}))
+"""
+READS = re.compile(r"^(ACCELERATE_|OMP_|KMP_|HF_|CUDA_|MASTER_)")  # what accelerate looks at
+OURS = ("CUDA_VISIBLE_DEVICES",)  # sweep sets it per trial
+
+
+class AccelerateEnv:
+    """The variables `accelerate launch` sets for given options, computed once each."""
+
+    def __init__(self, cache_dir: Path, host: str, python: str = sys.executable,
+                 timeout: float = 300.0, version: str | None = None) -> None:
+        """`python`: the trainer's interpreter, whose accelerate computes the variables;
+        `version`: its accelerate's (None: the driver's own, for its own interpreter)."""
+        self.cache_dir, self.host, self.python, self.timeout = cache_dir, host, python, timeout
+        self._known: dict[tuple[str, ...], dict[str, str]] = {}
+        try:
+            version = version or metadata.version("accelerate")
+        except metadata.PackageNotFoundError:
+            version = "?"
+        reads = sorted((k, v) for k, v in os.environ.items() if READS.match(k))
+        self._context = [version, python, host, reads]  # what the driver runs with: fixed
+
+    def key(self, options: list[str]) -> str:
+        text = json.dumps([*self._context, options])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def cached(self, options: list[str]) -> dict[str, str] | None:
+        """The variables for `options` if a run has computed them on this host (reads only:
+        memory, then the cache file)."""
+        if tuple(options) in self._known:
+            return self._known[tuple(options)]
+        try:
+            return dict(json.loads(self._file(options).read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _file(self, options: list[str]) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
+        return self.cache_dir / f"accelerate_env.{safe}.{self.key(options)}.json"
+
+    def get(self, options: list[str]) -> dict[str, str]:
+        """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
+        one run of the helper (a few seconds). SweepError if accelerate refuses them."""
+        env = self.cached(options)  # each trial start asks: from memory, no hashing, no files
+        if env is None:
+            env = self._compute(options)
+            cached = self._file(options)
+            tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
+            tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
+            tmp.replace(cached)
+        self._known[tuple(options)] = env
+        return env
+
+    def _compute(self, options: list[str]) -> dict[str, str]:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run([self.python, "-c", HELPER, json.dumps(options)],
+                                  capture_output=True, text=True, timeout=self.timeout,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SweepError(f"launcher: direct: cannot ask accelerate for its environment: "
+                             f"{e}") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SweepError(f"launcher: direct: accelerate refused the options "
+                             f"{' '.join(options)}: {last[:200]}")
+        env = json.loads(done.stdout.strip().splitlines()[-1])
+        return {k: str(v) for k, v in env.items() if k not in OURS}

@@ -1,0 +1,490 @@
+"""The folders and files of a sweep in `output_dir`: whose they are, and writing them safely.
+
+`output_dir` belongs to one study: `study.json` there names it and its storage, and a driver
+of another study refuses the folder before it writes anything (`claim_output_dir`), and so
+does an output_dir inside another study's. A trial's folder `trials/<number>/` is made anew
+before the trial starts, so no file in it is older than the trial; a declared result file
+elsewhere is never removed, and counts only if the trial wrote it. sweep removes only
+folders it made, never through a link (`safefs.remove_tree`). Trial folders are 0700 and
+their files 0600 (`command.sh` 0700), never written through a symbolic link; `command.sh`
+leaves out the values of variables whose names look secret or that hold a URL's password,
+and writes a URL's password in an argument as `***`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sweep._core.errors import UsageError
+from sweep._core.safefs import (
+    MARKER,
+    UnsafePath,
+    check_output_dir,
+    make_own_folder,
+    open_for_writing,
+    remove_tree,
+    write_file,
+)
+from sweep.spec.config import Spec
+from sweep.spec.storageurl import GRPC, JOURNAL, grpc_address, journal_path, shown_url
+from sweep.trial import lineage
+
+MARKER_NAME = MARKER  # study.json: whose output_dir this is
+TRIAL_MARKER = "command.sh"  # sweep writes it first into every trial folder it makes
+FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
+# names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
+SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
+SHORTEST_SECRET = 6  # shorter values of such variables are not looked for in the arguments
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """The files of one trial, all under `<output_dir>/trials/<number>/`."""
+
+    dir: Path
+
+    @classmethod
+    def of(cls, output_dir: Path, number: int) -> TrialPaths:
+        return cls(output_dir / "trials" / str(number))
+
+    @property
+    def params(self) -> Path:
+        return self.dir / "params.json"
+
+    @property
+    def result(self) -> Path:
+        return self.dir / "result.json"
+
+    @property
+    def reports(self) -> Path:
+        return self.dir / "reports.jsonl"
+
+    @property
+    def stdout(self) -> Path:
+        return self.dir / "stdout.log"
+
+    @property
+    def stderr(self) -> Path:
+        return self.dir / "stderr.log"
+
+    @property
+    def command(self) -> Path:
+        return self.dir / "command.sh"
+
+
+class Plan(Protocol):
+    """What `prepare_trial_dir` needs of a `launch.LaunchPlan`."""
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+    @property
+    def paths(self) -> TrialPaths: ...
+    @property
+    def result(self) -> Path: ...
+
+
+def trial_dir(output_dir: Path, number: int) -> Path:
+    return TrialPaths.of(output_dir, number).dir
+
+
+def driver_dir(output_dir: Path, host: str, pid: int) -> Path:
+    """The files of one driver process (its accelerate config, its GPU samples): drivers on
+    several hosts may share `output_dir` on a cluster filesystem."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "host"
+    return output_dir / "drivers" / f"{safe}.{pid}"
+
+
+# ---- whose output_dir -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputOwner:
+    """The study an `output_dir` belongs to: its name and its storage as shown to users."""
+
+    study: str
+    storage: str
+
+
+def owner_of(spec: Spec) -> OutputOwner:
+    """Who `spec`'s output_dir belongs to: its study, in its storage (password hidden)."""
+    return OutputOwner(spec.study.name, shown_url(spec.storage_url))
+
+
+def same_owner(found: OutputOwner | None, owner: OutputOwner) -> bool:
+    """Whether `found` (a study.json's) is `owner`: the same study name in the same storage,
+    however each URL spells it (see `storage_identity`)."""
+    return (found is not None and found.study == owner.study
+            and storage_identity(found.storage) == storage_identity(owner.storage))
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def storage_identity(url: str) -> str:
+    """The storage a (shown) storage URL reaches, as text that two URLs of one storage share:
+    a SQLite or journal file by its real path (links and `//` resolved, a relative one from
+    the current folder); a database by its kind without the driver (`postgresql+psycopg` is
+    `postgresql`), user, host (lowercased, `localhost` as `127.0.0.1`), port (the default
+    one filled in) and database, without password or query; a gRPC proxy by host:port. One
+    study reached through a gRPC proxy and directly is two storages here. A URL that does
+    not parse is itself."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if url.startswith(JOURNAL):
+        return JOURNAL + os.path.realpath(journal_path(url))
+    if url.startswith(GRPC):
+        try:
+            host, grpc_port = grpc_address(url)
+        except ValueError:
+            return url
+        return f"{GRPC}{_host(host)}:{grpc_port}"
+    try:
+        parsed = make_url(url)
+        backend, port = parsed.get_backend_name(), parsed.port or None
+    except (ArgumentError, ValueError):
+        return url
+    if backend == "sqlite":
+        db = parsed.database
+        return f"sqlite:///{os.path.realpath(db) if db and db != ':memory:' else db or ''}"
+    port = port or DEFAULT_PORTS.get(backend)
+    return (f"{backend}://{parsed.username or ''}@{_host(parsed.host or '')}:{port or ''}"
+            f"/{parsed.database or ''}")
+
+
+def _host(host: str) -> str:
+    host = host.lower()
+    return "127.0.0.1" if host == "localhost" else host
+
+
+def read_marker(output_dir: Path) -> OutputOwner | None:
+    """The study `output_dir` belongs to, from its `study.json`; None if it has none (yet)."""
+    try:
+        data = json.loads((output_dir / MARKER_NAME).read_text())
+        return OutputOwner(str(data["study"]), str(data["storage"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return OutputOwner("<unreadable>", "<unreadable>")
+
+
+def claim_output_dir(output_dir: Path, owner: OutputOwner, source: Path) -> None:
+    """Make `output_dir` (created and checked: see `prepare_output_dir`) the folder of
+    `owner`'s trials, or find it is already: UsageError, in one line, if it holds another
+    study's (another name, or the same name in another storage: `storage_identity`).
+    Drivers of one study on several hosts share it. An output_dir inside another one (a
+    folder above it holds a study.json) is refused: its trials would be removed with that
+    study's."""
+    check_not_nested(output_dir, source)
+    prepare_output_dir(output_dir, source=source)
+    try:
+        found = _mark(output_dir, owner)
+    except OSError as e:
+        raise UsageError(f"{source}: study.output_dir: cannot write "
+                         f"{output_dir / MARKER_NAME}: {e.strerror or e}") from None
+    if not same_owner(found, owner):
+        raise UsageError(foreign(source, output_dir, found))
+
+
+def check_not_nested(output_dir: Path, source: Path) -> None:
+    """UsageError if a folder above `output_dir` is a study's output_dir (holds a study.json
+    naming a study): a trial folder or checkpoint folder of that study could hold it."""
+    for above in Path(os.path.realpath(output_dir)).parents:
+        found = read_marker(above)
+        if found is not None and found.study != "<unreadable>":
+            raise UsageError(
+                f"{source}: study.output_dir: {output_dir} is inside {above}, the output_dir "
+                f"of {_whose(found)} (see {above / MARKER_NAME}), whose trial folders are "
+                "removed with their trials: give this study a folder of its own")
+
+
+def _mark(output_dir: Path, owner: OutputOwner) -> OutputOwner | None:
+    """Write `owner` into `output_dir`'s study.json unless it has one: whom it names now."""
+    found = read_marker(output_dir)
+    if found is not None:
+        return found
+    tmp = output_dir / f".{MARKER_NAME}.{os.getpid()}.tmp"
+    try:
+        write_file(tmp, json.dumps({"study": owner.study, "storage": owner.storage},
+                                   indent=1) + "\n", 0o644)
+        try:
+            os.link(tmp, output_dir / MARKER_NAME)  # the first claim wins; others read it
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_marker(output_dir)
+
+
+def foreign(source: Path, output_dir: Path, found: OutputOwner | None) -> str:
+    """The line that refuses `output_dir` holding the trials of `found`."""
+    return (f"{source}: study.output_dir: {output_dir} holds the trials of {_whose(found)}, see "
+            f"{output_dir / MARKER_NAME}: give this study another output_dir, or remove that "
+            "folder to start afresh")
+
+
+def _whose(found: OutputOwner | None) -> str:
+    return ("an unreadable study.json" if found is None or found.study == "<unreadable>"
+            else f"study {found.study!r} (storage {found.storage})")
+
+
+def check_belongs(output_dir: Path, owner: OutputOwner, source: Path) -> None:
+    """UsageError if `output_dir` is marked as another study's (an unmarked one may be)."""
+    found = read_marker(output_dir)
+    if found is not None and not same_owner(found, owner):
+        raise UsageError(foreign(source, output_dir, found))
+
+
+# ---- making folders and files ---------------------------------------------------------
+
+
+def prepare_output_dir(output_dir: Path, own: Path | None = None,
+                       source: Path | None = None) -> None:
+    """Create `output_dir` (and check it: this user's, not writable by all), and, with the
+    driver's folder `own`, that folder (and `drivers/`) and `trials/`, each this user's own
+    real folder (a symbolic link is refused). With `source`, a problem is a
+    UsageError naming `study.output_dir` of that file; else the OSError, naming the path."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if source is None:
+            raise
+        raise UsageError(f"{source}: study.output_dir: cannot create {output_dir}: "
+                         f"{e.strerror or e}") from None
+    try:
+        check_output_dir(output_dir)
+        if own is not None:
+            make_own_folder(own.parent, FOLDER_MODE)
+            make_own_folder(own, FOLDER_MODE)
+            make_own_folder(output_dir / "trials", FOLDER_MODE)
+    except OSError as e:
+        if source is None:
+            raise
+        mine = "; use a folder of your own" if isinstance(e, UnsafePath) else ""
+        raise UsageError(f"{source}: study.output_dir: {cannot(e, output_dir)}{mine}") from None
+
+
+def ensure_driver_dir(spec: Spec, own: Path) -> None:
+    """Before each trial: re-create the driver's folder `own`, and the study.json of `spec`'s
+    output_dir, if they are gone (`output_dir` removed during the run); one `stat` when they
+    are there. TrialFileError if they cannot be, or another study has taken it since."""
+    if own.is_dir():
+        return
+    output_dir, owner = spec.output_dir, owner_of(spec)
+    with _trial_files(own):
+        prepare_output_dir(output_dir, own)
+        found = _mark(output_dir, owner)
+        if not same_owner(found, owner):
+            raise UnsafePath(output_dir, "was removed during the run and now holds the "
+                             f"trials of {_whose(found)}")
+
+
+class TrialFileError(OSError):
+    """A trial's folder or files, or the driver's folder, could not be made: `why` says
+    which path and why (the disk is full, the folder read-only or gone, a planted link)."""
+
+    def __init__(self, why: str, cause: OSError) -> None:
+        super().__init__(cause.errno, why, cause.filename)
+        self.why = why
+
+    def __str__(self) -> str:
+        return self.why
+
+
+@contextlib.contextmanager
+def _trial_files(fallback: Path) -> Iterator[None]:
+    """Any OSError inside as a TrialFileError naming its path (`fallback` if it names none)."""
+    try:
+        yield
+    except TrialFileError:
+        raise
+    except OSError as e:
+        raise TrialFileError(cannot(e, fallback), e) from e
+
+
+def cannot(e: OSError, fallback: Path) -> str:
+    """An OSError as "cannot write PATH: why"."""
+    if isinstance(e, UnsafePath):
+        return str(e)
+    return f"cannot write {e.filename or fallback}: {e.strerror or e}"
+
+
+def prepare_checkpoint_dir(output_dir: Path, line: lineage.Lineage) -> lineage.Start:
+    """`lineage.prepare` (the lineage's checkpoint folder, emptied for a new lineage or a
+    clean retry); TrialFileError (naming the path) if it cannot be done."""
+    with _trial_files(lineage.checkpoint_dir(output_dir, line.origin)):
+        return lineage.prepare(output_dir, line)
+
+
+def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
+                      secrets: Mapping[str, str] | None = None) -> os.stat_result | None:
+    """Make the trial's folder anew (0700), with command.sh (first: it marks the folder as
+    sweep's) and params.json (the script's params). A folder an earlier trial of that number
+    left is removed, if sweep made it (`safefs.remove_tree` with `TRIAL_MARKER`); a link, a
+    file or a folder of someone else's there is refused. The declared result file is never
+    removed (a result written before the trial never counts: `written_before`), and one that
+    is a folder is refused. `secrets` (see `arg_secrets`) are left out of command.sh's
+    arguments, as are the values of the trial's variables whose names look secret.
+    TrialFileError (naming the path) if it cannot be done; then nothing was removed.
+    Returns the `stat` of the result file found elsewhere before the trial (for
+    `written_before`), None if there was none."""
+    with _trial_files(plan.paths.dir):
+        return _prepare_trial_dir(plan, params, secrets or {})
+
+
+def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
+                       secrets: Mapping[str, str]) -> os.stat_result | None:
+    paths = plan.paths
+    paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
+    make_own_folder(paths.dir.parent, FOLDER_MODE)
+    remove_tree(paths.dir, TRIAL_MARKER)
+    os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here
+    make_own_folder(paths.dir, FOLDER_MODE)
+    before = None
+    if plan.result.parent != paths.dir:  # (a path through the trial's folder resolves now)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            before = os.stat(plan.result)
+        if before is not None and stat.S_ISDIR(before.st_mode):
+            raise UnsafePath(plan.result, "is a folder: trainer.result.file must name a "
+                             "file (the one the trainer writes)")
+    write_file(paths.command, command_script(plan, secrets), SCRIPT_MODE)
+    write_file(paths.params, json.dumps(dict(params), indent=2) + "\n", FILE_MODE)
+    cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: made if it is not there
+    if cwd is not None:
+        os.makedirs(cwd, FOLDER_MODE, exist_ok=True)
+    return before
+
+
+STALE_MARGIN_NS = 1_000_000_000  # a file's clock may differ this much from command.sh's
+
+
+def written_before(result: Path, paths: TrialPaths,
+                   before: os.stat_result | None = None) -> bool:
+    """Whether the trial's result file was not written by the trial: it is the very file
+    found before the trial (`before`, from `prepare_trial_dir`), unchanged since, or it was
+    last written before the trial was prepared (its command.sh) by over a second (only files
+    of command.sh's file system are compared that way: another one's clock may differ)."""
+    try:
+        found, prepared = os.stat(result), os.stat(paths.command)
+    except OSError:
+        return False
+    if before is not None and _same_file(found, before):
+        return True
+    return (found.st_dev == prepared.st_dev
+            and found.st_mtime_ns < prepared.st_mtime_ns - STALE_MARGIN_NS)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """The same file, unchanged: no write, rename or change of its inode in between."""
+    return ((a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns)
+            == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns))
+
+
+def open_log(path: Path) -> Any:
+    """A trial's stdout.log or stderr.log, emptied, for the trainer to write (binary): never
+    through a symbolic link, nor another user's file. TrialFileError (naming it) if not."""
+    with _trial_files(path):
+        return os.fdopen(open_for_writing(path, FILE_MODE), "wb")
+
+
+# ---- command.sh -----------------------------------------------------------------------
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable's name says its value is a secret (a token, a key, a password)."""
+    return (not name.startswith("SWEEP_") and name not in ("PWD", "OLDPWD")
+            and bool(SECRET_NAME.search(name)))
+
+
+# a password in a URL: scheme://user:PASSWORD@host
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:([^\s/@]+)@")
+
+
+def holds_password(value: str) -> bool:
+    """Whether `value` holds a URL with a password in it (`scheme://user:password@host`)."""
+    return _URL_PASSWORD.search(value) is not None
+
+
+def secret_variable(name: str, value: str) -> bool:
+    """Whether command.sh leaves out a variable: its name looks secret, or its value holds a
+    URL's password."""
+    return secret_name(name) or holds_password(value)
+
+
+def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
+    names look secret, or whose values hold a URL's password: their values are left out of
+    command.sh."""
+    names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
+    return {n: environ[n] for n in sorted(names)
+            if n in environ and secret_variable(n, environ[n])}
+
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
+
+
+def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
+    """command.sh: the trial's exact command as a shell script, except that the values of
+    the trial's variables whose names look secret or whose values hold a URL's password, and
+    of `secrets` in its arguments, are left out: the script takes them from its caller's
+    environment, and says so. A URL's password in an argument that no such variable holds
+    is written as `***`: the script says so, and runs only once it is put back."""
+    left = {k for k, v in plan.env.items() if secret_variable(k, v)}
+    hidden = {**secrets, **{k: plan.env[k] for k in left}}
+    values = sorted(((v, k) for k, v in hidden.items() if len(v) >= SHORTEST_SECRET),
+                    key=lambda vk: -len(vk[0]))
+    in_args: set[str] = set()
+    starred: list[str] = []
+    words = [_quote(arg, values, in_args, starred) for arg in plan.argv]
+    env = " ".join(f"{k}={_ref(k) if k in left else shlex.quote(v)}"
+                   for k, v in sorted(plan.env.items()))
+    lines = ["#!/bin/sh"]
+    names = {*left, *in_args}
+    named = sorted(n for n in names if secret_name(n))
+    if named:
+        lines.append(f"# left out (their names look secret): {', '.join(named)}; set "
+                     "them in your environment to run this (they come from trainer.env "
+                     "or the driver's environment)")
+    urls = sorted(names - set(named))
+    if urls:
+        lines.append(f"# left out (their values hold a password in a URL): {', '.join(urls)}; "
+                     "set them in your environment to run this (they come from trainer.env "
+                     "or the driver's environment)")
+    if starred:
+        lines.append("# a password in a URL in the arguments is written as ***: put it back "
+                     "(edit this file) to run this")
+    cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: the trial runs there
+    if cwd is not None:
+        lines.append(f"cd {shlex.quote(str(cwd))} || exit 1")
+    lines.append(f"{env} {' '.join(words)}")
+    return "\n".join(lines) + "\n"
+
+
+def _ref(name: str) -> str:
+    return f'"${{{name}:?is left out of command.sh: set it}}"'
+
+
+def _quote(arg: str, values: list[tuple[str, str]], found: set[str],
+           starred: list[str]) -> str:
+    """`arg` as one shell word, each secret value in it replaced by a reference to its
+    variable, and each URL's password left in it by `***` (noted in `starred`)."""
+    for value, name in values:
+        if value in arg:
+            found.add(name)
+            return _ref(name).join(_quote(part, values, found, starred) if part else ""
+                                   for part in arg.split(value))
+    if holds_password(arg):
+        starred.append(arg)
+        arg = _URL_PASSWORD.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***@", arg)
+    return shlex.quote(arg)

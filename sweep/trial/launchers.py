@@ -1,0 +1,325 @@
+"""How a trial starts: one `Launcher` per `trainer.launcher`, chosen once by `make`.
+
+A launcher plans a trial (argv, environment and files, from the spec and the trial's inputs:
+`plan`, pure once the launcher is ready), spawns it under its guard (`spawn`, a
+`process.Process`) and ends what it holds (`close`). The driver and the dry run only call
+these; which launcher a run has is decided in `make`, and nowhere else.
+
+- `accelerate` (the default): `accelerate launch` as a new process per trial, exactly the
+  command a user would type (sweep's accelerate config, the device, the options).
+- `direct`: the script in one interpreter, with the variables accelerate's own
+  `prepare_simple_launcher_cmd_env` gives it (`accelenv`, computed once per options).
+- `warm`: as `direct`, but each trial is a fork of a server that imported torch, accelerate
+  and `trainer.preload` (`sweep.trial.warm`); where it cannot serve, trials start as `direct` and
+  the user is told why, once.
+- `python`: `python script.py` with the device and sweep's variables, nothing of accelerate.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from sweep.protocol import TRIAL_DIR_ENV
+from sweep.spec import accelconfig, interpreter
+from sweep.spec.config import Spec
+from sweep.trial import launch_plan, process, provenance
+from sweep.trial.accelenv import AccelerateEnv
+from sweep.trial.launch_plan import LaunchPlan
+from sweep.trial.lineage import Start
+from sweep.trial.process import Process, Spawn
+from sweep.trial.warm import (
+    TESTED_PYTHONS,
+    WarmError,
+    WarmNotYet,
+    WarmServer,
+    cannot_take,
+    server_modules,
+)
+
+WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
+
+Say = Callable[[str], None]
+Abort = Callable[[], bool]
+
+
+class Launcher(Protocol):
+    """How the trials of one run start (`make` picks the one the study names); each method's
+    contract is on `BaseLauncher`'s."""
+
+    def prepare(self) -> None: ...
+    def get_ready(self) -> None: ...
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan: ...
+    def note(self, params: Mapping[str, Any]) -> str | None: ...
+    def header(self) -> list[str]: ...
+    def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+              hold: Sequence[int] = ()) -> Process: ...
+    def close(self) -> None: ...
+
+
+class BaseLauncher:
+    """What the launchers share: a plan by `launch_plan.plan_trial`, a spawn by the run's `spawn`
+    (`process.TrialProcess`: a guard, then the command, new interpreters both)."""
+
+    through_accelerate = False  # the trial's command is `accelerate launch ...`
+
+    def __init__(self, spec: Spec, spawn: Spawn = process.TrialProcess) -> None:
+        self.spec = spec
+        self._spawn = spawn
+        # the accelerate config trials launch with (the study's own, merged: written once)
+        self.config, self.merged = launch_plan.launch_config(spec)
+
+    def prepare(self) -> None:
+        """Before the first trial is asked: what a run needs once (a few seconds at most):
+        the study's merged accelerate config is written."""
+        if self.merged is not None:
+            accelconfig.write(self.merged, self.config.path.parent)
+
+    def get_ready(self) -> None:
+        """Before each trial is asked: a launcher still getting ready may wait here (warm: for
+        its server's imports, until the run is asked to stop)."""
+
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
+        """Trial `number`'s argv, environment and files (pure: the same inputs give the same
+        plan); `start`: what it gets from its lineage (`lineage.prepare`)."""
+        return launch_plan.plan_trial(self.spec, number, params, device, pin, port,
+                                 through_accelerate=self.through_accelerate,
+                                 config=self.config, start=start)
+
+    def note(self, params: Mapping[str, Any]) -> str | None:
+        """For a dry run: what the printed command of a trial of `params` leaves out."""
+        return None
+
+    def header(self) -> list[str]:
+        """For a dry run: how the printed commands run."""
+        if self.merged is None:
+            return []
+        return [f"# accelerate config: {self.config.path}: trainer.accelerate.config_file with "
+                "sweep's settings on top, written at the run's start"]
+
+    def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+              hold: Sequence[int] = ()) -> Process:
+        """Start `plan` under its guard; `hold`: descriptors the guard keeps while the tree
+        lives."""
+        return self._spawn(plan, grace, on_change, hold=hold)
+
+    def close(self) -> None:
+        """End what the launcher holds (running trials are the driver's to end)."""
+
+
+class AccelerateLauncher(BaseLauncher):
+    """The default: `accelerate launch` as a new process per trial, the command a user would
+    type (sweep's accelerate config, the device, the options)."""
+
+    through_accelerate = True
+
+
+class PythonLauncher(BaseLauncher):
+    """`python script.py`: the device and sweep's variables, nothing of accelerate."""
+
+
+class DirectLauncher(BaseLauncher):
+    """The script in one interpreter, with the variables `accelerate launch` would set."""
+
+    def __init__(self, spec: Spec, host: str, spawn: Spawn = process.TrialProcess,
+                 dry: bool = False) -> None:
+        """`dry`: for a dry run, which computes nothing: the variables come from the cache
+        alone."""
+        super().__init__(spec, spawn)
+        python = spec.trainer.python
+        version = None if python is None else interpreter.probe(python).packages.get(
+            "accelerate")
+        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host,
+                                            python or sys.executable, version=version)
+        self._dry = dry
+
+    def prepare(self) -> None:
+        super().prepare()
+        if all(p.where == "script" for p in self.spec.params.values()):
+            self.accelerate_env.get(launch_plan.direct_settings(self.spec, {}, self.config))
+
+    def _variables(self, params: Mapping[str, Any]) -> dict[str, str] | None:
+        options = launch_plan.direct_settings(self.spec, params, self.config)
+        return self.accelerate_env.cached(options) if self._dry else \
+            self.accelerate_env.get(options)
+
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
+        """As the base's, with accelerate's variables beneath sweep's: for launch options not
+        seen before (a searched `where: accelerate` param) they are asked of accelerate once
+        (a few seconds) and cached; then the plan is pure again."""
+        return launch_plan.plan_trial(self.spec, number, params, device, pin, port,
+                                 self._variables(params), through_accelerate=False,
+                                 config=self.config, start=start)
+
+    def note(self, params: Mapping[str, Any]) -> str | None:
+        if self._variables(params) is None:
+            return ("# plus the variables `accelerate launch` would set: computed and cached "
+                    "at the first run")
+        return None
+
+
+class WarmLauncher(DirectLauncher):
+    """`direct`'s plans, each started as a fork of a server that imported the trainers'
+    modules; `direct` itself whenever the server cannot serve (the user is told why, once)."""
+
+
+    def __init__(self, spec: Spec, host: str, own: Path, say: Say, abort: Abort,
+                 spawn: Spawn = process.TrialProcess, dry: bool = False,
+                 python: tuple[int, int] = sys.version_info[:2]) -> None:
+        """Starts the server (it imports while the rest of the run gets ready), unless `dry`
+        or `spawn` is not `process.TrialProcess` (a test's spawn starts its own kind of
+        process), or this Python is not one the fork's imitation of a new interpreter was
+        tested on. `say` tells the user; `abort()` true (the run is stopping) ends waits."""
+        super().__init__(spec, host, spawn, dry)
+        self._say, self._abort = say, abort
+        self._said: set[str] = set()
+        self.server: WarmServer | None = None
+        if dry:
+            return
+        if other_interpreter(spec.trainer.python):
+            self._drop(f"trainer.python is another interpreter ({spec.trainer.python}) than "
+                       "the driver's, whose fork server it cannot be")
+            return
+        if python not in TESTED_PYTHONS:
+            tested = ", ".join(f"{a}.{b}" for a, b in TESTED_PYTHONS)
+            self._drop(f"its fork server imitates a new interpreter of Python {tested}, and "
+                       f"this is {python[0]}.{python[1]}")
+            return
+        if spawn is not process.TrialProcess:
+            return
+        try:
+            self.server = WarmServer(server_modules(spec.trainer.preload),
+                                     {**os.environ, TRIAL_DIR_ENV: str(own / "warm")},
+                                     own / "warm.log", abort=abort)
+        except OSError as e:
+            self._drop(f"cannot start its fork server: {e}")
+
+    def header(self) -> list[str]:
+        return [*super().header(),
+                "# launcher warm: each runs as a fork of the warm server, with this environment"]
+
+    def get_ready(self) -> None:
+        self._ready()
+
+    def _ready(self) -> WarmServer | None:
+        """The server once it is ready; None while it cannot serve. The first trial waits
+        `WARM_WAIT` s for its imports; later ones only look."""
+        if self.server is None:
+            return None
+        fresh = self.server.hello is None
+        try:
+            hello = self.server.ready(0.0 if "slow" in self._said else WARM_WAIT,
+                                      abort=self._abort)
+        except WarmNotYet:
+            if not self._abort():
+                self._once("slow", f"launcher: warm: the fork server is still importing "
+                           f"{', '.join(self.server.preload)} after {WARM_WAIT:.0f} s (see "
+                           f"{self.server.log}): trials start as launcher: direct until it is "
+                           "ready")
+            return None
+        except WarmError as e:
+            self._drop(str(e))
+            return None
+        if fresh:
+            for name, error in hello["failed"].items():
+                self._say(f"launcher: warm: could not preload {name} ({error}); trials "
+                          "import it themselves")
+            if hello["cuda"]:
+                self._drop("importing the preloaded modules initialised CUDA, which a fork "
+                           "cannot use (see docs/explanation/launchers.md)")
+                return None
+            if hello.get("threads"):
+                self._drop(f"importing the preloaded modules left threads running "
+                           f"({', '.join(hello['threads'])}): a fork would find their locks "
+                           "held forever")
+                return None
+            if "slow" in self._said:
+                self._say("launcher: warm: the fork server is ready; trials start as its forks")
+        return self.server
+
+    def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+              hold: Sequence[int] = ()) -> Process:
+        server = self._ready()
+        refused = cannot_take(plan.env, os.environ) if server is not None else []
+        if refused:
+            names = ", ".join("PYTHONPATH (a sitecustomize there)" if k == "PYTHONPATH" else k
+                              for k in refused)
+            self._once("env", f"launcher: warm: trainer.env sets {names}, which python acts "
+                       "on once as it starts, so a fork cannot take it: those trials start "
+                       "as launcher: direct")
+        elif server is not None:
+            try:
+                return self._spawn(plan, grace, on_change, hold=hold, server=server)
+            except WarmError as e:
+                self._drop(str(e))
+        return self._spawn(plan, grace, on_change, hold=hold)
+
+    def _once(self, key: str, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._say(text)
+
+    def _drop(self, why: str) -> None:
+        """The server cannot serve: say why, end it; trials start as `direct` from now on."""
+        self._say(f"launcher: warm: {why}; starting trials as launcher: direct")
+        if self.server is not None:
+            self.server.close(wait=0.0)
+            self.server = None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def accelerate_record(spec: Spec) -> dict[str, Any] | None:
+    """What env.json records of the accelerate config `spec`'s trials launch with (None: the
+    launcher `python` runs no accelerate)."""
+    return None if spec.trainer.launcher == "python" else provenance.accelerate_record(spec)
+
+
+def other_interpreter(python: str | None) -> bool:
+    """Whether `trainer.python` names an interpreter other than the driver's own (another
+    venv of the same Python is another one: its packages differ)."""
+    if python is None:
+        return False
+    found = interpreter.probe(python)
+    return (found.prefix, found.executable) != (sys.prefix, sys.executable)
+
+
+def make(spec: Spec, host: str, own: Path, say: Say = lambda _: None,
+         abort: Abort = lambda: False, spawn: Spawn = process.TrialProcess,
+         dry: bool = False) -> Launcher:
+    """The launcher `spec.trainer.launcher` names, for a run (or, `dry`, a dry run: nothing
+    is started or computed). Settings of other launchers are named to the user (`say`)."""
+    trainer = spec.trainer
+    if not dry and trainer.preload and trainer.launcher != "warm":
+        say(f"trainer.preload is for launcher: warm; launcher is {trainer.launcher}: nothing "
+            "is preloaded")
+    if not dry and "fork_launcher" in trainer.model_fields_set:
+        say("trainer.fork_launcher is no longer used: every trial starts as a new process "
+            "(launcher: warm is the fast path for trials of seconds); remove it from the "
+            "study file")
+    launcher: Launcher
+    if trainer.launcher == "warm":
+        launcher = WarmLauncher(spec, host, own, say, abort, spawn, dry)
+    elif trainer.launcher == "direct":
+        launcher = DirectLauncher(spec, host, spawn, dry)
+    elif trainer.launcher == "python":
+        launcher = PythonLauncher(spec, spawn)
+    else:
+        launcher = AccelerateLauncher(spec, spawn)
+    merged = getattr(launcher, "merged", None)
+    if not dry and merged is not None:
+        for note in merged.notes:
+            say(note)
+    return launcher

@@ -1,0 +1,308 @@
+"""What ran: a record per trial (`<trial_dir>/env.json`, and `code.patch` when the script's
+git tree has uncommitted changes), with two short versions a rerun compares: `code_version`
+(also a user attribute of the trial, one storage write) and `env_version` (in env.json).
+
+What is the same for every trial of a run (the script's git state, the trainer's interpreter
+and its package versions, the accelerate config, the GPU driver) is found once, when the run
+starts (`RunRecord.find`: a few git calls with a timeout, one interpreter probe; the pool's
+NVML session gives the GPUs and the driver); each
+trial adds its devices and its exact command (`trial_record`, pure) and writes two files.
+Package versions come from package metadata in the trainer's interpreter
+(`sweep.spec.interpreter`), never by importing anything into the driver.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweep._core.safefs import open_for_writing, write_file
+from sweep.spec import interpreter
+from sweep.spec.accelconfig import ConfigFileError
+from sweep.spec.config import Spec
+from sweep.spec.interpreter import Interpreter, InterpreterError
+from sweep.trial import folders, launch_plan
+
+ENV_NAME, PATCH_NAME = "env.json", "code.patch"
+CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
+ENV_VERSION = "env_version"  # a key of env.json
+GIT_TIMEOUT = 10.0  # seconds for each git call
+MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's folder
+MAX_SOURCES = 200  # .py files of the script's folder read for their imports
+MAX_SOURCE = 1 << 20  # bytes of each
+
+Run = Callable[..., "subprocess.CompletedProcess[bytes]"]
+
+
+@dataclass(frozen=True)
+class Code:
+    """The git state of the folder a script is in (`repo` its top level)."""
+
+    repo: str
+    commit: str | None  # None: a repository without commits
+    branch: str | None  # None: a detached HEAD
+    dirty: bool  # tracked files differ from the commit (staged or not)
+    patch: bytes  # `git diff HEAD --binary`: empty when clean (or over MAX_PATCH: `cut`)
+    untracked: tuple[str, ...] = ()
+    cut: bool = False  # the diff was larger than MAX_PATCH and is not kept
+    digest: str = ""  # the whole diff's SHA-256 (also when it is not kept)
+
+    @property
+    def version(self) -> str:
+        """The commit's first 12 digits, `+` 8 of the diff's hash when dirty:
+        `3f2a9c1b0d4e+1a2b3c4d`."""
+        head = (self.commit or "uncommitted")[:12]
+        return f"{head}+{self.digest[:8]}" if self.dirty else head
+
+
+def _git(folder: Path, args: Sequence[str], run: Run) -> bytes | None:
+    """`git -C folder ARGS`' output, or None when it fails (no git, not a repository)."""
+    try:
+        done = run(["git", "-C", str(folder), *args], capture_output=True,
+                   timeout=GIT_TIMEOUT, check=False, stdin=subprocess.DEVNULL,
+                   env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bytes(done.stdout) if done.returncode == 0 else None
+
+
+def _inside(path: Path | None, repo: Path) -> str | None:
+    """`path` relative to `repo`, as git names it; None when it is not in it."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _new_file(repo: Path, name: str, run: Run) -> bytes:
+    """An untracked file's content as a diff that `git apply` creates it from (b"" if git
+    fails; `diff --no-index` exits 1 when there is a difference)."""
+    try:
+        done = run(["git", "-C", str(repo), "diff", "--no-index", "--binary", "--",
+                    os.devnull, name], capture_output=True, timeout=GIT_TIMEOUT, check=False,
+                   stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+    return bytes(done.stdout) if done.returncode in (0, 1) else b""
+
+
+def _text(out: bytes | None) -> str | None:
+    return None if out is None else out.decode("utf-8", "replace").strip()
+
+
+def git_code(folder: Path, run: Run = subprocess.run, script: Path | None = None) -> Code | None:
+    """The git state of `folder`; None if it is in no repository (or git is missing).
+
+    The diff is against the commit; in a repository without commits, the staged files as new
+    files, then their unstaged changes. An untracked `script` (the trainer itself) is code
+    too: its content is in the diff, as a new file's."""
+    top = _text(_git(folder, ["rev-parse", "--show-toplevel"], run))
+    if top is None:
+        return None
+    repo = Path(top)
+    commit = _text(_git(repo, ["rev-parse", "--verify", "-q", "HEAD"], run))
+    branch = _text(_git(repo, ["symbolic-ref", "-q", "--short", "HEAD"], run))
+    status = (_git(repo, ["status", "--porcelain", "--untracked-files=normal"], run)
+              or b"").decode("utf-8", "replace").splitlines()
+    untracked = tuple(line[3:] for line in status if line.startswith("??"))
+    if commit:
+        patch = _git(repo, ["diff", "HEAD", "--binary"], run) or b""
+    else:
+        patch = ((_git(repo, ["diff", "--cached", "--binary"], run) or b"")
+                 + (_git(repo, ["diff", "--binary"], run) or b""))
+    own = _inside(script, repo)
+    if own is not None and any(own == u or (u.endswith("/") and own.startswith(u))
+                               for u in untracked):  # an untracked folder is one line
+        patch += _new_file(repo, own, run)
+    dirty = bool(patch) or (not commit and any(not line.startswith("??") for line in status))
+    cut = len(patch) > MAX_PATCH
+    return Code(str(repo), commit or None, branch or None, dirty, b"" if cut else patch,
+                untracked[:100], cut, hashlib.sha256(patch).hexdigest())
+
+
+def script_imports(folder: Path) -> list[str]:
+    """The top-level modules the .py files of `folder` import (not recursive, at most
+    `MAX_SOURCES` files), less the standard library and the folder's own modules."""
+    names: set[str] = set()
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".py")[:MAX_SOURCES]
+        own = {p.stem for p in folder.iterdir()}
+    except OSError:
+        return []
+    for path in files:
+        try:
+            if path.stat().st_size > MAX_SOURCE:
+                continue
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return sorted(names - set(sys.stdlib_module_names) - own - {"__future__"})
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What every trial of one run shares (see the module's docstring)."""
+
+    host: str
+    code: Code | None
+    python: Interpreter | None
+    python_error: str | None = None  # why the interpreter could not be asked
+    accelerate: dict[str, Any] | None = None  # the config file used, and its merged content
+    gpus: dict[int, dict[str, str | None]] = field(default_factory=dict)  # index -> name, uuid
+    driver: str | None = None  # the GPU driver's version (NVML)
+    cuda: str | None = None  # the CUDA version it supports (NVML)
+
+    @classmethod
+    def find(cls, spec: Spec, accelerate: dict[str, Any] | None,
+             gpus: Mapping[int, Mapping[str, str | None]] | None = None,
+             host: str | None = None, system: tuple[str | None, str | None] = (None, None),
+             run: Run = subprocess.run) -> RunRecord:
+        """The record of a run of `spec` starting now: git (`run` runs it), the interpreter
+        probe; `accelerate` the config it launches with (`launchers.accelerate_record`);
+        `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
+        `Nvml.system`) as the pool's NVML session knows them."""
+        folder = _code_folder(spec)
+        python = spec.trainer.python or interpreter.driver_python()
+        try:
+            found: Interpreter | None = interpreter.probe(python,
+                                                          modules=script_imports(folder))
+            error = None
+        except InterpreterError as e:
+            found, error = None, str(e)
+        devices = {int(k): dict(v) for k, v in (gpus or {}).items()}
+        return cls(host or socket.gethostname(), git_code(folder, run, spec.trainer.script),
+                   found, error,
+                   accelerate, devices, *system)
+
+    def software(self) -> dict[str, Any]:
+        """What `env_version` hashes: the interpreter, its packages, the accelerate config."""
+        py = self.python
+        return {"python": None if py is None else [py.executable, py.version],
+                "packages": None if py is None else {**py.packages, **py.modules},
+                "accelerate": None if self.accelerate is None else self.accelerate["config"]}
+
+    @functools.cached_property
+    def env_version(self) -> str:
+        """12 digits of the hash of `software` (found once: each trial's env.json has it)."""
+        text = json.dumps(self.software(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def attrs(self) -> dict[str, str]:
+        """The user attributes of each trial of the run: `code_version`, when the script is
+        in a git repository (each attribute is a storage write: `env_version` stays in
+        env.json)."""
+        return {} if self.code is None else {CODE_VERSION: self.code.version}
+
+    def versions(self) -> dict[str, str | None]:
+        """What a new trial would run with, as `differences` compares it."""
+        return {CODE_VERSION: None if self.code is None else self.code.version,
+                ENV_VERSION: self.env_version}
+
+
+def _code_folder(spec: Spec) -> Path:
+    """The folder whose git state is the trainer's code: the script's, else (a module) the
+    driver's working folder, from which `python -m` imports it."""
+    script = spec.trainer.script
+    return Path(script).parent if script is not None else Path.cwd()
+
+
+def accelerate_record(spec: Spec) -> dict[str, Any]:
+    """The accelerate config trials of `spec` launch with: the study's file and the merged
+    config, or sweep's own (for launchers that run accelerate: `launchers.accelerate_record`
+    says which)."""
+    try:
+        config, merged = launch_plan.launch_config(spec)
+    except ConfigFileError as e:  # gone since the trial ran (a rerun's comparison)
+        return {"file": str(spec.trainer.accelerate.config_file), "error": str(e),
+                "config": None}
+    source = spec.trainer.accelerate.config_file
+    return {"file": None if source is None else str(source), "used": str(config.path),
+            "config": merged.config if merged is not None else yaml.safe_load(
+                launch_plan.ACCELERATE_CONFIG)}
+
+
+def trial_record(run: RunRecord, number: int, devices: Sequence[int], command: str,
+                 cwd: str) -> dict[str, Any]:
+    """A trial's env.json (pure): the run's record, the trial's devices and command."""
+    code = run.code
+    py = run.python
+    return {
+        "trial": number,
+        "code": None if code is None else {
+            "repo": code.repo, "commit": code.commit, "branch": code.branch,
+            "dirty": code.dirty, "untracked": list(code.untracked),
+            "patch": PATCH_NAME if code.dirty and not code.cut else None,
+            "patch_too_large": code.cut, "code_version": code.version},
+        "python": {"executable": py.executable, "prefix": py.prefix,
+                   "version": py.version} if py is not None else {"error": run.python_error},
+        "packages": {**py.packages, **py.modules} if py is not None else {},
+        "accelerate": run.accelerate,
+        "gpus": [{"index": d, **run.gpus.get(d, {"name": None, "uuid": None})}
+                 for d in devices],
+        "gpu_driver": run.driver, "cuda": run.cuda,
+        "host": run.host, "cwd": cwd, "command": command,
+        CODE_VERSION: None if code is None else code.version, ENV_VERSION: run.env_version,
+    }
+
+
+def write_trial(run: RunRecord, plan: launch_plan.LaunchPlan, number: int, devices: Sequence[int],
+                secrets: Mapping[str, str]) -> None:
+    """Write the trial's env.json (and code.patch when the code is dirty) into its folder;
+    TrialFileError (naming the path) if it cannot."""
+    paths = plan.paths
+    command = folders.command_script(plan, secrets).rstrip("\n").splitlines()[-1]
+    record = trial_record(run, number, devices, command, str(plan.cwd or Path.cwd()))
+    try:
+        write_file(paths.dir / ENV_NAME, json.dumps(record, indent=1) + "\n",
+                   folders.FILE_MODE)
+        if run.code is not None and run.code.dirty and not run.code.cut:
+            fd = open_for_writing(paths.dir / PATCH_NAME, folders.FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                f.write(run.code.patch)
+    except OSError as e:
+        raise folders.TrialFileError(folders.cannot(e, paths.dir), e) from e
+
+
+def recorded(user_attrs: Mapping[str, Any], trial_dir: str | None) -> dict[str, Any]:
+    """The versions a trial ran with: its `code_version` attribute, and the `env_version` of
+    its env.json in `trial_dir` when that can be read (else None: not compared)."""
+    env = None
+    if trial_dir:
+        try:
+            env = json.loads((Path(trial_dir) / ENV_NAME).read_text()).get(ENV_VERSION)
+        except (OSError, ValueError, AttributeError):
+            env = None
+    return {CODE_VERSION: user_attrs.get(CODE_VERSION), ENV_VERSION: env}
+
+
+def differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """What differs between the versions a trial ran with (`recorded`) and those a new
+    trial would run with (`RunRecord.versions`), as one phrase; None if nothing (or `then`
+    recorded nothing: a trial of an older sweep)."""
+    said = []
+    old, new = then.get(CODE_VERSION), now.get(CODE_VERSION)
+    if old is not None and old != new:
+        said.append(f"the code differs (it ran {old}, now {new or 'no git repository'})")
+    if then.get(ENV_VERSION) is not None and then.get(ENV_VERSION) != now.get(ENV_VERSION):
+        said.append("the environment differs (interpreter, package versions or accelerate "
+                    "config)")
+    return " and ".join(said) or None

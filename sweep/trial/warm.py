@@ -1,0 +1,608 @@
+"""`trainer.launcher: warm`: a fork server that has imported what trainers import.
+
+The warm launcher (`sweep.trial.launchers`) starts one server
+(`python -m sweep.trial.warm FD MODULE...`)
+when the run starts. It imports the modules (torch, accelerate, `trainer.preload`), never
+touches CUDA, says whether importing them initialised CUDA or left threads running (either
+makes forks unsafe), then serves trial starts over a Unix socket: for each, the driver sends
+the trial's argv, environment and working directory with its pipes and files (control,
+status, stdout, stderr, the slot locks), and the server forks
+
+    server -> guard (new session, child subreaper, `guard.supervise`)
+           -> trainer (own process group; the trial's environment, stdio and argv;
+              the script run as __main__ by `runpy`; SIGKILLed if its guard dies)
+
+so a trial is its own process under its own guard, exactly as with the other launchers, only
+without an interpreter start and the imports. A crash, an OOM or a SIGKILL ends that fork
+alone. The server is a child subreaper too: what a killed guard leaves behind comes back to
+it and is killed. It ends when the driver closes the socket (or dies), once its guards have.
+
+What a fork shares with the server, and a fresh interpreter would not: modules imported at
+preload (and their state), the hash seed. Python's `random` is reseeded in each fork, as is
+NumPy's global generator where it was imported; the server's atexit handlers and finalizers
+are dropped (a fork runs only those its script registers). A preload that initialises CUDA at
+import, or that leaves a thread running (its locks would be held forever in a fork), makes
+forks unsafe: the server says so and the launcher falls back to `direct`.
+
+The interpreter imitation (`_as_fresh`, `_exit_as_python`) uses CPython internals and is
+tested on the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
+
+This module imports only the standard library and `sweep.trial.guard` (the driver imports it too).
+"""
+
+from __future__ import annotations
+
+import builtins
+import codecs
+import gc
+import importlib.util
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sweep.trial import guard
+
+DEFAULT_PRELOAD = ("torch", "accelerate")
+# The Pythons whose internals the interpreter imitation has been tested on (tests/test_warm.py
+# runs a server on each it finds).
+TESTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
+# The server's modules before it preloads (sweep's aside): a script's file of the same name
+# does not replace them in a fork (in a new interpreter, most are loaded before sys.path
+# is looked at). Modules preloaded or imported later do give way to the script's files.
+_BASE: frozenset[str] = frozenset()
+GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
+PR_SET_PDEATHSIG = 1
+MAX_MESSAGE = 1 << 20
+FORK_PATIENCE = 5.0  # s the driver waits for the server to fork a trial (it takes ms)
+MAX_FDS = 64
+
+
+class WarmError(RuntimeError):
+    """The server could not start, or stopped serving."""
+
+
+class WarmNotYet(WarmError):
+    """The server is still importing."""
+
+
+def server_modules(preload: Sequence[str]) -> list[str]:
+    """What a warm run's fork server imports: torch, accelerate, then `preload`."""
+    return list(dict.fromkeys([*DEFAULT_PRELOAD, *preload]))
+
+
+# ---- the wire: one JSON message per packet, with descriptors ----------------------------
+
+
+def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    if len(data) > MAX_MESSAGE:
+        raise WarmError(f"a trial start of {len(data)} bytes is too large for the server")
+    socket.send_fds(sock, [data], list(fds))
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """A message and its descriptors; (None, []) at end of file."""
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
+
+
+# ---- the driver's side ------------------------------------------------------------------
+
+
+class WarmServer:
+    """The driver's handle on its fork server: start it, wait until it is ready, fork."""
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str], log: Path,
+                 python: str = sys.executable, abort: Callable[[], bool] = lambda: False,
+                 ) -> None:
+        """Start the server with `env` (the driver's, with a SWEEP_TRIAL_DIR of its own, so
+        its forks on a GPU are known as sweep's); its own output goes to `log`. `abort()`
+        true (the driver was asked to stop) ends a wait for a fork's answer."""
+        # torch.cuda.is_available() at a preload's import then asks NVML, not CUDA (which
+        # would make every fork unable to use CUDA); trials get their own environment.
+        env = {**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for s in (mine, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_MESSAGE)
+        self.preload = list(dict.fromkeys(preload))
+        try:
+            with open(log, "ab") as out:
+                self._popen = subprocess.Popen(
+                    [python, "-m", "sweep.trial.warm", str(theirs.fileno()), *self.preload],
+                    env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    start_new_session=True, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = mine
+        self._abort = abort
+        self._lock = threading.Lock()
+        self.log = log
+        self.hello: dict[str, Any] | None = None
+
+    def ready(self, timeout: float, abort: Callable[[], bool] = lambda: False,
+              ) -> dict[str, Any]:
+        """The server's hello once it has imported: {"cuda": whether importing initialised
+        CUDA, "threads": the names of threads the imports left running, "failed": {module:
+        error}, "seconds": the imports' time}. Waits up to `timeout`
+        s (0: a look) for it, then WarmNotYet; WarmError if it died; `abort()` true ends the
+        wait with WarmNotYet too."""
+        if self.hello is not None:
+            return self.hello
+        try:
+            hello = self._answer(time.monotonic() + timeout, abort)
+        except TimeoutError:
+            raise WarmNotYet(f"still importing {', '.join(self.preload)}") from None
+        if hello is None:
+            raise WarmError(f"the server ended while importing ({self._ended_how()}; "
+                            f"see {self.log})")
+        self.hello = hello
+        return hello
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, grace: float,
+             trial_dir: str, fds: Sequence[int]) -> int:
+        """Start one trial: its guard's pid. `fds`: control, status, stdout, stderr, then
+        what the guard holds; the caller keeps and closes its own copies. WarmError if the
+        server does not answer within FORK_PATIENCE s, or before `abort()` (the server must
+        not be asked again then: a late answer would be taken for the next one's; a guard
+        it forks late never hears GO, so it starts nothing)."""
+        message = {"argv": list(argv), "env": dict(env), "cwd": cwd, "grace": grace,
+                   "dir": trial_dir}
+        with self._lock:
+            try:
+                self._sock.settimeout(FORK_PATIENCE)
+                _send(self._sock, message, fds)
+                reply = self._answer(time.monotonic() + FORK_PATIENCE, self._abort)
+            except TimeoutError:
+                raise WarmError("the run is stopping; the server had not answered yet"
+                                if self._abort() else
+                                f"the server stopped serving: no answer in {FORK_PATIENCE:.0f} s"
+                                ) from None
+            except OSError as e:
+                raise WarmError(f"the server stopped serving: {e}") from None
+            finally:
+                self._sock.settimeout(None)
+        if reply is None:
+            raise WarmError(f"the server ended ({self._ended_how()}; see {self.log})")
+        if "error" in reply:
+            raise WarmError(str(reply["error"]))
+        return int(reply["pid"])
+
+    def _ended_how(self) -> str:
+        """How the server ended, in words: its exit code, or the signal that killed it. It
+        has closed its socket, so it is on its way out: it is given a second for that."""
+        try:
+            code = self._popen.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return "it closed its socket but still runs"
+        return f"killed by signal {-code}" if code < 0 else f"exit {code}"
+
+    def _answer(self, deadline: float, abort: Callable[[], bool]) -> dict[str, Any] | None:
+        """The server's next message (None: it ended), looking at `abort()` every 0.1 s;
+        TimeoutError once `deadline` has passed or `abort()` is true."""
+        try:
+            while True:
+                self._sock.settimeout(max(0.001, min(0.1, deadline - time.monotonic())))
+                try:
+                    return _receive(self._sock)[0]
+                except TimeoutError:
+                    if abort() or time.monotonic() >= deadline:
+                        raise
+        finally:
+            self._sock.settimeout(None)
+
+    def close(self, wait: float = 5.0) -> None:
+        """Stop serving: the server ends once its guards have (it is killed after `wait` s,
+        or at once while it is still importing; running trials are not waited for here: the
+        driver has ended them)."""
+        self._sock.close()
+        try:
+            self._popen.wait(wait if self.hello is not None else 0)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+# ---- the server's side ------------------------------------------------------------------
+
+
+# What the preload set SIGCHLD to: the server and its guards wait for their children, so they
+# keep the default; each trainer gets the preload's back, as a script that imported them would.
+_SIGCHLD: Any = signal.SIG_DFL
+
+
+def _preload(modules: Sequence[str]) -> dict[str, Any]:
+    global _SIGCHLD
+    failed: dict[str, str] = {}
+    began = time.monotonic()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            failed[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    _SIGCHLD = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # A thread started at import may hold a lock at the moment of a fork: the fork would
+    # wait on it forever. Such a server does not serve.
+    threads = sorted(t.name for t in threading.enumerate()
+                     if t is not threading.main_thread() and t.is_alive())
+    torch = sys.modules.get("torch")
+    try:
+        cuda = bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # a torch without its cuda module: nothing could initialise it
+        cuda = False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return {"cuda": cuda or _forks_poisoned(), "threads": threads, "failed": failed,
+            "seconds": time.monotonic() - began}
+
+
+def _forks_poisoned() -> bool:
+    """Whether a fork of this process would find CUDA unusable ("Cannot re-initialize CUDA
+    in forked subprocess"): torch marks that in a fork when its parent asked CUDA anything
+    (a device count too, which `torch.cuda.is_initialized()` does not show)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    pid = os.fork()
+    if pid == 0:
+        try:
+            bad = bool(torch.cuda._is_in_bad_fork())
+        except BaseException:
+            bad = False
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 1
+
+
+def _orphans(guards: set[int], spared: set[int]) -> None:
+    """Reap what ended; SIGKILL what a killed guard left behind (it came back here), not the
+    `spared` children that preloaded modules started."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        guards.discard(pid)
+    for pid in guard.children() - guards - spared:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def serve(sock: socket.socket, modules: Sequence[str]) -> int:
+    """Preload, say hello, then fork a guard per request until the driver closes `sock`."""
+    global _BASE
+    guard.quiet_signals()  # Ctrl-C in the driver's terminal is the driver's to handle
+    _BASE = frozenset(m for m in sys.modules if m.partition(".")[0] != "sweep")
+    hello = _preload(modules)
+    spared = guard.children()
+    guard._become_subreaper()
+    gc.freeze()  # what is loaded stays out of the forks' collections (and their exit's look)
+    try:
+        _send(sock, hello)
+    except OSError:  # the driver closed while this was importing
+        return 0
+    guards: set[int] = set()
+    sock.settimeout(0.5)
+    while True:
+        _orphans(guards, spared)
+        try:
+            message, fds = _receive(sock)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if message is None:
+            break
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": f"cannot fork: {e}"})
+            continue
+        if pid == 0:
+            _guard(sock, message, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        guards.add(pid)
+        _send(sock, {"pid": pid})
+    sock.close()
+    while guards:  # the driver is gone or done: its guards stop their trees, then end
+        time.sleep(0.1)
+        _orphans(guards, spared)
+    _orphans(guards, spared)
+    return 0
+
+
+def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
+    """In the fork: become the trial's guard (`guard.supervise`), then exit with its code."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()
+        control, status, out, err, *hold = fds
+        mine = [control, status, *hold]
+        if os.read(control, 1) != GO:  # the driver never learnt of this guard: start nothing
+            return
+
+        def start() -> int:
+            me = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                _trainer(message, out, err, mine, me)  # never returns
+            os.close(out)
+            os.close(err)
+            return pid
+
+        code = guard.supervise(start, control, status, float(message["grace"]))
+        # The tree is gone: say so (end of file on STATUS, the slot locks freed) before this
+        # process ends, since unmapping the server's memory on the way out takes a while.
+        for fd in mine:
+            os.close(fd)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when `parent` (its guard) dies: a fork's /proc environment is the
+    server's, so nothing else would find it then. If it died already, exit now."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
+             parent: int) -> None:
+    """In the guard's fork: become the trial's trainer and run its script as __main__.
+    Never returns, whatever the script does."""
+    code: Any = 1
+    died_of: int | None = None
+    main_file: str | None = None
+    try:
+        _die_with(parent)
+        os.setpgrp()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _SIGCHLD is not None:  # None: set outside Python, which cannot be given back
+            signal.signal(signal.SIGCHLD, _SIGCHLD)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in {null, out, err, *close}:
+            os.close(fd)
+        before = dict(os.environ)
+        env = message["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(message["cwd"])
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = _text(1, env, line=False)
+        sys.stderr = _text(2, env, line=True)
+        argv = list(message["argv"][1:])  # [python, script, *args] or [python, -m, module, ...]
+        module = argv[0] == "-m"
+        first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
+        _as_fresh(before, first)
+        import runpy
+
+        sys.orig_argv = list(message["argv"])
+        if getattr(sys.modules.get("__mp_main__"), "__name__", "") == "__main__":
+            del sys.modules["__mp_main__"]  # the server's own
+        start = {"__builtins__": builtins}  # the module, as in python's __main__
+        if module:
+            sys.argv = [argv[1], *argv[2:]]
+            sys.modules.pop(argv[1], None)  # run afresh, as `python -m` runs it
+            spec = importlib.util.find_spec(argv[1])
+            main_file = spec.origin if spec is not None else None
+            runpy.run_module(argv[1], start, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            main_file = os.path.abspath(argv[0])
+            runpy.run_path(argv[0], start, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt as e:
+        _print_error(e, main_file)
+        died_of = signal.SIGINT
+    except BaseException as e:  # the script's error, printed as python prints it
+        _print_error(e, main_file)
+        code = 1
+    try:
+        _exit_as_python(code, died_of)
+    finally:
+        os._exit(1)
+
+
+def _print_error(error: BaseException, main_file: str | None) -> None:
+    """The traceback from the script's own frame on, as `python script.py` prints it."""
+    import traceback
+
+    tb = error.__traceback__
+    while tb is not None and main_file and tb.tb_frame.f_code.co_filename != main_file:
+        tb = tb.tb_next
+    error = error.with_traceback(tb or error.__traceback__)
+    try:
+        sys.excepthook(type(error), error, error.__traceback__)  # the script's, if it set one
+    except BaseException:
+        traceback.print_exception(error)
+
+
+def _text(fd: int, env: Mapping[str, str], line: bool) -> io.TextIOWrapper:
+    """A stdio stream on `fd` as python makes it under `env` (PYTHONUNBUFFERED,
+    PYTHONIOENCODING)."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding, _, errors = env.get("PYTHONIOENCODING", "").partition(":")
+    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
+    default = getattr(sys.__stdout__, "encoding", None) or "utf-8"
+    try:
+        encoding = codecs.lookup(encoding).name if encoding else ""
+    except LookupError:
+        encoding = ""
+    return io.TextIOWrapper(raw, encoding=encoding or default,
+                            errors=errors or ("backslashreplace" if line else "strict"),
+                            line_buffering=line, write_through=unbuffered)
+
+
+# What a new interpreter takes from its environment at start that a fork can be given
+# (`_as_fresh`); a trial that sets any other PYTHON* variable is refused (`cannot_take`).
+APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONFAULTHANDLER",
+           "PYTHONDONTWRITEBYTECODE")
+
+
+LOCALE = ("LC_ALL", "LC_CTYPE", "LANG")  # python's encodings and UTF-8 mode come from them
+
+
+CUSTOMIZE = ("sitecustomize", "usercustomize")  # run by python's `site` as it starts
+
+
+def cannot_take(env: Mapping[str, str], server_env: Mapping[str, str]) -> list[str]:
+    """The variables of a trial's `env` that a fork of a server started with `server_env`
+    cannot honour: interpreter settings read once at start (PYTHONOPTIMIZE, PYTHONWARNINGS,
+    PYTHONHASHSEED, ..., and the locale), and a PYTHONPATH that adds a folder holding a
+    sitecustomize or usercustomize module. Such a trial must start as a new interpreter."""
+    read_at_start = [k for k in env if k in LOCALE or (
+        k.startswith("PYTHON") and k not in APPLIED)]
+    refused = [k for k in read_at_start if env[k] != server_env.get(k)]
+    theirs = server_env.get("PYTHONPATH", "").split(os.pathsep)
+    added = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in theirs]
+    if any(os.path.exists(os.path.join(d, name + end)) for d in added for name in CUSTOMIZE
+           for end in (".py", os.sep + "__init__.py")):
+        refused.append("PYTHONPATH")
+    return sorted(refused)
+
+
+def _shadowed(folders: Sequence[str]) -> list[str]:
+    """Modules loaded in this process that a file in `folders` would shadow in a fresh
+    interpreter whose sys.path starts with them."""
+    names = set()
+    for folder in folders:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        names |= {n.removesuffix(".py") for n in entries if n.endswith(".py")}
+        names |= {n for n in entries if os.path.isfile(os.path.join(folder, n, "__init__.py"))}
+    return [m for m in sys.modules if m.partition(".")[0] in names and m not in _BASE]
+
+
+def _as_fresh(before: Mapping[str, str], first: str) -> None:
+    """Give the fork what a new interpreter of the trial's environment would have:
+    - sys.path: `first` (the script's folder, or the working directory for -m), then the
+      trial's PYTHONPATH; no loaded module that a file there shadows;
+    - fresh random state: Python's `random` reseeds itself at fork; NumPy's global generator
+      and torch's default seed do not;
+    - torch's thread count from OMP_NUM_THREADS, the time zone from TZ, faulthandler and
+      bytecode writing from their variables."""
+    env = os.environ
+    theirs = before.get("PYTHONPATH", "").split(os.pathsep)
+    added = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in theirs]
+    sys.path[0:1] = [first, *added]
+    for name in _shadowed([first, *added]):
+        del sys.modules[name]
+    # The server's finalizers and atexit handlers are the server's: a fork that ran them at
+    # exit would spend time (torch deregisters its operators: 25 ms) or undo the server's
+    # state (a preload that made a temporary folder at import and removes it at exit).
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
+        finalizer.atexit = False
+    import atexit
+
+    atexit._clear()
+    # numpy.random only where the server imported it: else the trial's import seeds it
+    numpy, torch = sys.modules.get("numpy.random"), sys.modules.get("torch")
+    try:
+        if numpy is not None:
+            numpy.seed()
+        if torch is not None:
+            torch.seed()
+            threads = env.get("OMP_NUM_THREADS", "")
+            if threads != before.get("OMP_NUM_THREADS", "") and threads.isdigit():
+                # as torch at its start: no more threads than the cores it may run on
+                torch.set_num_threads(min(int(threads), len(os.sched_getaffinity(0))))
+        if env.get("TZ") != before.get("TZ"):
+            time.tzset()
+        if env.get("PYTHONFAULTHANDLER"):
+            import faulthandler
+
+            faulthandler.enable()
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    except Exception:  # never fail a trial over this
+        pass
+
+
+def _exit_as_python(code: Any, died_of: int | None = None) -> None:
+    """End the fork as the interpreter ends: wait for non-daemon threads, run atexit, flush,
+    then exit with `code` as SystemExit's (None 0, an int & 0xFF, anything else printed and
+    1), or die of signal `died_of` (after KeyboardInterrupt) as python does."""
+    import atexit
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        try:
+            print(code, file=sys.stderr)
+        except BaseException:
+            pass
+        code = 1
+    # Files the script left open are flushed, as an interpreter's end would (objects made
+    # since the server's gc.freeze(): a few, not the server's hundred thousand).
+    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    files.sort(key=lambda f: not isinstance(f, io.TextIOBase))  # text first: it writes on
+    for stream in [*files, sys.stdout, sys.stderr]:
+        try:
+            if not stream.closed:
+                stream.flush()
+        except BaseException:
+            pass
+    if died_of is not None:
+        signal.signal(died_of, signal.SIG_DFL)
+        os.kill(os.getpid(), died_of)
+    os._exit(code & 0xFF)
+
+
+def main(argv: list[str]) -> int:
+    fd, *modules = argv
+    sock = socket.socket(fileno=int(fd))
+    return serve(sock, modules)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
