@@ -34,20 +34,20 @@ sys.path.insert(0, str(ROOT))
 
 from optuna.trial import TrialState  # noqa: E402
 
-from sweep.spec import config  # noqa: E402
+from sweep.spec import schema  # noqa: E402
+from sweep.study.attrs import Owner  # noqa: E402
+from sweep.study.connect import connect  # noqa: E402
 from sweep.study.opening import open_study  # noqa: E402
-from sweep.study.ownership import Owner  # noqa: E402
 from sweep.study.storage import open_storage  # noqa: E402
-from sweep.study.store import connect  # noqa: E402
 from sweep.testing.postgres import throwaway_postgres  # noqa: E402
 from sweep.trial.outcome import Outcome  # noqa: E402
 
 
-def spec_for(url: str, name: str) -> config.Spec:
+def spec_for(url: str, name: str) -> schema.Spec:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return config.Spec.model_validate({
+    return schema.Spec.model_validate({
         "study": {"name": name, "direction": "minimize", "metric": "score", "n_trials": 10**6,
                   "storage": url, "sampler": {"type": "random", "seed": 0}},
         "trainer": {"script": "train.py"},

@@ -27,10 +27,12 @@ from sweep.gpus.pool import Device, Pool, Rules
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
-from sweep.spec import config, searchspace, storageurl
-from sweep.spec.config import Spec
+from sweep.spec import config, schema, searchspace, storageurl
+from sweep.spec.schema import Spec
+from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
+from sweep.study.connect import connect
 from sweep.study.opening import check_stored, sample
-from sweep.study.ownership import OWNER, Owner, host_name
+from sweep.study.ownership import host_name
 from sweep.study.storage import (
     describe,
     read_study,
@@ -39,7 +41,7 @@ from sweep.study.storage import (
     storage_lost_errors,
     unreachable,
 )
-from sweep.study.store import FINISHED, RERUN_OF, Store, connect
+from sweep.study.store import FINISHED, Store
 from sweep.trial import folders, launch_plan, launchers, provenance
 
 
@@ -326,7 +328,7 @@ def _driver_gone(study: Any, number: int) -> bool:
 
 
 def _same_params(path: str | Path, number: int, params: Mapping[str, Any],
-                 spec: config.Spec) -> None:
+                 spec: schema.Spec) -> None:
     """UsageError unless the study file searches exactly the params trial `number` ran with:
     a param it no longer has, has fixed to a value, or has newly would make the rerun run
     something else than that trial."""
@@ -381,7 +383,8 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
-    then = provenance.recorded(old.user_attrs, (old.user_attrs.get(OWNER) or {}).get("dir"))
+    record = OwnerRecord.of(old.user_attrs)
+    then = provenance.recorded(old.user_attrs, record.dir if record else None)
     changed = provenance.differences(then, now.versions())
     told = f"queued trial {number}'s params again; {note}"
     return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"

@@ -9,8 +9,9 @@ import pytest
 from conftest import load_trials, spawn_cli, study_dict
 
 from sweep.spec import config
-from sweep.study.ownership import Owner
-from sweep.study.store import Store, connect
+from sweep.study.attrs import Owner
+from sweep.study.connect import connect
+from sweep.study.store import Store
 
 
 def three_drivers_at_once(write_study, storage: str | None = None, name: str = "shared") -> Any:

@@ -60,7 +60,7 @@ def test_the_watch_sees_each_change_of_size_or_time_and_nothing_else(tmp_path):
 def test_a_report_source_is_output_too_a_new_file_of_it_included(tmp_path):
     """A trainer whose only output is TensorBoard scalars or its own JSON-lines log (a
     `trainer.report` source) is not silent while it writes them."""
-    from sweep.spec.config import ReportSection
+    from sweep.spec.schema import ReportSection
     from sweep.trial import intermediate
 
     runs = tmp_path / "runs"

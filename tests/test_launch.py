@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.spec.config import TrainerSection
+from sweep.spec.schema import TrainerSection
 from sweep.trial import folders, launch_plan
 
 PATHS = folders.TrialPaths(Path("/out/trials/7"))
@@ -85,7 +85,7 @@ def test_prepare_trial_dir_writes_params_and_command(tmp_path):
 
 
 def _param(**kw):
-    from sweep.spec.config import Spec
+    from sweep.spec.schema import Spec
 
     return Spec.model_validate({
         "study": {"name": "s", "metric": "m", "n_trials": 1},
@@ -223,7 +223,7 @@ def test_options_accelerate_refuses_are_one_line(tmp_path):
 
 
 def _spec(tmp_path, **trainer):
-    from sweep.spec.config import Spec
+    from sweep.spec.schema import Spec
 
     return Spec.model_validate({
         "study": {"name": "s", "metric": "m", "n_trials": 1, "output_dir": str(tmp_path)},

@@ -18,10 +18,11 @@ from sweep.gpus.monitor import Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.runner.driver import Driver
 from sweep.spec import config, searchspace
-from sweep.study.ownership import Owner
+from sweep.study.attrs import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
-from sweep.trial.process import GUARD_MARGIN, MOVES, Phase, PhaseError, RunningTrial, Stop
+from sweep.trial.process import GUARD_MARGIN
+from sweep.trial.running import MOVES, Phase, PhaseError, RunningTrial, Stop
 
 TrialScript = Callable[[dict[str, Any]], Script]
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import study_dict
 from optuna.trial import TrialState
 
-from sweep.spec import config
+from sweep.spec import schema
 from sweep.study import optuna_compat, proxy
 from sweep.study.storage import close_storage, open_storage
 
@@ -33,7 +33,7 @@ def storage(request, tmp_path) -> Iterator[optuna.storages.BaseStorage]:
         url = f"grpc://127.0.0.1:{port}"
     else:
         url = request.getfixturevalue("postgres_url")
-    spec = config.Spec.model_validate(study_dict(study={
+    spec = schema.Spec.model_validate(study_dict(study={
         "storage": url, "name": f"c{time.monotonic_ns()}", "heartbeat_interval": 1,
         "reclaim_after": 1}))
     opened = open_storage(spec)

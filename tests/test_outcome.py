@@ -135,12 +135,12 @@ def test_no_line_matching_the_patterns_quotes_them_and_the_last_line(tmp_path):
 
 
 def test_patterns_out_of_time_fail_the_trial_saying_so(tmp_path, monkeypatch):
-    from sweep import protocol
+    from sweep._core import patterns
     from sweep.trial import outcome
 
     def ticking(*args, **kw):
         calls = iter(range(1000))
-        return protocol.parse_stdout(*args, **kw, clock=lambda: float(next(calls)))
+        return patterns.parse_stdout(*args, **kw, clock=lambda: float(next(calls)))
 
     monkeypatch.setattr(outcome, "parse_stdout", ticking)
     stderr, stdout, result = trial_files(tmp_path, ("x" * 1000 + "\n") * 200)

@@ -12,7 +12,9 @@ import time
 import pytest
 
 from sweep import protocol
-from sweep.protocol import ResultError, parse_result
+from sweep._core import patterns
+from sweep.trial import results
+from sweep.trial.results import ResultError, parse_result
 
 
 def test_write_result_is_atomic_and_leaves_no_temp_files(tmp_path):
@@ -59,7 +61,7 @@ def test_result_values_follow_metric_order_and_numeric_extras_are_kept():
 
 def test_report_lines_partial_last_line_and_duplicates(tmp_path):
     path = tmp_path / "reports.jsonl"
-    reader = protocol.ReportReader(path)
+    reader = results.ReportReader(path)
     assert reader.read() == []
     protocol.report(0, 1.5, path)
     with open(path, "a") as f:
@@ -85,7 +87,7 @@ def test_report_lines_partial_last_line_and_duplicates(tmp_path):
 def test_a_bad_report_line_stops_reading_with_a_one_line_reason(tmp_path, line, reason):
     path = tmp_path / "reports.jsonl"
     path.write_text('{"step": 0, "value": 1}\n' + line + '\n{"step": 5, "value": 1}\n')
-    reader = protocol.ReportReader(path)
+    reader = results.ReportReader(path)
     assert reader.read() == [(0, 1.0)]
     assert reader.error is not None and reason in reader.error
     assert len(reader.error) < 200 and "\n" not in reader.error
@@ -95,13 +97,13 @@ def test_a_bad_report_line_stops_reading_with_a_one_line_reason(tmp_path, line, 
 def test_reports_are_read_in_bounded_batches_and_never_block(tmp_path):
     path = tmp_path / "reports.jsonl"
     path.write_text("".join(f'{{"step": {i}, "value": 1}}\n' for i in range(250)))
-    reader = protocol.ReportReader(path, batch=100)
+    reader = results.ReportReader(path, batch=100)
     assert len(reader.read()) == 100 and reader.more
     assert len(reader.read()) == 100 and reader.more
     assert len(reader.read()) == 50 and not reader.more
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    reader = protocol.ReportReader(fifo)
+    reader = results.ReportReader(fifo)
     assert reader.read() == [] and reader.error == "the report file is not a regular file"
 
 
@@ -155,7 +157,7 @@ def test_a_dotted_metric_reads_a_nested_key_and_stdout_patterns_keep_the_last_ma
                              ["eval.accuracy", "eval.loss"])
     assert values == [0.9, 7.0]  # a flat key with the dotted name wins
     text = "epoch 1 loss: 0.9 acc: 50\nepoch 2 loss: 0.4 acc: 70\nloss: nan\n"
-    assert protocol.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\d+)"]) == {
+    assert patterns.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\d+)"]) == {
         "acc": 70.0}  # the last loss diverged: 0.4 is stale (issue 24)
 
 
@@ -164,9 +166,9 @@ def test_a_dotted_metric_reads_a_nested_key_and_stdout_patterns_keep_the_last_ma
 def run_parse_stdout(make_text: str, pattern: str, timeout: float = 60) -> str:
     """`parse_stdout` in a child process on the text `make_text` builds; what it returns.
     The timeout is generous: the work takes well under a second, and hours on `re`."""
-    code = ("import sys\nfrom sweep import protocol\n"
+    code = ("import sys\nfrom sweep._core import patterns\n"
             f"text = {make_text}\n"
-            f"print(protocol.parse_stdout(text, [{pattern!r}]))\n")
+            f"print(patterns.parse_stdout(text, [{pattern!r}]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=timeout, check=True)
     return out.stdout.strip()
@@ -188,7 +190,7 @@ def test_a_leading_dot_star_costs_time_linear_in_the_output_not_in_its_line_leng
     costs = []
     for text in (short_lines, long_lines):
         start = time.thread_time()
-        assert protocol.parse_stdout(text, pattern) == {}
+        assert patterns.parse_stdout(text, pattern) == {}
         costs.append(time.thread_time() - start)
     assert costs[1] < 3 * costs[0], costs
 
@@ -196,7 +198,7 @@ def test_a_leading_dot_star_costs_time_linear_in_the_output_not_in_its_line_leng
 def test_the_last_lines_are_searched_first_and_the_search_stops_when_every_group_is_found():
     clock = FakeClock()
     text = "loss=9 acc=1\n" + "noise " * 700_000 + "\nloss=0.5\nacc=0.75\n"
-    found = protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"acc=(?P<acc>\S+)"],
+    found = patterns.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"acc=(?P<acc>\S+)"],
                                   clock=clock)
     assert found == {"loss": 0.5, "acc": 0.75}
     assert clock.calls == 1  # the start: no line past the last two was searched
@@ -205,7 +207,7 @@ def test_the_last_lines_are_searched_first_and_the_search_stops_when_every_group
 def test_a_flood_of_line_ends_is_no_lines_to_search():
     clock = FakeClock()
     text = "loss=0.5" + "\r" * (4 << 20)
-    assert protocol.parse_stdout(text, [r"(?P<loss>[0-9.]+)"], clock=clock) == {"loss": 0.5}
+    assert patterns.parse_stdout(text, [r"(?P<loss>[0-9.]+)"], clock=clock) == {"loss": 0.5}
     assert clock.calls == 1
 
 
@@ -220,13 +222,13 @@ class FakeClock:
         return float(self.calls - 1)
 
 
-LONG_LINE = "x" * (protocol.CHECK_WORK // 8)  # the clock is read every 8 such lines
+LONG_LINE = "x" * (patterns.CHECK_WORK // 8)  # the clock is read every 8 such lines
 
 
 def test_patterns_that_run_out_of_time_fail_the_trial_with_a_reason_that_says_so():
     text = "loss=0.5\n" + (LONG_LINE + "\n") * 100
-    with pytest.raises(protocol.PatternTimeout) as e:
-        protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)"], needed=["loss"], budget=2.5,
+    with pytest.raises(patterns.PatternTimeout) as e:
+        patterns.parse_stdout(text, [r"loss=(?P<loss>\S+)"], needed=["loss"], budget=2.5,
                               clock=FakeClock())
     assert str(e.value) == (
         "stdout patterns ran out of time (2.5 s) after the last 24 of 101 lines, before 'loss' "
@@ -237,7 +239,7 @@ def test_out_of_time_with_every_metric_found_keeps_the_metrics_found():
     """The values found are the last ones in the output; only a group found nowhere near the
     end (here `lr`, never printed) is left out."""
     text = (LONG_LINE + "\n") * 100 + "loss=0.5\n"
-    found = protocol.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"lr=(?P<lr>\S+)"],
+    found = patterns.parse_stdout(text, [r"loss=(?P<loss>\S+)", r"lr=(?P<lr>\S+)"],
                                   needed=["loss"], budget=2.5, clock=FakeClock())
     assert found == {"loss": 0.5}
 
@@ -245,7 +247,7 @@ def test_out_of_time_with_every_metric_found_keeps_the_metrics_found():
 def test_the_last_match_of_a_group_decides_whether_it_is_rejected():
     rejected: dict[str, str] = {}
     text = "loss: 0.9\nloss: nan\nacc: 97.5%\nacc: 90\n"
-    found = protocol.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\S+)"],
+    found = patterns.parse_stdout(text, [r"loss: (?P<loss>\S+)", r"acc: (?P<acc>\S+)"],
                                   rejected)
     assert found == {"acc": 90.0}  # loss's last match diverged: 0.9 is not its value
     assert rejected == {"loss": "nan"}  # acc's last match is a number
@@ -270,8 +272,8 @@ def test_the_last_match_of_a_group_decides_whether_it_is_rejected():
     (r"loss: [0-9.]+", "a stdout pattern needs named groups, e.g. 'loss: (?P<loss>[0-9.]+)'"),
 ])
 def test_a_pattern_re2_cannot_match_in_linear_time_is_refused_saying_why(pattern, message):
-    with pytest.raises(protocol.PatternError) as e:
-        protocol.compile_pattern(pattern)
+    with pytest.raises(patterns.PatternError) as e:
+        patterns.compile_pattern(pattern)
     assert str(e.value).startswith(message)
     assert "\n" not in str(e.value)
     if message.startswith("too complex"):

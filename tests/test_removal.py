@@ -24,7 +24,7 @@ from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
-from sweep.spec import config
+from sweep.spec import config, schema
 from sweep.testing.fakes import Script
 from sweep.trial import folders, lineage
 from sweep.trial.lineage import Lineage
@@ -148,7 +148,7 @@ def test_a_stale_folder_sweep_made_is_still_made_anew(tmp_path):
     assert not any((out / "checkpoints" / "0").iterdir())
 
 
-def spec_at(tmp_path: Path, name: str, output_dir: Path) -> config.Spec:
+def spec_at(tmp_path: Path, name: str, output_dir: Path) -> schema.Spec:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(study_dict(study={
         "name": name, "output_dir": str(output_dir),

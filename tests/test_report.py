@@ -81,9 +81,9 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
 
 
 def summary_of(rows: list[dict]) -> report.Summary:
-    from sweep.spec import config
+    from sweep.spec import schema
 
-    spec = config.Spec.model_validate({
+    spec = schema.Spec.model_validate({
         "study": {"name": "s", "metric": "loss", "n_trials": 9},
         "trainer": {"script": "t.py"}})
     start = datetime(2026, 1, 1, 12, 0, 0)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sweep import protocol
 from sweep._core.errors import ConfigError
-from sweep.spec import config
+from sweep.spec import config, schema
+from sweep.trial import results
 from sweep.trial.folders import TrialPaths
 from sweep.trial.intermediate import (
     KeyedLinesReader,
@@ -70,7 +70,7 @@ def test_output_reading_is_bounded_per_pass(tmp_path):
     assert len(reader.read()) == 100 and reader.more
     assert [s for s, _ in reader.read()] == list(range(200, 250)) and not reader.more
     big = tmp_path / "big.log"  # more than a chunk of progress bar: read a chunk per pass
-    big.write_bytes(b"x" * (protocol.CHUNK * 2 + 10) + b" valid loss 3\n")
+    big.write_bytes(b"x" * (results.CHUNK * 2 + 10) + b" valid loss 3\n")
     long = OutputReader(big, [r"valid loss (?P<value>\S+)"], "loss")
     assert long.read() == [] and long.more
     assert long.read_rest() == [(1, 3.0)] and long.error is None
@@ -118,17 +118,17 @@ def test_tensorboard_scalars_of_one_tag_are_read_incrementally_in_any_subfolder(
 def test_reader_for_fills_placeholders_and_defaults_to_the_report_file(tmp_path):
     paths = TrialPaths.of(tmp_path, 3)
     places = {"trial_dir": str(paths.dir), "trial_number": "3"}
-    assert isinstance(reader_for(None, paths, "loss", places), protocol.ReportReader)
-    report = config.ReportSection(tensorboard={"dir": "{trial_dir}/runs", "tag": "t"})
+    assert isinstance(reader_for(None, paths, "loss", places), results.ReportReader)
+    report = schema.ReportSection(tensorboard={"dir": "{trial_dir}/runs", "tag": "t"})
     board = reader_for(report, paths, "loss", places)
     assert isinstance(board, TensorboardReader) and board.folder == paths.dir / "runs"
-    keyed = reader_for(config.ReportSection(file="{trial_dir}/m.jsonl"), paths, "loss", places)
+    keyed = reader_for(schema.ReportSection(file="{trial_dir}/m.jsonl"), paths, "loss", places)
     assert isinstance(keyed, KeyedLinesReader)
     assert (keyed.path, keyed.step_key, keyed.value_key) == (paths.dir / "m.jsonl", "step",
                                                              "loss")
-    here = reader_for(config.ReportSection(file="m.jsonl"), paths, "loss", places, tmp_path)
+    here = reader_for(schema.ReportSection(file="m.jsonl"), paths, "loss", places, tmp_path)
     assert isinstance(here, KeyedLinesReader) and here.path == tmp_path / "m.jsonl"  # workdir
-    out = reader_for(config.ReportSection(stderr=LINE), paths, "loss", places)
+    out = reader_for(schema.ReportSection(stderr=LINE), paths, "loss", places)
     assert isinstance(out, OutputReader) and out.name == "stderr"
 
 

@@ -18,7 +18,7 @@ import yaml
 from conftest import ROOT, load_trials, run_cli, spawn_cli, study_dict
 
 from sweep._core.errors import ConfigError
-from sweep.spec import accelconfig, config, interpreter
+from sweep.spec import accelconfig, config, interpreter, schema
 from sweep.trial import launch_plan, provenance
 from sweep.trial.folders import TrialPaths
 
@@ -59,7 +59,7 @@ def test_several_device_trials_keep_fsdp_and_get_no_multi_gpu_flag():
     assert merged.distributed_type == "FSDP" and merged.config["num_processes"] == 2
     assert accelconfig.merge({**data, "distributed_type": "NO"}, 2).distributed_type == (
         "MULTI_GPU")
-    spec = config.TrainerSection(script=Path("t.py"), gpus_per_trial=2)
+    spec = schema.TrainerSection(script=Path("t.py"), gpus_per_trial=2)
     fsdp = launch_plan.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "FSDP")
     multi = launch_plan.accelerate_settings(spec, Path("c.yaml"), "0,1", 29600, None, "MULTI_GPU")
     assert "--multi_gpu" not in fsdp  # the flag would make accelerate ignore the file's FSDP
@@ -383,9 +383,9 @@ def test_an_accelerate_that_has_metadata_but_cannot_be_imported_is_none(tmp_path
 
 
 def test_the_plan_runs_the_trainers_python_in_its_workdir_with_tracker_names(tmp_path):
-    trainer = config.TrainerSection(
+    trainer = schema.TrainerSection(
         script=Path("/w/train.py"), python="/venv/bin/python", workdir="{trial_dir}/run",
-        env={"WANDB_NAME": "mine"}, result=config.ResultSection(file="out/metrics.json"))
+        env={"WANDB_NAME": "mine"}, result=schema.ResultSection(file="out/metrics.json"))
     paths = TrialPaths(tmp_path / "trials" / "3")
     plan = launch_plan.build_launch(trainer, 3, {}, 0, paths, Path("c.yaml"),
                                     python="/venv/bin/python",
@@ -394,7 +394,7 @@ def test_the_plan_runs_the_trainers_python_in_its_workdir_with_tracker_names(tmp
     assert plan.cwd == paths.dir / "run"
     assert plan.result == paths.dir / "run" / "out" / "metrics.json"  # the trainer's cwd
     assert plan.env["WANDB_RUN_GROUP"] == "team" and plan.env["WANDB_NAME"] == "mine"
-    relative = config.TrainerSection(script=Path("/w/train.py"), workdir="runs/{trial_number}")
+    relative = schema.TrainerSection(script=Path("/w/train.py"), workdir="runs/{trial_number}")
     assert launch_plan.build_launch(relative, 3, {}, 0, paths, Path("c.yaml"),
                                places={"study_dir": "/s"}).cwd == Path("/s/runs/3")
     assert launch_plan.tracker_env("team", 3, {}) == {"WANDB_RUN_GROUP": "team",
@@ -577,16 +577,16 @@ def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
 
 def test_a_trial_with_a_workdir_is_pasted_and_rerun_by_hand_in_it(tmp_path):
     from sweep.app import runnable
-    from sweep.trial import folders
+    from sweep.trial import command_script, folders
 
-    trainer = config.TrainerSection(script=Path("/w/app.py"), launcher="python",
+    trainer = schema.TrainerSection(script=Path("/w/app.py"), launcher="python",
                                     workdir="{trial_dir}/run dir")
     paths = TrialPaths(tmp_path / "trials" / "1")
     plan = launch_plan.build_launch(trainer, 1, {}, 0, paths, Path("c.yaml"),
                                places={"study_dir": str(tmp_path)})
     where = paths.dir / "run dir"
     assert f"&& mkdir -p '{where}' && cd '{where}' && " in runnable(plan, {})
-    assert folders.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
+    assert command_script.command_script(plan, {}).splitlines()[-2] == f"cd '{where}' || exit 1"
     folders.prepare_trial_dir(plan, {})
     assert where.is_dir()  # made with the trial's folder
 

@@ -296,7 +296,7 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
 
 
 def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
-    from sweep.trial.process import signals_to
+    from sweep.runner.clock import signals_to
 
     got: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -327,7 +327,7 @@ def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
 def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
     """Slurm signals every process of a job step, and srun forwards its copy: the same
     SIGTERM, SIGUSR1 or SIGUSR2 twice asks once; a different signal after it still counts."""
-    from sweep.trial.process import signals_to
+    from sweep.runner.clock import signals_to
 
     got: list[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}

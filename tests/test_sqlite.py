@@ -19,11 +19,12 @@ import pytest
 import yaml
 from conftest import load_trials, spawn_cli, study_dict
 
-from sweep.spec import config
+from sweep.spec import config, schema
 from sweep.study import sqlite
-from sweep.study.ownership import Owner
+from sweep.study.attrs import Owner
+from sweep.study.connect import connect
 from sweep.study.storage import open_storage
-from sweep.study.store import Asked, Store, connect
+from sweep.study.store import Asked, Store
 from sweep.trial.outcome import Outcome
 
 
@@ -82,7 +83,7 @@ def test_a_file_another_process_holds_locked_is_left_as_it_is(tmp_path, monkeypa
     assert mode_of(db) == "delete"
 
 
-def spec_at(tmp_path: Path, db: Path) -> config.Spec:
+def spec_at(tmp_path: Path, db: Path) -> schema.Spec:
     path = tmp_path / "study.yaml"
     data = study_dict(study={"storage": f"sqlite:///{db}"})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -151,7 +152,8 @@ import os, signal, sys
 import optuna
 from sweep.spec import config
 from sweep.trial.outcome import Outcome
-from sweep.study.store import Owner, connect
+from sweep.study.store import Owner
+from sweep.study.connect import connect
 spec = config.load(sys.argv[1])
 store = connect(spec, Owner.me("h"), 60)
 for i in range(3):

@@ -20,17 +20,18 @@ from test_budget import check_exact, three_drivers_at_once
 from sweep._core.optional import import_grpc
 from sweep.analysis import summary
 from sweep.gpus.monitor import SAMPLES_NAME
-from sweep.spec import config, searchspace, storageurl
+from sweep.spec import config, schema, searchspace, storageurl
 from sweep.study import grpclock, proxy
+from sweep.study.attrs import Owner
+from sweep.study.connect import connect
 from sweep.study.opening import open_study
-from sweep.study.ownership import Owner
 from sweep.study.storage import open_storage
-from sweep.study.store import Store, connect
+from sweep.study.store import Store
 
 
 def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
     """The study's trials, read through the storage a driver would open for `url`."""
-    spec = config.Spec.model_validate(study_dict(study={"name": name, "storage": url}))
+    spec = schema.Spec.model_validate(study_dict(study={"name": name, "storage": url}))
     return optuna.load_study(study_name=name, storage=open_storage(spec)).get_trials(
         deepcopy=False)
 

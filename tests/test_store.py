@@ -18,12 +18,14 @@ from optuna.trial import TrialState
 
 from sweep._core.errors import UsageError
 from sweep.spec import config, searchspace
-from sweep.study import ownership
+from sweep.study import attrs, ownership
+from sweep.study.attrs import Owner
+from sweep.study.connect import connect
 from sweep.study.opening import open_study
 from sweep.study.optuna_compat import trial_id
-from sweep.study.ownership import Judged, Owner, Sighting, judge
+from sweep.study.ownership import Judged, Sighting, judge
 from sweep.study.storage import StudyFileReplaced, open_storage
-from sweep.study.store import Store, connect
+from sweep.study.store import Store
 
 HOST = "this-host"
 
@@ -106,11 +108,32 @@ def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
     params_at = writes.index("INSERT INTO trial_params")
     assert writes.index("INSERT INTO trials") < heartbeat < owner_at < params_at
     assert "COMMIT" in seen[seen.index(seen[0]):]  # each step is its own commit
-    owner = frozen.user_attrs[ownership.OWNER]
+    owner = frozen.user_attrs[attrs.OWNER]
     assert owner == {"host": HOST, "pid": os.getpid(), "started": s.owner.started, "gpu": 3,
                      "dir": "/trials/0"}
     assert 0 <= asked.params["x"] <= 1 and (asked.attempt, asked.origin) == (0, 0)
     assert s.orphans(set())[0] == []  # a live driver's trial is nobody's orphan
+
+
+class Killed(BaseException):
+    """A SIGKILL of the driver at that line: nothing after it runs, not even `except`."""
+
+
+def test_a_trial_cut_right_after_its_params_has_its_run_id(tmp_path, monkeypatch):
+    """The window found by the SIGKILL stress test: killed after its params were written but
+    before its run id, a trial's continuation had no run id (W&B and SWEEP_RUN_ID lost the
+    lineage). The run id is written before the owner record and the params."""
+    s = make_store(tmp_path)
+
+    def killed(*args: object) -> None:
+        raise Killed
+
+    monkeypatch.setattr(s, "_carry_curve", killed)
+    with pytest.raises(Killed):
+        s.ask(searched(s), gpu=0, trial_dir=lambda number: f"/trials/{number}")
+    [frozen] = s.study.get_trials(deepcopy=False)
+    assert frozen.state == TrialState.RUNNING and frozen.params
+    assert frozen.user_attrs["run_id"].startswith("probe-0-")
 
 
 def test_a_trial_cut_between_ask_and_its_owner_is_reclaimed_after_reclaim_after(tmp_path):

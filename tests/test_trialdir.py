@@ -24,9 +24,9 @@ from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
-from sweep.spec import config
+from sweep.spec import config, schema, storageurl
 from sweep.testing.fakes import Script
-from sweep.trial import folders, launch_plan
+from sweep.trial import command_script, folders, launch_plan
 from sweep.trial.folders import TrialFileError, TrialPaths
 
 NOBODY = 65534
@@ -36,7 +36,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def load(tmp_path: Path, name: str = "study.yaml", **sections: Any) -> config.Spec:
+def load(tmp_path: Path, name: str = "study.yaml", **sections: Any) -> schema.Spec:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
     return config.load(path)
@@ -235,7 +235,7 @@ def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
                                places=launch_plan.spec_places(spec), environ=environ)
     assert "--token=hf_abcdefghijkl" in plan.argv  # the trainer gets it
     folders.prepare_trial_dir(plan, {"x": 0.5},
-                               folders.arg_secrets(spec.trainer.args, environ))
+                               command_script.arg_secrets(spec.trainer.args, environ))
     paths = plan.paths
     assert (mode(paths.dir), mode(paths.dir.parent)) == (0o700, 0o700)
     assert (mode(paths.params), mode(paths.command)) == (0o600, 0o700)
@@ -266,7 +266,7 @@ def test_logs_are_private(tmp_path):
 def test_secret_looking_names():
     assert [n for n in ("HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
                         "MODE", "CUDA_VISIBLE_DEVICES", "SWEEP_PARAM_KEY_SIZE")
-            if folders.secret_name(n)] == ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD",
+            if command_script.secret_name(n)] == ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD",
                                             "AWS_SECRET_ACCESS_KEY"]
 
 
@@ -409,7 +409,7 @@ def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path
     ("grpc://LocalHost:13000", "grpc://127.0.0.1:13000"),
 ])
 def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
-    assert folders.storage_identity(marked) == folders.storage_identity(given)
+    assert storageurl.storage_identity(marked) == storageurl.storage_identity(given)
     assert folders.same_owner(folders.OutputOwner("s", marked), folders.OutputOwner("s", given))
 
 
@@ -421,7 +421,7 @@ def test_one_database_however_its_url_is_spelled_is_one_storage(marked, given):
     ("grpc://h:13000", "grpc://h:13001"),
 ])
 def test_other_databases_stay_other_storages(one, other):
-    assert folders.storage_identity(one) != folders.storage_identity(other)
+    assert storageurl.storage_identity(one) != storageurl.storage_identity(other)
 
 
 def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output_dir(
@@ -449,8 +449,8 @@ def test_the_same_sqlite_file_through_a_link_or_a_double_slash_is_its_own_output
 
 def test_a_journal_file_through_a_link_is_one_storage(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path)
-    assert folders.storage_identity(f"journal://{tmp_path}/link/j.log") == (
-        folders.storage_identity(f"journal://{tmp_path}//j.log"))
+    assert storageurl.storage_identity(f"journal://{tmp_path}/link/j.log") == (
+        storageurl.storage_identity(f"journal://{tmp_path}//j.log"))
 
 
 def test_a_marker_of_this_mornings_code_still_names_its_study(tmp_path):
@@ -501,7 +501,7 @@ def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
                                launch_plan.ACCELERATE_CONFIG_FILE,
                                places=launch_plan.spec_places(spec), environ=environ)
     folders.prepare_trial_dir(plan, {"x": 0.5},
-                               folders.arg_secrets(spec.trainer.args, environ))
+                               command_script.arg_secrets(spec.trainer.args, environ))
     text = plan.paths.command.read_text()
     assert "pw_SECRET" not in text
     assert ("# left out (their values hold a password in a URL): DB_URL, OTHER_DB; set them "
@@ -515,8 +515,8 @@ def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
 
 
 def test_what_holds_a_urls_password():
-    assert folders.holds_password("postgresql://u:pw@h/db")
-    assert folders.holds_password("--db=redis://:pw@h:6379/0")
-    assert not folders.holds_password("postgresql://u@h/db")
-    assert not folders.holds_password("https://h:8080/x")
-    assert not folders.holds_password("user:pw@h")  # no scheme: not a URL
+    assert command_script.holds_password("postgresql://u:pw@h/db")
+    assert command_script.holds_password("--db=redis://:pw@h:6379/0")
+    assert not command_script.holds_password("postgresql://u@h/db")
+    assert not command_script.holds_password("https://h:8080/x")
+    assert not command_script.holds_password("user:pw@h")  # no scheme: not a URL

@@ -19,12 +19,15 @@ import psutil
 import pytest
 from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
-import sweep
+import sweep.spec.schema
+import sweep.trial.warm
+import sweep.trial.warm_client
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
 from sweep.trial import launchers
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
 from sweep.trial.process import TrialProcess
-from sweep.trial.warm import TESTED_PYTHONS, WarmError, WarmServer, cannot_take, server_modules
+from sweep.trial.warm import TESTED_PYTHONS, WarmError
+from sweep.trial.warm_client import WarmServer, cannot_take, server_modules
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
@@ -232,7 +235,7 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_trials_start_as_d
         assert warm.ready(60)["threads"] == ["holder"]
     finally:
         warm.close()
-    spec = sweep.spec.config.Spec.model_validate({
+    spec = sweep.spec.schema.Spec.model_validate({
         "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
         "trainer": {"script": str(PROBE), "launcher": "warm", "preload": ["holds_lock"]},
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
@@ -355,7 +358,7 @@ def test_the_interpreter_imitation_holds_on_every_python_warm_claims(tmp_path, p
 
 
 def test_warm_on_a_python_it_was_not_tested_on_starts_trials_as_direct(tmp_path):
-    spec = sweep.spec.config.Spec.model_validate({
+    spec = sweep.spec.schema.Spec.model_validate({
         "study": {"name": "t", "metric": "score", "n_trials": 1, "output_dir": str(tmp_path)},
         "trainer": {"script": str(PROBE), "launcher": "warm"},
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
@@ -478,7 +481,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
     stopping = threading.Event()
     for name, patience, why in (("patience", 1.0, "no answer in 1 s"),
                                 ("signal", 6.0, "the run is stopping")):
-        monkeypatch.setattr(sweep.trial.warm, "FORK_PATIENCE", patience)
+        monkeypatch.setattr(sweep.trial.warm_client, "FORK_PATIENCE", patience)
         warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)},
                           tmp_path / f"{name}.log", abort=stopping.is_set)
         warm.ready(30)

@@ -18,7 +18,7 @@ from sweep._core.errors import UsageError
 from sweep.analysis import figures
 from sweep.analysis.summary import Summary, gpu_table, read_samples, trials_frame
 from sweep.spec import config
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.study import storage
 
 REPORT_NAME = "report.html"

@@ -22,8 +22,8 @@ import pandas as pd
 
 from sweep._core.errors import UsageError
 from sweep.spec import config, storageurl
-from sweep.spec.config import Spec
-from sweep.study import ownership, storage, store
+from sweep.spec.schema import Spec
+from sweep.study import attrs, ownership, storage
 from sweep.trial import folders, hang, launch_plan
 
 ATTR_COLUMNS = [
@@ -90,17 +90,18 @@ def status(study_file: str | Path, storage: str | None = None) -> Status:
         counts[t.state.name] = counts.get(t.state.name, 0) + 1
         if t.state.name != "RUNNING":
             continue
-        record = t.user_attrs.get(ownership.OWNER) or {}
-        owner = ownership.Owner.of(t.user_attrs)
-        here = owner is not None and owner.host == ownership.host_name()
+        record = attrs.OwnerRecord.of(t.user_attrs)
+        here = record is not None and record.owner.host == ownership.host_name()
         last = max(t.intermediate_values) if t.intermediate_values else None
         rows.append({
-            "number": t.number, "gpu": record.get(store.GPUS) or record.get("gpu"),
-            "host": record.get("host"),
+            "number": t.number,
+            "gpu": None if record is None else record.gpus or record.gpu,
+            "host": None if record is None else record.owner.host,
             "elapsed_s": _seconds(t.datetime_start, now),
             "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
             if last is not None else math.nan,
-            "driver": ("alive" if owner.alive() else "gone") if here and owner else "elsewhere",
+            "driver": ("alive" if record.owner.alive() else "gone") if here and record
+            else "elsewhere",
             "silent_s": _silent(spec, t.number),
         })
     columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver",
@@ -143,18 +144,18 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         else:
             row["value"] = values[0]
         row.update({f"params_{k}": v for k, v in t.params.items()})
-        owner = t.user_attrs.get(ownership.OWNER) or {}
+        record = attrs.OwnerRecord.of(t.user_attrs)
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
-        if row["gpu"] is None:  # a running trial: its place is in the owner record
-            row["gpu"], row["gpus"] = owner.get("gpu"), owner.get(store.GPUS)
+        if row["gpu"] is None and record is not None:  # running: its place is in the record
+            row["gpu"], row["gpus"] = record.gpu, record.gpus
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
-        row["host"] = t.user_attrs.get(store.HOST) or owner.get("host")
-        row["rerun_of"] = t.user_attrs.get(store.RERUN_OF)
-        row["continues"] = t.user_attrs.get(store.CONTINUES)
-        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(store.METRIC_PREFIX)})
+        row["host"] = t.user_attrs.get(attrs.HOST) or (record.owner.host if record else None)
+        row["rerun_of"] = t.user_attrs.get(attrs.RERUN_OF)
+        row["continues"] = t.user_attrs.get(attrs.CONTINUES)
+        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(attrs.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -163,7 +164,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
              *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
              *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
-             *sorted(c for c in frame.columns if c.startswith(store.METRIC_PREFIX)),
+             *sorted(c for c in frame.columns if c.startswith(attrs.METRIC_PREFIX)),
              "continues"]
     frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
@@ -320,7 +321,7 @@ def render(summary: Summary, top: int = 5) -> Any:
         return Group(head, shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
     show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
-    extras = [c for c in best.columns if c.startswith(store.METRIC_PREFIX)
+    extras = [c for c in best.columns if c.startswith(attrs.METRIC_PREFIX)
               and best[c].notna().any()]
     show += extras[:MAX_RESULT_COLUMNS]
     show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
@@ -329,7 +330,7 @@ def render(summary: Summary, top: int = 5) -> Any:
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
     parts = [head, _table(shown_best, title)]
     if len(extras) > MAX_RESULT_COLUMNS:
-        left = [c.removeprefix(store.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
+        left = [c.removeprefix(attrs.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
         parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",
                           style="dim"))
     return Group(*parts, _table(summary.gpus, "GPUs"))

@@ -21,15 +21,17 @@ from sweep.gpus import health, hostlock, placement, sicklist
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
+from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.events import Events, Finished, Running, Started, View
 from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.spec import searchspace
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.counts import Counts
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.store import Store, Taken
 from sweep.trial import (
+    command_script,
     folders,
     hang,
     intermediate,
@@ -41,7 +43,7 @@ from sweep.trial import (
     stacks,
 )
 from sweep.trial.lineage import Lineage
-from sweep.trial.process import Phase, RunningTrial, Stop
+from sweep.trial.running import Phase, RunningTrial, Stop, stop_all
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read
 
@@ -57,7 +59,7 @@ class Driver:
         self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
         self.events = events or Events()
         self.spawn = spawn
-        self.clock = clock or process.WallClock()
+        self.clock = clock or WallClock()
         self._own_clock = clock is None
         self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
                                 self.clock.now())
@@ -112,7 +114,7 @@ class Driver:
             self._learn(None)
         self.store.enqueue(self.spec.study.enqueue)
         try:
-            with process.signals_to(self._on_signal), self.heartbeat, (
+            with signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()
             ):
                 try:
@@ -303,7 +305,7 @@ class Driver:
             start = folders.prepare_checkpoint_dir(spec.output_dir, line)
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
                                  start=start)
-            secrets = folders.arg_secrets(spec.trainer.args, os.environ)
+            secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
             before = folders.prepare_trial_dir(
                 plan, launch_plan.script_params(params, spec.params), secrets)
             if self.record is not None:
@@ -579,7 +581,7 @@ class Driver:
     def _abandon(self) -> None:
         """On the way out with trials still running (a driver error): stop and tell them."""
         runs = list(self.running.values())
-        process.stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
+        stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
             if run.lease is not None:
                 self.pool.release(run.lease)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from optuna.trial import TrialState
 
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.study.counts import Counts
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130

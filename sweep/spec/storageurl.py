@@ -3,6 +3,7 @@ secrets), and whether sweep can use it, all without connecting or creating anyth
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -131,3 +132,43 @@ def check_storage_url(file: str, url: str, key: str = "study.storage") -> None:
         folder = (db if db.is_absolute() else Path.cwd() / db).parent
         if not folder.is_dir():
             raise ConfigError(file, key, f"folder does not exist: {folder}")
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def storage_identity(url: str) -> str:
+    """The storage a (shown) storage URL reaches, as text that two URLs of one storage share:
+    a SQLite or journal file by its real path (links and `//` resolved, a relative one from
+    the current folder); a database by its kind without the driver (`postgresql+psycopg` is
+    `postgresql`), user, host (lowercased, `localhost` as `127.0.0.1`), port (the default
+    one filled in) and database, without password or query; a gRPC proxy by host:port. One
+    study reached through a gRPC proxy and directly is two storages here. A URL that does
+    not parse is itself."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if url.startswith(JOURNAL):
+        return JOURNAL + os.path.realpath(journal_path(url))
+    if url.startswith(GRPC):
+        try:
+            host, grpc_port = grpc_address(url)
+        except ValueError:
+            return url
+        return f"{GRPC}{_host(host)}:{grpc_port}"
+    try:
+        parsed = make_url(url)
+        backend, port = parsed.get_backend_name(), parsed.port or None
+    except (ArgumentError, ValueError):
+        return url
+    if backend == "sqlite":
+        db = parsed.database
+        return f"sqlite:///{os.path.realpath(db) if db and db != ':memory:' else db or ''}"
+    port = port or DEFAULT_PORTS.get(backend)
+    return (f"{backend}://{parsed.username or ''}@{_host(parsed.host or '')}:{port or ''}"
+            f"/{parsed.database or ''}")
+
+
+def _host(host: str) -> str:
+    host = host.lower()
+    return "127.0.0.1" if host == "localhost" else host

@@ -18,7 +18,7 @@ from optuna.distributions import (
 
 from sweep._core.errors import ConfigError, Problem, short
 from sweep.spec import searchspace
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.spec.searchspace import FloatParam, IntParam, Searched
 
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from

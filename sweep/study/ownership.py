@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
-import psutil
 
-OWNER = "owner"  # the trial's user attribute: {"host", "pid", "started", "gpu", "dir"}
+from sweep.study.attrs import Owner
 
 HOST_ENV = "SWEEP_HOST"
 
@@ -22,39 +19,6 @@ def host_name() -> str:
     """The host a driver records and judges ownership by: `$SWEEP_HOST`, else the hostname
     (containers that share one; tests that simulate several hosts on one machine)."""
     return os.environ.get(HOST_ENV) or socket.gethostname()
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The driver process that runs a trial."""
-
-    host: str
-    pid: int
-    started: float  # the process's start time (epoch s): pids are reused
-
-    @classmethod
-    def me(cls, host: str) -> Owner:
-        proc = psutil.Process()
-        return cls(host, proc.pid, proc.create_time())
-
-    @classmethod
-    def of(cls, attrs: Mapping[str, Any]) -> Owner | None:
-        """The owner recorded in a trial's user attributes (also sweep 0.1's loose ones)."""
-        rec = attrs.get(OWNER)
-        if isinstance(rec, dict) and "host" in rec and "pid" in rec:
-            return cls(str(rec["host"]), int(rec["pid"]), float(rec.get("started") or 0))
-        if "host" in attrs and "driver_pid" in attrs:
-            return cls(str(attrs["host"]), int(attrs["driver_pid"]),
-                       float(attrs.get("driver_started") or 0))
-        return None
-
-    def alive(self) -> bool:
-        """Whether this driver process still runs (on this host)."""
-        try:
-            proc = psutil.Process(self.pid)
-            return not self.started or abs(proc.create_time() - self.started) < 1.0
-        except psutil.Error:
-            return False
 
 
 @dataclass(frozen=True)

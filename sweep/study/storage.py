@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sweep._core.errors import UsageError, short
 from sweep._core.optional import import_grpc
 from sweep.spec import storageurl
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.study import sqlite
 
 

@@ -22,39 +22,38 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from sweep.spec import searchspace
-from sweep.spec.config import Spec
 from sweep.spec.searchspace import Searched
-from sweep.study.budget import BudgetLock, target_of
+from sweep.study.attrs import (
+    ATTEMPT,
+    BEAT,
+    EXIT_CODE,
+    FAIL_REASON,
+    GPU,
+    GPUS,
+    HOST,
+    METRIC_PREFIX,
+    OWNER,
+    RETRY_OF,
+    Owner,
+    OwnerRecord,
+)
+from sweep.study.budget import BudgetLock
 from sweep.study.counts import Counts
-from sweep.study.opening import open_study, sample
+from sweep.study.opening import sample
 from sweep.study.optuna_compat import stale_trial_ids, trial_id
 from sweep.study.optuna_compat import tell as compat_tell
-from sweep.study.ownership import OWNER, Orphan, Owner, Sighting, judge
+from sweep.study.ownership import Orphan, Sighting, judge
 from sweep.study.storage import (
     FileIdentity,
     StudyFileReplaced,
     close_storage,
     describe,
-    open_storage,
-    storage_errors,
-    unreachable,
 )
 from sweep.trial import lineage
 from sweep.trial.outcome import Outcome
 
 log = logging.getLogger("sweep")
 
-# User attributes of a trial. OWNER (see `ownership`) is written right after the trial's first
-# heartbeat and before its trainer starts: {"host", "pid", "started" (the driver's), "gpu",
-# "dir", and "gpus" for a trial of several devices}.
-# A trial's lineage (`retry_of`, `attempt`, `continues`, ...): see `lineage`.
-GPU, HOST, RERUN_OF = "gpu", "host", "rerun_of"
-ATTEMPT, RETRY_OF, CONTINUES = lineage.ATTEMPT, lineage.RETRY_OF, lineage.CONTINUES
-GPUS = "gpus"  # a trial of several devices: all of them, "0,1" (GPU is the first)
-EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
-BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
-METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 class Taken(Exception):
@@ -71,34 +70,6 @@ class Asked:
     attempt: int
     origin: int  # the trial number this one retries, or its own
     lineage: lineage.Lineage | None = None  # where it stands in its lineage (origin, ...)
-
-
-def connect(
-    spec: Spec, owner: Owner, reclaim_after: float | None = None,
-    notes: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
-) -> Store:
-    """The study of `spec` in its storage, opened (created if new) for the driver `owner`;
-    an unreachable storage is a UsageError. What changed since earlier runs, and may, is
-    added to `notes`."""
-    try:
-        storage = open_storage(spec)
-    except storage_errors() as e:
-        raise unreachable(spec, e) from None
-    try:
-        study = open_study(spec, storage, notes)
-        identity = FileIdentity.of(spec.storage_url)
-    except BaseException as e:
-        close_storage(storage)  # a file refused leaves nothing beside the study's either
-        if isinstance(e, storage_errors()):
-            raise unreachable(spec, e) from None
-        raise
-    return Store(study, storage, owner,
-                 spec.study.reclaim_seconds if reclaim_after is None else reclaim_after,
-                 grid=spec.study.sampler.type == "grid",
-                 sampler_for=(lambda number: searchspace.build_sampler(
-                     spec.study.sampler, spec.searched, str(spec.source), number))
-                 if searchspace.reseeds(spec.study.sampler) else None,
-                 clock=clock, lock=target_of(spec.storage_url, storage), identity=identity)
 
 
 class Store:
@@ -191,29 +162,32 @@ class Store:
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             trial = self.study.ask()
         try:
-            record: dict[str, Any] = {
-                "host": self.owner.host, "pid": self.owner.pid, "started": self.owner.started,
-                "gpu": gpu, "dir": trial_dir(trial.number)}
-            if len(gpus) > 1:
-                record[GPUS] = ",".join(map(str, gpus))
+            record = OwnerRecord(self.owner, gpu, trial_dir(trial.number),
+                                 ",".join(map(str, gpus)) if len(gpus) > 1 else None)
             self.beat(trial)
-            trial.set_user_attr(OWNER, record)
+            line = self._carry_lineage(trial)  # its run id before anything runs
+            trial.set_user_attr(OWNER, record.to_attr())
             params = sample(self.study, trial, searched, self.sampler_for)
-            line = self._carry_lineage(trial)
+            self._carry_curve(trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
         return Asked(trial, trial.number, params, line.attempt, line.origin, line)
 
     def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
-        """The lineage of a trial just asked: a new one gets its run id; an attempt that
-        resumes gets the curve (intermediate values) its lineage's earlier attempts reached,
-        so the pruner compares what the trial really reached."""
+        """The lineage of a trial just asked; a new one gets its run id, written before its
+        owner record and params (a trial that has params has its run id: a kill in between
+        left a continuation without one)."""
         line = lineage.Lineage.of(trial.user_attrs, trial.number)
         if line.run_id is None:
             run_id = lineage.new_run_id(self.study.study_name, line.origin)
             trial.set_user_attr(lineage.RUN_ID, run_id)
             line = dataclasses.replace(line, run_id=run_id)
+        return line
+
+    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> None:
+        """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
+        attempts reached, so the pruner compares what the trial really reached."""
         if line.resumes:
             earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
                        for t in self.study.get_trials(deepcopy=False)
@@ -222,7 +196,6 @@ class Store:
             key = trial_id(trial)
             for step, value in sorted(lineage.merged_curve(earlier).items()):
                 self.storage.set_trial_intermediate_value(key, step, value)
-        return line
 
     @contextlib.contextmanager
     def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
@@ -417,7 +390,8 @@ class Store:
             if judged.wait is not None:
                 wait = judged.wait if wait is None else min(wait, judged.wait)
             if judged.reason is not None:
-                trial_dir = (t.user_attrs.get(OWNER) or {}).get("dir") if here else None
+                record = OwnerRecord.of(t.user_attrs)
+                trial_dir = record.dir if here and record is not None else None
                 found.append(Orphan(t, judged.reason, trial_dir))
         return found, wait
 
@@ -444,9 +418,9 @@ class Store:
             line = lineage.Lineage.of(a, t.number)
             self.requeue(params, line.origin, line.attempt + 1,
                          line.next_attrs(t.number, retry=False))
-        owner = a.get(OWNER) or {}
-        attrs = {FAIL_REASON: orphan.reason, HOST: owner.get("host"), GPU: owner.get("gpu"),
-                 ATTEMPT: a.get(ATTEMPT, 0)}
+        record = OwnerRecord.of(a)
+        attrs = {FAIL_REASON: orphan.reason, HOST: record.owner.host if record else None,
+                 GPU: record.gpu if record else None, ATTEMPT: a.get(ATTEMPT, 0)}
         try:
             for k, v in attrs.items():
                 if v is not None:

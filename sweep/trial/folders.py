@@ -6,9 +6,8 @@ does an output_dir inside another study's. A trial's folder `trials/<number>/` i
 before the trial starts, so no file in it is older than the trial; a declared result file
 elsewhere is never removed, and counts only if the trial wrote it. sweep removes only
 folders it made, never through a link (`safefs.remove_tree`). Trial folders are 0700 and
-their files 0600 (`command.sh` 0700), never written through a symbolic link; `command.sh`
-leaves out the values of variables whose names look secret or that hold a URL's password,
-and writes a URL's password in an argument as `***`.
+their files 0600 (`command.sh` 0700, written by `command_script`), never written through a
+symbolic link.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,16 +32,14 @@ from sweep._core.safefs import (
     remove_tree,
     write_file,
 )
-from sweep.spec.config import Spec
-from sweep.spec.storageurl import GRPC, JOURNAL, grpc_address, journal_path, shown_url
+from sweep.spec.schema import Spec
+from sweep.spec.storageurl import shown_url, storage_identity
 from sweep.trial import lineage
+from sweep.trial.command_script import command_script
 
 MARKER_NAME = MARKER  # study.json: whose output_dir this is
 TRIAL_MARKER = "command.sh"  # sweep writes it first into every trial folder it makes
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
-# names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
-SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
-SHORTEST_SECRET = 6  # shorter values of such variables are not looked for in the arguments
 
 
 @dataclass(frozen=True)
@@ -126,46 +122,6 @@ def same_owner(found: OutputOwner | None, owner: OutputOwner) -> bool:
     however each URL spells it (see `storage_identity`)."""
     return (found is not None and found.study == owner.study
             and storage_identity(found.storage) == storage_identity(owner.storage))
-
-
-DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
-
-
-def storage_identity(url: str) -> str:
-    """The storage a (shown) storage URL reaches, as text that two URLs of one storage share:
-    a SQLite or journal file by its real path (links and `//` resolved, a relative one from
-    the current folder); a database by its kind without the driver (`postgresql+psycopg` is
-    `postgresql`), user, host (lowercased, `localhost` as `127.0.0.1`), port (the default
-    one filled in) and database, without password or query; a gRPC proxy by host:port. One
-    study reached through a gRPC proxy and directly is two storages here. A URL that does
-    not parse is itself."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    if url.startswith(JOURNAL):
-        return JOURNAL + os.path.realpath(journal_path(url))
-    if url.startswith(GRPC):
-        try:
-            host, grpc_port = grpc_address(url)
-        except ValueError:
-            return url
-        return f"{GRPC}{_host(host)}:{grpc_port}"
-    try:
-        parsed = make_url(url)
-        backend, port = parsed.get_backend_name(), parsed.port or None
-    except (ArgumentError, ValueError):
-        return url
-    if backend == "sqlite":
-        db = parsed.database
-        return f"sqlite:///{os.path.realpath(db) if db and db != ':memory:' else db or ''}"
-    port = port or DEFAULT_PORTS.get(backend)
-    return (f"{backend}://{parsed.username or ''}@{_host(parsed.host or '')}:{port or ''}"
-            f"/{parsed.database or ''}")
-
-
-def _host(host: str) -> str:
-    host = host.lower()
-    return "127.0.0.1" if host == "localhost" else host
 
 
 def read_marker(output_dir: Path) -> OutputOwner | None:
@@ -396,95 +352,3 @@ def open_log(path: Path) -> Any:
     through a symbolic link, nor another user's file. TrialFileError (naming it) if not."""
     with _trial_files(path):
         return os.fdopen(open_for_writing(path, FILE_MODE), "wb")
-
-
-# ---- command.sh -----------------------------------------------------------------------
-
-
-def secret_name(name: str) -> bool:
-    """Whether a variable's name says its value is a secret (a token, a key, a password)."""
-    return (not name.startswith("SWEEP_") and name not in ("PWD", "OLDPWD")
-            and bool(SECRET_NAME.search(name)))
-
-
-# a password in a URL: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:([^\s/@]+)@")
-
-
-def holds_password(value: str) -> bool:
-    """Whether `value` holds a URL with a password in it (`scheme://user:password@host`)."""
-    return _URL_PASSWORD.search(value) is not None
-
-
-def secret_variable(name: str, value: str) -> bool:
-    """Whether command.sh leaves out a variable: its name looks secret, or its value holds a
-    URL's password."""
-    return secret_name(name) or holds_password(value)
-
-
-def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
-    names look secret, or whose values hold a URL's password: their values are left out of
-    command.sh."""
-    names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
-    return {n: environ[n] for n in sorted(names)
-            if n in environ and secret_variable(n, environ[n])}
-
-
-_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)")
-
-
-def command_script(plan: Plan, secrets: Mapping[str, str]) -> str:
-    """command.sh: the trial's exact command as a shell script, except that the values of
-    the trial's variables whose names look secret or whose values hold a URL's password, and
-    of `secrets` in its arguments, are left out: the script takes them from its caller's
-    environment, and says so. A URL's password in an argument that no such variable holds
-    is written as `***`: the script says so, and runs only once it is put back."""
-    left = {k for k, v in plan.env.items() if secret_variable(k, v)}
-    hidden = {**secrets, **{k: plan.env[k] for k in left}}
-    values = sorted(((v, k) for k, v in hidden.items() if len(v) >= SHORTEST_SECRET),
-                    key=lambda vk: -len(vk[0]))
-    in_args: set[str] = set()
-    starred: list[str] = []
-    words = [_quote(arg, values, in_args, starred) for arg in plan.argv]
-    env = " ".join(f"{k}={_ref(k) if k in left else shlex.quote(v)}"
-                   for k, v in sorted(plan.env.items()))
-    lines = ["#!/bin/sh"]
-    names = {*left, *in_args}
-    named = sorted(n for n in names if secret_name(n))
-    if named:
-        lines.append(f"# left out (their names look secret): {', '.join(named)}; set "
-                     "them in your environment to run this (they come from trainer.env "
-                     "or the driver's environment)")
-    urls = sorted(names - set(named))
-    if urls:
-        lines.append(f"# left out (their values hold a password in a URL): {', '.join(urls)}; "
-                     "set them in your environment to run this (they come from trainer.env "
-                     "or the driver's environment)")
-    if starred:
-        lines.append("# a password in a URL in the arguments is written as ***: put it back "
-                     "(edit this file) to run this")
-    cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: the trial runs there
-    if cwd is not None:
-        lines.append(f"cd {shlex.quote(str(cwd))} || exit 1")
-    lines.append(f"{env} {' '.join(words)}")
-    return "\n".join(lines) + "\n"
-
-
-def _ref(name: str) -> str:
-    return f'"${{{name}:?is left out of command.sh: set it}}"'
-
-
-def _quote(arg: str, values: list[tuple[str, str]], found: set[str],
-           starred: list[str]) -> str:
-    """`arg` as one shell word, each secret value in it replaced by a reference to its
-    variable, and each URL's password left in it by `***` (noted in `starred`)."""
-    for value, name in values:
-        if value in arg:
-            found.add(name)
-            return _ref(name).join(_quote(part, values, found, starred) if part else ""
-                                   for part in arg.split(value))
-    if holds_password(arg):
-        starred.append(arg)
-        arg = _URL_PASSWORD.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***@", arg)
-    return shlex.quote(arg)

@@ -22,20 +22,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweep._core.patterns import LINE_TAIL, compile_pattern
 from sweep._core.placeholders import fill
-from sweep.protocol import (
+from sweep.spec.schema import ReportSection
+from sweep.trial.folders import TrialPaths
+from sweep.trial.results import (
     CHUNK,
-    LINE_TAIL,
     MAX_STEP,
     MISSING,
     FollowedFile,
     ReportError,
     ReportReader,
-    compile_pattern,
     lookup,
 )
-from sweep.spec.config import ReportSection
-from sweep.trial.folders import TrialPaths
 
 BATCH = 100  # values passed on per pass at most
 

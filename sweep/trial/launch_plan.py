@@ -20,7 +20,8 @@ from typing import Any
 from sweep import protocol
 from sweep._core.placeholders import fill
 from sweep.spec import accelconfig
-from sweep.spec.config import Spec, TrainerSection, env_name
+from sweep.spec.checks import env_name
+from sweep.spec.schema import Spec, TrainerSection
 from sweep.trial import lineage
 from sweep.trial.folders import TrialPaths
 

@@ -25,20 +25,14 @@ from typing import Any, Protocol
 
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.spec import accelconfig, interpreter
-from sweep.spec.config import Spec
+from sweep.spec.schema import Spec
 from sweep.trial import launch_plan, process, provenance
 from sweep.trial.accelenv import AccelerateEnv
 from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.lineage import Start
 from sweep.trial.process import Process, Spawn
-from sweep.trial.warm import (
-    TESTED_PYTHONS,
-    WarmError,
-    WarmNotYet,
-    WarmServer,
-    cannot_take,
-    server_modules,
-)
+from sweep.trial.warm import TESTED_PYTHONS, WarmError
+from sweep.trial.warm_client import WarmNotYet, WarmServer, cannot_take, server_modules
 
 WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.protocol import PatternTimeout, ResultError, parse_result, parse_stdout
+from sweep._core.patterns import PatternTimeout, parse_stdout
+from sweep.trial.results import ResultError, parse_result
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"
@@ -101,7 +102,7 @@ def judge(
     """Decide a trial from what it left behind.
 
     `exit_code` is the command's; `stop` is why the driver stopped the trial, if it did
-    (`sweep.trial.process.Stop`: "pruned", "timeout", "interrupted", "driver error"), and
+    (`sweep.trial.running.Stop`: "pruned", "timeout", "interrupted", "driver error"), and
     `timeout` the limit that a "timeout" stop enforced. Order matters: a stop the driver caused
     explains the exit (a pruned trial is PRUNED with its last reported value); a clean exit
     with a valid result is COMPLETE, whatever stderr says; out-of-memory explains a crash; a

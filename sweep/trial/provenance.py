@@ -31,9 +31,9 @@ import yaml
 from sweep._core.safefs import open_for_writing, write_file
 from sweep.spec import interpreter
 from sweep.spec.accelconfig import ConfigFileError
-from sweep.spec.config import Spec
 from sweep.spec.interpreter import Interpreter, InterpreterError
-from sweep.trial import folders, launch_plan
+from sweep.spec.schema import Spec
+from sweep.trial import command_script, folders, launch_plan
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
 CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
@@ -269,7 +269,7 @@ def write_trial(run: RunRecord, plan: launch_plan.LaunchPlan, number: int, devic
     """Write the trial's env.json (and code.patch when the code is dirty) into its folder;
     TrialFileError (naming the path) if it cannot."""
     paths = plan.paths
-    command = folders.command_script(plan, secrets).rstrip("\n").splitlines()[-1]
+    command = command_script.command_script(plan, secrets).rstrip("\n").splitlines()[-1]
     record = trial_record(run, number, devices, command, str(plan.cwd or Path.cwd()))
     try:
         write_file(paths.dir / ENV_NAME, json.dumps(record, indent=1) + "\n",
