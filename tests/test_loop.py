@@ -21,6 +21,7 @@ from sweep.spec import config, searchspace
 from sweep.study.attrs import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
+from sweep.trial.lineage import Lineage
 from sweep.trial.process import GUARD_MARGIN
 from sweep.trial.running import MOVES, Phase, PhaseError, RunningTrial, Stop
 
@@ -317,7 +318,9 @@ class StubProcess:
 
 
 def running_trial() -> RunningTrial:
-    return RunningTrial(None, 7, {}, 0, 0, 7, StubProcess(), grace=3.0)  # type: ignore[arg-type]
+    pool = Pool(fake_devices("1"))
+    return RunningTrial(None, 7, {}, Lineage(7), lease(pool, 7), StubProcess(),  # type: ignore[arg-type]
+                        grace=3.0)
 
 
 def test_a_trial_moves_through_its_phases_in_one_order():

@@ -200,7 +200,7 @@ def test_auto_packs_after_the_first_trial_in_the_driver(tmp_path):
     s.pool.capacity = 16
     s.pool.probe = NvmlProbe(reader)
     s.driver.monitor.reader = reader  # type: ignore[union-attr]
-    s.driver._learns = True
+    s.driver.devices.learns = True
     monitor: Monitor = s.driver.monitor  # type: ignore[assignment]
     s.clock.at(0.5, monitor.sample_once)  # the first trial's peak: 10 GB
     assert s.run() == 0

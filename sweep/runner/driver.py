@@ -1,8 +1,10 @@
 """The loop of one sweep: ask -> lease -> launch -> follow -> judge and tell -> release.
 
-The loop only decides when to look. `policy` says what may happen, `store` speaks to Optuna,
-`process` owns the trials' processes, `outcome` judges them, `pool` holds the devices. Every
-trial asked is told, whatever happens: a crash, a timeout, pruning, Ctrl-C, a driver error.
+The loop only decides when to look, and judges. `policy` says what may happen, `store` speaks
+to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), which
+owns its process and phase; `devices` acts on what the trials and NVML say of the devices,
+`pool` holds them. Every trial asked is told, whatever happens: a crash, a timeout, pruning,
+Ctrl-C, a driver error.
 """
 
 from __future__ import annotations
@@ -10,20 +12,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.gpus import health, hostlock, placement, sicklist
+from sweep.gpus import hostlock
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
 from sweep.runner.clock import WallClock, signals_to
+from sweep.runner.devices import DeviceCare
 from sweep.runner.events import Events, Finished, Running, Started, View
 from sweep.runner.policy import OnSignal, Policy, RunResult
+from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
@@ -31,21 +34,15 @@ from sweep.study.counts import Counts
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.store import Store, Taken
 from sweep.trial import (
-    command_script,
     folders,
     hang,
-    intermediate,
-    launch_plan,
     launchers,
-    lineage,
     process,
     provenance,
     stacks,
 )
 from sweep.trial.lineage import Lineage
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all
-
-POLL_SECONDS = 0.5  # how often a running trial's reports are read
 
 
 class Driver:
@@ -66,6 +63,7 @@ class Driver:
         self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
         self.own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
         self.launcher: launchers.Launcher | None = None  # made when the run starts
+        self.starter: Starter  # made with it
         self.running: dict[int, RunningTrial] = {}
         self._signals = 0
         self._counts: Counts | None = None
@@ -74,20 +72,10 @@ class Driver:
         self._orphan_wait: float | None = None
         self._announced = False
         self._prunes = spec.study.pruner.type != "none"
-        self._oom: set[int] = set()  # trials judged out of memory, until their device is free
         self._blocked = False  # the pool's last refusal: others hold the devices (look again)
-        self._learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
-        self._peaks: list[float] = []
-        self._out: set[int] = set()  # devices said to be in use by others
         self._went_around = False  # the last start went around a stuck budget lock
         self._first_end = True  # no trial of this driver reported, or completed, yet
-        self._hangs: dict[int, hang.OutputWatch] = {}  # running trials' output, for hang_after
-        # (number, searched params, origin, attempt, its continuation's lineage attributes) of
-        # the trials that failed on each device
-        self._failing: health.FailingDevices[
-            tuple[int, dict[str, Any], int, int, dict[str, Any]]] = (
-            health.FailingDevices())
-        self._sick: set[int] = set()  # devices taken out of the pool as sick
+        self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
         self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
         self.python_pids = stacks.python_pids
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
@@ -101,6 +89,8 @@ class Driver:
         folders.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
+        self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
+                               self.clock.wake, self.record, self.store.note)
         try:
             return self._run()
         finally:
@@ -109,9 +99,7 @@ class Driver:
     def _run(self) -> RunResult:
         assert self.launcher is not None
         self.launcher.prepare()
-        if self._learns:
-            self._peaks = self.store.peaks()
-            self._learn(None)
+        self.devices.begin()
         self.store.enqueue(self.spec.study.enqueue)
         try:
             with signals_to(self._on_signal), self.heartbeat, (
@@ -184,27 +172,9 @@ class Driver:
         for run in self.running.values():
             due = run.next_wakeup(now, POLL_SECONDS)
             times.append(math.inf if due is None else due)
-            watch = self._hangs.get(run.number)
-            if watch is not None and run.phase is Phase.RUNNING:
-                times.append(watch.next_look())
         return max(0.0, min(times) - now)
 
     # ---- starting -----------------------------------------------------------------------
-
-    def _learn(self, peak: float | None) -> None:
-        """`gpu_memory_gb: auto`: promise each trial the largest peak seen, with a margin."""
-        if peak is not None and peak == peak:
-            self._peaks.append(peak)
-        self.pool.expect(placement.learned_mb(self._peaks))
-
-    def _say_out(self) -> None:
-        """Tell the user when devices go out because others use them, and come back."""
-        seen = self.pool.left_out()
-        for index in sorted(set(seen) - self._out):
-            self.events.message(f"GPU {index} left out: {seen[index]}")
-        for index in sorted(self._out - set(seen)):
-            self.events.message(f"GPU {index} is free again: back in the pool")
-        self._out = set(seen)
 
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
@@ -220,7 +190,7 @@ class Driver:
             finally:
                 if got.trial is None:  # not asked after all (a signal, the budget spent)
                     self.pool.release(got)
-        self._say_out()
+        self.devices.say_out()
 
     def _refused(self, refusal: Refusal) -> None:
         self._blocked = refusal.kind is Why.BLOCKED
@@ -296,28 +266,10 @@ class Driver:
                 "new trial (a stopped or frozen driver?): starting trials without it for a "
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
-        params = {**asked.params, **spec.fixed}
-        line = asked.lineage or Lineage(asked.origin, asked.attempt)
         lease.bind(asked.number)
         try:
             port = self._port(lease) if len(lease.devices) > 1 else None
-            folders.ensure_driver_dir(spec, self.own)
-            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
-            plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
-                                 start=start)
-            secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
-            before = folders.prepare_trial_dir(
-                plan, launch_plan.script_params(params, spec.params), secrets)
-            if self.record is not None:
-                provenance.write_trial(self.record, plan, asked.number, lease.devices, secrets)
-                self.store.note(asked.trial, self.record.attrs())
-            single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
-            reports = intermediate.reader_for(
-                spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
-                {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
-                 "trial_number": str(asked.number), **lineage.places(start)},
-                plan.cwd) if single else None
-            proc = launcher.spawn(plan, spec.trainer.stop_grace, self.clock.wake, lease.fds())
+            run = self.starter.start(asked, lease, port)
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
@@ -328,28 +280,18 @@ class Driver:
             self.pool.release(lease)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
             raise
-        lease.attach(proc)
         self.heartbeat.add(asked.trial)
-        # the wait for a fork server's imports is not the trial's time
-        deadline = self.clock.now() + spec.trainer.timeout if spec.trainer.timeout else None
-        self.running[asked.number] = RunningTrial(
-            asked.trial, asked.number, params, device, asked.attempt, asked.origin, proc,
-            spec.trainer.stop_grace, deadline, reports, lease, lineage=line,
-            result_before=before)
-        if spec.trainer.hang_after is not None:
-            paths = plan.paths
-            self._hangs[asked.number] = hang.OutputWatch(
-                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
-                self.clock.now(), spec.trainer.hang_after, POLL_SECONDS,
-                reports.watched if reports is not None else tuple)
+        self.running[asked.number] = run
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
+        line = run.lineage
         if line.continues is not None:
             self.events.message(
                 f"trial {asked.number} continues trial {line.continues} (attempt {line.attempt} "
-                f"of trial {line.origin}) " + ("from its checkpoint folder" if start.resume
+                f"of trial {line.origin}) " + ("from its checkpoint folder" if run.resumed
                                                else "from scratch"))
-        self.events.started(Started(asked.number, device, params, proc.started, lease.devices))
+        self.events.started(Started(asked.number, lease.device, run.params,
+                                    run.process.started, lease.devices))
 
     # ---- following ----------------------------------------------------------------------
 
@@ -358,7 +300,9 @@ class Driver:
             self._react(now)  # their trials were interrupted, whichever ends first
         if self.monitor is not None:
             for index, why in sorted(self.monitor.take_sick().items()):
-                self._take_out(index, why, now)
+                again = self.devices.take_out(index, why, now, list(self.running.values()))
+                if again:
+                    self._adjust_counts(waiting=again)
         for run in list(self.running.values()):
             run.tick(now)
             if run.phase is Phase.RUNNING and not run.process.command_exited:
@@ -392,7 +336,7 @@ class Driver:
     def _look_for_hang(self, run: RunningTrial, now: float) -> None:
         """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
         Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
-        watch, trainer = self._hangs.get(run.number), self.spec.trainer
+        watch, trainer = run.watch, self.spec.trainer
         if watch is None or trainer.hang_after is None or not watch.due(now):
             return
         last = watch.look(now)
@@ -406,55 +350,6 @@ class Driver:
         run.detail = f"{found.reason()}; stacks in {path}"
         run.stop(Stop.HUNG, self.clock.now())
 
-    def _take_out(self, index: int, why: str, now: float) -> None:
-        """Device `index` is sick: out of the pool for the rest of the run, said in one line
-        (and recorded for `sweep gpus`); the trials running on it are stopped, and those that
-        failed on it in a row run again elsewhere, no longer counted as failures."""
-        if index in self._sick or index not in {d.index for d in self.pool.devices}:
-            return
-        self._sick.add(index)
-        self.pool.quarantine(index, why)
-        self.events.message(f"GPU {index} taken out of the pool: {why}")
-        if len(self.pool.quarantined) == len(self.pool.devices):  # the run cannot go on
-            out = "; ".join(f"GPU {i}: {w}" for i, w in sorted(self.pool.quarantined.items()))
-            self.policy.give_up(f"no GPU left in the pool (taken out: {out})")
-        if self.pool.host is not None:
-            sicklist.mark(self.pool.host.folder, self.pool.key(index), index, why)
-        failed = self._failing.forget(index)
-        for _, searched, origin, attempt, attrs in failed:
-            if self._run_again(searched, origin, attempt + 1, attrs):
-                self._adjust_counts(waiting=1)
-        self.policy.forgive({number for number, *_ in failed})
-        for run in self.running.values():
-            devices = run.lease.devices if run.lease is not None else (run.device,)
-            if index in devices and run.phase is Phase.RUNNING \
-                    and not run.process.command_exited:
-                run.detail = f"GPU {index} was taken out of the pool: {why}"
-                run.stop(Stop.DEVICE_OUT, now)
-
-    def _run_again(self, searched: dict[str, Any], origin: int, attempt: int,
-                   attrs: dict[str, Any] | None = None) -> bool:
-        """Queue `searched` again as `attempt` of trial `origin` (once), with the rest of its
-        lineage `attrs` (a continuation: no retry spent); True if queued."""
-        return self.store.requeue(searched, origin, attempt, attrs)
-
-    def _on_device(self, run: RunningTrial, state: TrialState, cuda_error: bool,
-                   devices: tuple[int, ...], now: float) -> bool:
-        """What the trial says of its devices (a sick one is taken out); whether it failed on
-        a device that is out now (its params then run again elsewhere, not as a failure)."""
-        if run.stop_reason in (Stop.INTERRUPTED, Stop.TAKEN, Stop.DRIVER_ERROR):
-            return False
-        if run.stop_reason is not Stop.DEVICE_OUT:
-            kind = (health.Kind.WORKED if state is not TrialState.FAIL else
-                    health.Kind.CUDA_ERROR if cuda_error else health.Kind.OTHER)
-            searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-            attrs = (run.lineage or Lineage(run.origin, run.attempt)).next_attrs(
-                run.number, retry=False)
-            payload = (run.number, searched, run.origin, run.attempt, attrs)
-            for sick in self._failing.seen(devices, kind, payload):
-                self._take_out(sick.device, sick.why, now)
-        return state is TrialState.FAIL and bool(self._sick & set(devices))
-
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited: judge the trial and tell it; its device stays leased."""
         if run.follows_reports:
@@ -463,16 +358,17 @@ class Driver:
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
                               trainer.result.patterns if trainer.result else [],
                               trainer.result.stream if trainer.result else "stdout")
-        lease = run.lease
         usage = {} if self.monitor is None else self.monitor.trial_finished(
-            run.number, shared=lease is None or lease.shared)
-        fault = self._on_device(run, verdict.state, verdict.cuda_error,
-                                lease.devices if lease is not None else (run.device,), now)
+            run.number, shared=run.lease.shared)
+        fault, again = self.devices.judged(run, verdict.state, verdict.cuda_error, now,
+                                           list(self.running.values()))
+        if again:
+            self._adjust_counts(waiting=again)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
         # An interrupted trial's continuation is queued the same way (no retry spent).
-        line = run.lineage or Lineage(run.origin, run.attempt)
+        line = run.lineage
         interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
         if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
@@ -481,14 +377,12 @@ class Driver:
                 fault or self.policy.continues(verdict.state, interrupted),
                 "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
-            run.trial, verdict, run.device, run.attempt, usage,
-            lease.devices if lease is not None else ())
+            run.trial, verdict, run.device, run.attempt, usage, run.devices)
         if self._first_end:
             self._say_no_reports(run, verdict.state)
-        if verdict.oom:
-            self._oom.add(run.number)
-        if self._learns and verdict.state is not TrialState.FAIL:
-            self._learn(usage.get("gpu_mem_peak_mb"))
+        run.oom = verdict.oom
+        if self.devices.learns and verdict.state is not TrialState.FAIL:
+            self.devices.learn(usage.get("gpu_mem_peak_mb"))
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         if told:
@@ -500,7 +394,7 @@ class Driver:
             self.policy.stop_starting("the sampler has searched its whole space")
         self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
                                       time.time() - run.process.started, verdict.fail_reason,
-                                      lease.devices if lease is not None else ()))
+                                      run.devices))
         if not told:  # the other driver counted it, and queued its params again
             return
         see = _where_to_look(run.process.plan.paths, run.stop_reason)
@@ -545,8 +439,7 @@ class Driver:
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
-        lease = run.lease
-        devices = lease.devices if lease is not None else (run.device,)
+        devices = run.devices
         on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in devices}
         clear = run.clear_device(set().union(*on.values()), now)
         if clear is None:
@@ -558,12 +451,8 @@ class Driver:
                     self.pool.quarantine(index, reason)
                     self.events.message(f"GPU {index} taken out of the pool: {reason}")
         del self.running[run.number]
-        self._hangs.pop(run.number, None)
         run.process.close()
-        oom = run.number in self._oom
-        self._oom.discard(run.number)
-        if lease is not None:
-            self.pool.release(lease, oom=oom)
+        self.pool.release(run.lease, oom=run.oom)
 
     # ---- the end ------------------------------------------------------------------------
 
@@ -583,13 +472,11 @@ class Driver:
         runs = list(self.running.values())
         stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
-            if run.lease is not None:
-                self.pool.release(run.lease)
+            self.pool.release(run.lease)
             if not run.judged:
                 if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
                     with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                        self._carry_on(run, run.lineage or Lineage(run.origin, run.attempt),
-                                       False, True)
+                        self._carry_on(run, run.lineage, False, True)
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
                 run.judged_now(self.clock.now())

@@ -62,14 +62,21 @@ class Taken(Exception):
 
 @dataclass(frozen=True)
 class Asked:
-    """A trial just asked and owned: its params (searched ones) and its place in retries."""
+    """A trial just asked and owned: its params (searched ones) and its lineage."""
 
     trial: optuna.Trial
     number: int
     params: dict[str, Any]
-    attempt: int
-    origin: int  # the trial number this one retries, or its own
-    lineage: lineage.Lineage | None = None  # where it stands in its lineage (origin, ...)
+    lineage: lineage.Lineage  # where it stands in its lineage (origin, attempt, ...)
+
+    @property
+    def attempt(self) -> int:
+        return self.lineage.attempt
+
+    @property
+    def origin(self) -> int:
+        """The trial number of its lineage's first attempt (its own for a new one)."""
+        return self.lineage.origin
 
 
 class Store:
@@ -172,7 +179,7 @@ class Store:
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
-        return Asked(trial, trial.number, params, line.attempt, line.origin, line)
+        return Asked(trial, trial.number, params, line)
 
     def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
         """The lineage of a trial just asked; a new one gets its run id, written before its

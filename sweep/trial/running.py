@@ -16,6 +16,7 @@ from typing import Any
 
 from sweep.gpus.pool import Lease
 from sweep.trial.folders import written_before
+from sweep.trial.hang import OutputWatch
 from sweep.trial.intermediate import IntermediateValues
 from sweep.trial.lineage import Lineage
 from sweep.trial.outcome import FAIL, Outcome, judge_files
@@ -74,22 +75,39 @@ class RunningTrial:
     trial: Any  # optuna.Trial: reports and pruning go through it
     number: int
     params: dict[str, Any]
-    device: int
-    attempt: int
-    origin: int
+    lineage: Lineage  # where it stands in its lineage (origin, attempt, what it continues)
+    lease: Lease  # its devices, released by the driver once it ended
     process: Process
     grace: float
     deadline: float | None = None  # trainer.timeout, on the driver's clock
-    reports: IntermediateValues | None = None
-    lease: Lease | None = None  # its devices, released by the driver once it ended
+    reports: IntermediateValues | None = None  # its intermediate values (one objective)
+    watch: OutputWatch | None = None  # its output, for trainer.hang_after (None: off)
+    result_before: os.stat_result | None = None  # the result file found before it started
     phase: Phase = Phase.RUNNING
     stop_reason: Stop | None = None  # set with the move to STOPPING, kept after
+    detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
     last_report: tuple[int, float] | None = None
+    oom: bool = False  # judged out of memory: its devices are released as such
+    resumed: bool = False  # it carries its lineage on from what its checkpoint folder held
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
-    lineage: Lineage | None = None  # where it stands in its lineage (None: a first attempt)
-    detail: str | None = None  # the fail_reason of a HUNG or DEVICE_OUT stop
-    result_before: os.stat_result | None = None  # the result file found before it started
+
+    @property
+    def device(self) -> int:
+        """Its first device (the one its trial's `gpu` attribute names)."""
+        return self.lease.device
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.lease.devices
+
+    @property
+    def attempt(self) -> int:
+        return self.lineage.attempt
+
+    @property
+    def origin(self) -> int:
+        return self.lineage.origin
 
     def _move(self, to: Phase) -> None:
         """The one place `phase` changes; a move `MOVES` does not allow raises PhaseError."""
@@ -184,8 +202,9 @@ class RunningTrial:
         return self.stop_reason.value if self.stop_reason else None
 
     def next_wakeup(self, now: float = 0.0, poll: float | None = None) -> float | None:
-        """When the driver next has something to do for this trial: `tick`'s deadlines, and
-        its reports every `poll` s (at once while lines wait). None: only an event can."""
+        """When the driver next has something to do for this trial: `tick`'s deadlines, its
+        reports every `poll` s (at once while lines wait), its next look for a hang. None:
+        only an event can."""
         if self.process.ended:
             return self.cleanup_at
         times = [self._force_at]
@@ -193,6 +212,8 @@ class RunningTrial:
             times.append(now if self.reports is not None and self.reports.more else now + poll)
         if self.phase is Phase.RUNNING and not self.process.command_exited:
             times.append(self.deadline)
+        if self.watch is not None and self.phase is Phase.RUNNING:
+            times.append(self.watch.next_look())
         known = [t for t in times if t is not None]
         return min(known) if known else None
 

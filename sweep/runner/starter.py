@@ -1,0 +1,73 @@
+"""Starting one trial the driver has asked and leased devices for: its checkpoint folder, its
+launch plan, its trial folder and `env.json`, the reader of its intermediate values and the
+watch of its output, then its spawn, all in one `RunningTrial`.
+
+The driver asks (under the budget lock) and tells; the starter only prepares and spawns. A
+`folders.TrialFileError` means nothing was spawned and the output_dir is to blame (full,
+read-only, removed, or something sweep did not make in the way); any other error, nothing was
+spawned either.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sweep.gpus.pool import Lease
+from sweep.spec.schema import Spec
+from sweep.study.store import Asked
+from sweep.trial import command_script, folders, hang, intermediate, launch_plan, lineage
+from sweep.trial.launchers import Launcher
+from sweep.trial.provenance import RunRecord, write_trial
+from sweep.trial.running import RunningTrial
+
+POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at
+
+
+class Starter:
+    """Prepares and spawns the trials of one run (`launcher` is the run's, made once)."""
+
+    def __init__(self, spec: Spec, launcher: Launcher, own: Path, now: Callable[[], float],
+                 wake: Callable[[], None], record: RunRecord | None = None,
+                 note: Callable[[Any, Mapping[str, Any]], None] | None = None) -> None:
+        self.spec, self.launcher, self.own = spec, launcher, own
+        self.now, self.wake = now, wake
+        self.record, self.note = record, note  # env.json's shared part, and where its attrs go
+
+    def start(self, asked: Asked, lease: Lease, port: int | None) -> RunningTrial:
+        """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
+        spec, line = self.spec, asked.lineage
+        params = {**asked.params, **spec.fixed}
+        folders.ensure_driver_dir(spec, self.own)
+        start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+        plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
+                                  port, start=start)
+        secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
+        before = folders.prepare_trial_dir(
+            plan, launch_plan.script_params(params, spec.params), secrets)
+        if self.record is not None:
+            write_trial(self.record, plan, asked.number, lease.devices, secrets)
+            if self.note is not None:
+                self.note(asked.trial, self.record.attrs())
+        single = len(spec.study.objective_metrics) == 1  # Optuna prunes one objective only
+        reports = intermediate.reader_for(
+            spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
+            {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
+             "trial_number": str(asked.number), **lineage.places(start)},
+            plan.cwd) if single else None
+        proc = self.launcher.spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
+        lease.attach(proc)
+        watch = None
+        if spec.trainer.hang_after is not None:
+            paths = plan.paths
+            watch = hang.OutputWatch(
+                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
+                self.now(), spec.trainer.hang_after, POLL_SECONDS,
+                reports.watched if reports is not None else tuple)
+        # the wait for a fork server's imports is not the trial's time
+        deadline = self.now() + spec.trainer.timeout if spec.trainer.timeout else None
+        return RunningTrial(asked.trial, asked.number, params, line, lease, proc,
+                            spec.trainer.stop_grace, deadline, reports, watch,
+                            result_before=before, resumed=start.resume)
