@@ -405,3 +405,54 @@ def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_o
     if first.state.name == "RUNNING":  # as a kill -9 leaves it
         assert s.store.fail_orphan(Orphan(first, "driver died", None))
     assert s.trials[0].state.name == "FAIL" and len(retries()) == 1
+
+
+# ---- intermediate values of a trial that stops, and of one that wrote many (issue 32) ---
+
+
+def test_a_report_written_while_the_trial_is_being_stopped_is_kept(tmp_path):
+    """Issue 32: the last report a trainer writes as it saves on SIGTERM (here: at 2.0 s,
+    stopped by its timeout at 1.5 s, killed after its 3 s grace) was in reports.jsonl but not
+    stored: every continued trial had a one-step hole in its curve."""
+    s = Sweep(tmp_path, lambda p: Script(runs=10.0, ignores_term=True, result=None,
+                                         reports=[(1.0, 1, 0.5), (2.0, 2, 0.25)]),
+              gpus=1, study={"n_trials": 1, "max_consecutive_failures": 1},
+              trainer={"timeout": 1.5, "grace_period": 3.0})
+    s.run()
+    trial = s.trials[0]
+    assert trial.user_attrs["fail_reason"].startswith("timeout")
+    assert trial.intermediate_values == {1: 0.5, 2: 0.25}
+
+
+def test_a_backlog_of_reports_is_read_a_batch_a_pass_and_the_trial_told_after_it(
+        tmp_path, monkeypatch):
+    """Issue 32: 1M report lines made a trial be told 110 s after its exit and kept SIGINT
+    waiting: the reading after the exit is bounded per pass like the reading before it (the
+    loop serves signals and other trials between passes), and the trial is told once all
+    are read."""
+    from sweep.trial import intermediate
+
+    lines = [(1.0, i, float(i)) for i in range(1, 251)]  # 250 lines as it exits
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0, reports=lines), gpus=1,
+              study={"n_trials": 1})
+    reads: list[int] = []
+    make = intermediate.reader_for
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        reader = make(*args, **kw)
+        for name in ("read", "read_rest"):
+            setattr(reader, name, counted(getattr(reader, name)))
+        return reader
+
+    def counted(inner: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            got = inner(*a, **k)
+            reads.append(len(got))
+            return got
+        return call
+
+    monkeypatch.setattr(intermediate, "reader_for", counting)
+    assert s.run() == 0
+    [trial] = s.trials
+    assert trial.state.name == "COMPLETE" and max(trial.intermediate_values) == 250
+    assert sum(reads) == 250 and max(reads) <= intermediate.BATCH

@@ -267,7 +267,8 @@ def test_drivers_starting_at_once_on_a_new_database_all_open_it(tmp_path):
     code = (
         "import sys, time\n"
         "from sweep.spec import config\n"
-        "from sweep.study.store import open_storage, open_study\n"
+        "from sweep.study.opening import open_study\n"
+        "from sweep.study.storage import open_storage\n"
         "at = float(sys.argv[1])\n"
         "for i, path in enumerate(sys.argv[2:]):\n"
         "    spec = config.load(path)\n"

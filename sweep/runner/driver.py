@@ -305,22 +305,24 @@ class Driver:
                     self._adjust_counts(waiting=again)
         for run in list(self.running.values()):
             run.tick(now)
-            if run.phase is Phase.RUNNING and not run.process.command_exited:
+            exited = run.process.command_exited  # before the read: it sees all it wrote
+            if run.phase is Phase.RUNNING and not exited:
                 self._look_for_hang(run, now)
-            if run.follows_reports:
-                self._follow_reports(run, now)
-            if run.process.command_exited and not run.judged:
+            if run.follows_reports and (exited or run.phase is Phase.RUNNING):
+                self._follow_reports(run, now, exited)
+            if exited and not run.judged and not run.reports_pending:
                 self._judge(run, now)
-            if run.process.ended:
+            if run.process.ended and run.judged:
                 self._end(run, now)
 
-    def _follow_reports(self, run: RunningTrial, now: float, rest: bool = False) -> None:
-        """New report lines (a bounded batch; all of them once the command exited): each to
-        the pruner while the trial runs, else only the latest is stored. A bad line stops the
-        trial."""
+    def _follow_reports(self, run: RunningTrial, now: float, exited: bool) -> None:
+        """New intermediate values, a bounded batch a pass: each to the pruner while the trial
+        runs; only the batch's latest is stored once it is being stopped or its command exited
+        (the rest are read in the next passes, between which other trials and signals are
+        served). A bad line stops the trial."""
         assert run.reports is not None
-        fresh = run.reports.read_rest() if rest else run.reports.read()
-        prune = self._prunes and not rest
+        fresh = run.reports.read()
+        prune = self._prunes and run.phase is Phase.RUNNING and not exited
         for step, value in fresh if prune else fresh[-1:]:
             try:
                 if self.store.report(run.trial, step, value):
@@ -351,9 +353,8 @@ class Driver:
         run.stop(Stop.HUNG, self.clock.now())
 
     def _judge(self, run: RunningTrial, now: float) -> None:
-        """The command exited: judge the trial and tell it; its device stays leased."""
-        if run.follows_reports:
-            self._follow_reports(run, now, rest=True)
+        """The command exited (and its intermediate values were read): judge the trial and
+        tell it; its device stays leased."""
         trainer = self.spec.trainer
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
                               trainer.result.patterns if trainer.result else [],

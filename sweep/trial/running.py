@@ -171,7 +171,16 @@ class RunningTrial:
 
     @property
     def follows_reports(self) -> bool:
-        return self.reports is not None and self.phase is Phase.RUNNING
+        """Its intermediate values are read until it is told: every poll while it runs, and
+        once its command exited (also one that was being stopped: what a trainer reports as
+        it saves on SIGTERM is kept) the driver drains them, a bounded batch a pass, before
+        it judges."""
+        return self.reports is not None and not self.phase.told
+
+    @property
+    def reports_pending(self) -> bool:
+        """Values wait that the last bounded read left for the next pass."""
+        return self.reports is not None and self.reports.more
 
     def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str],
                 stream: str = "stdout") -> Outcome:
@@ -208,8 +217,10 @@ class RunningTrial:
         if self.process.ended:
             return self.cleanup_at
         times = [self._force_at]
-        if self.follows_reports and poll is not None:
-            times.append(now if self.reports is not None and self.reports.more else now + poll)
+        if self.follows_reports and self.process.command_exited:
+            times.append(now)  # drained, then judged
+        elif self.follows_reports and self.phase is Phase.RUNNING and poll is not None:
+            times.append(now if self.reports_pending else now + poll)
         if self.phase is Phase.RUNNING and not self.process.command_exited:
             times.append(self.deadline)
         if self.watch is not None and self.phase is Phase.RUNNING:
