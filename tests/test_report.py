@@ -140,3 +140,26 @@ def test_run_with_report_refreshes_the_report_at_the_end(write_study, fake_gpus,
                         name="keyed.yaml")
     assert run_cli("run", str(keyed)) == 0
     assert (study.parent / "keyed" / report.REPORT_NAME).is_file()
+
+
+def test_report_while_every_trial_is_running(write_study, capsys):
+    """Issue 32: with no trial finished, `sweep report` failed with `TypeError: cannot
+    subtract DatetimeArray` (exit 1): the end times were all missing, of no time type."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    study_file = write_study()
+    study = optuna.create_study(study_name="probe",
+                                storage=f"sqlite:///{study_file.parent / 'probe.db'}")
+    for gpu in range(2):
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.RUNNING, params={"x": 0.5},
+            distributions={"x": FloatDistribution(0.0, 1.0)},
+            user_attrs={"gpu": gpu, "host": "node1", "attempt": 0}))
+    page = study_file.parent / "report.html"
+    capsys.readouterr()
+    assert run_cli("report", str(study_file), "-o", str(page)) == 0, capsys.readouterr().err
+    assert "no trial has a value yet" in page.read_text()
+    assert run_cli("summary", str(study_file)) == 0
+    assert "probe: 2 RUNNING" in capsys.readouterr().out

@@ -168,6 +168,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    for col in ("datetime_start", "datetime_complete"):  # all None (all running): still times
+        frame[col] = frame[col].astype("datetime64[us]")
     frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
     frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
     return frame
