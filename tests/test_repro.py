@@ -722,3 +722,78 @@ def test_a_workdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "study.yaml"]
     path.write_text(yaml.safe_dump(study_dict(trainer={"workdir": "{trial_dir}/afile"})))
     assert config.load(path).trainer.workdir == "{trial_dir}/afile"  # per trial: made then
+
+
+def committed_repo(path: Path) -> str:
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "train.py").write_text("print(1)\n")
+    git(path, "add", "train.py")
+    git(path, "commit", "-qm", "first")
+    return git(path, "rev-parse", "HEAD").strip()
+
+
+def test_a_git_that_times_out_or_fails_records_the_code_as_unknown(tmp_path, monkeypatch):
+    """Issue 32: a hanging core.fsmonitor (or a 200 MiB modified binary whose diff takes
+    longer than the timeout) was recorded as `dirty: false` with the plain commit as
+    code_version. What git could not say is unknown: `dirty: null` (or true where the status
+    said so), code_version `<commit>+unknown`, and env.json says why."""
+    repo = tmp_path / "repo"
+    commit = committed_repo(repo)
+    hook = tmp_path / "hook"
+    hook.write_text("#!/bin/sh\nsleep 3\n")
+    hook.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(hook))
+    monkeypatch.setattr(provenance, "GIT_TIMEOUT", 1.0)
+    hung = provenance.git_code(repo)
+    assert hung is not None and hung.dirty is None and hung.patch == b""
+    assert hung.unknown == "git status took longer than 1 s"
+    assert hung.version == commit[:12] + "+unknown"
+    run = provenance.RunRecord("h", hung, None, "no probe")
+    record = provenance.trial_record(run, 0, [], "cmd", "/")
+    assert record["code"]["dirty"] is None and record["code"]["patch"] is None
+    assert record["code"]["unknown"] == ("git status took longer than 1 s: what differs from "
+                                         "the commit is unknown")
+    assert record["code_version"] == commit[:12] + "+unknown"
+    assert provenance.differences({"code_version": hung.version},
+                                  {"code_version": hung.version}) == (
+        f"the code cannot be compared (it ran {hung.version}, now {hung.version}: git could "
+        "not say what differed from the commit)")
+
+    def slow_diff(argv, **kw):  # the status answers, the diff of a huge binary does not
+        if "diff" in argv:
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        return subprocess.run(argv, **kw)
+
+    git(repo, "config", "--unset", "core.fsmonitor")
+    (repo / "train.py").write_text("print(2)\n")
+    big = provenance.git_code(repo, run=slow_diff)
+    assert big is not None and big.dirty is True and big.digest == ""
+    assert big.version == commit[:12] + "+unknown"
+    assert big.unknown == "git diff took longer than 1 s"
+
+    def failing(argv, **kw):
+        if "status" in argv:
+            return subprocess.CompletedProcess(argv, 128, b"", b"fatal: index file corrupt\n")
+        return subprocess.run(argv, **kw)
+
+    broken = provenance.git_code(repo, run=failing)
+    assert broken is not None and broken.dirty is None
+    assert broken.unknown == "git status failed (exit 128: fatal: index file corrupt)"
+
+
+def test_an_edit_inside_a_submodule_changes_the_code_version(tmp_path):
+    """Issue 32: `git diff HEAD` shows a modified submodule as `<commit>-dirty` whatever the
+    edit, so two different edits had one code_version."""
+    sub = tmp_path / "sub"
+    committed_repo(sub)
+    top = tmp_path / "top"
+    committed_repo(top)
+    git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "lib")
+    git(top, "commit", "-qm", "with lib")
+    (top / "lib" / "train.py").write_text("print('a')\n")
+    a = provenance.git_code(top)
+    (top / "lib" / "train.py").write_text("print('b')\n")
+    b = provenance.git_code(top)
+    assert a is not None and b is not None and a.dirty and b.dirty
+    assert a.version != b.version and b"print('b')" in b.patch
