@@ -293,6 +293,18 @@ def test_a_broken_interpreter_and_one_without_accelerate_are_refused(tmp_path):
     assert config.load(path).trainer.python == str(bare)  # launcher: python needs none
 
 
+def assert_gone(pid: int, said: str) -> None:
+    """`pid` ends within 2 s (else it is killed, and the test fails with `said`)."""
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"{said} (pid {pid})")
+
+
 def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_killed(
         tmp_path, monkeypatch):
     """A `trainer.python` that never answers: refused after PROBE_TIMEOUT in one line naming
@@ -310,15 +322,7 @@ def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_kill
     assert str(e.value) == (f"{path}: trainer.python: {hang} did not answer in 1 s (a program "
                             "that hangs, not a Python?): give a working Python (e.g. your "
                             "project's .venv/bin/python)")
-    child = int(pid_file.read_text())
-    for _ in range(100):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail(f"the probe's child {child} still runs")
+    assert_gone(int(pid_file.read_text()), "the probe's child still runs")
 
 
 def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
@@ -339,15 +343,7 @@ def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=20)
     assert proc.returncode == 130
-    for _ in range(100):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    else:
-        os.kill(child, signal.SIGKILL)
-        pytest.fail(f"the probe's child {child} outlived the driver")
+    assert_gone(child, "the probe's child outlived the driver")
 
 
 def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
@@ -797,3 +793,30 @@ def test_an_edit_inside_a_submodule_changes_the_code_version(tmp_path):
     b = provenance.git_code(top)
     assert a is not None and b is not None and a.dirty and b.dirty
     assert a.version != b.version and b"print('b')" in b.patch
+
+
+def test_an_interpreter_that_prints_without_end_or_leaves_a_daemon_is_bounded(tmp_path):
+    """Issue 32: the probe's output was read without a bound (300 MB of it: 1.27 GB RSS), and
+    a daemon it started outlived the run (and, holding its stdout, made it wait for the
+    timeout). The probe keeps the last MAX_OUTPUT bytes of each stream, and kills its process
+    group once it has answered."""
+    pid_file = tmp_path / "daemon.pid"
+    noisy = tmp_path / "python"
+    noisy.write_text("#!/bin/bash\n"
+                     f"sleep 300 &\necho $! > {pid_file}\n"  # holds the probe's stdout
+                     "head -c 200000000 /dev/zero | tr '\\0' x\necho\n"
+                     f"exec {sys.executable} \"$@\"\n")
+    noisy.chmod(0o755)
+    measured = subprocess.run(
+        [sys.executable, "-c",
+         "import resource, sys, time; from sweep.spec import interpreter\n"
+         "t = time.monotonic(); found = interpreter.probe(sys.argv[1])\n"
+         "print(found.version, time.monotonic() - t,"
+         " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)", str(noisy)],
+        capture_output=True, text=True, check=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    version, seconds, rss_mb = measured.stdout.split()
+    assert version == sys.version.split()[0]
+    assert int(rss_mb) < 150, measured.stdout  # 200 MB of output, 4 MiB of it kept
+    assert float(seconds) < interpreter.PROBE_TIMEOUT / 2  # the daemon's pipe not waited for
+    assert_gone(int(pid_file.read_text()), "the probe's daemon outlived it")
