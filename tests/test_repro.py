@@ -733,15 +733,18 @@ def test_a_git_that_times_out_or_fails_records_the_code_as_unknown(tmp_path, mon
     """Issue 32: a hanging core.fsmonitor (or a 200 MiB modified binary whose diff takes
     longer than the timeout) was recorded as `dirty: false` with the plain commit as
     code_version. What git could not say is unknown: `dirty: null` (or true where the status
-    said so), code_version `<commit>+unknown`, and env.json says why."""
+    said so), code_version `<commit>+unknown`, and env.json says why. The hooks git was
+    running die with it (they outlived it)."""
     repo = tmp_path / "repo"
     commit = committed_repo(repo)
-    hook = tmp_path / "hook"
-    hook.write_text("#!/bin/sh\nsleep 3\n")
+    hook, pids = tmp_path / "hook", tmp_path / "hook.pids"
+    hook.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 30\n")
     hook.chmod(0o755)
     git(repo, "config", "core.fsmonitor", str(hook))
     monkeypatch.setattr(provenance, "GIT_TIMEOUT", 1.0)
     hung = provenance.git_code(repo)
+    for pid in map(int, pids.read_text().split()):  # git's hung hooks died with it
+        assert_gone(pid, "a hook of a git that timed out outlived it")
     assert hung is not None and hung.dirty is None and hung.patch == b""
     assert hung.unknown == "git status took longer than 1 s"
     assert hung.version == commit[:12] + "+unknown"

@@ -14,10 +14,12 @@ Package versions come from package metadata in the trainer's interpreter
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -71,6 +73,30 @@ class Code:
         return f"{head}+{self.digest[:8]}" if self.dirty else head
 
 
+def run_in_session(argv: Sequence[str], *, timeout: float,
+                   env: Mapping[str, str] | None = None, stdin: int | None = None,
+                   capture_output: bool = True, check: bool = False,
+                   ) -> subprocess.CompletedProcess[bytes]:
+    """`subprocess.run(argv, capture_output=True)` in a session of its own: on a timeout its
+    whole process group is killed, so what it started (a hook git runs: a hanging
+    `core.fsmonitor`) does not outlive it. `capture_output` and `check` are as `git` calls
+    pass them (always captured; never checked)."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=stdin, env=None if env is None else dict(env),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(OSError):  # gone already
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def _git_or_why(folder: Path, args: Sequence[str], run: Run) -> tuple[bytes | None, str]:
     """(`git -C folder ARGS`' output, or None when it fails; what failed, or "")."""
     what = f"git {args[0]}"
@@ -120,7 +146,7 @@ def _text(out: bytes | None) -> str | None:
     return None if out is None else out.decode("utf-8", "replace").strip()
 
 
-def git_code(folder: Path, run: Run = subprocess.run, script: Path | None = None) -> Code | None:
+def git_code(folder: Path, run: Run = run_in_session, script: Path | None = None) -> Code | None:
     """The git state of `folder`; None if it is in no repository (or git is missing).
 
     The diff is against the commit; in a repository without commits, the staged files as new
@@ -200,7 +226,7 @@ class RunRecord:
     def find(cls, spec: Spec, accelerate: dict[str, Any] | None,
              gpus: Mapping[int, Mapping[str, str | None]] | None = None,
              host: str | None = None, system: tuple[str | None, str | None] = (None, None),
-             run: Run = subprocess.run) -> RunRecord:
+             run: Run = run_in_session) -> RunRecord:
         """The record of a run of `spec` starting now: git (`run` runs it), the interpreter
         probe; `accelerate` the config it launches with (`launchers.accelerate_record`);
         `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
