@@ -143,18 +143,24 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
 def _read_bounded(proc: subprocess.Popen[bytes], limit: float) -> tuple[bytes, bytes]:
     """The last MAX_OUTPUT bytes of `proc`'s stdout and stderr, read until it has exited (what
     it left behind may hold the pipes open: they are not waited for) or `limit` seconds have
-    passed (TimeoutExpired)."""
+    passed (TimeoutExpired). `proc` is left unreaped, so that its group id stays its own
+    until `_kill_group`."""
     assert proc.stdout is not None and proc.stderr is not None
     kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     deadline = time.monotonic() + limit
     with selectors.DefaultSelector() as sel:
         for pipe in kept:
             sel.register(pipe, selectors.EVENT_READ)
-        while sel.get_map():
-            exited = proc.poll() is not None
+        while True:
+            exited = _exited(proc)
             left = deadline - time.monotonic()
             if left <= 0 and not exited:
                 raise subprocess.TimeoutExpired(proc.args, limit)
+            if not sel.get_map():  # both streams closed: it is about to exit
+                if exited:
+                    break
+                time.sleep(0.01)
+                continue
             ready = sel.select(timeout=0 if exited else min(left, 0.2))
             if exited and (not ready or left <= 0):
                 break  # exited, and nothing more to read now (or a child of it writes on)
@@ -166,8 +172,15 @@ def _read_bounded(proc: subprocess.Popen[bytes], limit: float) -> tuple[bytes, b
                 buffer = kept[key.fileobj]  # type: ignore[index]
                 buffer += chunk
                 del buffer[:-MAX_OUTPUT]
-    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     return bytes(kept[proc.stdout]), bytes(kept[proc.stderr])
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether `proc` has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
