@@ -423,12 +423,14 @@ class ReportReader:
         if self._skipping:
             return self._skip(chunk)
         *lines, _incomplete = chunk.split(b"\n")
+        asked = CHUNK
         if not lines and len(chunk) == CHUNK:  # one long line: read it whole, up to a bound
-            chunk = self._chunk(LONGEST_LINE + 1) or b""
+            asked = LONGEST_LINE + 1
+            chunk = self._chunk(asked) or b""
             *lines, _incomplete = chunk.split(b"\n")
             if not lines and len(chunk) > LONGEST_LINE:
                 return self._skip(chunk)
-        self.more = len(lines) > self.batch or len(chunk) == CHUNK
+        self.more = len(lines) > self.batch or len(chunk) == asked
         fresh = []
         for raw in lines[: self.batch]:
             self._file.offset += len(raw) + 1
