@@ -235,3 +235,11 @@ def test_report_while_every_trial_is_running(write_study, capsys):
     assert "no trial has a value yet" in page.read_text()
     assert run_cli("summary", str(study_file)) == 0
     assert "probe: 2 RUNNING" in capsys.readouterr().out
+
+
+def test_the_timeline_without_any_sample_says_so_in_both_rows():
+    s = summary_of([{"state": "COMPLETE", "value": 0.5, "at": 0, "hours": 1}])
+    fig = figures.timeline(s)
+    assert silent_panels(fig) == []
+    notes = [a.text for a in fig.layout.annotations if a.xref.endswith(" domain")]
+    assert notes == [figures.NO_SAMPLES, figures.NO_SAMPLES]

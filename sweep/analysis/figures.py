@@ -330,9 +330,12 @@ def timeline(s: Summary) -> Any:
     _sample_lines(fig, samples, hours)
     fig.update_yaxes(tickvals=list(row_of.values()), ticktext=list(row_of),
                      range=[-0.6, len(labels) - 0.4], row=1, col=1)  # bars clear of titles
-    span = float(np.nanmax(hours(placed["end"]), initial=0.0)) or 1 / 60
+    drawn = np.concatenate([hours(placed["end"]), [0.0],
+                            hours(samples["time"]) if not samples.empty else []])
+    low, high = float(np.nanmin(drawn)), float(np.nanmax(drawn))
+    pad = 0.01 * ((high - low) or 1 / 60)
     fig.update_xaxes(title_text=f"hours since {t0:%Y-%m-%d %H:%M:%S}", row=3, col=1,
-                     range=[-0.01 * span, 1.01 * span])  # an empty row would widen it
+                     range=[low - pad, high + pad])  # an empty row would widen it
     fig.update_layout(title=title, height=360 + 22 * len(labels))
     return fig
 
@@ -344,23 +347,32 @@ def _sample_lines(fig: Any, samples: pd.DataFrame,
     from plotly.colors import DEFAULT_PLOTLY_COLORS
 
     go = _go()
+    if samples.empty:
+        for row in (2, 3):
+            _note(fig, NO_SAMPLES, f"x{row}", shared_x=True)
+        return
     listed: set[str] = set()
+    devices = sorted({_device_label(h, g) for h, g in zip(samples["host"], samples["gpu"],
+                                                          strict=True)})
     for row, column, what, scale in ((2, "util_gpu", "utilisation", 1.0),
                                      (3, "mem_used_mb", "memory use", 1 / 1024)):
         measured = samples.dropna(subset=[column])
         if measured.empty:
-            _note(fig, NO_SAMPLES if samples.empty else NOT_MEASURED.format(what=what),
-                  f"x{row}", shared_x=True)
+            _note(fig, NOT_MEASURED.format(what=what), f"x{row}", shared_x=True)
             continue
-        for i, ((host, gpu), part) in enumerate(
-                measured.groupby(["host", "gpu"], dropna=False, sort=True)):
-            label = f"{host} GPU {gpu}" if isinstance(host, str) and host else f"GPU {gpu}"
+        for (host, gpu), part in measured.groupby(["host", "gpu"], dropna=False, sort=True):
+            label = _device_label(host, gpu)
+            colour = DEFAULT_PLOTLY_COLORS[devices.index(label) % len(DEFAULT_PLOTLY_COLORS)]
             part = _thin(part)
             fig.add_trace(go.Scatter(
                 x=hours(part["time"]), y=(part[column] * scale).to_numpy(dtype=float),
                 mode="lines", name=label, legendgroup=label, showlegend=label not in listed,
-                line={"width": 1, "color": DEFAULT_PLOTLY_COLORS[i % 10]}), row=row, col=1)
+                line={"width": 1, "color": colour}), row=row, col=1)
             listed.add(label)
+
+
+def _device_label(host: Any, gpu: Any) -> str:
+    return f"{host} GPU {gpu}" if isinstance(host, str) and host else f"GPU {gpu}"
 
 
 def costs(s: Summary) -> Any:
