@@ -42,7 +42,7 @@ from sweep.study.storage import (
     unreachable,
 )
 from sweep.study.store import FINISHED, Store
-from sweep.trial import folders, launch_plan, launchers, provenance
+from sweep.trial import command_script, folders, launch_plan, launchers, provenance
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
@@ -238,6 +238,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         own = folders.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
         launcher = launchers.make(spec, host_name(), own, dry=True)
         lines += launcher.header()
+        hidden = command_script.arg_secrets(spec.trainer.args, os.environ)
         for _ in range(n):
             held = lease.acquire()
             if isinstance(held, Refusal):
@@ -256,22 +257,35 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
             if note is not None:
                 lines.append(note)
             plan = launcher.plan(trial.number, params, gpu, pins, port)
-            lines.append(runnable(plan, launch_plan.script_params(params, spec.params)))
+            line = runnable(plan, launch_plan.script_params(params, spec.params), hidden)
+            if line != runnable(plan, launch_plan.script_params(params, spec.params)) and (
+                    LEFT_OUT not in lines):
+                lines.append(LEFT_OUT)
+            lines.append(line)
     finally:
         if nvml is not None:
             nvml.close()
     return lines
 
 
-def runnable(plan: launch_plan.LaunchPlan, params: Mapping[str, Any]) -> str:
+LEFT_OUT = ("# secrets are left out of these lines, as of command.sh: set the variables they "
+            "name in your environment, and put back what is written as ***")
+
+
+def runnable(plan: launch_plan.LaunchPlan, params: Mapping[str, Any],
+             secrets: Mapping[str, str] | None = None) -> str:
     """A trial's command as a dry run prints it: one shell line that runs when pasted, its
-    trial folder and params.json made first (a run makes them; a dry run writes nothing)."""
+    trial folder and params.json made first (a run makes them; a dry run writes nothing).
+    With `secrets` (`command_script.arg_secrets`), secrets are left out as command.sh leaves them
+    out: a variable's value by a reference to it, a password or token in an argument as
+    `***`."""
     folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
     text = shlex.quote(json.dumps(dict(params)))
     cwd = "" if plan.cwd is None else (  # `trainer.workdir`: made, and run in
         f"mkdir -p {shlex.quote(str(plan.cwd))} && cd {shlex.quote(str(plan.cwd))} && ")
-    return (f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}"
-            f"{plan.command_line()}")
+    command = (plan.command_line() if secrets is None else
+               command_script.command_script(plan, secrets).rstrip("\n").splitlines()[-1])
+    return f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}{command}"
 
 
 def _stored_trials(spec: Spec) -> list[Any]:

@@ -3,6 +3,7 @@ it happen under one lock every driver of the study shares (issue 12)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,3 +142,28 @@ def test_drivers_queueing_the_same_baseline_at_once_queue_it_once(write_study, m
         t.join(30)
     waiting = stores[0].study.get_trials(deepcopy=False)
     assert len(waiting) == 1 and waiting[0].state.name == "WAITING"
+
+
+def test_the_files_a_run_of_a_shipped_study_writes_beside_it_are_git_ignored():
+    """Issue 32: `studies/*.db.lock`, the budget lock beside a shipped study's database,
+    showed up in `git status` after a run."""
+    import shutil
+    import subprocess
+
+    import optuna
+    from conftest import ROOT
+
+    from sweep.study import budget
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = []
+    for path in sorted((ROOT / "studies").glob("*.yaml")):
+        spec = config.load(path, runnable=False)
+        target = budget.target_of(spec.storage_url, optuna.storages.InMemoryStorage())
+        assert target is not None and target.kind == "file", path
+        lock = Path(target.where).relative_to(ROOT)
+        written += [str(lock), str(lock).removesuffix(".lock")]
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written],
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert sorted(written) == sorted(ignored)

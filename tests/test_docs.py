@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -51,3 +53,15 @@ def test_every_link_resolves(page: Path):
 def test_a_broken_link_is_found(tmp_path: Path):
     (tmp_path / "a.md").write_text("# Title\n[ok](#title) [gone](b.md) [no](#nope)\n")
     assert broken_links(tmp_path / "a.md") == ["b.md: no such file", "#nope: no such heading"]
+
+
+def test_the_timm_recipe_resumes_from_the_folder_timm_writes():
+    """Issue 32: the timm recipe had no fixed `--experiment`, so timm wrote into a folder
+    named after the start time and `resume_args` could not name its `last.pth.tar`."""
+    text = (ROOT / "docs" / "how-to" / "continue-interrupted-trials.md").read_text()
+    block = text.split("**timm's `train.py`**")[1].split("```yaml")[1].split("```")[0]
+    trainer = yaml.safe_load(textwrap.dedent(block))["trainer"]
+    args = trainer["args"]
+    folder = f"{args[args.index('--output') + 1]}/{args[args.index('--experiment') + 1]}"
+    assert trainer["resume_args"] == ["--resume", f"{folder}/last.pth.tar"]
+    assert folder.startswith("{checkpoint_dir}/")

@@ -296,3 +296,15 @@ def test_a_dry_runs_line_makes_the_trial_folder_and_params_file_first(tmp_path):
     script = line.split(" && ")
     subprocess.run(["sh", "-c", " && ".join(script[:2])], check=True)
     assert json.loads(paths.params.read_text()) == {"lr": 0.5}
+
+
+def test_a_recursive_alias_in_the_accelerate_config_file_is_one_line(tmp_path):
+    """Issue 32: `&a [*a]` made every verb hang with memory growing."""
+    from sweep.spec import accelconfig
+
+    path = tmp_path / "team.yaml"
+    path.write_text("distributed_type: 'NO'\ndynamo_config: &a [*a]\n")
+    with pytest.raises(accelconfig.ConfigFileError) as refused:
+        accelconfig.read(path)
+    assert str(refused.value) == (
+        f"{path}: line 2: an alias refers to the value that contains it")

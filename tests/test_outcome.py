@@ -153,3 +153,23 @@ def test_patterns_out_of_time_fail_the_trial_saying_so(tmp_path, monkeypatch):
     crashed = judge_files(stderr, result, 3, ["loss"], stdout=stdout,
                           patterns=[r"loss=(?P<loss>\S+)"])
     assert crashed.fail_reason == "exit code 3: no stderr"  # a crash explains itself first
+
+
+def test_a_result_file_too_large_to_read_says_so_with_the_bound(tmp_path):
+    """Issue 32: a 300 MB result file was said to be "not valid JSON" (sweep reads 1 MiB of
+    it); it is said to be too large, with the bound."""
+    result = tmp_path / "result.json"
+    result.write_text('{"score": 1.0, "padding": "')
+    with result.open("r+b") as f:
+        f.truncate(300 << 20)  # sparse: 300 MB that take no disk
+    got = judge_files(tmp_path / "stderr.log", result, 0, ["score"])
+    assert got.state == TrialState.FAIL
+    assert got.fail_reason == (f"result file {result} is larger than 1048576 bytes, all "
+                               "sweep reads: write only the metrics to it")
+    from sweep.trial import outcome
+
+    at_limit = tmp_path / "ok.json"
+    at_limit.write_text('{"score": 1.0, "pad": "' + "x" * (outcome.MAX_RESULT - 25) + '"}')
+    assert at_limit.stat().st_size == outcome.MAX_RESULT
+    assert judge_files(tmp_path / "stderr.log", at_limit, 0, ["score"]).state == (
+        TrialState.COMPLETE)

@@ -9,7 +9,9 @@ import shutil
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import load_trials, run_cli
@@ -59,11 +61,13 @@ def big_study(tmp_path_factory) -> Path:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
-@pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000"])
+@pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000",
+                                  "simulated"])
 def test_the_report_renders_every_figure_in_a_browser_without_a_network(
         kind, tmp_path, request):
     study = (request.getfixturevalue("big_study") if kind == "10000"
-             else fake_study(tmp_path, kind, n=40))
+             else fake_study(tmp_path, "finished", n=40, simulated=True)
+             if kind == "simulated" else fake_study(tmp_path, kind, n=40))
     page = tmp_path / f"{kind}.html"
     assert run_cli("report", str(study), "-o", str(page)) == 0
     text = page.read_text()
@@ -78,6 +82,74 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
     assert (tmp_path / f"{kind}.png").stat().st_size > 10_000
     if kind == "only_fail":
         assert "no trial has a value yet" in dom and 'id="failures"' in dom
+    if kind == "simulated":  # each empty panel says why, where a user looks
+        for said in ("no utilisation measured", "no memory use measured",
+                     "no energy measured"):
+            assert said in dom
+
+
+def _numbers(values: Any) -> np.ndarray | None:
+    try:
+        return np.asarray(values if values is not None else [], dtype=float)
+    except (TypeError, ValueError):  # categories
+        return None
+
+
+def draws(trace: Any) -> bool:
+    """Whether a trace draws anything: a point with both coordinates, a bar not of 0."""
+    x, y = _numbers(trace.x), _numbers(trace.y)
+    if trace.type == "bar":
+        heights = x if trace.orientation == "h" else y
+        return heights is not None and bool((np.nan_to_num(heights) != 0).any())
+    if x is None or y is None:
+        known = y if x is None else x
+        return known is not None and bool(np.isfinite(known).any())
+    return bool((np.isfinite(x) & np.isfinite(y)).any())
+
+
+def silent_panels(fig: Any) -> list[str]:
+    """What in `fig` is empty without a sentence saying why: each subplot (by its x-axis)
+    that no trace draws in and no note sits in, each legend entry that draws nothing."""
+    layout = fig.layout.to_plotly_json()
+    if not fig.data:  # a figure of one note
+        return [] if layout.get("annotations") else ["the figure"]
+    notes = {a["xref"].split()[0] for a in layout.get("annotations", [])
+             if a.get("xref", "").endswith(" domain")}
+    silent = []
+    for key in sorted(k for k in layout if re.fullmatch(r"xaxis\d*", k)):
+        axis = "x" + key[5:]
+        if axis not in notes and not any(draws(t) for t in fig.data
+                                         if (t.xaxis or "x") == axis):
+            silent.append(f"subplot {axis}")
+    silent += [f"legend entry {t.name}" for t in fig.data
+               if t.name and t.showlegend is not False and not draws(t)]
+    return silent
+
+
+@pytest.mark.parametrize("simulated", [True, False], ids=["simulated", "nvml"])
+def test_no_panel_is_empty_without_a_sentence_saying_why(tmp_path, simulated):
+    """Issue 32, the report as a user saw it: on a simulated pool the GPU utilisation and
+    memory panels were empty without a note (its samples are rows of NaN, so the empty check
+    never fired, and the legend listed lines that draw nothing), the energy panels were empty
+    -1..1 axes; the "GPU utilisation (%)" title sat on the last device's bar; the worst trials
+    of the parallel coordinates were drawn near white on white."""
+    import optuna
+    from plotly.colors import convert_colors_to_same_type
+
+    from sweep.analysis import report as report_module
+
+    s, study = report_module.load(fake_study(tmp_path, "running", n=30, simulated=simulated))
+    assert isinstance(study, optuna.Study)
+    figs = figures.all_figures(s, study)
+    assert {name: silent_panels(fig) for name, fig in figs.items()} == {n: [] for n in figs}
+    rows = figs["timeline"].layout.yaxis
+    assert rows.range[0] <= min(rows.tickvals) - 0.5  # the bars clear of the titles
+    assert rows.range[1] >= max(rows.tickvals) + 0.3
+    lines = [t.line.color for t in figs["parallel"].data if t.mode == "lines"]
+    assert len(lines) == sum(1 for t in study.trials if t.state.name == "COMPLETE")
+    for colour in lines:  # the palest line is still a visible blue on the white page
+        (rgb,), _ = convert_colors_to_same_type([colour], colortype="tuple")
+        assert sum(rgb) / 3 < 0.75, colour
 
 
 def summary_of(rows: list[dict]) -> report.Summary:
@@ -140,3 +212,34 @@ def test_run_with_report_refreshes_the_report_at_the_end(write_study, fake_gpus,
                         name="keyed.yaml")
     assert run_cli("run", str(keyed)) == 0
     assert (study.parent / "keyed" / report.REPORT_NAME).is_file()
+
+
+def test_report_while_every_trial_is_running(write_study, capsys):
+    """Issue 32: with no trial finished, `sweep report` failed with `TypeError: cannot
+    subtract DatetimeArray` (exit 1): the end times were all missing, of no time type."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    study_file = write_study()
+    study = optuna.create_study(study_name="probe",
+                                storage=f"sqlite:///{study_file.parent / 'probe.db'}")
+    for gpu in range(2):
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.RUNNING, params={"x": 0.5},
+            distributions={"x": FloatDistribution(0.0, 1.0)},
+            user_attrs={"gpu": gpu, "host": "node1", "attempt": 0}))
+    page = study_file.parent / "report.html"
+    capsys.readouterr()
+    assert run_cli("report", str(study_file), "-o", str(page)) == 0, capsys.readouterr().err
+    assert "no trial has a value yet" in page.read_text()
+    assert run_cli("summary", str(study_file)) == 0
+    assert "probe: 2 RUNNING" in capsys.readouterr().out
+
+
+def test_the_timeline_without_any_sample_says_so_in_both_rows():
+    s = summary_of([{"state": "COMPLETE", "value": 0.5, "at": 0, "hours": 1}])
+    fig = figures.timeline(s)
+    assert silent_panels(fig) == []
+    notes = [a.text for a in fig.layout.annotations if a.xref.endswith(" domain")]
+    assert notes == [figures.NO_SAMPLES, figures.NO_SAMPLES]

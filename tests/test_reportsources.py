@@ -193,3 +193,26 @@ def test_a_report_source_in_the_checkpoint_folder_is_followed(tmp_path):
     assert s.run() == 0
     assert s.states() == ["COMPLETE"]
 
+
+
+def test_a_json_lines_line_longer_than_a_pass_is_read_and_one_past_the_bound_skipped(
+        tmp_path, monkeypatch, capsys):
+    """Issue 32: a valid JSON-lines line over 256 KiB (a log line with a big histogram)
+    failed the trial. It is read whole, up to LONGEST_LINE; a longer one is skipped, said once,
+    and the lines after it are read."""
+    path = tmp_path / "metrics.jsonl"
+    big = json.dumps({"epoch": 1, "eval": {"loss": 0.5}, "histogram": [0.125] * 100_000})
+    assert len(big) > results.CHUNK
+    path.write_text(big + "\n" + json.dumps({"epoch": 2, "eval": {"loss": 0.25}}) + "\n")
+    reader = KeyedLinesReader(path, "epoch", "eval.loss")
+    assert reader.read_rest() == [(1, 0.5), (2, 0.25)] and reader.error is None
+
+    monkeypatch.setattr(results, "LONGEST_LINE", 300_000)
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"epoch": 1, "eval": {"loss": 0.5}}) + "\n"
+                    + json.dumps({"epoch": 2, "histogram": [0.125] * 500_000}) + "\n"
+                    + json.dumps({"epoch": 3, "eval": {"loss": 0.125}}) + "\n")
+    reader = KeyedLinesReader(huge, "epoch", "eval.loss")
+    assert reader.read_rest() == [(1, 0.5), (3, 0.125)] and reader.error is None
+    err = capsys.readouterr().err
+    assert err == f"sweep: {huge}: line 2 is longer than 300000 bytes: skipped\n"

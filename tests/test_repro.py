@@ -293,6 +293,18 @@ def test_a_broken_interpreter_and_one_without_accelerate_are_refused(tmp_path):
     assert config.load(path).trainer.python == str(bare)  # launcher: python needs none
 
 
+def assert_gone(pid: int, said: str) -> None:
+    """`pid` ends within 2 s (else it is killed, and the test fails with `said`)."""
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"{said} (pid {pid})")
+
+
 def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_killed(
         tmp_path, monkeypatch):
     """A `trainer.python` that never answers: refused after PROBE_TIMEOUT in one line naming
@@ -310,15 +322,7 @@ def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_kill
     assert str(e.value) == (f"{path}: trainer.python: {hang} did not answer in 1 s (a program "
                             "that hangs, not a Python?): give a working Python (e.g. your "
                             "project's .venv/bin/python)")
-    child = int(pid_file.read_text())
-    for _ in range(100):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail(f"the probe's child {child} still runs")
+    assert_gone(int(pid_file.read_text()), "the probe's child still runs")
 
 
 def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
@@ -339,15 +343,7 @@ def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=20)
     assert proc.returncode == 130
-    for _ in range(100):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    else:
-        os.kill(child, signal.SIGKILL)
-        pytest.fail(f"the probe's child {child} outlived the driver")
+    assert_gone(child, "the probe's child outlived the driver")
 
 
 def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
@@ -722,3 +718,109 @@ def test_a_workdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "study.yaml"]
     path.write_text(yaml.safe_dump(study_dict(trainer={"workdir": "{trial_dir}/afile"})))
     assert config.load(path).trainer.workdir == "{trial_dir}/afile"  # per trial: made then
+
+
+def committed_repo(path: Path) -> str:
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "train.py").write_text("print(1)\n")
+    git(path, "add", "train.py")
+    git(path, "commit", "-qm", "first")
+    return git(path, "rev-parse", "HEAD").strip()
+
+
+def test_a_git_that_times_out_or_fails_records_the_code_as_unknown(tmp_path, monkeypatch):
+    """Issue 32: a hanging core.fsmonitor (or a 200 MiB modified binary whose diff takes
+    longer than the timeout) was recorded as `dirty: false` with the plain commit as
+    code_version. What git could not say is unknown: `dirty: null` (or true where the status
+    said so), code_version `<commit>+unknown`, and env.json says why. The hooks git was
+    running die with it (they outlived it)."""
+    repo = tmp_path / "repo"
+    commit = committed_repo(repo)
+    hook, pids = tmp_path / "hook", tmp_path / "hook.pids"
+    hook.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 30\n")
+    hook.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", str(hook))
+    monkeypatch.setattr(provenance, "GIT_TIMEOUT", 1.0)
+    hung = provenance.git_code(repo)
+    for pid in map(int, pids.read_text().split()):  # git's hung hooks died with it
+        assert_gone(pid, "a hook of a git that timed out outlived it")
+    assert hung is not None and hung.dirty is None and hung.patch == b""
+    assert hung.unknown == "git status took longer than 1 s"
+    assert hung.version == commit[:12] + "+unknown"
+    run = provenance.RunRecord("h", hung, None, "no probe")
+    record = provenance.trial_record(run, 0, [], "cmd", "/")
+    assert record["code"]["dirty"] is None and record["code"]["patch"] is None
+    assert record["code"]["unknown"] == ("git status took longer than 1 s: what differs from "
+                                         "the commit is unknown")
+    assert record["code_version"] == commit[:12] + "+unknown"
+    assert provenance.differences({"code_version": hung.version},
+                                  {"code_version": hung.version}) == (
+        f"the code cannot be compared (it ran {hung.version}, now {hung.version}: git could "
+        "not say what differed from the commit)")
+
+    def slow_diff(argv, **kw):  # the status answers, the diff of a huge binary does not
+        if "diff" in argv:
+            raise subprocess.TimeoutExpired(argv, kw["timeout"])
+        return subprocess.run(argv, **kw)
+
+    git(repo, "config", "--unset", "core.fsmonitor")
+    (repo / "train.py").write_text("print(2)\n")
+    big = provenance.git_code(repo, run=slow_diff)
+    assert big is not None and big.dirty is True and big.digest == ""
+    assert big.version == commit[:12] + "+unknown"
+    assert big.unknown == "git diff took longer than 1 s"
+
+    def failing(argv, **kw):
+        if "status" in argv:
+            return subprocess.CompletedProcess(argv, 128, b"", b"fatal: index file corrupt\n")
+        return subprocess.run(argv, **kw)
+
+    broken = provenance.git_code(repo, run=failing)
+    assert broken is not None and broken.dirty is None
+    assert broken.unknown == "git status failed (exit 128: fatal: index file corrupt)"
+
+
+def test_an_edit_inside_a_submodule_changes_the_code_version(tmp_path):
+    """Issue 32: `git diff HEAD` shows a modified submodule as `<commit>-dirty` whatever the
+    edit, so two different edits had one code_version."""
+    sub = tmp_path / "sub"
+    committed_repo(sub)
+    top = tmp_path / "top"
+    committed_repo(top)
+    git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "lib")
+    git(top, "commit", "-qm", "with lib")
+    (top / "lib" / "train.py").write_text("print('a')\n")
+    a = provenance.git_code(top)
+    (top / "lib" / "train.py").write_text("print('b')\n")
+    b = provenance.git_code(top)
+    assert a is not None and b is not None and a.dirty and b.dirty
+    assert a.version != b.version and b"print('b')" in b.patch
+
+
+def test_an_interpreter_that_prints_without_end_or_leaves_a_daemon_is_bounded(tmp_path):
+    """Issue 32: the probe's output was read without a bound (300 MB of it: 1.27 GB RSS), and
+    a daemon it started outlived the run (and, holding its stdout, made it wait for the
+    timeout). The probe keeps the last MAX_OUTPUT bytes of each stream, and kills its process
+    group once it has answered."""
+    pid_file = tmp_path / "daemon.pid"
+    noisy = tmp_path / "python"
+    noisy.write_text("#!/bin/bash\n"
+                     f"sleep 300 &\necho $! > {pid_file}\n"  # holds the probe's stdout
+                     "head -c 200000000 /dev/zero | tr '\\0' x\necho\n"
+                     f"exec {sys.executable} \"$@\"\n")
+    noisy.chmod(0o755)
+    measured = subprocess.run(
+        [sys.executable, "-c",
+         "import re, sys, time; from sweep.spec import interpreter\n"
+         "t = time.monotonic(); found = interpreter.probe(sys.argv[1])\n"
+         "peak = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]\n"
+         "print(found.version, time.monotonic() - t, int(peak) // 1024)", str(noisy)],
+        capture_output=True, text=True, check=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    version, seconds, rss_mb = measured.stdout.split()
+    assert version == sys.version.split()[0]
+    assert int(rss_mb) < 100, measured.stdout  # 200 MB of output, 4 MiB of it kept (the
+    # peak of this process's own memory: ru_maxrss would count the forking pytest's)
+    assert float(seconds) < interpreter.PROBE_TIMEOUT / 2  # the daemon's pipe not waited for
+    assert_gone(int(pid_file.read_text()), "the probe's daemon outlived it")

@@ -44,14 +44,15 @@ def steps(study: Path) -> list[tuple[int, int]]:
     return out
 
 
-@pytest.mark.slow
-def test_the_sbatch_recipe_is_interrupted_twice_requeued_and_every_trial_continues(tmp_path):
+def checkpointing_study(tmp_path: Path, n_trials: int) -> tuple[Path, dict[str, str]]:
+    """A study of the checkpointing probe on a SQLite file, and the environment its jobs run
+    sweep in (this sweep, 2 simulated devices); skips where no throwaway Slurm can start."""
     why = slurm.available()
     if why is not None:
         pytest.skip(why)
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump(study_dict(
-        study={"n_trials": N_TRIALS, "heartbeat_interval": 1, "reclaim_after": 5},
+        study={"n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 5},
         trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
                  "args": ["--steps", str(STEPS), "--sleep", "0.1"]})))
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -59,6 +60,12 @@ def test_the_sbatch_recipe_is_interrupted_twice_requeued_and_every_trial_continu
                                          if p),
            "SWEEP_STORAGE": f"sqlite:///{tmp_path / 'probe.db'}", "SWEEP_FAKE_GPUS": "2",
            "SWEEP_LOCK_DIR": os.environ["SWEEP_LOCK_DIR"]}
+    return study, env
+
+
+@pytest.mark.slow
+def test_the_sbatch_recipe_is_interrupted_twice_requeued_and_every_trial_continues(tmp_path):
+    study, env = checkpointing_study(tmp_path, N_TRIALS)
     with slurm.cluster(tmp_path / "slurm") as c:
         job = c.sbatch(["--nodes=1", "--gres=none", "--cpus-per-task=1",
                         f"--output={tmp_path}/%x-%j.out", "studies/cluster/slurm.sbatch",
@@ -102,3 +109,34 @@ def test_the_sbatch_recipe_is_interrupted_twice_requeued_and_every_trial_continu
         hits = sum(t.user_attrs.get("retry_of", t.number) == origin for t in cut)
         assert STEPS <= ran[origin] <= STEPS + hits, (origin, ran[origin], hits)
     assert sum(step > 0 for step in started.values()) >= 2  # continued, not started over
+
+
+@pytest.mark.slow
+def test_in_a_job_array_a_task_stops_and_requeues_only_itself(tmp_path):
+    """Issue 32: in an array, $SLURM_JOB_ID of the task that holds the array's own id names
+    the whole array: its time-limit trap sent TERM to its sibling's step and requeued the
+    sibling. The recipe uses the task's own id (ARRAYID_TASKID): the signalled task stops
+    gently and is requeued; its sibling runs on untouched, once."""
+    study, env = checkpointing_study(tmp_path, 6)
+    with slurm.cluster(tmp_path / "slurm") as c:
+        array = c.sbatch(["--array=0-1", "--nodes=1", "--gres=none", "--cpus-per-task=1",
+                          f"--output={tmp_path}/%x-%A_%a.out", "studies/cluster/slurm.sbatch",
+                          str(study)], cwd=ROOT, env=env)
+        tasks = [f"{array}_0", f"{array}_1"]
+        assert c.wait(lambda: all(c.state(t) == "RUNNING" for t in tasks), 60), c.log()
+        # the task that holds the array's own id: the one whose trap reached the whole array
+        owner = next(t for t in tasks if c.job(t)["JobId"] == array)
+        sibling = next(t for t in tasks if t != owner)
+        assert wait_until(lambda: len(steps(study)) >= 6, 60)
+        c.run(["scancel", "--batch", "--signal=USR1", owner])  # its time limit is near
+        assert c.wait(lambda: c.job(owner).get("Restarts") == "1", 60), (c.job(owner), c.log())
+        assert c.wait(lambda: all(c.state(t) == "COMPLETED" for t in tasks), 240), (
+            [c.job(t) for t in tasks])
+        logs = {t: (tmp_path / f"sweep-{t}.out").read_text() for t in tasks}
+        assert c.job(sibling)["Restarts"] == "0", logs[sibling]
+    assert logs[owner].count("slurm.sbatch: job") == 2, logs[owner]
+    assert f"requeueing job {owner}" in logs[owner], logs[owner]
+    assert logs[sibling].count("slurm.sbatch: job") == 1, logs[sibling]  # never rerun
+    assert "interrupted" not in logs[sibling] and "SIGTERM" not in logs[sibling], logs[sibling]
+    trials = load_trials(study)
+    assert collections.Counter(t.state.name for t in trials)["COMPLETE"] == 6

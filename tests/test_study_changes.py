@@ -50,6 +50,8 @@ CHANGES: list[tuple[str, Any, str]] = [
     ("duplicate key", "study: {name: probe}\nstudy: {name: other}\n",
      "line 2: duplicate key 'study' (first on line 1)"),
     ("alias bomb as a fixed value", "BOMB", "expands to more than"),
+    ("recursive alias", "study: {name: probe}\ntrainer: {script: t.py, args: &a [*a]}\n",
+     "line 2: an alias refers to the value that contains it"),
     ("output_dir is a file", edit(study={"output_dir": "afile"}), "study.output_dir: not a folder"),
     ("output_dir under a file", edit(study={"output_dir": "afile/sub"}),
      "study.output_dir: cannot create"),

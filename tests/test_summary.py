@@ -120,3 +120,34 @@ def test_many_result_keys_leave_the_terminal_table_readable(write_study):
     assert max(len(line) for line in text.splitlines()) <= 120
     table = text.split("10 more result keys")[0]
     assert "eval_d" not in table
+
+
+def test_numbers_never_wrap_in_an_80_column_terminal(write_study):
+    """Issue 32: at 80 columns `sweep summary` split `1.785` into `1.78` / `5`. A number keeps
+    its line (a header may fold), and the table fits the terminal."""
+    from rich.console import Console
+
+    from sweep.spec import config
+
+    spec = config.load(write_study(), runnable=False)
+    values = [1.785123, 0.00012345, 123456.7, 42.0]
+    trials = pd.DataFrame([{
+        "number": i, "state": "COMPLETE", "value": v, "params_learning_rate": 1e-4 * (i + 1),
+        "params_weight_decay": 0.0123, "params_warmup_ratio": 0.0625, "params_batch": 32,
+        "gpu": i % 2, "gpus": None, "duration_s": 1234.5678, "gpu_util_mean": 87.65,
+        "gpu_mem_peak_mb": 40123.4, "metric_eval_accuracy": 0.9123,
+        "metric_eval_runtime": 12.345, "metric_eval_samples_per_second": 345.678}
+        for i, v in enumerate(values)])
+    console = Console(record=True, width=80)
+    console.print(summary.render(summary.Summary(spec, trials, pd.DataFrame(), pd.DataFrame())))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(rows) == 4
+    whole = {"0", "1", "2", "3", "32", "1.785", "0.0001234", "1.235e+05", "42", "0.0001",
+             "0.0002", "0.0003", "0.0004", "0.0123", "0.0625", "0.9123", "12.35", "345.7"}
+    cells = {c.strip() for line in rows for c in line.strip("│").split("│")}
+    assert cells <= whole, cells - whole  # each number whole, on its row
+    assert {"1.785", "0.0001234", "1.235e+05", "345.7"} <= cells
+    assert ("3 more columns in a wider terminal and in the CSV: duration_s, gpu_util_mean, "
+            "gpu_mem_peak_mb") in " ".join(text.split())

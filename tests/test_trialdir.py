@@ -506,8 +506,8 @@ def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
     assert "pw_SECRET" not in text
     assert ("# left out (their values hold a password in a URL): DB_URL, OTHER_DB; set them "
             "in your environment to run this") in text
-    assert ("# a password in a URL in the arguments is written as ***: put it back (edit "
-            "this file) to run this") in text
+    assert ("# a password in a URL or a secret (a token, a webhook, a key) in the arguments "
+            "is written as ***: put it back (edit this file) to run this") in text
     assert 'DB_URL="${DB_URL:?is left out of command.sh: set it}"' in text
     assert "HOME_URL=https://h/x" in text
     assert " --db 'postgresql://v:***@h2/db' " in text
@@ -520,3 +520,90 @@ def test_what_holds_a_urls_password():
     assert not command_script.holds_password("postgresql://u@h/db")
     assert not command_script.holds_password("https://h:8080/x")
     assert not command_script.holds_password("user:pw@h")  # no scheme: not a URL
+
+
+# ---- secrets by their form (issue 32) ------------------------------------------------------
+
+GITHUB = "ghp_" + "a1B2c3D4e5" * 4  # the forms of real tokens; none of them is one
+PAT = "github_pat_11ABCDEFG0" + "x" * 50
+OAUTH = "gho_" + "Z9y8X7w6V5" * 4
+SLACK = "https://hooks.slack.com/services/T0000000/B0000000/" + "Q" * 24
+SENTRY = "https://0123456789abcdef0123456789abcdef@o123.ingest.sentry.io/4567"
+AWS = "AKIA" + "ABCDEFGHIJKLMNOP"
+
+
+def test_values_that_are_secrets_by_their_form_stay_out_of_command_sh_and_env_json(tmp_path):
+    """Issue 32: GitHub tokens, Slack webhooks, Sentry DSNs and AWS keys passed the
+    name-based masking into env.json and command.sh (`NOTIFY`, `GH`, `DSN` say nothing)."""
+    from sweep.trial import provenance
+
+    environ = {**os.environ, "UPLOAD": OAUTH}
+    spec = load(tmp_path, trainer={
+        "env": {"GH": GITHUB, "NOTIFY": SLACK, "DSN": SENTRY, "AWS_ID": AWS, "MODE": "fast"},
+        "args": ["--pat", PAT, "--hook=" + SLACK.replace("Q", "R"), "--up", "$UPLOAD"]})
+    plan = launch_plan.build_launch(spec.trainer, 0, {"x": 0.5}, 0,
+                                    TrialPaths.of(spec.output_dir, 0),
+                                    launch_plan.ACCELERATE_CONFIG_FILE,
+                                    places=launch_plan.spec_places(spec), environ=environ)
+    hidden = command_script.arg_secrets(spec.trainer.args, environ)
+    assert hidden == {"UPLOAD": OAUTH}
+    folders.prepare_trial_dir(plan, {"x": 0.5}, hidden)
+    provenance.write_trial(provenance.RunRecord("h", None, None, "no probe"), plan, 0, [0],
+                           hidden)
+    for name in ("command.sh", "env.json"):
+        text = (plan.paths.dir / name).read_text()
+        for secret in (GITHUB, PAT, OAUTH, SLACK, SENTRY, AWS, "Q" * 24, "R" * 24):
+            assert secret not in text, (name, secret)
+        assert "MODE=fast" in text
+    text = plan.paths.command.read_text()
+    assert ("# left out (their values are secrets by their form: a token, a webhook, a key): "
+            "AWS_ID, DSN, GH, NOTIFY, UPLOAD;") in text
+    assert 'GH="${GH:?is left out of command.sh: set it}"' in text
+    assert " --pat '***' '--hook=***' " in text
+
+
+def test_what_is_a_secret_by_its_form():
+    from sweep._core import secrets
+
+    for value in (GITHUB, PAT, OAUTH, SLACK, SENTRY, AWS, f"--token={GITHUB}"):
+        assert secrets.secret_form(value), value
+    for value in ("ghp_short", "https://hooks.example.com/services/x", "AKIA-not-a-key",
+                  "https://user@sentry.io/1", "https://0123456789abcdef@example.com/1",
+                  "sha256:0123456789abcdef0123456789abcdef", "fast"):
+        assert not secrets.secret_form(value), value
+    assert secrets.starred(f"--dsn={SENTRY} --db=postgresql://u:pw@h/db") == (
+        "--dsn=*** --db=postgresql://u:***@h/db")
+
+
+def test_one_module_says_what_a_secret_is():
+    """Two regexes of secret names (command.sh's, the storage URL's) had drifted apart."""
+    from sweep._core import secrets
+    from sweep.spec import storageurl
+
+    assert command_script.secret_variable is secrets.secret_variable
+    assert storageurl.shown_url("postgresql://u@h/db?auth_token=abc") == (
+        "postgresql://u@h/db?auth_token=***")
+    root = Path(folders.__file__).parents[1]
+    owners = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
+              if "pass|pwd" in p.read_text()]
+    assert owners == ["_core/secrets.py"]
+
+
+def test_a_dry_run_prints_no_password_nor_token(tmp_path, fake_gpus, capsys, monkeypatch):
+    """Issue 32: `sweep run --dry-run` printed URL passwords (and would print tokens) in
+    its command lines; it leaves them out as command.sh does, and its lines say so."""
+    from conftest import run_cli
+
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijkl")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={"n_trials": 2}, trainer={
+        "env": {"DB_URL": "postgresql://u:pw_SECRET1@h/db", "GH": GITHUB},
+        "args": ["--db", "postgresql://v:pw_SECRET2@h2/db", "--token=$HF_TOKEN"]})))
+    assert run_cli("run", str(path), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "pw_SECRET" not in out and GITHUB not in out and "hf_abcdefghijkl" not in out
+    commands = [line for line in out.splitlines() if not line.startswith("#")]
+    assert len(commands) == 2
+    assert all('DB_URL="${DB_URL:?' in c and "'postgresql://v:***@h2/db'" in c
+               and '--token="${HF_TOKEN:?' in c for c in commands)
+    assert out.count("# secrets are left out of these lines") == 1

@@ -67,8 +67,11 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def expanded_size(root: yaml.Node) -> int:
-    """How many nodes the document has once every alias is expanded (stops past MAX_NODES)."""
+    """How many nodes the document has once every alias is expanded (stops past MAX_NODES).
+    YamlError if an alias refers to a value that contains it (`&a [*a]`): that expands without
+    end."""
     sizes: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes being expanded: the path from the root to this one
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
@@ -81,7 +84,12 @@ def expanded_size(root: yaml.Node) -> int:
             children = [n for pair in node.value for n in pair]
         if children_done or not children:
             sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
+            open_.discard(id(node))
+        elif id(node) in open_:  # reached again below itself: a cycle
+            raise YamlError(node.start_mark.line + 1,
+                            "an alias refers to the value that contains it")
         else:
+            open_.add(id(node))
             stack.append((node, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
     return sizes[id(root)]

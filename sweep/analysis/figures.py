@@ -29,6 +29,12 @@ MAX_CURVES = 400  # intermediate-value curves drawn at most (the best and the la
 MAX_POINTS = 3000  # samples drawn per device and series at most (evenly thinned)
 MAX_IMPORTANCE_TRIALS = 1000  # finished trials the importances are computed on at most
 MAX_PARALLEL_TRIALS = 500  # finished trials drawn in parallel coordinates at most
+INK = (8 / 255, 48 / 255, 107 / 255)  # the darkest blue of Optuna's scale
+NO_SAMPLES = "no GPU samples yet"
+NOT_MEASURED = ("no {what} measured: the pool is simulated (SWEEP_FAKE_GPUS), or NVML gives "
+                "none for these devices")
+NO_ENERGY = ("no energy measured:<br>the pool is simulated (SWEEP_FAKE_GPUS),<br>or the "
+             "devices have no NVML energy counter")
 
 
 def _go() -> Any:
@@ -45,6 +51,28 @@ def _empty(title: str, note: str) -> Any:
     fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
                       height=300)
     return fig
+
+
+def _note(fig: Any, text: str, axis: str, shared_x: bool = False) -> None:
+    """Say in the subplot of x-axis `axis` ("x2") why it is empty (no ticks of a scale that
+    means nothing: a -1..1 of no data; the x-axis's stay when other subplots share it)."""
+    n = axis[1:]
+    fig.add_trace(_go().Scatter(x=[None], y=[None], xaxis=axis, yaxis=f"y{n}", showlegend=False,
+                                hoverinfo="skip"))  # plotly draws no subplot without a trace
+    fig.add_annotation(text=text, showarrow=False, xref=f"{axis} domain",
+                       yref=f"y{n} domain", x=0.5, y=0.5, font={"color": "#555"})
+    blank = {"showticklabels": False, "showgrid": False, "zeroline": False}
+    fig.update_layout({f"yaxis{n}": blank, **({} if shared_x else {f"xaxis{n}": blank})})
+
+
+def _legible(colour: str, k: float = 0.35) -> str:
+    """`colour` mixed with INK: the palest of Optuna's blues still shows on a white page, and
+    mixing is linear, so a colour scale mixed alike still matches the lines."""
+    from plotly.colors import convert_colors_to_same_type
+
+    (rgb,), _ = convert_colors_to_same_type([colour], colortype="tuple")
+    mixed = (255 * (c * (1 - k) + i * k) for c, i in zip(rgb, INK, strict=True))
+    return "rgb({:.0f},{:.0f},{:.0f})".format(*mixed)
 
 
 def device_count(trials: pd.DataFrame) -> pd.Series:
@@ -193,6 +221,11 @@ def parallel(s: Summary, study: Any) -> Any:
     target, name = _target(s)
     fig = vis.plot_parallel_coordinate(source, target=target,
                                        target_name=name or "Objective Value")
+    for trace in fig.data:  # Optuna's worst trials are near white: drawn on white, unseen
+        if trace.mode == "lines" and isinstance(trace.line.color, str):
+            trace.update(line_color=_legible(trace.line.color), opacity=0.8)
+        elif trace.marker is not None and trace.marker.colorscale:
+            trace.marker.colorscale = [[at, _legible(c)] for at, c in trace.marker.colorscale]
     fig.update_layout(title=f"{title}{note}", height=420)
     return fig
 
@@ -280,7 +313,7 @@ def timeline(s: Summary) -> Any:
         return ((times - t0).dt.total_seconds() / 3600).to_numpy(dtype=float)
 
     samples = s.samples
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.05,
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.09,
                         row_heights=[0.5, 0.25, 0.25],
                         subplot_titles=("trials", "GPU utilisation (%)", "GPU memory used (GB)"))
     for state in ("COMPLETE", "PRUNED", "FAIL", "RUNNING"):
@@ -294,24 +327,52 @@ def timeline(s: Summary) -> Any:
             y=_segments(rows, rows), customdata=_segments(numbers, numbers),
             mode="lines", name=state, line={"color": COLOURS[state], "width": 14},
             hovertemplate="trial %{customdata}<extra></extra>"), row=1, col=1)
-    if samples.empty:
-        fig.add_annotation(text="no GPU samples (a simulated pool, or no NVML)",
-                           showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5)
-    else:
-        for (host, gpu), part in samples.groupby(["host", "gpu"], dropna=False):
-            label = f"{host} GPU {gpu}" if isinstance(host, str) and host else f"GPU {gpu}"
-            part = _thin(part)
-            at = hours(part["time"])
-            fig.add_trace(go.Scatter(x=at, y=part["util_gpu"].to_numpy(dtype=float),
-                                     mode="lines", name=label, legendgroup=label,
-                                     line={"width": 1}), row=2, col=1)
-            fig.add_trace(go.Scatter(x=at, y=(part["mem_used_mb"] / 1024).to_numpy(dtype=float),
-                                     mode="lines", name=label, legendgroup=label,
-                                     showlegend=False, line={"width": 1}), row=3, col=1)
-    fig.update_yaxes(tickvals=list(row_of.values()), ticktext=list(row_of), row=1, col=1)
-    fig.update_xaxes(title_text=f"hours since {t0:%Y-%m-%d %H:%M:%S}", row=3, col=1)
+    _sample_lines(fig, samples, hours)
+    fig.update_yaxes(tickvals=list(row_of.values()), ticktext=list(row_of),
+                     range=[-0.6, len(labels) - 0.4], row=1, col=1)  # bars clear of titles
+    drawn = np.concatenate([hours(placed["end"]), [0.0],
+                            hours(samples["time"]) if not samples.empty else []])
+    low, high = float(np.nanmin(drawn)), float(np.nanmax(drawn))
+    pad = 0.01 * ((high - low) or 1 / 60)
+    fig.update_xaxes(title_text=f"hours since {t0:%Y-%m-%d %H:%M:%S}", row=3, col=1,
+                     range=[low - pad, high + pad])  # an empty row would widen it
     fig.update_layout(title=title, height=360 + 22 * len(labels))
     return fig
+
+
+def _sample_lines(fig: Any, samples: pd.DataFrame,
+                  hours: Callable[[pd.Series], np.ndarray]) -> None:
+    """Each device's sampled utilisation (row 2) and memory (row 3), one colour per device in
+    both, listed once; an empty row says why (a sample without figures draws nothing)."""
+    from plotly.colors import DEFAULT_PLOTLY_COLORS
+
+    go = _go()
+    if samples.empty:
+        for row in (2, 3):
+            _note(fig, NO_SAMPLES, f"x{row}", shared_x=True)
+        return
+    listed: set[str] = set()
+    devices = sorted({_device_label(h, g) for h, g in zip(samples["host"], samples["gpu"],
+                                                          strict=True)})
+    for row, column, what, scale in ((2, "util_gpu", "utilisation", 1.0),
+                                     (3, "mem_used_mb", "memory use", 1 / 1024)):
+        measured = samples.dropna(subset=[column])
+        if measured.empty:
+            _note(fig, NOT_MEASURED.format(what=what), f"x{row}", shared_x=True)
+            continue
+        for (host, gpu), part in measured.groupby(["host", "gpu"], dropna=False, sort=True):
+            label = _device_label(host, gpu)
+            colour = DEFAULT_PLOTLY_COLORS[devices.index(label) % len(DEFAULT_PLOTLY_COLORS)]
+            part = _thin(part)
+            fig.add_trace(go.Scatter(
+                x=hours(part["time"]), y=(part[column] * scale).to_numpy(dtype=float),
+                mode="lines", name=label, legendgroup=label, showlegend=label not in listed,
+                line={"width": 1, "color": colour}), row=row, col=1)
+            listed.add(label)
+
+
+def _device_label(host: Any, gpu: Any) -> str:
+    return f"{host} GPU {gpu}" if isinstance(host, str) and host else f"GPU {gpu}"
 
 
 def costs(s: Summary) -> Any:
@@ -331,17 +392,24 @@ def costs(s: Summary) -> Any:
     colours = [COLOURS.get(str(state), "#7f7f7f") for state in by.index]
     fig.add_trace(go.Bar(x=list(by.index), y=by["device_hours"], marker_color=colours,
                          showlegend=False), row=1, col=1)
-    fig.add_trace(go.Bar(x=list(by.index), y=by["energy_kwh"].fillna(0.0),
-                         marker_color=colours, showlegend=False), row=1, col=2)
+    measured = t["energy_kwh"].notna().any()
+    if measured:
+        fig.add_trace(go.Bar(x=list(by.index), y=by["energy_kwh"].fillna(0.0),
+                             marker_color=colours, showlegend=False), row=1, col=2)
+    else:
+        _note(fig, NO_ENERGY, "x2")
+        _note(fig, NO_ENERGY, "x4")
     for state, part in t.groupby("state"):
         for col, column in ((1, "device_hours"), (2, "energy_kwh")):
+            if col == 2 and not measured:
+                continue
             fig.add_trace(go.Scatter(
                 x=part["number"].to_numpy(dtype=float),
                 y=part[column].to_numpy(dtype=float), mode="markers", name=str(state),
                 legendgroup=str(state), showlegend=col == 1,
                 marker={"color": COLOURS.get(str(state)), "size": 4}), row=2, col=col)
     fig.update_xaxes(title_text="trial", row=2, col=1)
-    fig.update_xaxes(title_text="trial", row=2, col=2)
+    fig.update_xaxes(title_text="trial" if measured else None, row=2, col=2)
     fig.update_layout(title=title, height=620)
     return fig
 

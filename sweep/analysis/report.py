@@ -91,7 +91,7 @@ def _cost_table(numbers: dict[str, Any]) -> str:
     rows = [("device-hours in all", hours("device_hours")),
             ("of which FAIL trials", hours("fail_device_hours")),
             ("of which PRUNED trials", hours("pruned_device_hours")),
-            ("energy (kWh)", "-" if numbers["energy_kwh"] is None
+            ("energy (kWh)", "not measured" if numbers["energy_kwh"] is None
              else f"{numbers['energy_kwh']:.3g}")]
     if "best_trial" in numbers:
         rows.append((f"device-hours until the best trial ({numbers['best_trial']}: "

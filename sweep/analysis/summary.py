@@ -169,6 +169,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    for col in ("datetime_start", "datetime_complete"):  # all None (all running): still times
+        frame[col] = frame[col].astype("datetime64[us]")
     frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
     frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
     return frame
@@ -328,7 +330,8 @@ def render(summary: Summary, top: int = 5) -> Any:
     if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
         show += ["continues", "lineage_attempts", "lineage_device_s"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
-    parts = [head, _table(shown_best, title)]
+    keep = 1 + sum(c.startswith("value") for c in shown_best.columns)  # number and values
+    parts = [head, _table(shown_best, title, keep)]
     if len(extras) > MAX_RESULT_COLUMNS:
         left = [c.removeprefix(attrs.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
         parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",
@@ -336,17 +339,78 @@ def render(summary: Summary, top: int = 5) -> Any:
     return Group(*parts, _table(summary.gpus, "GPUs"))
 
 
-def _table(frame: pd.DataFrame, title: str) -> Any:
+@dataclass(frozen=True)
+class _Fitted:
+    """A table of `frame` as wide as the terminal allows: a number keeps its line (`1.785`,
+    never `1.78` / `5`; text and headers fold); where even that is too wide, the rightmost
+    columns but the first `keep` are left out, and a line under the table names them."""
+
+    frame: pd.DataFrame
+    title: str
+    keep: int = 1
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        headers = [str(c).removeprefix("params_") for c in self.frame.columns]
+        cells = [[_cell(v) for v in row] for row in self.frame.itertuples(index=False)]
+        least, natural = [], []
+        for i, head in enumerate(headers):
+            column = [row[i] for row in cells]
+            number = max((len(c) for c in column if _is_number(c)), default=0)
+            text = max((len(c) for c in column if not _is_number(c)), default=0)
+            natural.append(max(len(head), number, text, 1))
+            least.append(max(number, min(text, 8), 1))  # text folds down to 8 characters
+        shown = len(headers)
+        while shown > self.keep and sum(least[:shown]) + 3 * shown + 1 > options.max_width:
+            shown -= 1
+        widths = None
+        if sum(natural[:shown]) + 3 * shown + 1 > options.max_width:  # rich would fold numbers
+            widths = _grow(least[:shown], natural[:shown],
+                           options.max_width - 3 * shown - 1)
+        yield _rich_table(headers[:shown], [row[:shown] for row in cells], widths, self.title)
+        if shown < len(headers):
+            yield Text(f"{len(headers) - shown} more columns in a wider terminal and in the "
+                       "CSV: " + ", ".join(headers[shown:]), style="dim")
+
+
+def _grow(least: list[int], natural: list[int], room: int) -> list[int]:
+    """Widths from `least` towards `natural`, one character to each column in turn, until
+    `room` is used up."""
+    widths = list(least)
+    room -= sum(widths)
+    while room > 0 and any(w < n for w, n in zip(widths, natural, strict=True)):
+        for i, n in enumerate(natural):
+            if room > 0 and widths[i] < n:
+                widths[i] += 1
+                room -= 1
+    return widths
+
+
+def _table(frame: pd.DataFrame, title: str, keep: int = 1) -> Any:
+    return _Fitted(frame, title, keep)
+
+
+def _rich_table(headers: list[str], cells: list[list[str]], widths: list[int] | None,
+                title: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title, title_justify="left")
-    for col in frame.columns:  # values wrap rather than being cut to "0.000…"
-        table.add_column(Text(str(col).removeprefix("params_")), justify="right",
-                         overflow="fold")
-    for _, row in frame.iterrows():
-        table.add_row(*(Text(_cell(v)) for v in row))  # values as they are, never markup
+    for i, head in enumerate(headers):
+        table.add_column(Text(head, overflow="fold"), justify="right", overflow="fold",
+                         width=None if widths is None else widths[i])
+    for row in cells:
+        table.add_row(*(Text(c, no_wrap=_is_number(c)) for c in row))  # never markup
     return table
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def _cell(value: Any) -> str:

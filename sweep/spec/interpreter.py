@@ -8,17 +8,20 @@ distributions provide given top-level modules, and, when asked (`keys=True`: acc
 imported there, a few seconds), the keys accelerate's own `ClusterConfig` takes in a config
 file and the values of its public enums (`accelerate.utils.DistributedType`, `PrecisionType`,
 `DynamoBackend`). Answers are kept per (interpreter, question) for the life of the process.
-The probe runs in its own session, for at most PROBE_TIMEOUT seconds; on a timeout or an
-interruption its whole process group is killed.
+The probe runs in its own session, for at most PROBE_TIMEOUT seconds, and at most the last
+MAX_OUTPUT bytes of each of its streams are kept; once it has answered, and on a timeout or an
+interruption, its whole process group is killed (nothing it started outlives it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +87,7 @@ class Interpreter:
 # Seconds the probe may take (importing accelerate for `keys` takes a few); past them its
 # whole process group is killed: a `trainer.python` that hangs is refused, not waited for.
 PROBE_TIMEOUT = 30.0
+MAX_OUTPUT = 4 << 20  # bytes of each of the probe's streams kept (the last ones: its answer)
 
 _known: dict[tuple[str, bool, tuple[str, ...]], Interpreter] = {}
 
@@ -105,20 +109,20 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
     question = json.dumps({"keys": keys, "modules": sorted(modules)})
     try:  # its own session: what it starts is killed with it, and no terminal signal reaches it
         proc = subprocess.Popen([python, "-c", PROBE, question], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as e:
         raise InterpreterError(f"cannot run {python}: {e.strerror or e}") from None
     try:
-        stdout, stderr = proc.communicate(timeout=limit)
+        out, err = _read_bounded(proc, limit)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
         raise InterpreterError(f"{python} did not answer in {limit:g} s (a program that "
                                "hangs, not a Python?)") from None
-    except BaseException:  # Ctrl-C, SIGTERM: the probe does not outlive the driver
+    finally:  # also on Ctrl-C, SIGTERM, and when it answered: nothing it started outlives it
         _kill_group(proc)
-        raise
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode,
+                                       out.decode("utf-8", "replace"),
+                                       err.decode("utf-8", "replace"))
     try:
         if done.returncode != 0:
             raise ValueError
@@ -136,13 +140,60 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
     return found
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill `proc`'s whole process group (its session: `probe` started it so) and reap it."""
+def _read_bounded(proc: subprocess.Popen[bytes], limit: float) -> tuple[bytes, bytes]:
+    """The last MAX_OUTPUT bytes of `proc`'s stdout and stderr, read until it has exited (what
+    it left behind may hold the pipes open: they are not waited for) or `limit` seconds have
+    passed (TimeoutExpired). `proc` is left unreaped, so that its group id stays its own
+    until `_kill_group`."""
+    assert proc.stdout is not None and proc.stderr is not None
+    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    deadline = time.monotonic() + limit
+    with selectors.DefaultSelector() as sel:
+        for pipe in kept:
+            sel.register(pipe, selectors.EVENT_READ)
+        while True:
+            exited = _exited(proc)
+            left = deadline - time.monotonic()
+            if left <= 0 and not exited:
+                raise subprocess.TimeoutExpired(proc.args, limit)
+            if not sel.get_map():  # both streams closed: it is about to exit
+                if exited:
+                    break
+                time.sleep(0.01)
+                continue
+            ready = sel.select(timeout=0 if exited else min(left, 0.2))
+            if exited and (not ready or left <= 0):
+                break  # exited, and nothing more to read now (or a child of it writes on)
+            for key, _ in ready:
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buffer = kept[key.fileobj]  # type: ignore[index]
+                buffer += chunk
+                del buffer[:-MAX_OUTPUT]
+    return bytes(kept[proc.stdout]), bytes(kept[proc.stderr])
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether `proc` has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill `proc`'s whole process group (its session: `probe` started it so), reap it and
+    close its pipes."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:  # gone already
         pass
-    proc.communicate()
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def driver_python() -> str:

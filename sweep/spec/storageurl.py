@@ -4,9 +4,9 @@ secrets), and whether sweep can use it, all without connecting or creating anyth
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
+from sweep._core import secrets
 from sweep._core.errors import ConfigError
 from sweep._core.optional import import_grpc
 
@@ -21,7 +21,7 @@ def shown_url(url: str) -> str:
         parsed.port  # noqa: B018
     except (ArgumentError, ValueError):
         return "<storage URL>"
-    secret = {k: "***" for k in parsed.query if SECRET_KEYS.search(k)}
+    secret = {k: "***" for k in parsed.query if secrets.NAME.search(k)}
     shown = parsed.update_query_dict(secret).render_as_string(hide_password=True)
     return shown.replace("%2A%2A%2A", "***")
 
@@ -36,17 +36,15 @@ def redact(text: str, url: str) -> str:
         parsed.port  # noqa: B018
     except (ArgumentError, ValueError):
         return text
-    secrets = [parsed.password] if parsed.password else []
+    hidden = [parsed.password] if parsed.password else []
     for key, value in parsed.query.items():
-        if SECRET_KEYS.search(key):
-            secrets += [value] if isinstance(value, str) else list(value)
-    for secret in secrets:
+        if secrets.NAME.search(key):
+            hidden += [value] if isinstance(value, str) else list(value)
+    for secret in hidden:
         if secret:
             text = text.replace(str(secret), "***")
     return text
 
-
-SECRET_KEYS = re.compile(r"pass|pwd|secret|token|key", re.IGNORECASE)
 
 
 JOURNAL, GRPC = "journal://", "grpc://"

@@ -33,10 +33,12 @@ REASONS = ["exit code 1: RuntimeError: CUDA error: an illegal memory access",
 
 
 def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4,
-                seed: int = 0, storage: str | None = None) -> Path:
+                seed: int = 0, storage: str | None = None, simulated: bool = False) -> Path:
     """A study file in `folder` and its study of `n` trials on `gpus` devices of one host
     (`kind`: finished, running, multi (two objectives), only_fail), with GPU samples beside
-    it. `storage` defaults to a journal file (fast to fill); returns the study file."""
+    it (`simulated`: as on a simulated pool, samples without figures and no energy or
+    utilisation stored). `storage` defaults to a journal file (fast to fill); returns the
+    study file."""
     assert kind in KINDS
     rng = random.Random(seed)
     multi = kind == "multi"
@@ -81,7 +83,9 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
         running = state is TrialState.RUNNING
         attrs: dict[str, Any] = {"gpu": gpu, "host": "node1", "attempt": 0}
         if not running:
-            attrs.update({"energy_j": seconds * 250 * steps / 10, "exit_code": 0,
+            attrs["exit_code"] = 0
+        if not running and not simulated:
+            attrs.update({"energy_j": seconds * 250 * steps / 10,
                           "gpu_util_mean": rng.uniform(40, 99),
                           "gpu_mem_peak_mb": rng.uniform(2000, 30000)})
         if state is TrialState.FAIL:
@@ -99,9 +103,10 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
         free[gpu] = now if running else end
         for t in range(0, int((end - begin).total_seconds()), 10):
             at = begin + dt.timedelta(seconds=t)
-            samples.append([at.timestamp(), "node1", gpu, str(number), rng.uniform(40, 99),
-                            rng.uniform(10, 60), rng.uniform(2000, 30000), 80000,
-                            rng.uniform(100, 300)])
+            figures = [math.nan] * 5 if simulated else [
+                rng.uniform(40, 99), rng.uniform(10, 60), rng.uniform(2000, 30000), 80000,
+                rng.uniform(100, 300)]
+            samples.append([at.timestamp(), "node1", gpu, str(number), *figures])
     study.add_trials(trials)
     flush()
     out = folder / name / "drivers" / "node1-1"

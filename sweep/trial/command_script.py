@@ -10,36 +10,17 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-# names of variables whose values command.sh leaves out (sweep's own SWEEP_* are not secrets)
-SECRET_NAME = re.compile(r"pass|pwd|secret|token|key|credential|auth|cookie", re.IGNORECASE)
-SHORTEST_SECRET = 6  # shorter values of such variables are not looked for in the arguments
+from sweep._core import secrets
 
-
-def secret_name(name: str) -> bool:
-    """Whether a variable's name says its value is a secret (a token, a key, a password)."""
-    return (not name.startswith("SWEEP_") and name not in ("PWD", "OLDPWD")
-            and bool(SECRET_NAME.search(name)))
-
-
-# a password in a URL: scheme://user:PASSWORD@host
-_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:([^\s/@]+)@")
-
-
-def holds_password(value: str) -> bool:
-    """Whether `value` holds a URL with a password in it (`scheme://user:password@host`)."""
-    return _URL_PASSWORD.search(value) is not None
-
-
-def secret_variable(name: str, value: str) -> bool:
-    """Whether command.sh leaves out a variable: its name looks secret, or its value holds a
-    URL's password."""
-    return secret_name(name) or holds_password(value)
+SHORTEST_SECRET = secrets.SHORTEST  # shorter secret values are not looked for in arguments
+secret_name, holds_password = secrets.secret_name, secrets.holds_password
+secret_variable = secrets.secret_variable  # what command.sh leaves out (sweep._core.secrets)
 
 
 def arg_secrets(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of `environ` that `trainer.args` expand (`$NAME`, `${NAME}`) and whose
-    names look secret, or whose values hold a URL's password: their values are left out of
-    command.sh."""
+    names look secret, or whose values hold a URL's password or a secret by its form: their
+    values are left out of command.sh."""
     names = {m.group(1) or m.group(2) for a in args for m in _VARIABLE.finditer(a)}
     return {n: environ[n] for n in sorted(names)
             if n in environ and secret_variable(n, environ[n])}
@@ -79,14 +60,19 @@ def command_script(plan: Command, secrets: Mapping[str, str]) -> str:
         lines.append(f"# left out (their names look secret): {', '.join(named)}; set "
                      "them in your environment to run this (they come from trainer.env "
                      "or the driver's environment)")
-    urls = sorted(names - set(named))
+    urls = sorted(n for n in names - set(named) if holds_password(hidden[n]))
     if urls:
         lines.append(f"# left out (their values hold a password in a URL): {', '.join(urls)}; "
                      "set them in your environment to run this (they come from trainer.env "
                      "or the driver's environment)")
+    forms = sorted(names - set(named) - set(urls))
+    if forms:
+        lines.append(f"# left out (their values are secrets by their form: a token, a "
+                     f"webhook, a key): {', '.join(forms)}; set them in your environment to "
+                     "run this (they come from trainer.env or the driver's environment)")
     if starred:
-        lines.append("# a password in a URL in the arguments is written as ***: put it back "
-                     "(edit this file) to run this")
+        lines.append("# a password in a URL or a secret (a token, a webhook, a key) in the "
+                     "arguments is written as ***: put it back (edit this file) to run this")
     cwd = getattr(plan, "cwd", None)  # `trainer.workdir`: the trial runs there
     if cwd is not None:
         lines.append(f"cd {shlex.quote(str(cwd))} || exit 1")
@@ -107,7 +93,7 @@ def _quote(arg: str, values: list[tuple[str, str]], found: set[str],
             found.add(name)
             return _ref(name).join(_quote(part, values, found, starred) if part else ""
                                    for part in arg.split(value))
-    if holds_password(arg):
+    if secrets.secret_value(arg):
         starred.append(arg)
-        arg = _URL_PASSWORD.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***@", arg)
+        arg = secrets.starred(arg)
     return shlex.quote(arg)

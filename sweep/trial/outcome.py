@@ -18,6 +18,7 @@ from sweep.trial.results import ResultError, parse_result
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"
+MAX_RESULT = 1 << 20  # bytes of a result file read (one of metrics holds a few hundred)
 HOW_TO_GIVE = ("; write one with sweep.protocol.write_result (to $SWEEP_RESULT_FILE) or set "
                "trainer.result (a file or stdout patterns)")
 STDOUT_TAIL = 4 << 20  # bytes of a trial's stdout that its patterns search (its end)
@@ -153,6 +154,7 @@ def judge_files(
     rejected: dict[str, str] = {}
     timed_out = None
     hint = ""
+    too_large = False
     if patterns:
         try:
             found = parse_stdout(searched or "", list(patterns), rejected, needed=metrics)
@@ -163,6 +165,8 @@ def judge_files(
         where = f"no line of {searched_path} matched {shown}"
     else:
         result_text = read_text(result) if at_end is None else at_end[0]
+        if result_text is not None and len(result_text.encode()) > MAX_RESULT:  # cut: unread
+            result_text, too_large = None, True
         where = f"nothing at {result}"
         if env_result is None or result == env_result:
             hint = HOW_TO_GIVE
@@ -183,6 +187,10 @@ def judge_files(
         how_bad = "diverged" if _diverged(said) else "is not a finite number"
         return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
             f"metric {missing[0]!r} matched in {stream} but {how_bad}: {said!r}"))
+    if verdict.fail_reason == NO_RESULT and too_large:
+        return Outcome(FAIL, exit_code=verdict.exit_code, fail_reason=(
+            f"result file {result} is larger than {MAX_RESULT} bytes, all sweep reads: write "
+            "only the metrics to it"))
     if verdict.fail_reason == NO_RESULT and timed_out is not None:
         return Outcome(FAIL, fail_reason=timed_out, exit_code=verdict.exit_code)
     other = "stdout" if stream == "stderr" else "stderr"
@@ -241,7 +249,8 @@ def _oom_line(stderr: str) -> str | None:
     return None
 
 
-def read_text(path: Path, tail_bytes: int | None = None, limit: int = 1 << 20) -> str | None:
+def read_text(path: Path, tail_bytes: int | None = None,
+              limit: int = MAX_RESULT + 1) -> str | None:
     """A regular file's text (its last `tail_bytes`, else at most `limit` bytes), or None.
 
     Never blocks: a FIFO, a device or a directory in the file's place reads as None.

@@ -14,10 +14,12 @@ Package versions come from package metadata in the trainer's interpreter
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +41,7 @@ ENV_NAME, PATCH_NAME = "env.json", "code.patch"
 CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
 ENV_VERSION = "env_version"  # a key of env.json
 GIT_TIMEOUT = 10.0  # seconds for each git call
+UNKNOWN = "+unknown"  # a code_version's end when git could not say what differs
 MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's folder
 MAX_SOURCES = 200  # .py files of the script's folder read for their imports
 MAX_SOURCE = 1 << 20  # bytes of each
@@ -53,29 +56,68 @@ class Code:
     repo: str
     commit: str | None  # None: a repository without commits
     branch: str | None  # None: a detached HEAD
-    dirty: bool  # tracked files differ from the commit (staged or not)
+    dirty: bool | None  # tracked files differ from the commit (staged or not); None: unknown
     patch: bytes  # `git diff HEAD --binary`: empty when clean (or over MAX_PATCH: `cut`)
     untracked: tuple[str, ...] = ()
     cut: bool = False  # the diff was larger than MAX_PATCH and is not kept
-    digest: str = ""  # the whole diff's SHA-256 (also when it is not kept)
+    digest: str = ""  # the whole diff's SHA-256 (also when it is not kept); "" when unknown
+    unknown: str | None = None  # why git could not say what differs from the commit
 
     @property
     def version(self) -> str:
         """The commit's first 12 digits, `+` 8 of the diff's hash when dirty:
-        `3f2a9c1b0d4e+1a2b3c4d`."""
+        `3f2a9c1b0d4e+1a2b3c4d`; `+unknown` when git could not say what differs."""
         head = (self.commit or "uncommitted")[:12]
+        if self.unknown is not None:
+            return f"{head}{UNKNOWN}"
         return f"{head}+{self.digest[:8]}" if self.dirty else head
 
 
-def _git(folder: Path, args: Sequence[str], run: Run) -> bytes | None:
-    """`git -C folder ARGS`' output, or None when it fails (no git, not a repository)."""
+def run_in_session(argv: Sequence[str], *, timeout: float,
+                   env: Mapping[str, str] | None = None, stdin: int | None = None,
+                   capture_output: bool = True, check: bool = False,
+                   ) -> subprocess.CompletedProcess[bytes]:
+    """`subprocess.run(argv, capture_output=True)` in a session of its own: on a timeout its
+    whole process group is killed, so what it started (a hook git runs: a hanging
+    `core.fsmonitor`) does not outlive it. `capture_output` and `check` are as `git` calls
+    pass them (always captured; never checked)."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=stdin, env=None if env is None else dict(env),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(OSError):  # gone already
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _git_or_why(folder: Path, args: Sequence[str], run: Run) -> tuple[bytes | None, str]:
+    """(`git -C folder ARGS`' output, or None when it fails; what failed, or "")."""
+    what = f"git {args[0]}"
     try:
         done = run(["git", "-C", str(folder), *args], capture_output=True,
                    timeout=GIT_TIMEOUT, check=False, stdin=subprocess.DEVNULL,
                    env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return bytes(done.stdout) if done.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        return None, f"{what} took longer than {GIT_TIMEOUT:g} s"
+    except OSError as e:
+        return None, f"{what} could not run ({e.strerror})"
+    if done.returncode != 0:
+        last = bytes(done.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        said = f": {last[-1][:120]}" if last else ""
+        return None, f"{what} failed (exit {done.returncode}{said})"
+    return bytes(done.stdout), ""
+
+
+def _git(folder: Path, args: Sequence[str], run: Run) -> bytes | None:
+    """`git -C folder ARGS`' output, or None when it fails (no git, not a repository)."""
+    return _git_or_why(folder, args, run)[0]
 
 
 def _inside(path: Path | None, repo: Path) -> str | None:
@@ -104,34 +146,43 @@ def _text(out: bytes | None) -> str | None:
     return None if out is None else out.decode("utf-8", "replace").strip()
 
 
-def git_code(folder: Path, run: Run = subprocess.run, script: Path | None = None) -> Code | None:
+def git_code(folder: Path, run: Run = run_in_session, script: Path | None = None) -> Code | None:
     """The git state of `folder`; None if it is in no repository (or git is missing).
 
     The diff is against the commit; in a repository without commits, the staged files as new
-    files, then their unstaged changes. An untracked `script` (the trainer itself) is code
-    too: its content is in the diff, as a new file's."""
+    files, then their unstaged changes; a submodule's changes are in it as its files' diffs.
+    An untracked `script` (the trainer itself) is code too: its content is in the diff, as a
+    new file's. When git fails or times out on the status or the diff, what differs is
+    unknown: `dirty` is None unless the status said, and `unknown` says why."""
     top = _text(_git(folder, ["rev-parse", "--show-toplevel"], run))
     if top is None:
         return None
     repo = Path(top)
     commit = _text(_git(repo, ["rev-parse", "--verify", "-q", "HEAD"], run))
     branch = _text(_git(repo, ["symbolic-ref", "-q", "--short", "HEAD"], run))
-    status = (_git(repo, ["status", "--porcelain", "--untracked-files=normal"], run)
-              or b"").decode("utf-8", "replace").splitlines()
+    listed, why = _git_or_why(repo, ["status", "--porcelain", "--untracked-files=normal"], run)
+    status = (listed or b"").decode("utf-8", "replace").splitlines()
     untracked = tuple(line[3:] for line in status if line.startswith("??"))
-    if commit:
-        patch = _git(repo, ["diff", "HEAD", "--binary"], run) or b""
-    else:
-        patch = ((_git(repo, ["diff", "--cached", "--binary"], run) or b"")
-                 + (_git(repo, ["diff", "--binary"], run) or b""))
+    diffs = ([["diff", "HEAD", "--binary", "--submodule=diff"]] if commit else
+             [["diff", "--cached", "--binary", "--submodule=diff"],
+              ["diff", "--binary", "--submodule=diff"]])
+    patch = b""
+    for args in diffs:
+        out, failed = _git_or_why(repo, args, run)
+        patch += out or b""
+        why = why or failed
     own = _inside(script, repo)
     if own is not None and any(own == u or (u.endswith("/") and own.startswith(u))
                                for u in untracked):  # an untracked folder is one line
         patch += _new_file(repo, own, run)
-    dirty = bool(patch) or (not commit and any(not line.startswith("??") for line in status))
+    changed = any(not line.startswith("??") for line in status)
+    dirty: bool | None = bool(patch) or (not commit and changed)
+    if why:
+        dirty, patch = (True if changed else None), b""
     cut = len(patch) > MAX_PATCH
     return Code(str(repo), commit or None, branch or None, dirty, b"" if cut else patch,
-                untracked[:100], cut, hashlib.sha256(patch).hexdigest())
+                untracked[:100], cut, "" if why else hashlib.sha256(patch).hexdigest(),
+                why or None)
 
 
 def script_imports(folder: Path) -> list[str]:
@@ -175,7 +226,7 @@ class RunRecord:
     def find(cls, spec: Spec, accelerate: dict[str, Any] | None,
              gpus: Mapping[int, Mapping[str, str | None]] | None = None,
              host: str | None = None, system: tuple[str | None, str | None] = (None, None),
-             run: Run = subprocess.run) -> RunRecord:
+             run: Run = run_in_session) -> RunRecord:
         """The record of a run of `spec` starting now: git (`run` runs it), the interpreter
         probe; `accelerate` the config it launches with (`launchers.accelerate_record`);
         `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
@@ -250,8 +301,10 @@ def trial_record(run: RunRecord, number: int, devices: Sequence[int], command: s
         "code": None if code is None else {
             "repo": code.repo, "commit": code.commit, "branch": code.branch,
             "dirty": code.dirty, "untracked": list(code.untracked),
-            "patch": PATCH_NAME if code.dirty and not code.cut else None,
-            "patch_too_large": code.cut, "code_version": code.version},
+            "patch": PATCH_NAME if code.dirty and code.patch else None,
+            "patch_too_large": code.cut, "code_version": code.version,
+            **({"unknown": f"{code.unknown}: what differs from the commit is unknown"}
+               if code.unknown else {})},
         "python": {"executable": py.executable, "prefix": py.prefix,
                    "version": py.version} if py is not None else {"error": run.python_error},
         "packages": {**py.packages, **py.modules} if py is not None else {},
@@ -274,7 +327,7 @@ def write_trial(run: RunRecord, plan: launch_plan.LaunchPlan, number: int, devic
     try:
         write_file(paths.dir / ENV_NAME, json.dumps(record, indent=1) + "\n",
                    folders.FILE_MODE)
-        if run.code is not None and run.code.dirty and not run.code.cut:
+        if run.code is not None and run.code.dirty and run.code.patch:
             fd = open_for_writing(paths.dir / PATCH_NAME, folders.FILE_MODE)
             with os.fdopen(fd, "wb") as f:
                 f.write(run.code.patch)
@@ -300,7 +353,10 @@ def differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
     recorded nothing: a trial of an older sweep)."""
     said = []
     old, new = then.get(CODE_VERSION), now.get(CODE_VERSION)
-    if old is not None and old != new:
+    if old is not None and UNKNOWN in (str(old)[-len(UNKNOWN):], str(new)[-len(UNKNOWN):]):
+        said.append(f"the code cannot be compared (it ran {old}, now {new}: git could not "
+                    "say what differed from the commit)")
+    elif old is not None and old != new:
         said.append(f"the code differs (it ran {old}, now {new or 'no git repository'})")
     if then.get(ENV_VERSION) is not None and then.get(ENV_VERSION) != now.get(ENV_VERSION):
         said.append("the environment differs (interpreter, package versions or accelerate "

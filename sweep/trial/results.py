@@ -8,6 +8,7 @@ import json
 import math
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,7 @@ def parse_report_line(line: str, number: int) -> tuple[int, float]:
 
 
 CHUNK = 1 << 18  # bytes of the report file read at most per pass
+LONGEST_LINE = 1 << 24  # bytes of one report line read at most (a longer one is skipped)
 
 
 class FollowedFile:
@@ -147,6 +149,7 @@ class ReportReader:
         self._file = FollowedFile(path, "the report file")
         self._lines = 0
         self._seen: set[int] = set()
+        self._skipping = False  # inside a line longer than LONGEST_LINE
 
     def watched(self) -> list[Path]:
         """The file it reads, for `trainer.hang_after`."""
@@ -159,11 +162,17 @@ class ReportReader:
         chunk = self._chunk(CHUNK)
         if chunk is None:
             return []
+        if self._skipping:
+            return self._skip(chunk)
         *lines, _incomplete = chunk.split(b"\n")
-        if not lines and len(chunk) == CHUNK:
-            self.error = f"report line {self._lines + 1} is longer than {CHUNK} bytes"
-            return []
-        self.more = len(lines) > self.batch or len(chunk) == CHUNK
+        asked = CHUNK
+        if not lines and len(chunk) == CHUNK:  # one long line: read it whole, up to a bound
+            asked = LONGEST_LINE + 1
+            chunk = self._chunk(asked) or b""
+            *lines, _incomplete = chunk.split(b"\n")
+            if not lines and len(chunk) > LONGEST_LINE:
+                return self._skip(chunk)
+        self.more = len(lines) > self.batch or len(chunk) == asked
         fresh = []
         for raw in lines[: self.batch]:
             self._file.offset += len(raw) + 1
@@ -180,6 +189,18 @@ class ReportReader:
                 self._seen.add(step)
                 fresh.append((step, value))
         return fresh
+
+    def _skip(self, chunk: bytes) -> list[tuple[int, float]]:
+        """Pass over (the rest of) a line longer than LONGEST_LINE, said once on stderr."""
+        if not self._skipping:
+            print(f"sweep: {self.path}: line {self._lines + 1} is longer than {LONGEST_LINE} "
+                  "bytes: skipped", file=sys.stderr)
+        end = chunk.find(b"\n")
+        self._skipping = end < 0
+        self._file.offset += len(chunk) if end < 0 else end + 1
+        self._lines += 0 if end < 0 else 1
+        self.more = True
+        return []
 
     def parse(self, line: str, number: int) -> tuple[int, float] | None:
         """One line -> (step, value), or None for a line that reports nothing; ReportError
