@@ -246,8 +246,7 @@ def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() 
 
     def engine_run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         asked.append(argv)
-        out = ("sweep-st-1\trunning\nsweep-st-2\texited\nsweep-st-x\texited\n"
-               "sweep-other-3\texited\n") if argv[1] == "ps" else ""
+        out = "sweep-st-1\nsweep-st-2\nsweep-st-x\nsweep-other-3\n" if argv[1] == "ps" else ""
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     running = {OUT / "trials" / "1"}
@@ -256,5 +255,282 @@ def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() 
     assert removed == ["sweep-st-2"]
     assert asked == [
         ["podman", "ps", "--all", "--filter", "label=sweep.output_dir=/s/out", "--format",
-         "{{.Names}}\t{{.State}}"],
+         "{{.Names}}"],
         ["podman", "rm", "--force", "--time", "0", "sweep-st-2"]]
+
+
+# -- real sweeps in a real podman container (slow) --------------------------------------
+
+TEST_IMAGE = "localhost/sweep-test-python:bookworm-1"  # built once, kept in podman's store
+MARKER = "/etc/sweep-test-image"  # only the test image has it
+CONTAINER_PROBE = Path(__file__).parent / "trainers" / "container_probe.py"
+
+
+def mirror() -> str:
+    """The Debian mirror apt uses here (the first `URIs:` of debian.sources)."""
+    try:
+        for line in Path("/etc/apt/sources.list.d/debian.sources").read_text().splitlines():
+            if line.startswith("URIs:"):
+                return line.split()[1]
+    except OSError:
+        pass
+    return "http://deb.debian.org/debian"
+
+
+def containers_conf(folder: Path) -> Path:
+    """The CONTAINERS_CONF podman needs on this kind of machine (../shared/FACTS.md): runc
+    (crun cannot run in this cgroup setup), cgroupfs, and ulimits no higher than this
+    process's own (they cannot be raised without CAP_SYS_RESOURCE)."""
+    import resource
+
+    def limit(which: int) -> int:
+        soft, hard = resource.getrlimit(which)
+        return min(v for v in (1024, soft, hard) if v != resource.RLIM_INFINITY)
+
+    nofile, nproc = limit(resource.RLIMIT_NOFILE), limit(resource.RLIMIT_NPROC)
+    path = folder / "containers.conf"
+    path.write_text(f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", '
+                    f'"nproc={nproc}:{nproc}"]\n[engine]\nruntime = "runc"\n'
+                    'cgroup_manager = "cgroupfs"\n')
+    return path
+
+
+def build_image(folder: Path, tag: str) -> None:
+    """A Debian root with python3 (debootstrap from the local mirror, about 1 to 3 minutes),
+    marked by MARKER, imported into podman as `tag`."""
+    root = folder / "root"
+    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm",
+                    str(root), mirror()], check=True, capture_output=True, timeout=900)
+    (root / MARKER.lstrip("/")).write_text("sweep test image\n")
+    tar = folder / "root.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=300)
+    subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True,
+                   timeout=300)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(root), str(tar)], check=False)
+
+
+@pytest.fixture(scope="session")
+def container_image(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """TEST_IMAGE in podman's store (built if missing), with CONTAINERS_CONF set for the
+    session."""
+    import shutil
+
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman runc debootstrap)")
+    folder = tmp_path_factory.mktemp("image")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONTAINERS_CONF", str(containers_conf(folder)))
+        if subprocess.run(["podman", "image", "exists", TEST_IMAGE]).returncode != 0:
+            build_image(folder, TEST_IMAGE)
+        yield TEST_IMAGE
+
+
+def image_id(ref: str) -> str:
+    out = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", ref],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    return f"sha256:{out}"
+
+
+def study_containers(output_dir: Path, every: bool = True) -> list[str]:
+    """The names of the containers of the study in `output_dir`: all of them, or (`every`
+    false) those running."""
+    out = subprocess.run(["podman", "ps", *(["--all"] if every else []), "--filter",
+                          f"label=sweep.output_dir={output_dir}", "--format", "{{.Names}}"],
+                         check=True, capture_output=True, text=True).stdout
+    return out.split("\n")[:-1]
+
+
+def container_study(write_study: Any, image: str, name: str, n_trials: int,
+                    args: list[str]) -> Path:
+    from tests.conftest import study_dict
+
+    return write_study(study_dict(
+        study={"name": name, "n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 2},
+        trainer={"script": str(CONTAINER_PROBE), "grace_period": 2.0, "args": args,
+                 "env": {"MY_API_TOKEN": "t0ps3cret"}, "container": {"image": image}}))
+
+
+def read_json(path: Path) -> Any:
+    import json
+
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_four_trials_on_two_simulated_devices_complete_in_the_container(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import csv
+    import sys
+
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, container_image, "box", 4, [])
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study, "box")
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    pinned = image_id(container_image)
+    out = tmp_path / "box"
+    for t in trials:
+        result = read_json(out / "trials" / str(t.number) / "result.json")
+        assert result["marker"] is True  # the image's root, not the host's
+        assert result["executable"] == "/usr/bin/python3" != sys.executable
+        assert result["secret"] == "t0ps3cret"
+        assert result["cuda_visible"] == str(t.user_attrs["gpu"])
+        assert t.value == pytest.approx((t.params["x"] - 0.3) ** 2)
+        assert read_json(out / "checkpoints" / str(t.number) / "state.json") == {"next": 3}
+        env = read_json(out / "trials" / str(t.number) / "env.json")
+        assert env["image"]["id"] == pinned and env["image"]["ref"] == container_image
+        assert env["python"]["executable"] == "/usr/bin/python3"
+        assert env["packages"]["torch"] is None  # read inside the image, which has none
+        assert t.user_attrs["image"] == pinned
+        command = (out / "trials" / str(t.number) / "command.sh").read_text()
+        assert "--env MY_API_TOKEN " in command and "t0ps3cret" not in command
+        assert f" {pinned} python3 {CONTAINER_PROBE} " in command
+    assert study_containers(out) == []
+    assert run_cli("summary", str(study)) == 0
+    with open(out / "summary.csv") as f:
+        assert {row["image"] for row in csv.DictReader(f)} == {pinned}
+
+
+def wait_for(predicate: Any, timeout: float) -> None:
+    from tests.conftest import wait_until
+
+    assert wait_until(predicate, timeout)
+
+
+@pytest.mark.slow
+def test_sigterm_continues_the_lineage_in_a_new_container_from_its_checkpoint(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import load_trials, spawn_cli
+
+    study = container_study(write_study, container_image, "term", 1,
+                            ["--steps", "30", "--sleep", "0.1"])
+    out = tmp_path / "term"
+    state = out / "checkpoints" / "0" / "state.json"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: state.exists() and read_json(state)["next"] >= 3, 60)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+    wait_for(lambda: study_containers(out) == [], 10)
+    stopped_at = read_json(state)["next"]
+    assert 3 <= stopped_at < 30
+
+    rerun = spawn_cli("run", str(study))
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    trials = load_trials(study, "term")
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
+    (n0, step0, host0), (n1, step1, host1) = (line.split() for line in starts)
+    assert (n0, step0, n1, int(step1)) == ("0", "0", "1", stopped_at)
+    assert host0 != host1  # two containers (each its own hostname)
+    assert read_json(out / "trials" / "1" / "result.json")["steps"] == [stopped_at, 30]
+    assert study_containers(out) == []
+
+
+def host_namespace_pids_of(trial_dir: Path) -> list[int]:
+    """The pids of this PID namespace that run for the trial in `trial_dir` (its guard, the
+    engine's command and monitor), not those inside its container."""
+    import os
+
+    import psutil
+
+    mine = os.readlink("/proc/self/ns/pid")
+    found = []
+    for p in psutil.process_iter():
+        try:
+            text = " ".join(p.cmdline()) + " ".join(p.environ().values())
+            if str(trial_dir) in text and os.readlink(f"/proc/{p.pid}/ns/pid") == mine \
+                    and p.pid != os.getpid():
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_run(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests.conftest import spawn_cli
+
+    study = container_study(write_study, container_image, "nine", 1,
+                            ["--steps", "600", "--sleep", "0.1"])
+    out = tmp_path / "nine"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: study_containers(out, every=False) == ["sweep-nine-0"], 60)
+    # the window the reclaim is for: the driver and everything of the trial on this side of
+    # the container gone at once (the guard, or the driver seeing its guard die, would stop
+    # the container's processes themselves): the driver frozen first, so it sees nothing
+    driver.send_signal(signal.SIGSTOP)
+    for pid in host_namespace_pids_of(out / "trials" / "0"):
+        if pid != driver.pid:
+            os.kill(pid, signal.SIGKILL)
+    driver.kill()
+    driver.communicate(timeout=10)
+    wait_for(lambda: not host_namespace_pids_of(out / "trials" / "0"), 10)
+    assert study_containers(out, every=False) == ["sweep-nine-0"]  # nothing stops it now
+
+    study.write_text(study.read_text().replace("'600'", "'3'"))
+    rerun = spawn_cli("run", str(study))
+    stdout, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    assert "removed 1 container(s) left by trials that no longer run: sweep-nine-0" in (
+        stdout + err)
+    assert study_containers(out) == []
+
+
+@pytest.fixture
+def other_image(container_image: str) -> Any:
+    """A second image (another ID) made from the test image, removed after the test."""
+    name = "sweep-test-commit"
+    subprocess.run(["podman", "run", "--name", name, container_image, "touch", "/other"],
+                   check=True, capture_output=True)
+    subprocess.run(["podman", "commit", "-q", name, "localhost/sweep-test-other:1"],
+                   check=True, capture_output=True)
+    subprocess.run(["podman", "rm", name], check=True, capture_output=True)
+    yield "localhost/sweep-test-other:1"
+    subprocess.run(["podman", "rmi", "-f", "localhost/sweep-test-other:1",
+                    "localhost/sweep-test-moving:1"], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_lineage_asked_to_continue_under_another_image_is_refused(
+        container_image: str, other_image: str, write_study: Any, fake_gpus: Any,
+        tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import load_trials, spawn_cli
+
+    moving = "localhost/sweep-test-moving:1"
+    subprocess.run(["podman", "tag", container_image, moving], check=True)
+    study = container_study(write_study, moving, "moved", 1,
+                            ["--steps", "30", "--sleep", "0.1"])
+    out = tmp_path / "moved"
+    state = out / "checkpoints" / "0" / "state.json"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: state.exists() and read_json(state)["next"] >= 2, 60)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+
+    subprocess.run(["podman", "tag", other_image, moving], check=True)  # the tag moves
+    first, then = image_id(container_image), image_id(other_image)
+    rerun = spawn_cli("run", str(study))
+    stdout, err = rerun.communicate(timeout=120)
+    said = stdout + err
+    assert f"trainer.container.image {moving} is {then} now; the study's last run had " \
+           f"{first}: the tag moved" in said
+    assert "started in the image " + first in said
+    assert rerun.returncode != 0
+    trials = load_trials(study, "moved")
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert trials[1].user_attrs["fail_reason"].startswith(
+        "could not prepare the trial: its lineage (checkpoints in ")
+    starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
+    assert len(starts) == 1  # nothing ran in the other image

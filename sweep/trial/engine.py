@@ -126,20 +126,15 @@ def moved_since(output_dir: Path, image: Image) -> str | None:
 
 
 def containers(container: ContainerSection, output_dir: Path,
-               run: Run = subprocess.run) -> list[tuple[str, str]]:
-    """(name, state) of every container the engine has of the study in `output_dir` (by
-    its label), running or not; none for apptainer (its trials are plain processes)."""
+               run: Run = subprocess.run) -> list[str]:
+    """The names of every container the engine has of the study in `output_dir` (by its
+    label), running or not; none for apptainer (its trials are plain processes)."""
     engine = _engine(container)
     if engine == "apptainer":
         return []
     out = _ask([engine, "ps", "--all", "--filter", f"label={LABEL_OUTPUT_DIR}={output_dir}",
-                "--format", "{{.Names}}\t{{.State}}"], run)
-    found = []
-    for line in out.splitlines():
-        name, _, state = line.strip().partition("\t")
-        if name:
-            found.append((name, state))
-    return found
+                "--format", "{{.Names}}"], run)
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def remove(container: ContainerSection, name: str, run: Run = subprocess.run) -> bool:
@@ -181,7 +176,7 @@ def reclaim(container: ContainerSection, study: str, output_dir: Path,
     clean-up); the names removed. A container of a trial that still runs (another driver's,
     this one's) is left alone."""
     removed = []
-    for name, _state in containers(container, output_dir, run):
+    for name in containers(container, output_dir, run):
         number = trial_of(name, study)
         if number is None:
             continue

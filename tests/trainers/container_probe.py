@@ -56,7 +56,7 @@ def main() -> int:
     result = {"score": (args.x - 0.3) ** 2, "os_release": release,
               "executable": sys.executable, "marker": Path("/etc/sweep-test-image").exists(),
               "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-              "secret": os.environ.get("SWEEP_TEST_TOKEN"), "steps": [first, step]}
+              "secret": os.environ.get("MY_API_TOKEN"), "steps": [first, step]}
     with open(os.environ["SWEEP_RESULT_FILE"], "w") as f:
         json.dump(result, f)
     return 0
