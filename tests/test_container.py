@@ -341,13 +341,16 @@ def study_containers(output_dir: Path, every: bool = True) -> list[str]:
 
 
 def container_study(write_study: Any, image: str, name: str, n_trials: int,
-                    args: list[str]) -> Path:
+                    args: list[str], study: dict[str, Any] | None = None,
+                    **trainer: Any) -> Path:
     from tests.conftest import study_dict
 
     return write_study(study_dict(
-        study={"name": name, "n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 2},
+        study={"name": name, "n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 2,
+               **(study or {})},
         trainer={"script": str(CONTAINER_PROBE), "grace_period": 2.0, "args": args,
-                 "env": {"MY_API_TOKEN": "t0ps3cret"}, "container": {"image": image}}))
+                 "env": {"MY_API_TOKEN": "t0ps3cret"}, "container": {"image": image},
+                 **trainer}))
 
 
 def read_json(path: Path) -> Any:
@@ -534,3 +537,55 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
         "could not prepare the trial: its lineage (checkpoints in ")
     starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
     assert len(starts) == 1  # nothing ran in the other image
+
+
+@pytest.mark.slow
+def test_a_hung_trial_in_the_container_has_its_stack_taken_through_the_hosts_pids(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    """The container's processes are the guard's descendants (the engine's monitor comes back
+    to it, a subreaper): py-spy reads them by their pids in this namespace."""
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, container_image, "hung", 1,
+                            ["--steps", "1", "--sleep", "300"],
+                            {"max_consecutive_failures": 1}, hang_after=3)
+    assert run_cli("run", str(study)) != 0
+    trial, = load_trials(study, "hung")
+    assert trial.user_attrs["fail_reason"].startswith("hung: no output")
+    stack = (tmp_path / "hung" / "trials" / "0" / "stack.txt").read_text()
+    assert f"python3 {CONTAINER_PROBE} --steps 1 --sleep 300" in stack
+    assert "main (container_probe.py:" in stack, stack
+    assert study_containers(tmp_path / "hung") == []
+
+
+@pytest.mark.slow
+def test_bad_container_input_is_one_line_each_before_anything_is_written(
+        container_image: str, write_study: Any, tmp_path: Path) -> None:
+    from sweep.spec import config
+
+    def problems_of(launcher: str = "python", **container: Any) -> list[str]:
+        study = container_study(write_study, container_image, "bad", 1, [],
+                                container={"image": container_image, **container},
+                                launcher=launcher)
+        with pytest.raises(ConfigError) as e:
+            config.load(study)
+        assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.db").exists()
+        return [str(p).split(": ", 1)[1] for p in e.value.problems]
+
+    assert problems_of(image="localhost/sweep-test-none:1") == [
+        "trainer.container.image: no image localhost/sweep-test-none:1 in podman's store: "
+        "build or pull it first (podman pull localhost/sweep-test-none:1); sweep pulls nothing"]
+    assert problems_of(tag="1") == [
+        "trainer.container.tag: unknown key `tag` (trainer.container takes image, engine, "
+        "run_args, mounts, shm_size, continue_in_other_image)"]
+    assert problems_of(launcher="accelerate") == [
+        f"trainer.python: python3 in the image {container_image} has no accelerate, which "
+        "launcher: accelerate runs: install it there (pip install accelerate), or use "
+        "launcher: python"]
+    study = container_study(write_study, container_image, "bad", 1, [],
+                            python="/opt/none/python")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value).startswith(
+        f"{study}: trainer.container: cannot run /opt/none/python in the image "
+        f"{container_image} with podman: /opt/none/python is not a working Python (exit 127")

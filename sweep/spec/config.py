@@ -462,6 +462,7 @@ def _fields(section: str, data: Mapping[str, Any]) -> list[str]:
         "": Spec, "study": StudySection, "trainer": TrainerSection, "gpus": GpusSection,
         "trainer.accelerate": AccelerateSettings, "trainer.result": ResultSection,
         "trainer.report": ReportSection, "trainer.report.tensorboard": TensorboardSource,
+        "trainer.container": containerspec.ContainerSection,
     }
     model = models.get(section)
     parts = section.split(".")
