@@ -589,3 +589,12 @@ def test_bad_container_input_is_one_line_each_before_anything_is_written(
     assert str(e.value).startswith(
         f"{study}: trainer.container: cannot run /opt/none/python in the image "
         f"{container_image} with podman: /opt/none/python is not a working Python (exit 127")
+
+
+def test_the_interpreter_probe_runs_in_the_image_as_a_trial_would_without_devices() -> None:
+    c = section(engine="podman", mounts=["data:/data:ro"], run_args=["--ipc", "host"])
+    assert containerspec.probe_prefix(c, Path("/s")) == [
+        "podman", "run", "--rm", "-v", "/s/data:/data:ro", "--ipc", "host", "reg/train:1.2"]
+    a = section(engine="apptainer", image="img/t.sif")
+    assert containerspec.probe_prefix(a, Path("/s")) == [
+        "apptainer", "exec", "--cleanenv", "/s/img/t.sif"]

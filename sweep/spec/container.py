@@ -111,15 +111,19 @@ def image_path(image: str, base: Path) -> Path:
 
 
 def probe_prefix(section: ContainerSection, base: Path) -> list[str]:
-    """The argv before `python -c PROBE` that runs it inside the image (the interpreter
-    probe: `trainer.python` and env.json's packages are read inside the image)."""
+    """The argv before `python -c PROBE` that runs it inside the image as a trial's command
+    runs there, with the study's mounts and `run_args` but no device (the interpreter probe:
+    `trainer.python` and env.json's packages are read inside the image)."""
     engine = section.engine or find_engine(None)[0]
+    binds = [m.option() for m in mounts(section, base)]
     if engine == "apptainer":
         image = section.image
         if is_path_image(engine, image):
             image = str(image_path(image, base))
-        return ["apptainer", "exec", "--cleanenv", image]
-    return [engine, "run", "--rm", "--network", "none", section.image]
+        return ["apptainer", "exec", "--cleanenv", *(["--bind", ",".join(binds)] if binds else []),
+                *section.run_args, image]
+    volumes = [a for b in binds for a in ("-v", b)]
+    return [engine, "run", "--rm", *volumes, *section.run_args, section.image]
 
 
 def tag_of(image: str) -> str | None:
