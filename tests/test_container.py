@@ -598,3 +598,47 @@ def test_the_interpreter_probe_runs_in_the_image_as_a_trial_would_without_device
     a = section(engine="apptainer", image="img/t.sif")
     assert containerspec.probe_prefix(a, Path("/s")) == [
         "apptainer", "exec", "--cleanenv", "/s/img/t.sif"]
+
+
+def test_the_report_names_the_images_the_trials_ran_in() -> None:
+    import pandas as pd
+
+    from sweep.analysis.report import images_line
+
+    frame = pd.DataFrame({"image": ["sha256:b", "sha256:a", "sha256:b", None]})
+    assert images_line(frame) == "image sha256:a: 1 trial; sha256:b: 2 trials"
+    assert images_line(pd.DataFrame({"image": [None, None]})) is None
+    assert images_line(pd.DataFrame({"number": [1]})) is None
+
+
+def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real_devices(
+        write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep.gpus.pool import FAKE_ENV
+    from sweep.spec import config
+    from sweep.trial import launchers
+    from tests.conftest import study_dict
+
+    study = write_study(study_dict(trainer={"container": {"image": "reg/t:latest",
+                                                          "engine": "podman"}}))
+    spec = config.load(study, runnable=False)
+    spec.output_dir.mkdir()  # as the run makes it before the launcher
+    ids = iter(["sha256:1", "sha256:2"])
+    monkeypatch.setattr(engine, "pin", lambda c, base: container.Image(c.image, next(ids)))
+    monkeypatch.setattr(engine, "reclaim", lambda c, name, out: [])
+    said: list[str] = []
+    for _ in range(2):
+        launcher = launchers.make(spec, "host", tmp_path / "own", said.append)
+        launcher.prepare()
+    latest = ("trainer.container.image reg/t:latest names a tag that moves (latest): a rerun, "
+              "or a trial carried on later, may get another image; this run pins {}. Give a "
+              "fixed tag (name:1.2) or a digest (name@sha256:...)")
+    assert said == [latest.format("sha256:1"), latest.format("sha256:2"),
+                    "trainer.container.image reg/t:latest is sha256:2 now; the study's last "
+                    "run had sha256:1: the tag moved"]
+    monkeypatch.delenv(FAKE_ENV, raising=False)
+    argv = launcher.plan(0, {"x": 0.5}, 1, "GPU-abc").argv
+    assert argv[argv.index("--device"):argv.index("--device") + 2] == [
+        "--device", "nvidia.com/gpu=GPU-abc"]
+    assert argv[argv.index("sha256:2") + 1] == "python3"  # the image's interpreter
+    monkeypatch.setenv(FAKE_ENV, "2")
+    assert "--device" not in launcher.plan(0, {"x": 0.5}, 1, "1").argv
