@@ -642,3 +642,65 @@ def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real
     assert argv[argv.index("sha256:2") + 1] == "python3"  # the image's interpreter
     monkeypatch.setenv(FAKE_ENV, "2")
     assert "--device" not in launcher.plan(0, {"x": 0.5}, 1, "1").argv
+
+
+@pytest.fixture(scope="session")
+def host_python_image(container_image: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """An image of a marker and this root's top-level links only (seconds to make): with this
+    machine's /usr and the driver's Python mounted read-only (`host_python_mounts`), a
+    container of it runs the driver's own interpreter, torch and accelerate included."""
+    import os
+
+    tag = "localhost/sweep-test-hostpython:1"
+    if subprocess.run(["podman", "image", "exists", tag]).returncode != 0:
+        root = tmp_path_factory.mktemp("hostpython")
+        for name in ("etc", "tmp", "proc", "sys", "dev"):
+            (root / name).mkdir()
+        (root / MARKER.lstrip("/")).write_text("sweep test image\n")
+        for name in ("bin", "sbin", "lib", "lib64"):
+            if os.path.islink(f"/{name}"):
+                (root / name).symlink_to(os.readlink(f"/{name}"))
+        tar = root.parent / "hostpython.tar"
+        subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+        subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True)
+    yield tag
+
+
+def host_python_mounts() -> list[str]:
+    """`run_args` that mount this machine's /usr, its top-level folders that are not links to
+    it, and the driver's Python (its venv and base) read-only."""
+    import os
+    import sys
+
+    folders = {"/usr", *(f"/{n}" for n in ("bin", "sbin", "lib", "lib64")
+                         if os.path.isdir(f"/{n}") and not os.path.islink(f"/{n}")),
+               os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    keep = sorted(f for f in folders
+                  if not any(o != f and f.startswith(o + "/") for o in folders))
+    return [a for f in keep for a in ("-v", f"{f}:{f}:ro")]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
+        host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import sys
+
+    import torch
+
+    from sweep.trial.launch_plan import ACCELERATE_CONFIG_FILE
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, host_python_image, "acc", 1, [],
+                            launcher="accelerate", python=sys.executable,
+                            container={"image": host_python_image,
+                                       "run_args": host_python_mounts()})
+    assert run_cli("run", str(study)) == 0
+    trial, = load_trials(study, "acc")
+    assert trial.state.name == "COMPLETE", trial.user_attrs
+    folder = tmp_path / "acc" / "trials" / "0"
+    result = read_json(folder / "result.json")
+    assert result["marker"] is True and result["cuda_visible"] == "0"
+    command = (folder / "command.sh").read_text()
+    assert f"-v {ACCELERATE_CONFIG_FILE}:{ACCELERATE_CONFIG_FILE}:ro" in command
+    assert f" {sys.executable} -m accelerate.commands.launch --config_file " in command
+    assert read_json(folder / "env.json")["packages"]["torch"] == torch.__version__
