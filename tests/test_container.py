@@ -704,3 +704,22 @@ def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
     assert f"-v {ACCELERATE_CONFIG_FILE}:{ACCELERATE_CONFIG_FILE}:ro" in command
     assert f" {sys.executable} -m accelerate.commands.launch --config_file " in command
     assert read_json(folder / "env.json")["packages"]["torch"] == torch.__version__
+
+
+@pytest.mark.slow
+def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    """The trainer sleeps through SIGTERM: the guard SIGKILLs the engine's command and monitor
+    with it, so the engine's own --rm never runs; the container goes as the trial ends, not
+    at the run's end."""
+    from tests.conftest import load_trials, spawn_cli
+
+    study = container_study(write_study, container_image, "late", 1,
+                            ["--steps", "1", "--sleep", "300"],
+                            {"max_consecutive_failures": 1}, timeout=2, grace_period=1.0)
+    driver = spawn_cli("run", str(study))
+    stdout, err = driver.communicate(timeout=60)
+    trial, = load_trials(study, "late")
+    assert trial.user_attrs["fail_reason"] == "timeout after 2 s"
+    assert "removed" not in stdout + err  # nothing was left for the run's end
+    assert study_containers(tmp_path / "late") == []

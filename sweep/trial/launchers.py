@@ -366,11 +366,26 @@ class ContainerLauncher:
 
     def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
               hold: Sequence[int] = ()) -> Process:
-        """The engine's command under its guard, once the lineage's image is recorded."""
+        """The engine's command under its guard, once the lineage's image is recorded. When
+        the trial's tree ended by a signal (its guard killed the engine's command and monitor:
+        the engine's own `--rm` did not run), its container is removed then, from the
+        process's reader thread."""
         image = self.image or engine.pin(self.container, self.study_dir)
         start = Start(Path(plan.env[lineage.CHECKPOINT_ENV]))
         lineage.record_image(start, image.id)
-        return self.inner.spawn(plan, grace, on_change, hold)
+        name = container.container_name(self.spec.study.name, int(plan.paths.dir.name))
+        spawned: list[Process] = []
+
+        def changed() -> None:
+            on_change()
+            proc = spawned[0] if spawned else None
+            if proc is not None and proc.ended and len(spawned) == 1:
+                spawned.append(proc)  # once
+                if proc.lost or proc.exit_code is None or proc.exit_code >= 128:
+                    engine.remove(self.container, name)
+
+        spawned.append(self.inner.spawn(plan, grace, changed, hold))
+        return spawned[0]
 
     def close(self) -> None:
         """The inner launcher's, then the run's containers that outlived their trials."""
