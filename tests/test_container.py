@@ -185,9 +185,9 @@ def test_mounts_outside_the_study_options_sweep_sets_and_the_warm_launcher(
         resolve(section(mounts=["/etc:/etc", "link", "data:rel", "data:/d:rx", "gone"],
                         run_args=["--name=x", "--ipc=host"]), tmp_path, launcher="warm")
     assert problems(e.value) == [
-        "s.yaml: trainer.container: launcher: warm starts trials from the driver's own "
-        "interpreter, which is not in the image: use launcher: accelerate or python with "
-        "trainer.container",
+        "s.yaml: trainer.container: launcher: warm forks trials from a server in the driver's "
+        "own interpreter, which is not in the image: use launcher: accelerate, direct or "
+        "python with trainer.container",
         "s.yaml: trainer.container.run_args.0: --name=x is set by sweep for each trial (--rm, "
         "--name sweep-<study>-<trial>, in the foreground): remove it",
         f"s.yaml: trainer.container.mounts.0: /etc is outside what the study owns (its folder "
@@ -680,6 +680,25 @@ def host_python_mounts() -> list[str]:
     return [a for f in keep for a in ("-v", f"{f}:{f}:ro")]
 
 
+def run_in_host_python_image(write_study: Any, image: str, name: str, launcher: str,
+                             tmp_path: Path) -> tuple[Path, str]:
+    """A one-trial study of `launcher` in `image` with the driver's Python mounted, run to
+    COMPLETE in the image: the trial's folder and its command.sh."""
+    import sys
+
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, image, name, 1, [], launcher=launcher,
+                            python=sys.executable,
+                            container={"image": image, "run_args": host_python_mounts()})
+    assert run_cli("run", str(study)) == 0
+    trial, = load_trials(study, name)
+    assert trial.state.name == "COMPLETE", trial.user_attrs
+    folder = tmp_path / name / "trials" / "0"
+    assert read_json(folder / "result.json")["marker"] is True
+    return folder, (folder / "command.sh").read_text()
+
+
 @pytest.mark.slow
 def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
         host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
@@ -688,19 +707,10 @@ def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
     import torch
 
     from sweep.trial.launch_plan import ACCELERATE_CONFIG_FILE
-    from tests.conftest import load_trials, run_cli
 
-    study = container_study(write_study, host_python_image, "acc", 1, [],
-                            launcher="accelerate", python=sys.executable,
-                            container={"image": host_python_image,
-                                       "run_args": host_python_mounts()})
-    assert run_cli("run", str(study)) == 0
-    trial, = load_trials(study, "acc")
-    assert trial.state.name == "COMPLETE", trial.user_attrs
-    folder = tmp_path / "acc" / "trials" / "0"
-    result = read_json(folder / "result.json")
-    assert result["marker"] is True and result["cuda_visible"] == "0"
-    command = (folder / "command.sh").read_text()
+    folder, command = run_in_host_python_image(write_study, host_python_image, "acc",
+                                               "accelerate", tmp_path)
+    assert read_json(folder / "result.json")["cuda_visible"] == "0"
     assert f"-v {ACCELERATE_CONFIG_FILE}:{ACCELERATE_CONFIG_FILE}:ro" in command
     assert f" {sys.executable} -m accelerate.commands.launch --config_file " in command
     assert read_json(folder / "env.json")["packages"]["torch"] == torch.__version__
@@ -723,3 +733,15 @@ def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
     assert trial.user_attrs["fail_reason"] == "timeout after 2 s"
     assert "removed" not in stdout + err  # nothing was left for the run's end
     assert study_containers(tmp_path / "late") == []
+
+
+@pytest.mark.slow
+def test_launcher_direct_asks_the_images_accelerate_for_its_variables(
+        host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import sys
+
+    _, command = run_in_host_python_image(write_study, host_python_image, "direct", "direct",
+                                          tmp_path)
+    assert "--env ACCELERATE_MIXED_PRECISION=no " in command  # accelerate's, from inside
+    assert f" {sys.executable} {CONTAINER_PROBE} --x " in command
+    assert "accelerate.commands.launch" not in command

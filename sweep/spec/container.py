@@ -110,12 +110,14 @@ def image_path(image: str, base: Path) -> Path:
     return Path(os.path.abspath(base / image))
 
 
-def probe_prefix(section: ContainerSection, base: Path) -> list[str]:
+def probe_prefix(section: ContainerSection, base: Path,
+                 files: Sequence[Path] = ()) -> list[str]:
     """The argv before `python -c PROBE` that runs it inside the image as a trial's command
     runs there, with the study's mounts and `run_args` but no device (the interpreter probe:
-    `trainer.python` and env.json's packages are read inside the image)."""
+    `trainer.python` and env.json's packages are read inside the image); `files` are mounted
+    read-only at their paths (an accelerate config the command names)."""
     engine = section.engine or find_engine(None)[0]
-    binds = [m.option() for m in mounts(section, base)]
+    binds = [*(f"{f}:{f}:ro" for f in files), *(m.option() for m in mounts(section, base))]
     if engine == "apptainer":
         image = section.image
         if is_path_image(engine, image):
@@ -174,9 +176,10 @@ def resolve(file: str, base: Path, owned: Sequence[Path], section: ContainerSect
     def bad(key: str, message: str) -> None:
         problems.append(Problem(file, f"{KEY}.{key}" if key else KEY, message))
 
-    if launcher in ("warm", "direct"):
-        bad("", f"launcher: {launcher} starts trials from the driver's own interpreter, which "
-            "is not in the image: use launcher: accelerate or python with trainer.container")
+    if launcher == "warm":
+        bad("", "launcher: warm forks trials from a server in the driver's own interpreter, "
+            "which is not in the image: use launcher: accelerate, direct or python with "
+            "trainer.container")
     for i, arg in enumerate(section.run_args):
         if arg.split("=", 1)[0] in OWN_OPTIONS:
             bad(f"run_args.{i}", f"{short(arg, 40)} is set by sweep for each trial "

@@ -135,11 +135,21 @@ class DirectLauncher(BaseLauncher):
         """`dry`: for a dry run, which computes nothing: the variables come from the cache
         alone."""
         super().__init__(spec, spawn)
-        python = spec.trainer.python
-        version = None if python is None else interpreter.probe(python).packages.get(
-            "accelerate")
+        python, inside = spec.trainer.python, spec.trainer.container
+        # in a container: accelerate's variables are asked of the image's accelerate, by
+        # image ID (the tag may move), with the config file the options name mounted
+        prefix: list[str] = []
+        if inside is not None:
+            pinned = inside if inside.engine == "apptainer" else inside.model_copy(
+                update={"image": engine.pin(inside, spec.source.parent).id})
+            prefix = containerspec.probe_prefix(pinned, spec.source.parent, [self.config.path])
+        if inside is not None:
+            python = launch_plan.trial_python(spec)
+        version = None if python is None else interpreter.probe(
+            python, prefix=prefix).packages.get("accelerate")
         self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host,
-                                            python or sys.executable, version=version)
+                                            python or sys.executable, version=version,
+                                            prefix=prefix)
         self._dry = dry
 
     def prepare(self) -> None:
