@@ -492,6 +492,7 @@ def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_
 def other_image(container_image: str) -> Any:
     """A second image (another ID) made from the test image, removed after the test."""
     name = "sweep-test-commit"
+    subprocess.run(["podman", "rm", "--force", name], capture_output=True)  # an earlier test's
     subprocess.run(["podman", "run", "--name", name, container_image, "touch", "/other"],
                    check=True, capture_output=True)
     subprocess.run(["podman", "commit", "-q", name, "localhost/sweep-test-other:1"],
