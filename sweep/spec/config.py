@@ -649,14 +649,15 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         if runnable and fixed is not None and fixed.exists() and not fixed.is_dir():
             bad("trainer.workdir", f"{fixed} is a file, not a folder: name a folder (made if "
                 "missing) or a placeholder path such as \"{trial_dir}\"")
+    probe = runnable  # the trainer's interpreter is asked about itself
     if trainer.container is not None:
         try:
             trainer = trainer.model_copy(update={"container": containerspec.resolve(
                 file, base, (base, output_dir), trainer.container, trainer.launcher, runnable)})
         except ConfigError as e:
             problems.extend(e.problems)
-            runnable = False  # nothing runs in an image that is not there
-    python, config_file = _trainer_environment(file, base, trainer, runnable, bad)
+            probe = False  # nothing runs in an image that is not there
+    python, config_file = _trainer_environment(file, base, trainer, probe, bad)
     accelerate = trainer.accelerate.model_copy(update={"config_file": config_file})
     resolved = spec.model_copy(
         update={
