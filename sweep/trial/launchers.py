@@ -143,7 +143,6 @@ class DirectLauncher(BaseLauncher):
             pinned = inside if inside.engine == "apptainer" else inside.model_copy(
                 update={"image": engine.pin(inside, spec.source.parent).id})
             prefix = containerspec.probe_prefix(pinned, spec.source.parent, [self.config.path])
-        if inside is not None:
             python = launch_plan.trial_python(spec)
         version = None if python is None else interpreter.probe(
             python, prefix=prefix).packages.get("accelerate")
