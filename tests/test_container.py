@@ -746,3 +746,25 @@ def test_launcher_direct_asks_the_images_accelerate_for_its_variables(
     assert "--env ACCELERATE_MIXED_PRECISION=no " in command  # accelerate's, from inside
     assert f" {sys.executable} {CONTAINER_PROBE} --x " in command
     assert "accelerate.commands.launch" not in command
+
+
+def test_a_sif_file_is_pinned_by_its_sha256_and_a_docker_reference_by_its_id(
+        tmp_path: Path) -> None:
+    import hashlib
+
+    (tmp_path / "t.sif").write_bytes(b"not really an image")
+    sif = engine.pin(section(engine="apptainer", image="t.sif"), tmp_path)
+    assert sif == container.Image(
+        "t.sif", "sha256:" + hashlib.sha256(b"not really an image").hexdigest())
+    assert sif.run_ref("apptainer") == "t.sif"
+
+    def inspect(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        assert argv == ["docker", "image", "inspect", "--format",
+                        '{{.Id}}\t{{join .RepoDigests ","}}', "reg/d:1"]
+        return subprocess.CompletedProcess(argv, 0, "sha256:abc\treg/d@sha256:def,x@y\n", "")
+
+    image = engine.pin(section(engine="docker", image="reg/d:1"), tmp_path, inspect)
+    assert image == container.Image("reg/d:1", "sha256:abc", "sha256:def")
+    assert image.run_ref("docker") == "sha256:abc"
+    with pytest.raises(engine.ImageError, match="apptainer pull"):
+        engine.pin(section(engine="apptainer", image="docker://reg/d:1"), tmp_path)
