@@ -13,7 +13,10 @@
 #     under warm each fork must still initialise CUDA itself and see one device);
 #   - a hang (benchmarks/gpu_hang.py: 1 GiB on the GPU, then a sleep): FAIL `hung: ...` with
 #     the GPU's utilisation known, its stack (py-spy) naming the function it waits in, nothing
-#     left on the GPU.
+#     left on the GPU;
+#   - containers (trainer.container, podman + the toolkit's CDI spec; SKIP without them): each
+#     trial in the image sees exactly its leased device, by UUID, as cuda:0; the image ID is in
+#     env.json; no container left.
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
@@ -218,6 +221,91 @@ print(f"HANG: told {(t.datetime_complete - t.datetime_start).total_seconds():.1f
       "started (hang_after 10 s + start-up + stop_grace)")
 sys.exit(0 if ok and named else 1)
 PY
+
+# Containers (issue 33): a trial in a container image sees exactly its device. Needs podman and
+# the NVIDIA container toolkit (nvidia-ctk) on the machine; SKIP otherwise. No registry: the
+# image is a marker file and the root's links, imported with `podman import`; the machine's own
+# /usr and its Python's prefix and site folders are mounted read-only (run_args), so the trial
+# runs this machine's CUDA torch inside a container that CDI gives one GPU (by UUID).
+if command -v podman >/dev/null && command -v nvidia-ctk >/dev/null; then
+  export CONTAINERS_CONF="$work/containers.conf"
+  nofile=$(ulimit -n); nproc=$(ulimit -u)
+  [ "$nofile" = unlimited ] || [ "$nofile" -gt 1024 ] && nofile=1024
+  [ "$nproc" = unlimited ] || [ "$nproc" -gt 1024 ] && nproc=1024
+  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n' \
+    "$nofile" "$nofile" "$nproc" "$nproc" > "$CONTAINERS_CONF"
+  command -v runc >/dev/null || sed -i '/^runtime = /d' "$CONTAINERS_CONF"
+  mkdir -p /etc/cdi && nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml > "$work/cdi.log" 2>&1
+  check "CONTAINER: nvidia-ctk generated the CDI spec" "[ -s /etc/cdi/nvidia.yaml ]"
+  root="$work/image-root"; mkdir -p "$root/etc" "$root/tmp" "$root/proc" "$root/sys" "$root/dev"
+  echo "sweep smoke image" > "$root/etc/sweep-smoke-image"
+  cp /etc/ld.so.cache /etc/passwd /etc/group "$root/etc/" 2>/dev/null
+  mounts='"-v", "/usr:/usr:ro"'
+  for d in bin sbin lib lib32 lib64; do
+    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$root/$d"
+    elif [ -d "/$d" ]; then mounts="$mounts, \"-v\", \"/$d:/$d:ro\""; fi
+  done
+  py=$(python3 -c 'import sys; print(sys.executable)')  # a venv's own: its pyvenv.cfg counts
+  for d in $(python3 -c 'import site, sys; print(" ".join(sorted({sys.prefix, sys.base_prefix, *site.getsitepackages(), *sys.path[1:]})))'); do
+    case "$d" in /usr|/usr/*|"$PWD"|"$PWD"/*) ;; *) [ -d "$d" ] && mounts="$mounts, \"-v\", \"$d:$d:ro\"";; esac
+  done
+  tar -C "$root" -cf "$work/image.tar" . && podman import -q "$work/image.tar" localhost/sweep-smoke:1 > "$work/import.log" 2>&1
+  cp benchmarks/gpu_container_probe.py "$work/"
+  cat > "$work/gpu_container.yaml" <<YAML
+study: {name: gpu_container, direction: minimize, metric: loss, n_trials: $n,
+        sampler: {type: random, seed: 0}}
+trainer:
+  script: gpu_container_probe.py
+  launcher: python
+  python: $py
+  timeout: 300
+  container: {image: "localhost/sweep-smoke:1", engine: podman, shm_size: 1g,
+              run_args: [$mounts]}
+params:
+  x: {type: float, low: 0.0, high: 1.0}
+YAML
+  time python3 -m sweep run "$work/gpu_container.yaml" 2>&1 | tee "$work/container.log"
+  python3 - "$work" <<'PY' || fail=1
+import json
+import sys
+from pathlib import Path
+import optuna
+import pynvml
+work = Path(sys.argv[1])
+pynvml.nvmlInit()
+uuids = {i: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+         for i in range(pynvml.nvmlDeviceGetCount())}
+trials = optuna.load_study(study_name="gpu_container",
+                           storage=f"sqlite:///{work}/gpu_container.db").trials
+ok = bool(trials)
+for t in trials:
+    folder = work / "gpu_container" / "trials" / str(t.number)
+    try:
+        r = json.loads((folder / "result.json").read_text())
+    except (OSError, ValueError):
+        r = {}
+    leased = uuids.get(int(t.user_attrs.get("gpu", -1)), "?")
+    command = (folder / "command.sh").read_text() if (folder / "command.sh").exists() else ""
+    cond = (t.state.name == "COMPLETE" and r.get("inside") is True and r.get("cuda") == 1.0
+            and r.get("device_count") == 1.0 and r.get("visible") == leased
+            and f"--device nvidia.com/gpu={leased}" in command
+            and (r.get("uuid") is None or leased.endswith(str(r.get("uuid")))))
+    print(("PASS " if cond else "FAIL ") + f"CONTAINER trial {t.number}: in the image, one "
+          f"device, the leased one ({leased}): {t.state.name} {r}")
+    env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
+    image = (env.get("image") or {}).get("id")
+    print(("PASS " if image and t.user_attrs.get("image") == image else "FAIL ")
+          + f"CONTAINER trial {t.number}: env.json and the trial's attribute hold the image ID "
+          f"({image})")
+    ok &= cond and bool(image) and t.user_attrs.get("image") == image
+sys.exit(0 if ok else 1)
+PY
+  podman ps --all --filter "label=sweep.output_dir=$work/gpu_container" --format '{{.Names}}' > "$work/containers_left.txt"
+  check "CONTAINER: no container left" "[ ! -s $work/containers_left.txt ]"
+  podman rmi -f localhost/sweep-smoke:1 > /dev/null 2>&1
+else
+  echo "SKIP CONTAINER: needs podman and nvidia-ctk (the NVIDIA container toolkit) on this machine"
+fi
 
 if [ -n "${OUT:-}" ]; then
   cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/launch_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null

@@ -66,6 +66,9 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
         f'<p>{html.escape(said)}; written {when} from '
         f"{html.escape(str(s.spec.source))}</p>",
     ]
+    images = images_line(s.trials)
+    if images is not None:
+        parts.append(f"<p>{html.escape(images)}</p>")
     headings = {"objective": "Objective", "pareto": "Pareto front",
                 "intermediate": "Intermediate values", "parallel": "Parameters",
                 "importances": "Parameter importances", "timeline": "GPUs over time",
@@ -79,6 +82,18 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
     parts += ["<h2>Failures by reason</h2>", _failure_table(figures.failures(s)),
               "</body></html>"]
     return "\n".join(parts)
+
+
+def images_line(trials: Any) -> str | None:
+    """The images the trials ran in (`trainer.container`: the `image` column), with how many
+    trials each: `image sha256:...: 12 trials`; None when no trial ran in one."""
+    if trials.empty or "image" not in trials.columns:
+        return None
+    counts = trials["image"].dropna().value_counts()
+    if counts.empty:
+        return None
+    return "image " + "; ".join(f"{ident}: {n} trial{'s' if n != 1 else ''}"
+                                for ident, n in sorted(counts.items()))
 
 
 def _cost_table(numbers: dict[str, Any]) -> str:

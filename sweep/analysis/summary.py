@@ -28,7 +28,7 @@ from sweep.trial import folders, hang, launch_plan
 
 ATTR_COLUMNS = [
     "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of", "code_version",
+    "energy_j", "attempt", "retry_of", "code_version", "image",
 ]
 
 

@@ -16,6 +16,7 @@ from sweep._core import placeholders
 from sweep._core.errors import ConfigError, Problem, short
 from sweep._core.patterns import compile_pattern
 from sweep.spec import accelconfig, interpreter, searchspace, storageurl
+from sweep.spec import container as containerspec
 from sweep.spec.schema import (
     ReportSection,
     Spec,
@@ -171,7 +172,15 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         if runnable and fixed is not None and fixed.exists() and not fixed.is_dir():
             bad("trainer.workdir", f"{fixed} is a file, not a folder: name a folder (made if "
                 "missing) or a placeholder path such as \"{trial_dir}\"")
-    python, config_file = _trainer_environment(file, base, trainer, runnable, bad)
+    probe = runnable  # the trainer's interpreter is asked about itself
+    if trainer.container is not None:
+        try:
+            trainer = trainer.model_copy(update={"container": containerspec.resolve(
+                file, base, (base, output_dir), trainer.container, trainer.launcher, runnable)})
+        except ConfigError as e:
+            problems.extend(e.problems)
+            probe = False  # nothing runs in an image that is not there
+    python, config_file = _trainer_environment(file, base, trainer, probe, bad)
     accelerate = trainer.accelerate.model_copy(update={"config_file": config_file})
     resolved = spec.model_copy(
         update={
@@ -205,7 +214,8 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
     and has accelerate where the launcher needs it; the config file is one the trainer's
     accelerate takes and sweep can honour (`accelconfig.problems`)."""
     python = trainer.python
-    if python is not None:
+    inside = trainer.container  # then trainer.python is the image's, and is asked there
+    if python is not None and inside is None:
         found = shutil.which(python) if "/" not in python else None
         python = found or os.path.abspath(base / python)  # a venv's link is not resolved
     config_file = trainer.accelerate.config_file
@@ -215,7 +225,7 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
             bad("trainer.accelerate.config_file", "launcher: python runs no accelerate; use "
                 "launcher: accelerate (or direct, warm), or remove the config file")
             return python, config_file
-    if not runnable or (python is None and config_file is None):
+    if not runnable or (python is None and config_file is None and inside is None):
         return python, config_file
     data = None
     if config_file is not None:  # read first: cheap, and bounded (never blocks)
@@ -227,14 +237,24 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
                 return python, config_file
     try:
         interp = interpreter.probe(python or interpreter.driver_python(),
-                                   keys=data is not None)
+                                   keys=data is not None) if inside is None else \
+            interpreter.probe(python or containerspec.DEFAULT_PYTHON, keys=data is not None,
+                              prefix=containerspec.probe_prefix(inside, base))
     except interpreter.InterpreterError as e:
-        bad("trainer.python" if python else "trainer.accelerate.config_file",
-            f"{e}: give a working Python (e.g. your project's .venv/bin/python)")
+        if inside is not None:
+            bad("trainer.container", f"cannot run {python or containerspec.DEFAULT_PYTHON} "
+                f"in the image {short(inside.image, 80)} with {inside.engine}: {e} (does the "
+                "engine run containers here, and the image have that Python: trainer.python?)")
+        else:
+            bad("trainer.python" if python else "trainer.accelerate.config_file",
+                f"{e}: give a working Python (e.g. your project's .venv/bin/python)")
         return python, config_file
-    if python is not None and trainer.launcher != "python" and not interp.has("accelerate"):
-        bad("trainer.python", f"{python} has no accelerate, which launcher: {trainer.launcher} "
-            "runs: install it there (pip install accelerate), or use launcher: python")
+    if (python is not None or inside is not None) and trainer.launcher != "python" \
+            and not interp.has("accelerate"):
+        there = f" in the image {short(inside.image, 80)}" if inside is not None else ""
+        bad("trainer.python", f"{python or containerspec.DEFAULT_PYTHON}{there} has no "
+            f"accelerate, which launcher: {trainer.launcher} runs: install it there (pip "
+            "install accelerate), or use launcher: python")
         return python, config_file
     if data is not None:
         for message in accelconfig.problems(

@@ -23,6 +23,7 @@ from pydantic import (
 
 from sweep._core import yamlfile
 from sweep._core.errors import ConfigError, Problem, short
+from sweep.spec import container as containerspec
 from sweep.spec.checks import resolve
 from sweep.spec.schema import (
     AccelerateSettings,
@@ -155,6 +156,7 @@ def _fields(section: str, data: Mapping[str, Any]) -> list[str]:
         "": Spec, "study": StudySection, "trainer": TrainerSection, "gpus": GpusSection,
         "trainer.accelerate": AccelerateSettings, "trainer.result": ResultSection,
         "trainer.report": ReportSection, "trainer.report.tensorboard": TensorboardSource,
+        "trainer.container": containerspec.ContainerSection,
     }
     model = models.get(section)
     parts = section.split(".")

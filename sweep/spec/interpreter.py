@@ -89,26 +89,23 @@ class Interpreter:
 PROBE_TIMEOUT = 30.0
 MAX_OUTPUT = 4 << 20  # bytes of each of the probe's streams kept (the last ones: its answer)
 
-_known: dict[tuple[str, bool, tuple[str, ...]], Interpreter] = {}
+_known: dict[tuple[str, bool, tuple[str, ...], tuple[str, ...]], Interpreter] = {}
 
 
 def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
-          timeout: float | None = None) -> Interpreter:
+          timeout: float | None = None, prefix: Sequence[str] = ()) -> Interpreter:
     """Ask `python` about itself (see the module's docstring); InterpreterError if it cannot
-    be run or does not answer within `timeout` seconds (PROBE_TIMEOUT if None)."""
-    key = (python, keys, tuple(sorted(modules)))
+    be run or does not answer within `timeout` seconds (PROBE_TIMEOUT if None). `prefix`:
+    the argv that runs it elsewhere (inside a container image: `python` is the image's)."""
+    key = (python, keys, tuple(sorted(modules)), tuple(prefix))
     if key in _known:
         return _known[key]
-    if os.path.isdir(python):
-        raise InterpreterError(f"{python} is a folder, not an interpreter")
-    if not os.path.isfile(python):
-        raise InterpreterError(f"no such file: {python}")
-    if not os.access(python, os.X_OK):
-        raise InterpreterError(f"not executable: {python}")
+    if not prefix:  # with one, the interpreter is not on this filesystem: running it tells
+        _check_file(python)
     limit = PROBE_TIMEOUT if timeout is None else timeout
     question = json.dumps({"keys": keys, "modules": sorted(modules)})
     try:  # its own session: what it starts is killed with it, and no terminal signal reaches it
-        proc = subprocess.Popen([python, "-c", PROBE, question], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([*prefix, python, "-c", PROBE, question], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as e:
@@ -138,6 +135,16 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
                                f"{last[:160]})") from None
     _known[key] = found
     return found
+
+
+def _check_file(python: str) -> None:
+    """InterpreterError unless `python` is an executable file."""
+    if os.path.isdir(python):
+        raise InterpreterError(f"{python} is a folder, not an interpreter")
+    if not os.path.isfile(python):
+        raise InterpreterError(f"no such file: {python}")
+    if not os.access(python, os.X_OK):
+        raise InterpreterError(f"not executable: {python}")
 
 
 def _read_bounded(proc: subprocess.Popen[bytes], limit: float) -> tuple[bytes, bytes]:

@@ -22,6 +22,7 @@ from pydantic import (
 
 from sweep._core.errors import short
 from sweep._core.patterns import compile_pattern
+from sweep.spec import container as containerspec
 from sweep.spec.searchspace import (
     FixedParam,
     Param,
@@ -245,6 +246,7 @@ class TrainerSection(_Section):
     resume_args: list[str] = []
     # a retry after a real failure: from the lineage's checkpoint, or from scratch
     retry_from: Literal["checkpoint", "clean"] = "checkpoint"
+    container: containerspec.ContainerSection | None = None  # the image trials run in
 
     @field_validator("gpu_memory_gb", mode="before")
     @classmethod

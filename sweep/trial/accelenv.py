@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -40,17 +41,21 @@ class AccelerateEnv:
     """The variables `accelerate launch` sets for given options, computed once each."""
 
     def __init__(self, cache_dir: Path, host: str, python: str = sys.executable,
-                 timeout: float = 300.0, version: str | None = None) -> None:
+                 timeout: float = 300.0, version: str | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         """`python`: the trainer's interpreter, whose accelerate computes the variables;
-        `version`: its accelerate's (None: the driver's own, for its own interpreter)."""
+        `version`: its accelerate's (None: the driver's own, for its own interpreter);
+        `prefix`: the argv that runs `python` elsewhere (inside the study's image)."""
         self.cache_dir, self.host, self.python, self.timeout = cache_dir, host, python, timeout
+        self.prefix = list(prefix)
         self._known: dict[tuple[str, ...], dict[str, str]] = {}
         try:
             version = version or metadata.version("accelerate")
         except metadata.PackageNotFoundError:
             version = "?"
         reads = sorted((k, v) for k, v in os.environ.items() if READS.match(k))
-        self._context = [version, python, host, reads]  # what the driver runs with: fixed
+        # what the driver runs with: fixed (an image's ID is in the prefix's place of it)
+        self._context = [version, python, host, reads, *([self.prefix] if prefix else [])]
 
     def key(self, options: list[str]) -> str:
         text = json.dumps([*self._context, options])
@@ -86,7 +91,7 @@ class AccelerateEnv:
     def _compute(self, options: list[str]) -> dict[str, str]:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         try:
-            done = subprocess.run([self.python, "-c", HELPER, json.dumps(options)],
+            done = subprocess.run([*self.prefix, self.python, "-c", HELPER, json.dumps(options)],
                                   capture_output=True, text=True, timeout=self.timeout,
                                   check=False)
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -20,6 +20,7 @@ from typing import Any
 from sweep import protocol
 from sweep._core.placeholders import fill
 from sweep.spec import accelconfig
+from sweep.spec import container as containerspec
 from sweep.spec.checks import env_name
 from sweep.spec.schema import Spec, TrainerSection
 from sweep.trial import lineage
@@ -261,15 +262,23 @@ def plan_trial(
     config: LaunchConfig = SWEEP_CONFIG,
 ) -> LaunchPlan:
     """`build_launch` for trial `number` of `spec`, with its files under `output_dir`, its
-    interpreter (`trainer.python`, else the driver's) and accelerate `config` (sweep's
+    interpreter (`trial_python`) and accelerate `config` (sweep's
     shipped `ACCELERATE_CONFIG_FILE` unless the study has its own: `launch_config`)."""
     return build_launch(spec.trainer, number, params, device,
                         TrialPaths.of(spec.output_dir, number), config.path,
-                        python=spec.trainer.python or sys.executable,
+                        python=trial_python(spec),
                         passing=spec.params, places=spec_places(spec), pin=pin, port=port,
                         launcher_env=launcher_env, through_accelerate=through_accelerate,
                         study=spec.study.name, distributed=config.distributed,
                         start=start)
+
+
+def trial_python(spec: Spec) -> str:
+    """The interpreter trials of `spec` run with: `trainer.python`, else the driver's own,
+    or, in a container (`trainer.container`), the image's `python3`."""
+    if spec.trainer.python:
+        return spec.trainer.python
+    return containerspec.DEFAULT_PYTHON if spec.trainer.container is not None else sys.executable
 
 
 def trial_cwd(trainer: TrainerSection, places: Mapping[str, str]) -> Path | None:

@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweep.gpus.pool import FAKE_ENV
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.spec import accelconfig, interpreter
+from sweep.spec import container as containerspec
 from sweep.spec.schema import Spec
-from sweep.trial import launch_plan, process, provenance
+from sweep.trial import container, engine, launch_plan, lineage, process, provenance
 from sweep.trial.accelenv import AccelerateEnv
 from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.lineage import Start
@@ -127,11 +129,20 @@ class DirectLauncher(BaseLauncher):
         """`dry`: for a dry run, which computes nothing: the variables come from the cache
         alone."""
         super().__init__(spec, spawn)
-        python = spec.trainer.python
-        version = None if python is None else interpreter.probe(python).packages.get(
-            "accelerate")
+        python, inside = spec.trainer.python, spec.trainer.container
+        # in a container: accelerate's variables are asked of the image's accelerate, by
+        # image ID (the tag may move), with the config file the options name mounted
+        prefix: list[str] = []
+        if inside is not None:
+            pinned = inside if inside.engine == "apptainer" else inside.model_copy(
+                update={"image": engine.pin(inside, spec.source.parent).id})
+            prefix = containerspec.probe_prefix(pinned, spec.source.parent, [self.config.path])
+            python = launch_plan.trial_python(spec)
+        version = None if python is None else interpreter.probe(
+            python, prefix=prefix).packages.get("accelerate")
         self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host,
-                                            python or sys.executable, version=version)
+                                            python or sys.executable, version=version,
+                                            prefix=prefix)
         self._dry = dry
 
     def prepare(self) -> None:
@@ -275,6 +286,119 @@ class WarmLauncher(DirectLauncher):
             self.server = None
 
 
+class ContainerLauncher:
+    """Another launcher's trials, each inside a container of `trainer.container.image`
+    (`sweep.trial.container`): the image pinned to its ID once per run, the lineage kept in the
+    image it started in, the study's containers that outlived their trials removed when the run
+    starts and ends (`engine.reclaim`)."""
+
+    def __init__(self, inner: BaseLauncher, spec: Spec, say: Say) -> None:
+        assert spec.trainer.container is not None
+        self.inner, self.spec, self._say = inner, spec, say
+        self.container = spec.trainer.container
+        self.image: container.Image | None = None
+
+    @property
+    def study_dir(self) -> Path:
+        return self.spec.source.parent
+
+    def prepare(self) -> None:
+        """The inner launcher's, then: the study's leftover containers removed, the image
+        pinned (a moved tag or `latest` said, once)."""
+        self.inner.prepare()
+        self.reclaim()
+        self.image = self._pin()
+
+    def _pin(self) -> container.Image:
+        image = engine.pin(self.container, self.study_dir)
+        engine_name = self.container.engine or "podman"
+        if containerspec.floats(self.container.image, engine_name):
+            self._say(f"trainer.container.image {self.container.image} names a tag that "
+                      "moves (latest): a rerun, or a trial carried on later, may get another "
+                      f"image; this run pins {image.id}. Give a fixed tag (name:1.2) or a "
+                      "digest (name@sha256:...)")
+        moved = engine.moved_since(self.spec.output_dir, image)
+        if moved is not None:
+            self._say(f"trainer.container.image {image.ref} is {image.id} now; the study's "
+                      f"last run had {moved}: the tag moved")
+        return image
+
+    def reclaim(self) -> None:
+        removed = engine.reclaim(self.container, self.spec.study.name, self.spec.output_dir)
+        if removed:
+            self._say(f"removed {len(removed)} container(s) left by trials that no longer "
+                      f"run: {', '.join(removed)}")
+
+    def get_ready(self) -> None:
+        self.inner.get_ready()
+
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
+        """The inner launcher's plan, run inside the image (`container.wrap`); ImageRefused
+        when it would carry on a lineage in another image than its own."""
+        image = self.image or engine.pin(self.container, self.study_dir)
+        plan = self.inner.plan(number, params, device, pin, port, start)
+        if start is not None:
+            why = lineage.image_refusal(start, lineage.started_in(start), image.id,
+                                        self.container.continue_in_other_image)
+            if why is not None:
+                raise engine.ImageRefused(why)
+        study_dir = self.study_dir
+        checkpoint = start.checkpoint_dir if start is not None else lineage.checkpoint_dir(
+            self.spec.output_dir, number)
+        simulated = os.environ.get(FAKE_ENV) is not None
+        devices = None if simulated else (pin or str(device)).split(",")
+        mounted = [study_dir, plan.paths.dir, checkpoint]
+        named = [self.inner.config.path] if self.inner.through_accelerate else []
+        if self.spec.trainer.script is not None:
+            named.append(Path(self.spec.trainer.script))
+        files = container.outside(named, mounted)
+        return container.wrap(
+            plan, self.container, image, container.container_name(self.spec.study.name, number),
+            study_dir, checkpoint, container.workdir_for(plan.cwd, Path.cwd(), study_dir),
+            self.spec.output_dir, devices, files, containerspec.mounts(self.container, study_dir))
+
+    def note(self, params: Mapping[str, Any]) -> str | None:
+        return self.inner.note(params)
+
+    def header(self) -> list[str]:
+        ref = self.container.image if self.image is None else f"{self.image.ref} ({self.image.id})"
+        return [*self.inner.header(),
+                f"# in a container: {self.container.engine or 'podman'}, image {ref}"]
+
+    def spawn(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+              hold: Sequence[int] = ()) -> Process:
+        """The engine's command under its guard, once the lineage's image is recorded. When
+        the trial's tree ended by a signal (its guard killed the engine's command and monitor:
+        the engine's own `--rm` did not run), its container is removed then, from the
+        process's reader thread."""
+        image = self.image or engine.pin(self.container, self.study_dir)
+        start = Start(Path(plan.env[lineage.CHECKPOINT_ENV]))
+        lineage.record_image(start, image.id)
+        name = container.container_name(self.spec.study.name, int(plan.paths.dir.name))
+        spawned: list[Process] = []
+
+        def changed() -> None:
+            on_change()
+            proc = spawned[0] if spawned else None
+            if proc is not None and proc.ended and len(spawned) == 1:
+                spawned.append(proc)  # once
+                if proc.lost or proc.exit_code is None or proc.exit_code >= 128:
+                    engine.remove(self.container, name)
+
+        spawned.append(self.inner.spawn(plan, grace, changed, hold))
+        return spawned[0]
+
+    def close(self) -> None:
+        """The inner launcher's, then the run's containers that outlived their trials."""
+        self.inner.close()
+        try:
+            self.reclaim()
+        except engine.ImageError as e:
+            self._say(f"could not look for containers left running: {e}")
+
+
 def accelerate_record(spec: Spec) -> dict[str, Any] | None:
     """What env.json records of the accelerate config `spec`'s trials launch with (None: the
     launcher `python` runs no accelerate)."""
@@ -316,4 +440,6 @@ def make(spec: Spec, host: str, own: Path, say: Say = lambda _: None,
     if not dry and merged is not None:
         for note in merged.notes:
             say(note)
+    if trainer.container is not None and isinstance(launcher, BaseLauncher):
+        return ContainerLauncher(launcher, spec, say)
     return launcher

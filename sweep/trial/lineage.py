@@ -190,3 +190,41 @@ def env(start: Start, trainer_env: Mapping[str, Any]) -> dict[str, str]:
             if name not in trainer_env:
                 out[name] = value
     return out
+
+
+def image_file(start: Start) -> Path:
+    """The file beside a lineage's checkpoint folder that names the image (its ID) the
+    lineage started in, with `trainer.container`: `checkpoints/.<origin>.image`."""
+    folder = start.checkpoint_dir
+    return folder.parent / f".{folder.name}.image"
+
+
+def started_in(start: Start) -> str | None:
+    """The image ID the lineage of `start` started in; None if none is recorded."""
+    path = image_file(start)
+    if not _is_file(path):
+        return None
+    try:
+        return path.read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def image_refusal(start: Start, started: str | None, now: str, allowed: bool) -> str | None:
+    """Why an attempt may not run in image `now` (pure): it carries on its lineage from
+    what the checkpoint folder holds (`start.resume`) and the lineage started in another image
+    (`started`), and the study does not allow that (`allowed`); None: it may."""
+    if not start.resume or started is None or started == now or allowed:
+        return None
+    return (f"its lineage (checkpoints in {start.checkpoint_dir}) started in the image "
+            f"{started}, and this run's image is {now}: it carries on only in the image it "
+            "started in (rebuild or retag that image, or set "
+            "trainer.container.continue_in_other_image: true)")
+
+
+def record_image(start: Start, image: str) -> None:
+    """Record the image an attempt of the lineage runs in, when it starts the lineage (or
+    starts it over: its checkpoint folder is empty) or carries it on in another one by
+    consent."""
+    if started_in(start) != image:
+        write_file(image_file(start), f"{image}\n", 0o600)

@@ -31,15 +31,17 @@ from typing import Any
 import yaml
 
 from sweep._core.safefs import open_for_writing, write_file
+from sweep.spec import container as containerspec
 from sweep.spec import interpreter
 from sweep.spec.accelconfig import ConfigFileError
 from sweep.spec.interpreter import Interpreter, InterpreterError
 from sweep.spec.schema import Spec
-from sweep.trial import command_script, folders, launch_plan
+from sweep.trial import command_script, engine, folders, launch_plan
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
 CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
 ENV_VERSION = "env_version"  # a key of env.json
+IMAGE = "image"  # trainer.container's image ID: a user attribute of each trial, a key of env.json
 GIT_TIMEOUT = 10.0  # seconds for each git call
 UNKNOWN = "+unknown"  # a code_version's end when git could not say what differs
 MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's folder
@@ -221,6 +223,8 @@ class RunRecord:
     gpus: dict[int, dict[str, str | None]] = field(default_factory=dict)  # index -> name, uuid
     driver: str | None = None  # the GPU driver's version (NVML)
     cuda: str | None = None  # the CUDA version it supports (NVML)
+    # trainer.container's image as pinned for the run (ref, id, digest; or an error)
+    image: dict[str, str | None] | None = None
 
     @classmethod
     def find(cls, spec: Spec, accelerate: dict[str, Any] | None,
@@ -232,24 +236,34 @@ class RunRecord:
         `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
         `Nvml.system`) as the pool's NVML session knows them."""
         folder = _code_folder(spec)
-        python = spec.trainer.python or interpreter.driver_python()
+        python = launch_plan.trial_python(spec)
+        inside = spec.trainer.container  # then the interpreter is the image's, asked there
+        prefix = () if inside is None else containerspec.probe_prefix(inside,
+                                                                         spec.source.parent)
         try:
-            found: Interpreter | None = interpreter.probe(python,
-                                                          modules=script_imports(folder))
+            found: Interpreter | None = interpreter.probe(python, modules=script_imports(folder),
+                                                          prefix=prefix)
             error = None
         except InterpreterError as e:
             found, error = None, str(e)
+        image: dict[str, str | None] | None = None
+        if inside is not None:
+            try:
+                image = engine.pin(inside, spec.source.parent).record()
+            except engine.ImageError as e:
+                image = {"ref": inside.image, "id": None, "error": str(e)}
         devices = {int(k): dict(v) for k, v in (gpus or {}).items()}
         return cls(host or socket.gethostname(), git_code(folder, run, spec.trainer.script),
                    found, error,
-                   accelerate, devices, *system)
+                   accelerate, devices, *system, image=image)
 
     def software(self) -> dict[str, Any]:
         """What `env_version` hashes: the interpreter, its packages, the accelerate config."""
         py = self.python
         return {"python": None if py is None else [py.executable, py.version],
                 "packages": None if py is None else {**py.packages, **py.modules},
-                "accelerate": None if self.accelerate is None else self.accelerate["config"]}
+                "accelerate": None if self.accelerate is None else self.accelerate["config"],
+                **({} if self.image is None else {"image": self.image.get("id")})}
 
     @functools.cached_property
     def env_version(self) -> str:
@@ -259,9 +273,12 @@ class RunRecord:
 
     def attrs(self) -> dict[str, str]:
         """The user attributes of each trial of the run: `code_version`, when the script is
-        in a git repository (each attribute is a storage write: `env_version` stays in
-        env.json)."""
-        return {} if self.code is None else {CODE_VERSION: self.code.version}
+        in a git repository, and `image`, the ID of `trainer.container`'s image (each
+        attribute is a storage write: `env_version` stays in env.json)."""
+        attrs = {} if self.code is None else {CODE_VERSION: self.code.version}
+        if self.image is not None and self.image.get("id"):
+            attrs[IMAGE] = str(self.image["id"])
+        return attrs
 
     def versions(self) -> dict[str, str | None]:
         """What a new trial would run with, as `differences` compares it."""
@@ -313,6 +330,7 @@ def trial_record(run: RunRecord, number: int, devices: Sequence[int], command: s
                  for d in devices],
         "gpu_driver": run.driver, "cuda": run.cuda,
         "host": run.host, "cwd": cwd, "command": command,
+        **({} if run.image is None else {"image": run.image}),
         CODE_VERSION: None if code is None else code.version, ENV_VERSION: run.env_version,
     }
 

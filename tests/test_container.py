@@ -1,0 +1,770 @@
+"""`trainer.container`: the study file's checks, the engine's command (exact argv lists), the
+image's pinning and the lineage's image, the reclaim of leftover containers; and, marked slow,
+real sweeps in a real podman container (`container_image` builds the image once, from local
+parts)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sweep._core.errors import ConfigError
+from sweep.spec import container as containerspec
+from sweep.spec.container import ContainerSection
+from sweep.trial import container, engine, lineage
+from sweep.trial.folders import TrialPaths
+from sweep.trial.launch_plan import LaunchPlan
+
+OUT = Path("/s/out")
+IMAGE = container.Image("reg/train:1.2", "sha256:" + "a" * 64, "sha256:" + "b" * 64)
+
+
+def plan(env: dict[str, str] | None = None) -> LaunchPlan:
+    paths = TrialPaths.of(OUT, 3)
+    return LaunchPlan(["python3", "/s/train.py", "--x", "0.5"],
+                      env if env is not None else {"CUDA_VISIBLE_DEVICES": "GPU-1",
+                                                   "SWEEP_TRIAL_DIR": str(paths.dir)},
+                      paths, paths.result, trainer="/s/train.py")
+
+
+def section(**kw: Any) -> ContainerSection:
+    return ContainerSection.model_validate({"image": "reg/train:1.2", **kw})
+
+
+def wrapped(devices: list[str] | None, **kw: Any) -> list[str]:
+    c = section(**kw)
+    return container.wrap(plan(), c, IMAGE, "sweep-st-3", Path("/s"), OUT / "checkpoints/3",
+                          Path("/s"), OUT, devices).argv
+
+
+COMMON = ["--rm", "--name", "sweep-st-3", "--init",
+          "--label", "sweep.output_dir=/s/out", "--label", "sweep.trial_dir=/s/out/trials/3",
+          "-v", "/s:/s", "-v", "/s/out/trials/3:/s/out/trials/3",
+          "-v", "/s/out/checkpoints/3:/s/out/checkpoints/3", "-w", "/s"]
+ENV = ["--env", "CUDA_VISIBLE_DEVICES=GPU-1", "--env", "SWEEP_TRIAL_DIR=/s/out/trials/3"]
+ARGV = ["sha256:" + "a" * 64, "python3", "/s/train.py", "--x", "0.5"]
+
+
+def test_podman_passes_each_device_by_cdi_and_runs_the_pinned_id() -> None:
+    assert wrapped(["GPU-1", "GPU-2"], engine="podman", shm_size="8g") == [
+        "podman", "run", *COMMON, "--shm-size", "8g", *ENV,
+        "--device", "nvidia.com/gpu=GPU-1", "--device", "nvidia.com/gpu=GPU-2", *ARGV]
+
+
+def test_a_simulated_pool_gets_the_same_command_without_a_device_option() -> None:
+    assert wrapped(None, engine="podman") == ["podman", "run", *COMMON, *ENV, *ARGV]
+
+
+def test_docker_passes_the_devices_with_gpus_and_run_args_go_before_the_image() -> None:
+    assert wrapped(["GPU-1"], engine="docker", run_args=["--ipc", "host"]) == [
+        "docker", "run", *COMMON, *ENV, "--gpus", "device=GPU-1", "--ipc", "host", *ARGV]
+    assert wrapped(["GPU-1", "GPU-2"], engine="docker")[-7:-5] == [
+        "--gpus", '"device=GPU-1,GPU-2"']
+
+
+def test_apptainer_binds_the_folders_and_passes_the_env_through_its_own_variables() -> None:
+    c = section(engine="apptainer", image="train.sif")
+    out = container.wrap(plan(), c, container.Image("/s/train.sif", "sha256:" + "c" * 64),
+                         "sweep-st-3", Path("/s"), OUT / "checkpoints/3", Path("/s/work"),
+                         OUT, ["GPU-1"])
+    assert out.argv == [
+        "apptainer", "exec", "--cleanenv", "--bind",
+        "/s:/s,/s/out/trials/3:/s/out/trials/3,/s/out/checkpoints/3:/s/out/checkpoints/3",
+        "--pwd", "/s/work", "--nv", "/s/train.sif", "python3", "/s/train.py", "--x", "0.5"]
+    assert out.env["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    assert out.env["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+
+
+def test_a_secret_looking_variable_is_passed_by_name_and_its_value_only_in_the_env() -> None:
+    env = {"HF_TOKEN": "hf_abc", "LR_DECAY": "0.5", "SWEEP_TRIAL_DIR": "/s/out/trials/3"}
+    out = container.wrap(plan(env), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
+                         Path("/s"), OUT, None)
+    assert out.argv[out.argv.index("HF_TOKEN") - 1:][:2] == ["--env", "HF_TOKEN"]
+    assert not any("hf_abc" in a for a in out.argv)
+    assert out.env["HF_TOKEN"] == "hf_abc"  # the engine's environment carries the value
+    assert "LR_DECAY=0.5" in out.argv
+    assert out.trainer is None  # the trainer runs under the engine's monitor, not the command
+
+
+def test_files_outside_the_mounted_folders_and_the_study_mounts_are_added() -> None:
+    files = container.outside([Path("/venv/sweep/accelerate_config.yaml"),
+                               Path("/s/train.py")], [Path("/s")])
+    assert files == [Path("/venv/sweep/accelerate_config.yaml")]
+    mounts = [containerspec.parse_mount("data:/data:ro", Path("/s"))]
+    argv = container.wrap(plan(), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
+                          Path("/s"), OUT, None, files, mounts).argv
+    assert argv[argv.index("-w") - 4:argv.index("-w")] == [
+        "-v", "/venv/sweep/accelerate_config.yaml:/venv/sweep/accelerate_config.yaml:ro",
+        "-v", "/s/data:/data:ro"]
+
+
+def test_the_workdir_is_the_trials_or_the_drivers_inside_the_study_or_the_study() -> None:
+    study = Path("/s")
+    assert container.workdir_for(Path("/w"), Path("/s/x"), study) == Path("/w")
+    assert container.workdir_for(None, Path("/s/x"), study) == Path("/s/x")
+    assert container.workdir_for(None, Path("/home/u"), study) == Path("/s")
+
+
+def test_names_and_tags() -> None:
+    assert container.container_name("my.study", 12) == "sweep-my.study-12"
+    assert container.trial_of("sweep-my.study-12", "my.study") == 12
+    assert container.trial_of("sweep-my.study-x", "my.study") is None
+    assert container.trial_of("sweep-other-1", "my.study") is None
+    assert [containerspec.floats(i, "podman") for i in (
+        "x:latest", "x", "reg:5000/x", "reg:5000/x:2", "x@sha256:ab")] == [
+        True, True, True, False, False]
+    assert not containerspec.floats("images/x.sif", "apptainer")
+
+
+# -- the study file's checks (the engine faked) -------------------------------------------
+
+def resolve(c: ContainerSection, tmp_path: Path, launcher: str = "python",
+            run: Any = None, which: Any = None) -> ContainerSection:
+    def answers(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, "sha256:x\n", "")
+
+    return containerspec.resolve("s.yaml", tmp_path, (tmp_path, tmp_path / "out"), c,
+                                 launcher, True, run or answers,
+                                 which or (lambda n: f"/usr/bin/{n}"))
+
+
+def problems(error: ConfigError) -> list[str]:
+    return [str(p) for p in error.problems]
+
+
+def test_the_first_engine_on_path_is_taken_and_a_missing_one_is_one_line(
+        tmp_path: Path) -> None:
+    found = resolve(section(), tmp_path, which=lambda n: "/bin/docker" if n == "docker" else None)
+    assert found.engine == "docker"
+    with pytest.raises(ConfigError) as e:
+        resolve(section(), tmp_path, which=lambda n: None)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.engine: no container engine on PATH (looked for podman, "
+        "docker, apptainer): install podman (apt-get install podman runc), or remove "
+        "trainer.container"]
+    with pytest.raises(ConfigError) as e:
+        resolve(section(engine="apptainer", image="x.sif"), tmp_path, which=lambda n: None)
+    assert problems(e.value)[0].startswith(
+        "s.yaml: trainer.container.engine: engine apptainer is not on PATH")
+
+
+def test_an_image_the_engine_does_not_have_and_an_engine_that_cannot_answer(
+        tmp_path: Path) -> None:
+    def missing(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 125, "", "Error: reg/train:1.2: image not known")
+
+    with pytest.raises(ConfigError) as e:
+        resolve(section(), tmp_path, run=missing)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.image: no image reg/train:1.2 in podman's store: build or "
+        "pull it first (podman pull reg/train:1.2); sweep pulls nothing"]
+
+    def no_daemon(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 1, "", "Cannot connect to the Docker daemon "
+                                           "at unix:///var/run/docker.sock")
+
+    with pytest.raises(ConfigError) as e:
+        resolve(section(engine="docker"), tmp_path, run=no_daemon)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.image: docker cannot be asked about images here: Cannot "
+        "connect to the Docker daemon at unix:///var/run/docker.sock"]
+
+
+def test_mounts_outside_the_study_options_sweep_sets_and_the_warm_launcher(
+        tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "out").mkdir()
+    ok = resolve(section(mounts=["data:/data:ro", "out"]), tmp_path)
+    assert [m.option() for m in containerspec.mounts(ok, tmp_path)] == [
+        f"{tmp_path}/data:/data:ro", f"{tmp_path}/out:{tmp_path}/out"]
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(ConfigError) as e:
+        resolve(section(mounts=["/etc:/etc", "link", "data:rel", "data:/d:rx", "gone"],
+                        run_args=["--name=x", "--ipc=host"]), tmp_path, launcher="warm")
+    assert problems(e.value) == [
+        "s.yaml: trainer.container: launcher: warm forks trials from a server in the driver's "
+        "own interpreter, which is not in the image: use launcher: accelerate, direct or "
+        "python with trainer.container",
+        "s.yaml: trainer.container.run_args.0: --name=x is set by sweep for each trial (--rm, "
+        "--name sweep-<study>-<trial>, in the foreground): remove it",
+        f"s.yaml: trainer.container.mounts.0: /etc is outside what the study owns (its folder "
+        f"{tmp_path}, its output folder): move the data under the study's folder",
+        f"s.yaml: trainer.container.mounts.1: {tmp_path}/link is outside what the study owns "
+        f"(its folder {tmp_path}, its output folder): move the data under the study's folder",
+        "s.yaml: trainer.container.mounts.2: 'data:rel': the path in the container must be "
+        "absolute",
+        "s.yaml: trainer.container.mounts.3: 'data:/d:rx': the mode is ro or rw, not 'rx'",
+        f"s.yaml: trainer.container.mounts.4: no such file or folder: {tmp_path}/gone"]
+
+
+# -- the image pinned, the lineage's image, the reclaim ---------------------------------
+
+def test_the_image_is_pinned_once_per_process_and_a_moved_tag_is_said(tmp_path: Path) -> None:
+    asked: list[list[str]] = []
+
+    def inspect(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "1234abcd\tsha256:feed\n", "")
+
+    c = section(engine="podman", image="reg/pin-test:1")
+    first = engine.pin(c, tmp_path, inspect)
+    assert engine.pin(c, tmp_path, inspect) is first
+    assert asked == [["podman", "image", "inspect", "--format", "{{.Id}}\t{{.Digest}}",
+                      "reg/pin-test:1"]]
+    assert first == container.Image("reg/pin-test:1", "sha256:1234abcd", "sha256:feed")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert engine.moved_since(out, first) is None  # no run before
+    assert engine.moved_since(out, first) is None  # the same image
+    moved = container.Image("reg/pin-test:1", "sha256:9999")
+    assert engine.moved_since(out, moved) == "sha256:1234abcd"
+    assert engine.moved_since(out, moved) is None
+
+
+def test_a_lineage_carries_on_only_in_the_image_it_started_in(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints" / "4"
+    folder.mkdir(parents=True)
+    first = lineage.Start(folder)
+    assert lineage.started_in(first) is None
+    lineage.record_image(first, "sha256:aaa")
+    assert (tmp_path / "checkpoints" / ".4.image").read_text() == "sha256:aaa\n"
+    resumes = lineage.Start(folder, resume=True)
+    assert lineage.image_refusal(resumes, "sha256:aaa", "sha256:aaa", False) is None
+    assert lineage.image_refusal(resumes, "sha256:aaa", "sha256:bbb", True) is None
+    assert lineage.image_refusal(first, "sha256:aaa", "sha256:bbb", False) is None  # empty
+    assert lineage.image_refusal(resumes, "sha256:aaa", "sha256:bbb", False) == (
+        f"its lineage (checkpoints in {folder}) started in the image sha256:aaa, and this "
+        "run's image is sha256:bbb: it carries on only in the image it started in (rebuild "
+        "or retag that image, or set trainer.container.continue_in_other_image: true)")
+
+
+def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() -> None:
+    asked: list[list[str]] = []
+
+    def engine_run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        out = "sweep-st-1\nsweep-st-2\nsweep-st-x\nsweep-other-3\n" if argv[1] == "ps" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    running = {OUT / "trials" / "1"}
+    removed = engine.reclaim(section(engine="podman"), "st", OUT, lambda d: d in running,
+                             engine_run)
+    assert removed == ["sweep-st-2"]
+    assert asked == [
+        ["podman", "ps", "--all", "--filter", "label=sweep.output_dir=/s/out", "--format",
+         "{{.Names}}"],
+        ["podman", "rm", "--force", "--time", "0", "sweep-st-2"]]
+
+
+# -- real sweeps in a real podman container (slow) --------------------------------------
+
+TEST_IMAGE = "localhost/sweep-test-python:bookworm-1"  # built once, kept in podman's store
+MARKER = "/etc/sweep-test-image"  # only the test image has it
+CONTAINER_PROBE = Path(__file__).parent / "trainers" / "container_probe.py"
+
+
+def mirror() -> str:
+    """The Debian mirror apt uses here (the first `URIs:` of debian.sources)."""
+    try:
+        for line in Path("/etc/apt/sources.list.d/debian.sources").read_text().splitlines():
+            if line.startswith("URIs:"):
+                return line.split()[1]
+    except OSError:
+        pass
+    return "http://deb.debian.org/debian"
+
+
+def containers_conf(folder: Path) -> Path:
+    """The CONTAINERS_CONF podman needs on this kind of machine (../shared/FACTS.md): runc
+    (crun cannot run in this cgroup setup), cgroupfs, and ulimits no higher than this
+    process's own (they cannot be raised without CAP_SYS_RESOURCE)."""
+    import resource
+
+    def limit(which: int) -> int:
+        soft, hard = resource.getrlimit(which)
+        return min(v for v in (1024, soft, hard) if v != resource.RLIM_INFINITY)
+
+    nofile, nproc = limit(resource.RLIMIT_NOFILE), limit(resource.RLIMIT_NPROC)
+    path = folder / "containers.conf"
+    path.write_text(f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", '
+                    f'"nproc={nproc}:{nproc}"]\n[engine]\nruntime = "runc"\n'
+                    'cgroup_manager = "cgroupfs"\n')
+    return path
+
+
+def build_image(folder: Path, tag: str) -> None:
+    """A Debian root with python3 (debootstrap from the local mirror, about 1 to 3 minutes),
+    marked by MARKER, imported into podman as `tag`."""
+    root = folder / "root"
+    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm",
+                    str(root), mirror()], check=True, capture_output=True, timeout=900)
+    (root / MARKER.lstrip("/")).write_text("sweep test image\n")
+    tar = folder / "root.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=300)
+    subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True,
+                   timeout=300)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(root), str(tar)], check=False)
+
+
+@pytest.fixture(scope="session")
+def container_image(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """TEST_IMAGE in podman's store (built if missing), with CONTAINERS_CONF set for the
+    session."""
+    import shutil
+
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman runc debootstrap)")
+    folder = tmp_path_factory.mktemp("image")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONTAINERS_CONF", str(containers_conf(folder)))
+        if subprocess.run(["podman", "image", "exists", TEST_IMAGE]).returncode != 0:
+            build_image(folder, TEST_IMAGE)
+        yield TEST_IMAGE
+
+
+def image_id(ref: str) -> str:
+    out = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", ref],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    return f"sha256:{out}"
+
+
+def study_containers(output_dir: Path, every: bool = True) -> list[str]:
+    """The names of the containers of the study in `output_dir`: all of them, or (`every`
+    false) those running."""
+    out = subprocess.run(["podman", "ps", *(["--all"] if every else []), "--filter",
+                          f"label=sweep.output_dir={output_dir}", "--format", "{{.Names}}"],
+                         check=True, capture_output=True, text=True).stdout
+    return out.split("\n")[:-1]
+
+
+def container_study(write_study: Any, image: str, name: str, n_trials: int,
+                    args: list[str], study: dict[str, Any] | None = None,
+                    **trainer: Any) -> Path:
+    from tests.conftest import study_dict
+
+    return write_study(study_dict(
+        study={"name": name, "n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 2,
+               **(study or {})},
+        trainer={"script": str(CONTAINER_PROBE), "grace_period": 2.0, "args": args,
+                 "env": {"MY_API_TOKEN": "t0ps3cret"}, "container": {"image": image},
+                 **trainer}))
+
+
+def read_json(path: Path) -> Any:
+    import json
+
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_four_trials_on_two_simulated_devices_complete_in_the_container(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import csv
+    import sys
+
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, container_image, "box", 4, [])
+    assert run_cli("run", str(study)) == 0
+    trials = load_trials(study, "box")
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    pinned = image_id(container_image)
+    out = tmp_path / "box"
+    for t in trials:
+        result = read_json(out / "trials" / str(t.number) / "result.json")
+        assert result["marker"] is True  # the image's root, not the host's
+        assert result["executable"] == "/usr/bin/python3" != sys.executable
+        assert result["secret"] == "t0ps3cret"
+        assert result["cuda_visible"] == str(t.user_attrs["gpu"])
+        assert t.value == pytest.approx((t.params["x"] - 0.3) ** 2)
+        assert read_json(out / "checkpoints" / str(t.number) / "state.json") == {"next": 3}
+        env = read_json(out / "trials" / str(t.number) / "env.json")
+        assert env["image"]["id"] == pinned and env["image"]["ref"] == container_image
+        assert env["python"]["executable"] == "/usr/bin/python3"
+        assert env["packages"]["torch"] is None  # read inside the image, which has none
+        assert t.user_attrs["image"] == pinned
+        command = (out / "trials" / str(t.number) / "command.sh").read_text()
+        assert "--env MY_API_TOKEN " in command and "t0ps3cret" not in command
+        assert f" {pinned} python3 {CONTAINER_PROBE} " in command
+    assert study_containers(out) == []
+    assert run_cli("summary", str(study)) == 0
+    with open(out / "summary.csv") as f:
+        assert {row["image"] for row in csv.DictReader(f)} == {pinned}
+
+
+def wait_for(predicate: Any, timeout: float) -> None:
+    from tests.conftest import wait_until
+
+    assert wait_until(predicate, timeout)
+
+
+@pytest.mark.slow
+def test_sigterm_continues_the_lineage_in_a_new_container_from_its_checkpoint(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import load_trials, spawn_cli
+
+    study = container_study(write_study, container_image, "term", 1,
+                            ["--steps", "30", "--sleep", "0.1"])
+    out = tmp_path / "term"
+    state = out / "checkpoints" / "0" / "state.json"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: state.exists() and read_json(state)["next"] >= 3, 60)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+    wait_for(lambda: study_containers(out) == [], 10)
+    stopped_at = read_json(state)["next"]
+    assert 3 <= stopped_at < 30
+
+    rerun = spawn_cli("run", str(study))
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    trials = load_trials(study, "term")
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
+    (n0, step0, host0), (n1, step1, host1) = (line.split() for line in starts)
+    assert (n0, step0, n1, int(step1)) == ("0", "0", "1", stopped_at)
+    assert host0 != host1  # two containers (each its own hostname)
+    assert read_json(out / "trials" / "1" / "result.json")["steps"] == [stopped_at, 30]
+    assert study_containers(out) == []
+
+
+def host_namespace_pids_of(trial_dir: Path) -> list[int]:
+    """The pids of this PID namespace that run for the trial in `trial_dir` (its guard, the
+    engine's command and monitor), not those inside its container."""
+    import os
+
+    import psutil
+
+    mine = os.readlink("/proc/self/ns/pid")
+    found = []
+    for p in psutil.process_iter():
+        try:
+            text = " ".join(p.cmdline()) + " ".join(p.environ().values())
+            if str(trial_dir) in text and os.readlink(f"/proc/{p.pid}/ns/pid") == mine \
+                    and p.pid != os.getpid():
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_run(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests.conftest import spawn_cli
+
+    study = container_study(write_study, container_image, "nine", 1,
+                            ["--steps", "600", "--sleep", "0.1"])
+    out = tmp_path / "nine"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: study_containers(out, every=False) == ["sweep-nine-0"], 60)
+    # the window the reclaim is for: the driver and everything of the trial on this side of
+    # the container gone at once (the guard, or the driver seeing its guard die, would stop
+    # the container's processes themselves): the driver frozen first, so it sees nothing
+    driver.send_signal(signal.SIGSTOP)
+    for pid in host_namespace_pids_of(out / "trials" / "0"):
+        if pid != driver.pid:
+            os.kill(pid, signal.SIGKILL)
+    driver.kill()
+    driver.communicate(timeout=10)
+    wait_for(lambda: not host_namespace_pids_of(out / "trials" / "0"), 10)
+    assert study_containers(out, every=False) == ["sweep-nine-0"]  # nothing stops it now
+
+    study.write_text(study.read_text().replace("'600'", "'3'"))
+    rerun = spawn_cli("run", str(study))
+    stdout, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    assert "removed 1 container(s) left by trials that no longer run: sweep-nine-0" in (
+        stdout + err)
+    assert study_containers(out) == []
+
+
+@pytest.fixture
+def other_image(container_image: str) -> Any:
+    """A second image (another ID) made from the test image, removed after the test."""
+    name = "sweep-test-commit"
+    subprocess.run(["podman", "rm", "--force", name], capture_output=True)  # an earlier test's
+    subprocess.run(["podman", "run", "--name", name, container_image, "touch", "/other"],
+                   check=True, capture_output=True)
+    subprocess.run(["podman", "commit", "-q", name, "localhost/sweep-test-other:1"],
+                   check=True, capture_output=True)
+    subprocess.run(["podman", "rm", name], check=True, capture_output=True)
+    yield "localhost/sweep-test-other:1"
+    subprocess.run(["podman", "rmi", "-f", "localhost/sweep-test-other:1",
+                    "localhost/sweep-test-moving:1"], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_lineage_asked_to_continue_under_another_image_is_refused(
+        container_image: str, other_image: str, write_study: Any, fake_gpus: Any,
+        tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import load_trials, spawn_cli
+
+    moving = "localhost/sweep-test-moving:1"
+    subprocess.run(["podman", "tag", container_image, moving], check=True)
+    study = container_study(write_study, moving, "moved", 1,
+                            ["--steps", "30", "--sleep", "0.1"])
+    out = tmp_path / "moved"
+    state = out / "checkpoints" / "0" / "state.json"
+    driver = spawn_cli("run", str(study))
+    wait_for(lambda: state.exists() and read_json(state)["next"] >= 2, 60)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 130, err
+
+    subprocess.run(["podman", "tag", other_image, moving], check=True)  # the tag moves
+    first, then = image_id(container_image), image_id(other_image)
+    rerun = spawn_cli("run", str(study))
+    stdout, err = rerun.communicate(timeout=120)
+    said = stdout + err
+    assert f"trainer.container.image {moving} is {then} now; the study's last run had " \
+           f"{first}: the tag moved" in said
+    assert "started in the image " + first in said
+    assert rerun.returncode != 0
+    trials = load_trials(study, "moved")
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert trials[1].user_attrs["fail_reason"].startswith(
+        "could not prepare the trial: its lineage (checkpoints in ")
+    starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
+    assert len(starts) == 1  # nothing ran in the other image
+
+
+@pytest.mark.slow
+def test_a_hung_trial_in_the_container_has_its_stack_taken_through_the_hosts_pids(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    """The container's processes are the guard's descendants (the engine's monitor comes back
+    to it, a subreaper): py-spy reads them by their pids in this namespace."""
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, container_image, "hung", 1,
+                            ["--steps", "1", "--sleep", "300"],
+                            {"max_consecutive_failures": 1}, hang_after=3)
+    assert run_cli("run", str(study)) != 0
+    trial, = load_trials(study, "hung")
+    assert trial.user_attrs["fail_reason"].startswith("hung: no output")
+    stack = (tmp_path / "hung" / "trials" / "0" / "stack.txt").read_text()
+    assert f"python3 {CONTAINER_PROBE} --steps 1 --sleep 300" in stack
+    assert "main (container_probe.py:" in stack, stack
+    assert study_containers(tmp_path / "hung") == []
+
+
+@pytest.mark.slow
+def test_bad_container_input_is_one_line_each_before_anything_is_written(
+        container_image: str, write_study: Any, tmp_path: Path) -> None:
+    from sweep.spec import config
+
+    def problems_of(launcher: str = "python", **container: Any) -> list[str]:
+        study = container_study(write_study, container_image, "bad", 1, [],
+                                container={"image": container_image, **container},
+                                launcher=launcher)
+        with pytest.raises(ConfigError) as e:
+            config.load(study)
+        assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.db").exists()
+        return [str(p).split(": ", 1)[1] for p in e.value.problems]
+
+    assert problems_of(image="localhost/sweep-test-none:1") == [
+        "trainer.container.image: no image localhost/sweep-test-none:1 in podman's store: "
+        "build or pull it first (podman pull localhost/sweep-test-none:1); sweep pulls nothing"]
+    assert problems_of(tag="1") == [
+        "trainer.container.tag: unknown key `tag` (trainer.container takes image, engine, "
+        "run_args, mounts, shm_size, continue_in_other_image)"]
+    assert problems_of(launcher="accelerate") == [
+        f"trainer.python: python3 in the image {container_image} has no accelerate, which "
+        "launcher: accelerate runs: install it there (pip install accelerate), or use "
+        "launcher: python"]
+    study = container_study(write_study, container_image, "bad", 1, [],
+                            python="/opt/none/python")
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    assert str(e.value).startswith(
+        f"{study}: trainer.container: cannot run /opt/none/python in the image "
+        f"{container_image} with podman: /opt/none/python is not a working Python (exit 127")
+
+
+def test_the_interpreter_probe_runs_in_the_image_as_a_trial_would_without_devices() -> None:
+    c = section(engine="podman", mounts=["data:/data:ro"], run_args=["--ipc", "host"])
+    assert containerspec.probe_prefix(c, Path("/s")) == [
+        "podman", "run", "--rm", "-v", "/s/data:/data:ro", "--ipc", "host", "reg/train:1.2"]
+    a = section(engine="apptainer", image="img/t.sif")
+    assert containerspec.probe_prefix(a, Path("/s")) == [
+        "apptainer", "exec", "--cleanenv", "/s/img/t.sif"]
+
+
+def test_the_report_names_the_images_the_trials_ran_in() -> None:
+    import pandas as pd
+
+    from sweep.analysis.report import images_line
+
+    frame = pd.DataFrame({"image": ["sha256:b", "sha256:a", "sha256:b", None]})
+    assert images_line(frame) == "image sha256:a: 1 trial; sha256:b: 2 trials"
+    assert images_line(pd.DataFrame({"image": [None, None]})) is None
+    assert images_line(pd.DataFrame({"number": [1]})) is None
+
+
+def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real_devices(
+        write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep.gpus.pool import FAKE_ENV
+    from sweep.spec import config
+    from sweep.trial import launchers
+    from tests.conftest import study_dict
+
+    study = write_study(study_dict(trainer={"container": {"image": "reg/t:latest",
+                                                          "engine": "podman"}}))
+    spec = config.load(study, runnable=False)
+    spec.output_dir.mkdir()  # as the run makes it before the launcher
+    ids = iter(["sha256:1", "sha256:2"])
+    monkeypatch.setattr(engine, "pin", lambda c, base: container.Image(c.image, next(ids)))
+    monkeypatch.setattr(engine, "reclaim", lambda c, name, out: [])
+    said: list[str] = []
+    for _ in range(2):
+        launcher = launchers.make(spec, "host", tmp_path / "own", said.append)
+        launcher.prepare()
+    latest = ("trainer.container.image reg/t:latest names a tag that moves (latest): a rerun, "
+              "or a trial carried on later, may get another image; this run pins {}. Give a "
+              "fixed tag (name:1.2) or a digest (name@sha256:...)")
+    assert said == [latest.format("sha256:1"), latest.format("sha256:2"),
+                    "trainer.container.image reg/t:latest is sha256:2 now; the study's last "
+                    "run had sha256:1: the tag moved"]
+    monkeypatch.delenv(FAKE_ENV, raising=False)
+    argv = launcher.plan(0, {"x": 0.5}, 1, "GPU-abc").argv
+    assert argv[argv.index("--device"):argv.index("--device") + 2] == [
+        "--device", "nvidia.com/gpu=GPU-abc"]
+    assert argv[argv.index("sha256:2") + 1] == "python3"  # the image's interpreter
+    monkeypatch.setenv(FAKE_ENV, "2")
+    assert "--device" not in launcher.plan(0, {"x": 0.5}, 1, "1").argv
+
+
+@pytest.fixture(scope="session")
+def host_python_image(container_image: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """An image of a marker and this root's top-level links only (seconds to make): with this
+    machine's /usr and the driver's Python mounted read-only (`host_python_mounts`), a
+    container of it runs the driver's own interpreter, torch and accelerate included."""
+    import os
+
+    tag = "localhost/sweep-test-hostpython:1"
+    if subprocess.run(["podman", "image", "exists", tag]).returncode != 0:
+        root = tmp_path_factory.mktemp("hostpython")
+        for name in ("etc", "tmp", "proc", "sys", "dev"):
+            (root / name).mkdir()
+        (root / MARKER.lstrip("/")).write_text("sweep test image\n")
+        for name in ("bin", "sbin", "lib", "lib64"):
+            if os.path.islink(f"/{name}"):
+                (root / name).symlink_to(os.readlink(f"/{name}"))
+        tar = root.parent / "hostpython.tar"
+        subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+        subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True)
+    yield tag
+
+
+def host_python_mounts() -> list[str]:
+    """`run_args` that mount this machine's /usr, its top-level folders that are not links to
+    it, and the driver's Python (its venv and base) read-only."""
+    import os
+    import sys
+
+    folders = {"/usr", *(f"/{n}" for n in ("bin", "sbin", "lib", "lib64")
+                         if os.path.isdir(f"/{n}") and not os.path.islink(f"/{n}")),
+               os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    keep = sorted(f for f in folders
+                  if not any(o != f and f.startswith(o + "/") for o in folders))
+    return [a for f in keep for a in ("-v", f"{f}:{f}:ro")]
+
+
+def run_in_host_python_image(write_study: Any, image: str, name: str, launcher: str,
+                             tmp_path: Path) -> tuple[Path, str]:
+    """A one-trial study of `launcher` in `image` with the driver's Python mounted, run to
+    COMPLETE in the image: the trial's folder and its command.sh."""
+    import sys
+
+    from tests.conftest import load_trials, run_cli
+
+    study = container_study(write_study, image, name, 1, [], launcher=launcher,
+                            python=sys.executable,
+                            container={"image": image, "run_args": host_python_mounts()})
+    assert run_cli("run", str(study)) == 0
+    trial, = load_trials(study, name)
+    assert trial.state.name == "COMPLETE", trial.user_attrs
+    folder = tmp_path / name / "trials" / "0"
+    assert read_json(folder / "result.json")["marker"] is True
+    return folder, (folder / "command.sh").read_text()
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
+        host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import sys
+
+    import torch
+
+    from sweep.trial.launch_plan import ACCELERATE_CONFIG_FILE
+
+    folder, command = run_in_host_python_image(write_study, host_python_image, "acc",
+                                               "accelerate", tmp_path)
+    assert read_json(folder / "result.json")["cuda_visible"] == "0"
+    assert f"-v {ACCELERATE_CONFIG_FILE}:{ACCELERATE_CONFIG_FILE}:ro" in command
+    assert f" {sys.executable} -m accelerate.commands.launch --config_file " in command
+    assert read_json(folder / "env.json")["packages"]["torch"] == torch.__version__
+
+
+@pytest.mark.slow
+def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    """The trainer sleeps through SIGTERM: the guard SIGKILLs the engine's command and monitor
+    with it, so the engine's own --rm never runs; the container goes as the trial ends, not
+    at the run's end."""
+    from tests.conftest import load_trials, spawn_cli
+
+    study = container_study(write_study, container_image, "late", 1,
+                            ["--steps", "1", "--sleep", "300"],
+                            {"max_consecutive_failures": 1}, timeout=2, grace_period=1.0)
+    driver = spawn_cli("run", str(study))
+    stdout, err = driver.communicate(timeout=60)
+    trial, = load_trials(study, "late")
+    assert trial.user_attrs["fail_reason"] == "timeout after 2 s"
+    assert "removed" not in stdout + err  # nothing was left for the run's end
+    assert study_containers(tmp_path / "late") == []
+
+
+@pytest.mark.slow
+def test_launcher_direct_asks_the_images_accelerate_for_its_variables(
+        host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    import sys
+
+    _, command = run_in_host_python_image(write_study, host_python_image, "direct", "direct",
+                                          tmp_path)
+    assert "--env ACCELERATE_MIXED_PRECISION=no " in command  # accelerate's, from inside
+    assert f" {sys.executable} {CONTAINER_PROBE} --x " in command
+    assert "accelerate.commands.launch" not in command
+
+
+def test_a_sif_file_is_pinned_by_its_sha256_and_a_docker_reference_by_its_id(
+        tmp_path: Path) -> None:
+    import hashlib
+
+    (tmp_path / "t.sif").write_bytes(b"not really an image")
+    sif = engine.pin(section(engine="apptainer", image="t.sif"), tmp_path)
+    assert sif == container.Image(
+        "t.sif", "sha256:" + hashlib.sha256(b"not really an image").hexdigest())
+    assert sif.run_ref("apptainer") == "t.sif"
+
+    def inspect(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        assert argv == ["docker", "image", "inspect", "--format",
+                        '{{.Id}}\t{{join .RepoDigests ","}}', "reg/d:1"]
+        return subprocess.CompletedProcess(argv, 0, "sha256:abc\treg/d@sha256:def,x@y\n", "")
+
+    image = engine.pin(section(engine="docker", image="reg/d:1"), tmp_path, inspect)
+    assert image == container.Image("reg/d:1", "sha256:abc", "sha256:def")
+    assert image.run_ref("docker") == "sha256:abc"
+    with pytest.raises(engine.ImageError, match="apptainer pull"):
+        engine.pin(section(engine="apptainer", image="docker://reg/d:1"), tmp_path)
