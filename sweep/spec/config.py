@@ -33,6 +33,7 @@ from sweep._core import placeholders, yamlfile
 from sweep._core.errors import ConfigError, Problem, short
 from sweep.protocol import compile_pattern
 from sweep.spec import accelconfig, interpreter, searchspace, storageurl
+from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.searchspace import (
     PARAM_TYPES,
     YES_NO,
@@ -71,6 +72,7 @@ class StudySection(_Section):
     timeout: Annotated[float, Field(gt=0)] | None = None
     sampler: SamplerSpec = SamplerSpec()
     pruner: PrunerSpec = PrunerSpec()
+    scheduler: scheduler_spec.SchedulerSpec | None = None  # or a pruner: see spec.scheduler
     enqueue: list[dict[str, Any]] = []
     max_consecutive_failures: Annotated[int, Field(gt=0)] = 5
     heartbeat_interval: Annotated[int, Field(gt=0)] = 30
@@ -639,6 +641,9 @@ def _resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 bad(f"study.enqueue.{i}.{name}", problem)
     if study.pruner.type != "none" and study.directions is not None:
         bad("study.pruner", "Optuna cannot prune multi-objective studies")
+    problems.extend(scheduler_spec.problems(file, study.scheduler, study.pruner,
+                                            study.directions is not None, study.n_trials,
+                                            spec.searched))
     if trainer.workdir is not None:
         check(placeholders.check, file, "trainer.workdir", trainer.workdir)
         fixed = base / placeholders.fill(trainer.workdir, {}) if "{" not in trainer.workdir \
