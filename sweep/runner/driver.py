@@ -21,6 +21,7 @@ from sweep.gpus import health, hostlock, placement, sicklist
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
+from sweep.runner import scheduling
 from sweep.runner.events import Events, Finished, Running, Started, View
 from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.spec import searchspace
@@ -92,6 +93,7 @@ class Driver:
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
         self.record = record  # what every trial's env.json shares (None: none is written)
+        self.scheduling: scheduling.Scheduling | None = None  # study.scheduler: made in run
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -111,6 +113,7 @@ class Driver:
             self._peaks = self.store.peaks()
             self._learn(None)
         self.store.enqueue(self.spec.study.enqueue)
+        self.scheduling = scheduling.of(self.spec, self.store, self.events.message)
         try:
             with process.signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()
@@ -146,7 +149,15 @@ class Driver:
         if self.policy.stop_reason:
             return False
         return self._orphan_wait is not None or (
-            self._blocked and self.policy.room(self._budget()) > 0)
+            self._blocked and self._room() > 0) or (
+            self.scheduling is not None and self._budget().running > 0)  # may promote ours
+
+    def _room(self) -> int:
+        """How many trials may start now: the policy's room, or the scheduler's (promotions,
+        and configurations while n_trials allows)."""
+        if self.scheduling is None or self.policy.stop_reason is not None:
+            return self.policy.room(self._budget())
+        return self.scheduling.room()
 
     def _stopping(self) -> bool:
         """A signal came that the loop has not reacted to yet."""
@@ -207,7 +218,7 @@ class Driver:
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
         ends the run gives up."""
-        while self.policy.room(self._budget()) > 0 and not self._stopping():
+        while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
                 self._refused(got)
@@ -279,12 +290,15 @@ class Driver:
             with self.store.budget_lock(abort=self._stopping) as locked:
                 # other drivers of the study may have spent the budget
                 self._counts = None
-                if self.policy.room(self._budget()) <= 0 or self._stopping():
+                if self._room() <= 0 or self._stopping():
                     return
+                job = self.scheduling.before_ask() if self.scheduling is not None else None
                 queued = self._budget().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
                     lease.devices, queued=queued)
+                if self.scheduling is not None:
+                    self.scheduling.after_ask(asked, job)
         except LockAbandoned:
             return
         self._adjust_counts(running=1, waiting=-1 if queued else 0)
@@ -301,6 +315,8 @@ class Driver:
             port = self._port(lease) if len(lease.devices) > 1 else None
             folders.ensure_driver_dir(spec, self.own)
             start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+            if self.scheduling is not None:
+                start = self.scheduling.on_start(asked, start)
             plan = launcher.plan(asked.number, params, device, ",".join(lease.pins), port,
                                  start=start)
             secrets = folders.arg_secrets(spec.trainer.args, os.environ)
@@ -375,15 +391,22 @@ class Driver:
         assert run.reports is not None
         fresh = run.reports.read_rest() if rest else run.reports.read()
         prune = self._prunes and not rest
-        for step, value in fresh if prune else fresh[-1:]:
+        every = prune or self.scheduling is not None  # a scheduler reads every step's value
+        stored = []
+        for step, value in fresh if every else fresh[-1:]:
             try:
                 if self.store.report(run.trial, step, value):
                     run.last_report = (step, value)
+                    stored.append(step)
             except Taken:  # this driver was taken for dead (frozen): the trial is not ours
                 run.stop(Stop.TAKEN, now)
                 return
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
+        if self.scheduling is not None and not rest:
+            decided = self.scheduling.on_reports(run, stored)
+            if decided is not None:
+                run.stop(decided, now)
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 

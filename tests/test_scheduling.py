@@ -1,0 +1,183 @@
+"""study.scheduler in the driver's loop, on the fake clock: pauses are gentle stops told
+PRUNED, promotions continue a paused lineage from its checkpoint before a new configuration
+starts, PBT exploits copy a donor's checkpoint folder, and a continuation that starts over is
+flagged. A whole sweep in milliseconds, with exact assertions."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_loop import Sweep, capture_messages
+
+from sweep.runner.scheduling import NO_RESUME_ARGS
+from sweep.study import lineages
+from sweep.testing.fakes import Script
+from sweep.trial.lineage import CHECKPOINT_ENV
+
+ASHA = {"type": "asha", "min_steps": 2, "max_steps": 18, "reduction_factor": 3}
+
+
+def curve(x: float, step: int) -> float:
+    return (x - 0.3) ** 2 + 1.0 / (step + 1)
+
+
+class Trainer:
+    """A fake trainer of `steps` one-second steps that checkpoints each step (before it
+    reports it) in $SWEEP_CHECKPOINT_DIR/state.json and resumes from it (`resumes`: else it
+    starts over); `log` keeps (trial, first step, last step planned) per start."""
+
+    def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
+                 value: Any = curve) -> None:
+        self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
+        self.starts: list[tuple[str, int]] = []
+
+    def __call__(self, params: dict[str, Any]) -> Script:
+        s = self.box[0]
+        plan = s.spawn.plan
+        folder = Path(plan.env[CHECKPOINT_ENV])
+        state = folder / "state.json"
+        first = json.loads(state.read_text())["next"] if self.resumes and state.exists() else 0
+        self.starts.append((plan.paths.dir.name, first))
+        index = len(s.spawn.processes)  # the process about to be made for this script
+        t0 = s.clock.t
+
+        def save(step: int) -> None:
+            if not s.spawn.processes[index].command_exited:
+                state.write_text(json.dumps({"next": step + 1}))
+
+        reports = []
+        for i, step in enumerate(range(first, self.steps)):
+            s.clock.at(t0 + i + 1.0, lambda step=step: save(step))
+            reports.append((i + 1.0, step, self.value(params["x"], step)))
+        final = self.value(params["x"], self.steps - 1)
+        return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final})
+
+
+def asha_sweep(tmp_path: Path, gpus: int = 2, **kw: Any) -> tuple[Sweep, Trainer]:
+    box: list[Sweep] = []
+    trainer = Trainer(box, **kw)
+    s = Sweep(tmp_path, trainer, gpus=gpus,
+              study={"n_trials": 9, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    return s, trainer
+
+
+def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
+    """Each lineage's processes as (start, end), by origin."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for p in s.spawn.processes:
+        number = int(p.plan.paths.dir.name.split("_")[-1])
+        t = s.trials[number]
+        out.setdefault(int(t.user_attrs.get("retry_of", number)), []).append(
+            (p.started, p.ended_at or float("inf")))
+    return out
+
+
+def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_path):
+    s, trainer = asha_sweep(tmp_path)
+    said = capture_messages(s)
+    assert s.run() == 0
+    trials = s.trials
+    assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
+    lines = lineages.read(trials)
+    assert len(lines) == 9  # n_trials counts configurations
+    paused = [t for t in trials if "paused_at" in t.user_attrs]
+    assert paused and all(t.state.name == "PRUNED" for t in paused)
+    assert all("fail_reason" not in t.user_attrs for t in paused)  # no failure
+    promoted = [t for t in trials if "continues" in t.user_attrs]
+    assert promoted and any(m.startswith("trial ") and " promoted from rung" in m for m in said)
+    # every promoted lineage continued from its checkpoint: its first step is the one after
+    # the step it was paused at, and none is flagged
+    by_dir = dict(trainer.starts)
+    for t in promoted:
+        before = trials[t.user_attrs["continues"]]
+        assert by_dir[str(t.number)] == before.user_attrs["paused_at"] + 1
+        assert "steps_repeated" not in t.user_attrs
+    # the best lineage (x nearest 0.3) reached max_steps and completed
+    best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
+    assert best.last_step == 17
+    assert best.latest.state.name == "COMPLETE"
+    assert s.store.best()[0][1] == [pytest.approx(curve(best.params["x"], 17))]
+    # no lineage ran in two processes at once
+    for runs in spans(s).values():
+        runs.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(runs))
+    # fewer steps than training every configuration to the end: 6 paused at step 2 (3
+    # steps each), 3 at step 6 (7 each), and the best from 7 to 17
+    assert sum(len(v.curve) for v in lines.values()) == 6 * 3 + 3 * 7 + 11 < 9 * 18
+    assert NO_RESUME_ARGS not in said
+
+
+def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
+    """Li et al.'s get_job, on one device: trials 0 and 1 are paused at rung 0 (step 2: the
+    first two there, floor(2/3) = 0 places at its top); trial 2 is worse than 0, so it is
+    paused too, and 0 is now the top third of rung 0: the free device continues it (as trial
+    3) before the fourth configuration starts."""
+    s, trainer = asha_sweep(tmp_path, gpus=1)
+    assert s.run() == 0
+    assert trainer.starts[:5] == [("0", 0), ("1", 0), ("2", 0), ("3", 3), ("4", 0)]
+    assert s.trials[3].user_attrs["continues"] == 0
+    assert s.trials[3].params == s.trials[0].params
+    assert [s.trials[n].user_attrs["paused_at"] for n in (0, 1, 2)] == [2, 2, 2]
+    assert s.trials[3].user_attrs["paused_at"] == 6  # first at rung 1: paused there
+
+
+def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):
+    s, _trainer = asha_sweep(tmp_path, resumes=False)
+    said = capture_messages(s)
+    assert s.run() == 0
+    flagged = [t for t in s.trials if "steps_repeated" in t.user_attrs]
+    assert flagged
+    for t in flagged:
+        before = s.trials[t.user_attrs["continues"]]
+        assert t.user_attrs["resumed_at"] == 0
+        assert t.user_attrs["steps_repeated"] == before.user_attrs["paused_at"] + 1
+    fixes = [m for m in said if "steps repeated" in m]
+    assert len(fixes) == 1 and "$SWEEP_CHECKPOINT_DIR" in fixes[0] \
+        and "trainer.resume_args" in fixes[0]
+
+
+def test_without_resume_args_the_run_says_once_how_a_paused_trial_continues(tmp_path):
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box), gpus=2,
+              study={"n_trials": 3, "scheduler": ASHA})
+    box.append(s)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert said.count(NO_RESUME_ARGS) == 1
+
+
+def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path):
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20)
+    s = Sweep(tmp_path, trainer, gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "quantile": 0.25, "seed": 0,
+                                   "perturb": [0.8, 1.25]}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    said = capture_messages(s)
+    assert s.run() == 0
+    trials = s.trials
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert len(exploits) == 2  # n_trials 6: the population of 4 and 2 exploits
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        replaced = trials[t.user_attrs["replaces"]]
+        assert replaced.state.name == "PRUNED"
+        assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
+                                 pytest.approx(min(1.0, donor.params["x"] * 1.25)))
+        # it started from the donor's checkpoint: past the step it was copied at
+        first = dict(trainer.starts)[str(t.number)]
+        assert first > t.user_attrs["exploit_step"]
+        assert "steps_repeated" not in t.user_attrs
+        assert (tmp_path / "probe" / "checkpoints" / str(t.number) / "state.json").is_file()
+    assert sum(" exploits trial " in m for m in said) == 2
+    assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
+
