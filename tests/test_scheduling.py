@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from test_loop import Sweep, capture_messages
 
+from sweep.analysis import summary
 from sweep.runner.scheduling import NO_RESUME_ARGS
 from sweep.study import lineages
 from sweep.testing.fakes import Script
@@ -140,6 +141,11 @@ def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):
     fixes = [m for m in said if "steps repeated" in m]
     assert len(fixes) == 1 and "$SWEEP_CHECKPOINT_DIR" in fixes[0] \
         and "trainer.resume_args" in fixes[0]
+    frame = summary.trials_frame(s.store.study, s.spec)
+    shown = frame[frame["steps_repeated"].notna()]
+    assert list(shown["number"]) == [t.number for t in flagged]
+    assert list(shown["resumed_at"]) == [0] * len(flagged)
+    assert frame["paused_at"].notna().sum() == sum("paused_at" in t.user_attrs for t in s.trials)
 
 
 def test_without_resume_args_the_run_says_once_how_a_paused_trial_continues(tmp_path):

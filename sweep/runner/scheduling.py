@@ -148,6 +148,8 @@ class Scheduling:
         lines = self.lineages()
         if run.origin not in lines:
             return None
+        if lines[run.origin].replaced:  # an exploit took its place; a reclaimer queued it on
+            return Stop.REPLACED
         if isinstance(self.decide, Pbt):
             return self._pbt(run, lines, before, step)
         decision = self.decide.on_report(lines, run.origin, before, step)
