@@ -109,7 +109,7 @@ def test_lineages_are_read_across_attempts():
           trial(3, {}, TrialState.WAITING),
           trial(4, {0: 1.0}, TrialState.FAIL)]
     got = lineages.read(ts)
-    assert {o: v.status for o, v in got.items()} == {
+    assert {o: v.standing for o, v in got.items()} == {
         0: Standing.RUNNING, 2: Standing.PAUSED, 3: Standing.QUEUED, 4: Standing.DONE}
     assert got[0].curve == {0: 5.0, 2: 4.0, 3: 3.0} and got[0].latest.number == 1
     assert got[0].value_at(1) == 4.0 and got[0].value_at(4) is None
@@ -230,7 +230,7 @@ def test_a_replaced_lineage_is_out_of_the_ranking():
     ts = [trial(0, {5: 1.0}), trial(1, {5: 9.0}), trial(2, {}, TrialState.WAITING,
                                                       exploit_of=0, replaces=1)]
     got = lineages.read(ts)
-    assert got[1].replaced and got[1].status is Standing.RUNNING  # winding down
+    assert got[1].replaced and got[1].standing is Standing.RUNNING  # winding down
     assert got[2].exploit_of == 0
     assert Pbt(PBT, True).on_report(got, 0, 4, 5, SEARCHED, True) == GoOn()  # alone now
 

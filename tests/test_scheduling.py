@@ -10,15 +10,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
 from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
-from sweep.runner.scheduling import NO_RESUME_ARGS
+from sweep.runner.schedulers import Promote
+from sweep.runner.scheduling import NO_RESUME_ARGS, Scheduling
 from sweep.study import lineages
+from sweep.study.ownership import Owner
+from sweep.study.store import Store
 from sweep.testing.fakes import Script
 from sweep.trial.lineage import CHECKPOINT_ENV
 
+DIST = {"x": FloatDistribution(0.0, 1.0)}
 ASHA = {"type": "asha", "min_steps": 2, "max_steps": 18, "reduction_factor": 3}
 
 
@@ -186,4 +193,34 @@ def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path
         assert (tmp_path / "probe" / "checkpoints" / str(t.number) / "state.json").is_file()
     assert sum(" exploits trial " in m for m in said) == 2
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
+
+
+
+def stored_rung(s: Sweep) -> None:
+    """Three trials paused at rung 0 (step 2), as a study holds them: 0 is the best."""
+    for number, x in enumerate((0.35, 0.6, 0.9)):
+        s.store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
+            intermediate_values={step: curve(x, step) for step in range(3)},
+            user_attrs={"paused_at": 2, "rung": 0, "run_id": f"r{number}"}))
+
+
+def test_two_drivers_deciding_at_once_promote_a_lineage_once(tmp_path):
+    s, _ = asha_sweep(tmp_path)
+    stored_rung(s)
+    other = Store(s.store.study, s.store.storage, Owner("other-host", 1, 0.0), 60)
+    mine = Scheduling(s.spec, s.store, lambda m: None)
+    theirs = Scheduling(s.spec, other, lambda m: None)
+    assert mine.room() == 1 + 6  # lineage 0 promotable, and 6 more configurations
+    assert mine.before_ask() == Promote(0, 0)
+    # the other driver, killed or not between its lock and its ask, finds it queued: it asks
+    # that one rather than promoting it again
+    assert theirs.before_ask() is None
+    [queued] = [t for t in s.trials if t.state is TrialState.WAITING]
+    assert (queued.user_attrs["retry_of"], queued.user_attrs["attempt"],
+            queued.user_attrs["continues"]) == (0, 1, 0)
+    assert queued.system_attrs["fixed_params"] == {"x": 0.35}
+    # once it runs it is no longer paused: nothing more to promote from rung 0 (1 of 3)
+    assert lineages.read(s.trials)[0].standing is lineages.Standing.QUEUED
+    assert mine.before_ask() is None and theirs.room() == 1 + 6
 

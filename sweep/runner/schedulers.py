@@ -148,7 +148,7 @@ class Halving:
         rung down, and best first within a rung (Li et al.'s get_job order)."""
         found: list[tuple[int, float, int, Promote]] = []
         for o, line in lineages.items():
-            if line.status is not Standing.PAUSED:
+            if line.standing is not Standing.PAUSED:
                 continue
             k = self.rung_of(line)
             if k is None:
@@ -195,7 +195,7 @@ class Pbt:
         if not room or not passed or step >= self.spec.max_steps:
             return GoOn()
         live = {o: line.last_value for o, line in lineages.items()
-                if line.status in (Standing.RUNNING, Standing.QUEUED) and not line.replaced
+                if line.standing in (Standing.RUNNING, Standing.QUEUED) and not line.replaced
                 and line.last_value is not None and line.last_value == line.last_value}
         if origin not in live or len(live) < 2:
             return GoOn()

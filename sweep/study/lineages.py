@@ -39,13 +39,13 @@ class Standing(enum.Enum):
 @dataclass(frozen=True)
 class LineageView:
     """One lineage: `origin` (its first attempt's number), the searched params it runs,
-    `curve` (each step's value, from the latest attempt that reported it), its `status`,
+    `curve` (each step's value, from the latest attempt that reported it), its `standing`,
     and its latest attempt (to queue its continuation from)."""
 
     origin: int
     params: Mapping[str, Any]
     curve: Mapping[int, float]
-    status: Standing
+    standing: Standing
     latest: FrozenTrial
     bracket: int = 0
     exploit_of: int | None = None
@@ -93,12 +93,12 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
             [(int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.intermediate_values)
              for t in attempts])
         params = {**first.system_attrs.get("fixed_params", {}), **first.params}
-        status = Standing.DONE if origin in replaced else _status(latest)
-        if status is Standing.DONE and latest.state is TrialState.RUNNING:
-            status = Standing.RUNNING  # replaced, still winding down
+        standing = Standing.DONE if origin in replaced else _status(latest)
+        if standing is Standing.DONE and latest.state is TrialState.RUNNING:
+            standing = Standing.RUNNING  # replaced, still winding down
         exploit = first.user_attrs.get(EXPLOIT_OF)
         out[origin] = LineageView(
-            origin, params, curve, status, latest, int(first.user_attrs.get(BRACKET, 0)),
+            origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
             dict(first.user_attrs))
     return out
