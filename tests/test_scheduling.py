@@ -65,11 +65,13 @@ class Trainer:
         return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final})
 
 
-def asha_sweep(tmp_path: Path, gpus: int = 2, **kw: Any) -> tuple[Sweep, Trainer]:
+def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
+               **kw: Any) -> tuple[Sweep, Trainer]:
     box: list[Sweep] = []
     trainer = Trainer(box, **kw)
     s = Sweep(tmp_path, trainer, gpus=gpus,
-              study={"n_trials": 9, "scheduler": ASHA},
+              study={"n_trials": 9, "scheduler": ASHA,
+                     "enqueue": [{"x": x} for x in enqueue]},
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     return s, trainer
@@ -133,6 +135,18 @@ def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
     assert s.trials[3].params == s.trials[0].params
     assert [s.trials[n].user_attrs["paused_at"] for n in (0, 1, 2)] == [2, 2, 2]
     assert s.trials[3].user_attrs["paused_at"] == 6  # first at rung 1: paused there
+
+
+def test_configurations_of_study_enqueue_do_not_go_before_a_promotion(tmp_path):
+    """Optuna asks queued trials first: a scheduler queues study.enqueue's configurations one
+    at a time, as new configurations, so a promotion still comes first."""
+    xs = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
+    s, trainer = asha_sweep(tmp_path, gpus=1, enqueue=xs)
+    assert s.run() == 0
+    assert trainer.starts[:5] == [("0", 0), ("1", 0), ("2", 0), ("3", 3), ("4", 0)]
+    assert s.trials[3].user_attrs["continues"] == 0
+    firsts = [t for t in s.trials if "retry_of" not in t.user_attrs]
+    assert [t.params["x"] for t in firsts] == list(xs)
 
 
 def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):

@@ -112,8 +112,9 @@ class Driver:
         if self._learns:
             self._peaks = self.store.peaks()
             self._learn(None)
-        self.store.enqueue(self.spec.study.enqueue)
         self.scheduling = scheduling.of(self.spec, self.store, self.events.message)
+        if self.scheduling is None:  # a scheduler queues them one at a time, as it asks
+            self.store.enqueue(self.spec.study.enqueue)
         try:
             with process.signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()

@@ -1,0 +1,105 @@
+"""Issue 31's acceptance with real processes: asha (min_steps 2, max_steps 18, rf 3), 9
+configurations, a trainer that checkpoints every step and resumes from its folder, 2
+simulated GPUs shared by 2 drivers (the host's slot locks), with and without a kill -9 of
+one driver mid-way."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+
+CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
+STEPS, N = 18, 9
+XS = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
+
+
+def promoted_yet(study: Path) -> bool:
+    try:
+        return any("continues" in t.user_attrs for t in load_trials(study))
+    except KeyError:  # the study is not created yet
+        return False
+
+
+def steps_logged(study: Path) -> list[tuple[int, int]]:
+    """(lineage, step) of every step any attempt ran."""
+    out = []
+    for log in (study.parent / "probe" / "checkpoints").glob("*/steps.log"):
+        for line in log.read_text().splitlines():
+            out.append((int(log.parent.name), int(line.split()[1])))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [False, True])
+def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
+        write_study, tmp_path, kill):
+    study = write_study(study_dict(
+        study={"n_trials": N, "heartbeat_interval": 1, "reclaim_after": 2,
+               # the best first: they are paused at rung 0 (too few there yet), and
+               # promoted once worse ones have come
+               "enqueue": [{"x": x} for x in XS],
+               "scheduler": {"type": "asha", "min_steps": 2, "max_steps": STEPS,
+                             "reduction_factor": 3}},
+        trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
+                 "args": ["--steps", str(STEPS), "--sleep", "0.1"],
+                 "resume_args": ["--resume"]},
+    ))
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    first, second = spawn_cli("run", str(study), env=env), spawn_cli("run", str(study), env=env)
+    if kill:  # once a lineage has been paused and promoted, mid-way
+        assert wait_until(lambda: promoted_yet(study), 60)
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=30)
+    else:
+        _, err = first.communicate(timeout=180)
+        assert first.returncode == 0, err
+    _, err = second.communicate(timeout=180)
+    assert second.returncode == 0, err
+    if kill:  # what the survivor may have left to another run (it waits for none of it)
+        last = spawn_cli("run", str(study), env=env)
+        _, err = last.communicate(timeout=180)
+        assert last.returncode == 0, err
+    assert "Traceback" not in err
+    assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
+
+    trials = load_trials(study)
+    states = collections.Counter(t.state.name for t in trials)
+    assert states["RUNNING"] == states["WAITING"] == 0, states
+    lineages: dict[int, list] = collections.defaultdict(list)
+    for t in trials:
+        if t.params:  # a kill between the ask and the owner record: no trainer ran
+            lineages[t.user_attrs.get("retry_of", t.number)].append(t)
+    assert len(lineages) == N  # n_trials counts configurations
+    paused = [t for t in trials if "paused_at" in t.user_attrs]
+    assert paused and {t.state.name for t in paused} <= {"PRUNED", "FAIL"}
+    promoted = [t for t in trials if "continues" in t.user_attrs
+                and "paused_at" in trials[t.user_attrs["continues"]].user_attrs]
+    assert promoted
+    # every continuation resumed from its checkpoint; a step ran twice only where an attempt
+    # was cut (a pause or a kill between the step's log line and its checkpoint)
+    assert not [t.number for t in trials if "steps_repeated" in t.user_attrs]
+    ran = collections.Counter(origin for origin, _ in steps_logged(study))
+    distinct = collections.defaultdict(set)
+    for origin, step in steps_logged(study):
+        distinct[origin].add(step)
+    for origin, attempts in lineages.items():
+        assert distinct[origin] == set(range(max(distinct[origin]) + 1)), origin
+        cuts = sum(t.state.name != "COMPLETE" for t in attempts)
+        assert ran[origin] <= len(distinct[origin]) + cuts, (origin, ran[origin], cuts)
+        # no lineage ran in two processes at once: each attempt began after the one before
+        spans = sorted((t.datetime_start, t.datetime_complete) for t in attempts)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), origin
+    # the best lineages reached max_steps: whatever was in the top of a rung was promoted
+    done = [o for o, a in lineages.items() if any(t.state.name == "COMPLETE" for t in a)]
+    assert done and all(max(distinct[o]) == STEPS - 1 for o in done)
+    at_rung_1 = {o: min(t.intermediate_values[6] for t in a if 6 in t.intermediate_values)
+                 for o, a in lineages.items() if any(6 in t.intermediate_values for t in a)}
+    if len(at_rung_1) >= 3:
+        assert min(at_rung_1, key=at_rung_1.__getitem__) in done
+    # fewer steps in all than training every configuration to the end
+    assert sum(ran.values()) < N * STEPS
