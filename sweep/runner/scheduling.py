@@ -34,7 +34,7 @@ from sweep.spec.config import Spec
 from sweep.study import lineages
 from sweep.study.lineages import LineageView
 from sweep.study.store import Asked, Store
-from sweep.trial import exploit
+from sweep.trial import exploit, lineage
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.process import RunningTrial, Stop
 
@@ -142,7 +142,7 @@ class Scheduling:
                      f"({_shown(asked.params, self.spec.searched)})")
         self._last[asked.number] = before
         if before is not None and (start.resume or donor is not None):
-            self._expect[asked.number] = before
+            self._expect[asked.number] = _saved_step(start, before)
         return start
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> Stop | None:
@@ -209,6 +209,17 @@ class Scheduling:
                  "resume from its checkpoint); have the script load its state from "
                  "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
+
+
+def _saved_step(start: Start, reached: int) -> int:
+    """The step a resumed attempt's first report must come after: that of its newest HF
+    `checkpoint-N` folder (N steps done), which may be older than the step its lineage had
+    reported; else the step the lineage had reached (a script that keeps its own state)."""
+    if start.last_checkpoint is not None:
+        found = lineage.HF_CHECKPOINT.match(start.last_checkpoint.name)
+        if found:
+            return int(found.group(1))
+    return reached
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:
