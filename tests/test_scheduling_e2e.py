@@ -103,3 +103,47 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
         assert min(at_rung_1, key=at_rung_1.__getitem__) in done
     # fewer steps in all than training every configuration to the end
     assert sum(ran.values()) < N * STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fresh", [False, True])
+def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
+        write_study, tmp_path, fresh):
+    """A population of 4, n_trials 6: two exploits, each a new lineage whose folder is a copy
+    of its donor's, started with the donor's x perturbed; the trainer's own output shows the
+    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged."""
+    args = ["--steps", "20", "--sleep", "0.1"] + (["--fresh"] if fresh else [])
+    study = write_study(study_dict(
+        study={"n_trials": 6, "heartbeat_interval": 1,
+               "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+               "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
+                             "perturb": [0.8, 1.25], "seed": 0}},
+        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"]},
+    ))
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    trials = load_trials(study)
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert len(exploits) == 2, err
+    folder = study.parent / "probe"
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
+                                 pytest.approx(min(1.0, donor.params["x"] * 1.25)))
+        assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
+        said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
+        step = int(said.split()[3])
+        assert said == f"starting at step {step} with x={t.params['x']}"
+        # the donor's own record came with the copy: its start, and the steps it had made
+        copied = (folder / "checkpoints" / str(t.number) / "starts.log").read_text()
+        assert copied.splitlines()[0].startswith(f"{donor.number} 0 ")
+        if fresh:
+            assert step == 0
+            assert t.user_attrs["resumed_at"] == 0
+            assert t.user_attrs["steps_repeated"] == t.user_attrs["exploit_step"] + 1
+        else:
+            assert step > t.user_attrs["exploit_step"]
+            assert "steps_repeated" not in t.user_attrs
+    assert ("steps repeated" in out + err) is fresh
