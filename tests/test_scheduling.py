@@ -12,6 +12,7 @@ from typing import Any
 
 import optuna
 import pytest
+import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from test_loop import Sweep, capture_messages
@@ -238,3 +239,38 @@ def test_two_drivers_deciding_at_once_promote_a_lineage_once(tmp_path):
     assert lineages.read(s.trials)[0].standing is lineages.Standing.QUEUED
     assert mine.before_ask() is None and theirs.room() == 1 + 6
 
+
+
+def test_a_promotion_under_the_drivers_budget_lock_does_not_wait_for_that_lock(
+        tmp_path, monkeypatch):
+    """The driver holds the study's budget lock (an flock beside the SQLite file) around
+    `before_ask`: the promotion's queueing must not take it a second time (it waited
+    LOCK_PATIENCE, 30 s, then went around the lock for minutes)."""
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study import budget
+    from sweep.study.store import connect
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={"n_trials": 9, "scheduler": ASHA}),
+                                   sort_keys=False))
+    spec = config.load(path)
+    store = connect(spec, Owner("test-host", 1, 0.0))
+    try:
+        for x in (0.35, 0.6, 0.9):
+            store.study.add_trial(optuna.trial.create_trial(
+                state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
+                intermediate_values={step: curve(x, step) for step in range(3)},
+                user_attrs={"paused_at": 2, "rung": 0}))
+
+        def waited(seconds: float) -> None:
+            raise AssertionError("waited for the budget lock it holds")
+
+        monkeypatch.setattr(budget.time, "sleep", waited)
+        with store.budget_lock() as held:
+            assert held
+            assert Scheduling(spec, store, lambda m: None).before_ask() == Promote(0, 0)
+        assert [t.number for t in store.study.get_trials(states=(TrialState.WAITING,))] == [3]
+    finally:
+        store.close()

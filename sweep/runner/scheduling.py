@@ -82,9 +82,10 @@ class Scheduling:
         return queued + len(self.decide.promotable(lines)) + new
 
     def before_ask(self) -> Promote | NewConfiguration | None:
-        """Under the budget lock, before an ask: with nothing queued, the best promotable
-        lineage is queued to continue (Li et al.'s get_job), else a new configuration's
-        bracket is chosen. None: the ask takes a queued attempt."""
+        """Under the budget lock (the caller holds it), before an ask: with nothing queued,
+        the best promotable lineage is queued to continue (Li et al.'s get_job), else a new
+        configuration's bracket is chosen (and study.enqueue's next one queued). None: the
+        ask takes a queued attempt."""
         waiting = self.store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if waiting:
             return None
@@ -99,8 +100,8 @@ class Scheduling:
             line = Lineage.of(latest.user_attrs, latest.number)
             searched = {k: v for k, v in lines[job.origin].params.items()
                         if k in self.spec.searched}
-            if self.store.requeue(searched, line.origin, line.attempt + 1,
-                                  line.next_attrs(latest.number, retry=False)):
+            if self.store.requeue_held(searched, line.origin, line.attempt + 1,
+                                       line.next_attrs(latest.number, retry=False)):
                 self.say(f"trial {job.origin} promoted from rung {job.rung} (step "
                          f"{self.decide.rungs[job.rung]}): queued to continue from its "
                          "checkpoint folder")
