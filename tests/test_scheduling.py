@@ -92,7 +92,9 @@ def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
 def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_path):
     s, trainer = asha_sweep(tmp_path)
     said = capture_messages(s)
-    assert s.run() == 0
+    result = s.driver.run()
+    assert result.exit_code == 0
+    assert result.message == "9/9 configurations: 1 trained to the end, 8 paused"
     trials = s.trials
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
     lines = lineages.read(trials)

@@ -126,7 +126,8 @@ class Driver:
         finally:
             if self._own_clock:
                 self.clock.close()
-        return self.policy.result(self.store.counts())
+        result = self.policy.result(self.store.counts())
+        return self.scheduling.result(result) if self.scheduling is not None else result
 
     def _loop(self) -> None:
         while True:

@@ -16,11 +16,14 @@ lineage continued, as any orphan's.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
     Halving,
@@ -32,7 +35,7 @@ from sweep.runner.schedulers import (
 )
 from sweep.spec.config import Spec
 from sweep.study import lineages
-from sweep.study.lineages import LineageView
+from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
 from sweep.trial import exploit, lineage
 from sweep.trial.lineage import Lineage, Start
@@ -80,6 +83,16 @@ class Scheduling:
             return queued + max(0, min(n, self.decide.spec.population) - first)
         new = max(0, n - self._configurations(lines))
         return queued + len(self.decide.promotable(lines)) + new
+
+    def result(self, result: RunResult) -> RunResult:
+        """The run's last line in configurations: `n_trials` counts them, not attempts."""
+        lines = self.lineages()
+        done = sum(v.latest.state is TrialState.COMPLETE for v in lines.values())
+        paused = sum(v.standing is Standing.PAUSED for v in lines.values())
+        counted = re.sub(r"\d+/\d+ trials finished",
+                         f"{len(lines)}/{self.spec.study.n_trials} configurations: {done} "
+                         f"trained to the end, {paused} paused", result.message, count=1)
+        return dataclasses.replace(result, message=counted)
 
     def before_ask(self) -> Promote | NewConfiguration | None:
         """Under the budget lock (the caller holds it), before an ask: with nothing queued,
