@@ -24,7 +24,7 @@ Printed: per family and method, over the seeds, the mean regret of the best valu
 (against the best fixed configuration of the family: for `schedule` the best fixed rate,
 found on a fine grid) and the mean device-hours spent. Usage:
 
-    python benchmarks/schedulers.py [--seeds 20] [--configs 27] [--steps 27]
+    python benchmarks/schedulers.py [--seeds 20] [--configs 27] [--steps 27] [--budget-hours H]
 """
 
 from __future__ import annotations
@@ -129,12 +129,12 @@ class Trainer:
 class SimulatedSweep:
     """One sweep of `study` (the study section) on the fake clock with `gpus` devices."""
 
-    def __init__(self, folder: Path, family: str, steps: int, gpus: int,
+    def __init__(self, folder: Path, family: str, steps: int, gpus: int, seed: int = 0,
                  **study: Any) -> None:
         _, params = FAMILIES[family]
         data = {
             "study": {"name": "bench", "direction": "minimize", "metric": "score",
-                      "sampler": {"type": "random", "seed": 0}, "heartbeat_interval": 3600,
+                      "sampler": {"type": "random", "seed": seed}, "heartbeat_interval": 3600,
                       **study},
             "trainer": {"script": __file__, "launcher": "python", "grace_period": 1.0,  # not run
                         "resume_args": ["--resume"]},
@@ -188,6 +188,11 @@ def methods(configs: int, steps: int) -> dict[str, dict[str, Any]]:
     }
 
 
+def pbt_trials(configs: int) -> int:
+    """PBT's n_trials: its population of 8 and room for every exploit it may make."""
+    return 8 + 4 * configs
+
+
 def configurations(family: str, seed: int, n: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     if family == "schedule":
@@ -202,11 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=27)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--families", nargs="*", default=list(FAMILIES))
+    p.add_argument("--budget-hours", type=float, default=None,
+                   help="instead of a fixed number of configurations: every method gets this "
+                   "many device-hours (study.timeout on the fake clock; the trials running "
+                   "then finish) and configurations from the random sampler, seeded")
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    print(f"{args.seeds} seeds, {args.configs} configurations, {args.steps} steps of a "
-          f"simulated minute, {args.gpus} simulated devices; regret against the best fixed "
-          "configuration; device-hours spent")
+    budget = (f"a budget of {args.budget_hours:g} device-hours (no new trial after it)"
+              if args.budget_hours else f"{args.configs} configurations (pbt: "
+              f"{pbt_trials(args.configs)}, its exploits included)")
+    print(f"{args.seeds} seeds, {budget}, {args.steps} steps of a simulated minute, "
+          f"{args.gpus} simulated devices; regret against the best fixed configuration; "
+          "device-hours spent")
     print()
     print("| family | method | mean regret | median regret | mean device-hours |")
     print("| --- | --- | ---: | ---: | ---: |")
@@ -216,10 +228,15 @@ def main(argv: list[str] | None = None) -> int:
             regrets, hours = [], []
             for seed in range(args.seeds):
                 with tempfile.TemporaryDirectory() as tmp:
-                    n = args.configs if "pbt" not in name else max(16, args.configs // 2)
-                    configs = configurations(family, seed, n)
-                    sweep = SimulatedSweep(Path(tmp), family, args.steps, args.gpus,
-                                           n_trials=n, enqueue=configs, **study)
+                    if args.budget_hours:
+                        timeout = args.budget_hours * 60 * STEP_SECONDS / args.gpus
+                        sweep = SimulatedSweep(Path(tmp), family, args.steps, args.gpus,
+                                               seed, n_trials=10_000, timeout=timeout, **study)
+                    else:
+                        n = args.configs if "pbt" not in name else pbt_trials(args.configs)
+                        sweep = SimulatedSweep(Path(tmp), family, args.steps, args.gpus,
+                                               seed, n_trials=n,
+                                               enqueue=configurations(family, seed, n), **study)
                     best, spent = sweep.run()
                 regrets.append(best - optimum)
                 hours.append(spent)
