@@ -259,3 +259,47 @@ def test_of_picks_the_decisions_of_the_study_file():
     assert isinstance(schedulers.of(PBT, True), Pbt)
     assert schedulers.of(ASHA, True) == Halving((2, 6), 3, True, 1)
     assert NewConfiguration().bracket == 0
+
+
+# ---- a PBT exploit's checkpoint copy ------------------------------------------------------
+
+
+def test_an_exploit_starts_from_a_copy_of_its_donors_folder_without_its_links(tmp_path):
+    from sweep.trial import exploit, lineage
+
+    out = tmp_path / "out"
+    out.mkdir()
+    donor = lineage.prepare(out, lineage.Lineage(3))
+    (donor.checkpoint_dir / "checkpoint-4").mkdir()
+    (donor.checkpoint_dir / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    (donor.checkpoint_dir / "state.json").write_text('{"next": 5}')
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("no")
+    (donor.checkpoint_dir / "link").symlink_to(secret)
+    (donor.checkpoint_dir / "file-link").symlink_to(secret / "key")
+    start = lineage.prepare(out, lineage.Lineage(7))
+    got = exploit.start_from_donor(out, 3, start)
+    mine = start.checkpoint_dir
+    assert got.resume and got.last_checkpoint == mine / "checkpoint-4"
+    assert (mine / "state.json").read_text() == '{"next": 5}'
+    assert sorted(p.name for p in mine.iterdir()) == ["checkpoint-4", "state.json"]
+    assert (donor.checkpoint_dir / "link").is_symlink()  # the donor's own is untouched
+
+
+def test_an_exploit_copies_nothing_from_a_donor_folder_that_is_a_link(tmp_path):
+    from sweep._core.safefs import UnsafePath
+    from sweep.trial import exploit, lineage
+
+    out = tmp_path / "out"
+    out.mkdir()
+    start = lineage.prepare(out, lineage.Lineage(7))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "state.json").write_text("{}")
+    (out / "checkpoints" / "3").symlink_to(elsewhere)
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        exploit.start_from_donor(out, 3, start)
+    assert list(start.checkpoint_dir.iterdir()) == []
+    # a donor with no folder yet (it has written nothing): the exploit starts as it is
+    assert exploit.start_from_donor(out, 4, start) == start

@@ -276,3 +276,25 @@ def test_a_promotion_under_the_drivers_budget_lock_does_not_wait_for_that_lock(
         assert [t.number for t in store.study.get_trials(states=(TrialState.WAITING,))] == [3]
     finally:
         store.close()
+
+
+def test_hyperband_brackets_pause_at_their_own_first_rung(tmp_path):
+    box: list[Sweep] = []
+    trainer = Trainer(box)
+    s = Sweep(tmp_path, trainer, gpus=2,
+              study={"n_trials": 12, "scheduler": {**ASHA, "type": "hyperband"}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    assert s.run() == 0
+    lines = lineages.read(s.trials)
+    brackets = {o: v.bracket for o, v in lines.items()}
+    assert sorted(brackets.values()).count(2) >= 1 and 1 in brackets.values()
+    for o, v in lines.items():
+        paused = [t.user_attrs["paused_at"] for t in s.trials
+                  if "paused_at" in t.user_attrs and t.user_attrs.get("retry_of", t.number) == o]
+        if v.bracket == 2:  # no rung: trained to the end
+            assert paused == [] and v.latest.state.name == "COMPLETE"
+        if v.bracket == 1:  # its first rung is at step 6
+            assert all(p >= 6 for p in paused)
+    assert [t.user_attrs.get("bracket", 0) for t in s.trials if t.user_attrs.get(
+        "attempt", 0) == 0][:5] == [0, 1, 0, 0, 2]  # shares 9, 5, 3
