@@ -145,7 +145,7 @@ class SimulatedSweep:
         self.spec = config.load(path)
         storage = optuna.storages.InMemoryStorage()
         study_ = optuna.create_study(
-            storage=storage,
+            storage=storage, study_name="bench",  # Optuna's HyperbandPruner hashes the name
             sampler=searchspace.build_sampler(self.spec.study.sampler, self.spec.searched),
             pruner=searchspace.build_pruner(self.spec.study.pruner),
             directions=self.spec.study.objective_directions)

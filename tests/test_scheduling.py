@@ -298,3 +298,15 @@ def test_hyperband_brackets_pause_at_their_own_first_rung(tmp_path):
             assert all(p >= 6 for p in paused)
     assert [t.user_attrs.get("bracket", 0) for t in s.trials if t.user_attrs.get(
         "attempt", 0) == 0][:5] == [0, 1, 0, 0, 2]  # shares 9, 5, 3
+
+
+def test_a_scheduler_study_whose_trials_report_nothing_says_so_once(tmp_path):
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0, result={"score": p["x"]}), gpus=2,
+              study={"n_trials": 4, "scheduler": ASHA}, trainer={"resume_args": ["--r"]})
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert [m for m in said if "without reporting" in m] == [
+        "trial 0 ended without reporting an intermediate value to $SWEEP_REPORT_FILE "
+        "(sweep.protocol.report): study.scheduler cannot pause or promote this study; set "
+        "trainer.report to read them from the script's output or TensorBoard logs"]
+    assert s.states() == ["COMPLETE"] * 4

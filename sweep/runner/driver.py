@@ -557,13 +557,15 @@ class Driver:
         if state is not TrialState.COMPLETE:  # it may have failed before its first report
             return
         self._first_end = False
-        if not self._prunes or run.reports is None:
+        if not (self._prunes or self.scheduling is not None) or run.reports is None:
             return
         where = ("trainer.report" if self.spec.trainer.report is not None else
                  "$SWEEP_REPORT_FILE (sweep.protocol.report)")
+        who = (f"the {self.spec.study.pruner.type} pruner cannot prune" if self._prunes else
+               "study.scheduler cannot pause or promote")
         self.events.message(
             f"trial {run.number} ended without reporting an intermediate value to {where}: "
-            f"the {self.spec.study.pruner.type} pruner cannot prune this study; set "
+            f"{who} this study; set "
             "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:
