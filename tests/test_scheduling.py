@@ -40,8 +40,9 @@ class Trainer:
     starts over); `log` keeps (trial, first step, last step planned) per start."""
 
     def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
-                 value: Any = curve) -> None:
+                 value: Any = curve, ignores_term: bool = False) -> None:
         self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
+        self.ignores_term = ignores_term  # goes on until SIGKILL, after the grace period
         self.starts: list[tuple[str, int]] = []
 
     def __call__(self, params: dict[str, Any]) -> Script:
@@ -63,7 +64,8 @@ class Trainer:
             s.clock.at(t0 + i + 1.0, lambda step=step: save(step))
             reports.append((i + 1.0, step, self.value(params["x"], step)))
         final = self.value(params["x"], self.steps - 1)
-        return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final})
+        return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final},
+                      ignores_term=self.ignores_term)
 
 
 def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
@@ -310,3 +312,21 @@ def test_a_scheduler_study_whose_trials_report_nothing_says_so_once(tmp_path):
         "(sweep.protocol.report): study.scheduler cannot pause or promote this study; set "
         "trainer.report to read them from the script's output or TensorBoard logs"]
     assert s.states() == ["COMPLETE"] * 4
+
+
+def test_the_steps_a_paused_trial_makes_while_it_stops_are_kept(tmp_path):
+    """A trainer that runs on through its stop grace (1.5 s: one more step) reports a step
+    after the one it was paused at; it is stored, so the lineage's curve has no hole, and its
+    continuation starts after it, unflagged."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, ignores_term=True)
+    s = Sweep(tmp_path, trainer, gpus=1, study={"n_trials": 3, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"], "grace_period": 1.5})
+    box.append(s)
+    assert s.run() == 0
+    first = s.trials[0]
+    assert first.user_attrs["paused_at"] == 2
+    assert sorted(first.intermediate_values) == [0, 1, 2, 3]
+    [then] = [t for t in s.trials if t.user_attrs.get("continues") == 0]
+    assert dict(trainer.starts)[str(then.number)] == 4
+    assert "steps_repeated" not in then.user_attrs

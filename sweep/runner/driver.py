@@ -480,8 +480,8 @@ class Driver:
 
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited: judge the trial and tell it; its device stays leased."""
-        if run.follows_reports:
-            self._follow_reports(run, now, rest=True)
+        if run.follows_reports or (run.stop_reason is Stop.PAUSED and run.reports is not None):
+            self._follow_reports(run, now, rest=True)  # a paused trial's last steps too
         trainer = self.spec.trainer
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
                               trainer.result.patterns if trainer.result else [],
