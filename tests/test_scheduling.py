@@ -330,3 +330,34 @@ def test_the_steps_a_paused_trial_makes_while_it_stops_are_kept(tmp_path):
     [then] = [t for t in s.trials if t.user_attrs.get("continues") == 0]
     assert dict(trainer.starts)[str(then.number)] == 4
     assert "steps_repeated" not in then.user_attrs
+
+
+def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its_first_report(
+        tmp_path):
+    """A driver killed between queueing an exploit and stopping the lineage it replaces: the
+    reclaimer queued that lineage's continuation (as for any orphan). It must not train on
+    beside its replacement: it is stopped at its first report and told PRUNED."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20)
+    s = Sweep(tmp_path, trainer, gpus=1,
+              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
+                                                  "interval": 5, "max_steps": 20}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
+        state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)},
+        user_attrs={"fail_reason": "driver died"}))
+    add(optuna.trial.create_trial(  # lineage 1, its donor
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(20)}))
+    s.store.study.enqueue_trial({"x": 0.9}, user_attrs={"retry_of": 0, "attempt": 1,
+                                                        "continues": 0})
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 1, "exploit_step": 5,
+                                                         "replaces": 0})
+    assert s.run() == 0
+    continuation, exploit = s.trials[2], s.trials[3]
+    assert continuation.state.name == "PRUNED"
+    assert sorted(continuation.intermediate_values)[-1] == 6  # one step, then stopped
+    assert exploit.state.name == "COMPLETE"
