@@ -304,7 +304,7 @@ def misspelt(section, right, wrong):
     ({**study_dict(), "parms": {}}, "parms: unknown key `parms` (did you mean `params`?)"),
     (bad(study={"zzz": 1}), "study.zzz: unknown key `zzz` (study takes name, storage, "
      "output_dir, direction, directions, metric, metrics, n_trials, timeout, sampler, "
-     "pruner, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
+     "pruner, scheduler, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
      "grace_period, report)"),
     ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
 ])

@@ -106,3 +106,44 @@ def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_c
         assert results["train_steps_this_run"] == 60 - saved
         assert then.value == results["eval_loss"]
     assert sum(t.user_attrs.get("fail_reason") == "interrupted" for t in trials) == 2
+
+
+@pytest.mark.slow
+def test_a_hf_trainer_style_script_is_paused_and_promoted_through_last_checkpoint(copied):
+    """studies/hf_asha.yaml: the best configurations come first, so they are paused at rung
+    0 (too few there yet) and promoted once worse ones have come; each promoted attempt is
+    told --resume_from_checkpoint with its lineage's newest checkpoint-N and trains on from
+    there; the best reaches max_steps."""
+    study = copied / "hf_asha.yaml"
+    text = study.read_text().replace(
+        "  sampler: {type: tpe, seed: 0}\n",
+        "  sampler: {type: tpe, seed: 0}\n  enqueue: [" + ", ".join(
+            f"{{learning_rate: {lr}}}" for lr in
+            ("1.0e-4", "1.2e-4", "1.0e-2", "1.0e-6", "5.0e-3", "2.0e-6", "3.0e-3", "5.0e-6",
+             "2.0e-3")) + "]\n")
+    study.write_text(text)
+    out = copied / "hf-asha"
+    rerun = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    trials = load_trials(study, "hf-asha")
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    promoted = [t for t in trials if "paused_at" in
+                trials[t.user_attrs.get("continues", t.number)].user_attrs
+                and "continues" in t.user_attrs]
+    assert promoted, err
+    for then in promoted:
+        log = (out / "trials" / str(then.number) / "stdout.log").read_text()
+        saved = int(log.split("will skip to saved global_step ")[1].split()[0])
+        origin = then.user_attrs["retry_of"]
+        command = (out / "trials" / str(then.number) / "command.sh").read_text()
+        assert f"--resume_from_checkpoint {out}/checkpoints/{origin}/checkpoint-{saved}" \
+            in command
+        first_step = json.loads(log.splitlines()[1])["step"]
+        assert first_step == saved + 1
+        assert "steps_repeated" not in then.user_attrs
+    best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    results = json.loads((out / "checkpoints" / str(best.user_attrs.get(
+        "retry_of", best.number)) / "all_results.json").read_text())
+    assert results["global_step"] == 45 and best.value == results["eval_loss"]
+    assert sum(t.state.name == "COMPLETE" for t in trials) < 9  # not all trained to the end

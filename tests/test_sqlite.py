@@ -152,7 +152,7 @@ import os, signal, sys
 import optuna
 from sweep.spec import config
 from sweep.trial.outcome import Outcome
-from sweep.study.store import Owner
+from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 spec = config.load(sys.argv[1])
 store = connect(spec, Owner.me("h"), 60)

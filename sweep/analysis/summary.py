@@ -23,7 +23,7 @@ import pandas as pd
 from sweep._core.errors import UsageError
 from sweep.spec import config, storageurl
 from sweep.spec.schema import Spec
-from sweep.study import attrs, ownership, storage
+from sweep.study import attrs, lineages, ownership, storage
 from sweep.trial import folders, hang, launch_plan
 
 ATTR_COLUMNS = [
@@ -32,6 +32,10 @@ ATTR_COLUMNS = [
 ]
 
 
+# study.scheduler's records (`sweep.study.lineages`): a paused attempt's step, a PBT exploit's
+# donor, and a continuation that did not resume from its checkpoint
+SCHEDULER_COLUMNS = [lineages.PAUSED_AT, lineages.EXPLOIT_OF, lineages.RESUMED_AT,
+                     lineages.STEPS_REPEATED]
 MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
 
 
@@ -155,6 +159,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["host"] = t.user_attrs.get(attrs.HOST) or (record.owner.host if record else None)
         row["rerun_of"] = t.user_attrs.get(attrs.RERUN_OF)
         row["continues"] = t.user_attrs.get(attrs.CONTINUES)
+        for key in SCHEDULER_COLUMNS:
+            row[key] = t.user_attrs.get(key)
         row.update({k: v for k, v in t.user_attrs.items() if k.startswith(attrs.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -165,7 +171,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
              *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
              *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
              *sorted(c for c in frame.columns if c.startswith(attrs.METRIC_PREFIX)),
-             "continues"]
+             "continues", *SCHEDULER_COLUMNS]
     frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
@@ -332,6 +338,12 @@ def render(summary: Summary, top: int = 5) -> Any:
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
     keep = 1 + sum(c.startswith("value") for c in shown_best.columns)  # number and values
     parts = [head, _table(shown_best, title, keep)]
+    repeated = t[t[lineages.STEPS_REPEATED].notna()] if lineages.STEPS_REPEATED in t else t[:0]
+    if not repeated.empty:
+        parts.append(Text(
+            f"{len(repeated)} continuations did not resume from their checkpoint "
+            f"(trials {', '.join(map(str, repeated['number']))}: steps_repeated); have the "
+            "script load $SWEEP_CHECKPOINT_DIR or set trainer.resume_args", style="yellow"))
     if len(extras) > MAX_RESULT_COLUMNS:
         left = [c.removeprefix(attrs.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
         parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",

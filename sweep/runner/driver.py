@@ -22,6 +22,7 @@ from sweep.gpus import hostlock
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
+from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.devices import DeviceCare
 from sweep.runner.events import Events, Finished, Running, Started, View
@@ -82,6 +83,7 @@ class Driver:
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
         self.record = record  # what every trial's env.json shares (None: none is written)
+        self.scheduling: scheduling.Scheduling | None = None  # study.scheduler: made in run
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -90,7 +92,9 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note)
+                               self.clock.wake, self.record, self.store.note,
+                               lambda asked, start: self.scheduling.on_start(asked, start)
+                               if self.scheduling is not None else start)
         try:
             return self._run()
         finally:
@@ -100,7 +104,9 @@ class Driver:
         assert self.launcher is not None
         self.launcher.prepare()
         self.devices.begin()
-        self.store.enqueue(self.spec.study.enqueue)
+        self.scheduling = scheduling.of(self.spec, self.store, self.events.message)
+        if self.scheduling is None:  # a scheduler queues them one at a time, as it asks
+            self.store.enqueue(self.spec.study.enqueue)
         try:
             with signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()
@@ -112,7 +118,8 @@ class Driver:
         finally:
             if self._own_clock:
                 self.clock.close()
-        return self.policy.result(self.store.counts())
+        result = self.policy.result(self.store.counts())
+        return self.scheduling.result(result) if self.scheduling is not None else result
 
     def _loop(self) -> None:
         while True:
@@ -136,7 +143,15 @@ class Driver:
         if self.policy.stop_reason:
             return False
         return self._orphan_wait is not None or (
-            self._blocked and self.policy.room(self._budget()) > 0)
+            self._blocked and self._room() > 0) or (
+            self.scheduling is not None and self._budget().running > 0)  # may promote ours
+
+    def _room(self) -> int:
+        """How many trials may start now: the policy's room, or the scheduler's (promotions,
+        and configurations while n_trials allows)."""
+        if self.scheduling is None or self.policy.stop_reason is not None:
+            return self.policy.room(self._budget())
+        return self.scheduling.room()
 
     def _stopping(self) -> bool:
         """A signal came that the loop has not reacted to yet."""
@@ -179,7 +194,7 @@ class Driver:
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
         ends the run gives up."""
-        while self.policy.room(self._budget()) > 0 and not self._stopping():
+        while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
                 self._refused(got)
@@ -251,12 +266,15 @@ class Driver:
             with self.store.budget_lock(abort=self._stopping) as locked:
                 # other drivers of the study may have spent the budget
                 self._counts = None
-                if self.policy.room(self._budget()) <= 0 or self._stopping():
+                if self._room() <= 0 or self._stopping():
                     return
+                job = self.scheduling.before_ask() if self.scheduling is not None else None
                 queued = self._budget().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
                     lease.devices, queued=queued)
+                if self.scheduling is not None:
+                    self.scheduling.after_ask(asked, job)
         except LockAbandoned:
             return
         self._adjust_counts(running=1, waiting=-1 if queued else 0)
@@ -322,16 +340,24 @@ class Driver:
         served). A bad line stops the trial."""
         assert run.reports is not None
         fresh = run.reports.read()
-        prune = self._prunes and run.phase is Phase.RUNNING and not exited
-        for step, value in fresh if prune else fresh[-1:]:
+        running = run.phase is Phase.RUNNING and not exited
+        prune = self._prunes and running
+        every = prune or self.scheduling is not None  # a scheduler reads every step's value
+        stored = []
+        for step, value in fresh if every else fresh[-1:]:
             try:
                 if self.store.report(run.trial, step, value):
                     run.last_report = (step, value)
+                    stored.append(step)
             except Taken:  # this driver was taken for dead (frozen): the trial is not ours
                 run.stop(Stop.TAKEN, now)
                 return
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
+        if self.scheduling is not None and running:
+            decided = self.scheduling.on_reports(run, stored)
+            if decided is not None:
+                run.stop(decided, now)
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 
@@ -429,13 +455,15 @@ class Driver:
         if state is not TrialState.COMPLETE:  # it may have failed before its first report
             return
         self._first_end = False
-        if not self._prunes or run.reports is None:
+        if not (self._prunes or self.scheduling is not None) or run.reports is None:
             return
         where = ("trainer.report" if self.spec.trainer.report is not None else
                  "$SWEEP_REPORT_FILE (sweep.protocol.report)")
+        who = (f"the {self.spec.study.pruner.type} pruner cannot prune" if self._prunes else
+               "study.scheduler cannot pause or promote")
         self.events.message(
             f"trial {run.number} ended without reporting an intermediate value to {where}: "
-            f"the {self.spec.study.pruner.type} pruner cannot prune this study; set "
+            f"{who} this study; set "
             "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:

@@ -31,10 +31,13 @@ class Starter:
 
     def __init__(self, spec: Spec, launcher: Launcher, own: Path, now: Callable[[], float],
                  wake: Callable[[], None], record: RunRecord | None = None,
-                 note: Callable[[Any, Mapping[str, Any]], None] | None = None) -> None:
+                 note: Callable[[Any, Mapping[str, Any]], None] | None = None,
+                 on_start: Callable[[Asked, lineage.Start], lineage.Start] | None = None,
+                 ) -> None:
         self.spec, self.launcher, self.own = spec, launcher, own
         self.now, self.wake = now, wake
         self.record, self.note = record, note  # env.json's shared part, and where its attrs go
+        self.on_start = on_start  # the scheduler's word on where the attempt starts from
 
     def start(self, asked: Asked, lease: Lease, port: int | None) -> RunningTrial:
         """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
@@ -42,6 +45,8 @@ class Starter:
         params = {**asked.params, **spec.fixed}
         folders.ensure_driver_dir(spec, self.own)
         start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+        if self.on_start is not None:
+            start = self.on_start(asked, start)
         plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
                                   port, start=start)
         secrets = command_script.arg_secrets(spec.trainer.args, os.environ)

@@ -17,6 +17,7 @@ from sweep._core.errors import ConfigError, Problem, short
 from sweep._core.patterns import compile_pattern
 from sweep.spec import accelconfig, interpreter, searchspace, storageurl
 from sweep.spec import container as containerspec
+from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.schema import (
     ReportSection,
     Spec,
@@ -165,6 +166,9 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 bad(f"study.enqueue.{i}.{name}", problem)
     if study.pruner.type != "none" and study.directions is not None:
         bad("study.pruner", "Optuna cannot prune multi-objective studies")
+    problems.extend(scheduler_spec.problems(file, study.scheduler, study.pruner,
+                                            study.directions is not None, study.n_trials,
+                                            spec.searched))
     if trainer.workdir is not None:
         check(placeholders.check, file, "trainer.workdir", trainer.workdir)
         fixed = base / placeholders.fill(trainer.workdir, {}) if "{" not in trainer.workdir \

@@ -23,6 +23,7 @@ from pydantic import (
 from sweep._core.errors import short
 from sweep._core.patterns import compile_pattern
 from sweep.spec import container as containerspec
+from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.searchspace import (
     FixedParam,
     Param,
@@ -57,6 +58,7 @@ class StudySection(_Section):
     timeout: Annotated[float, Field(gt=0)] | None = None
     sampler: SamplerSpec = SamplerSpec()
     pruner: PrunerSpec = PrunerSpec()
+    scheduler: scheduler_spec.SchedulerSpec | None = None  # or a pruner: see spec.scheduler
     enqueue: list[dict[str, Any]] = []
     max_consecutive_failures: Annotated[int, Field(gt=0)] = 5
     heartbeat_interval: Annotated[int, Field(gt=0)] = 30

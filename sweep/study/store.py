@@ -134,11 +134,17 @@ class Store:
         go before the tell it follows from (a kill between the two leaves the retry queued,
         and whoever tells the trial after does not queue a second)."""
         with self.budget_lock():
-            if self._retry_exists(origin, attempt):
-                return False
-            self.study.enqueue_trial(
-                dict(params), user_attrs={**(attrs or {}), RETRY_OF: origin, ATTEMPT: attempt},
-                skip_if_exists=False)
+            return self.requeue_held(params, origin, attempt, attrs)
+
+    def requeue_held(self, params: Mapping[str, Any], origin: int, attempt: int,
+                     attrs: Mapping[str, Any] | None = None) -> bool:
+        """`requeue` for a caller that holds the budget lock already (it is not reentrant:
+        a second take waits for the first)."""
+        if self._retry_exists(origin, attempt):
+            return False
+        self.study.enqueue_trial(
+            dict(params), user_attrs={**(attrs or {}), RETRY_OF: origin, ATTEMPT: attempt},
+            skip_if_exists=False)
         return True
 
     def _retry_exists(self, origin: int, attempt: int) -> bool:

@@ -111,7 +111,7 @@ def judge(
     """
     trainer_stderr, trainer_code = split_launcher_traceback(stderr)
     code = trainer_code if trainer_code is not None else exit_code
-    if stop == "pruned":
+    if stop in ("pruned", "paused", "replaced"):  # "paused", "replaced": study.scheduler's
         values = [last_report[1]] if last_report is not None else None
         return Outcome(PRUNED, values=values, exit_code=code)
     if stop == "timeout":

@@ -34,6 +34,8 @@ class Stop(str, enum.Enum):
     TAKEN = "told by another driver"  # which took this one for dead (it was frozen)
     HUNG = "hung"  # silent with idle GPUs for trainer.hang_after (`RunningTrial.detail` says)
     DEVICE_OUT = "its GPU was taken out of the pool"  # as sick (`RunningTrial.detail` says)
+    PAUSED = "paused"  # at a rung, by study.scheduler: told PRUNED, may be promoted later
+    REPLACED = "replaced"  # by a PBT exploit of another lineage: told PRUNED
 
 
 class Phase(enum.Enum):

@@ -3,7 +3,8 @@
 Each step is logged to `steps.log` in the checkpoint folder (`<trial number> <step>`) before
 its checkpoint is written, so a kill between the two runs that step once more. On SIGTERM
 (`should_stop`) it stops after the current step, its checkpoint written, and exits 0 with no
-result (the driver tells the trial FAIL "interrupted"). It reports each step's value.
+result (the driver tells the trial FAIL "interrupted"). It reports each step's value, and
+prints the step it starts at and its x; `--fresh` starts over whatever the folder holds.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ def main() -> int:
     p.add_argument("--x", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--sleep", type=float, default=0.05)
+    p.add_argument("--fresh", action="store_true", help="ignore the folder: start over")
     args, _ = p.parse_known_args()
     folder = Path(os.environ["SWEEP_CHECKPOINT_DIR"])
     number = os.environ["SWEEP_TRIAL_NUMBER"]
     state = folder / "state.json"
-    step = json.loads(state.read_text())["next"] if state.exists() else 0
+    step = json.loads(state.read_text())["next"] if state.exists() and not args.fresh else 0
+    print(f"starting at step {step} with x={args.x}", flush=True)
     with open(folder / "starts.log", "a") as f:
         f.write(f"{number} {step} {os.environ.get('SWEEP_RUN_ID')}\n")
     should_stop()  # SIGTERM from now on ends the loop after the step it is in

@@ -1,0 +1,241 @@
+"""What a scheduler decides, with no side effects: whether a trial that just reported goes on,
+pauses at a rung, or is replaced (PBT); which job a free device gets (a promotion before a new
+configuration); a Hyperband lineage's bracket; a PBT exploit's donor and perturbed params.
+
+Everything is decided from the study's lineages (`study.lineages.read`) and the step a trial
+reached, so every driver of a study decides the same, and it is tested in microseconds.
+Successive halving follows Li et al., "A System for Massively Parallel Hyperparameter Tuning"
+(MLSys 2020): rungs at min_steps * rf**k below max_steps; a trial reaching a rung outside the
+top 1/rf of it is paused; `get_job` looks for a promotable lineage from the top rung down
+before it starts a new configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sweep.spec.scheduler import (
+    AshaScheduler,
+    HyperbandScheduler,
+    PbtScheduler,
+    Scheduler,
+)
+from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
+from sweep.study.lineages import LineageView, Standing
+
+
+@dataclass(frozen=True)
+class GoOn:
+    """The trial goes on."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause the trial: it reached rung `rung` (an index into `Halving.rungs`) at `step`,
+    outside the top of it."""
+
+    rung: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Replace:
+    """PBT: the trial is in the bottom quantile at `step`: a new lineage takes its place,
+    copied from `donor`'s checkpoint folder, with `params` (the donor's, perturbed)."""
+
+    donor: int
+    step: int
+    params: dict[str, Any]
+
+
+OnReport = GoOn | Pause | Replace
+
+
+@dataclass(frozen=True)
+class Promote:
+    """A free device continues the paused lineage `origin`, now in the top of the rung it
+    reached (`rung`, an index into `Halving.rungs`)."""
+
+    origin: int
+    rung: int
+
+
+@dataclass(frozen=True)
+class NewConfiguration:
+    """A free device starts a new configuration (in Hyperband bracket `bracket`)."""
+
+    bracket: int = 0
+
+
+Job = Promote | NewConfiguration
+
+
+def rungs(min_steps: int, max_steps: int, reduction_factor: int) -> tuple[int, ...]:
+    """The steps where successive halving decides: min_steps * rf**k, while below max_steps
+    (max_steps itself is the end, not a rung)."""
+    out, r = [], min_steps
+    while r < max_steps:
+        out.append(r)
+        r *= reduction_factor
+    return tuple(out)
+
+
+def top(values: Mapping[int, float], fraction: float, minimize: bool) -> list[int]:
+    """The origins in the top floor(n * fraction) of `values` (origin -> value), best first;
+    ties go to the lower origin (the earlier lineage)."""
+    ranked = sorted(values, key=lambda o: (values[o] if minimize else -values[o], o))
+    return ranked[:math.floor(len(values) * fraction + 1e-9)]
+
+
+@dataclass(frozen=True)
+class Halving:
+    """Successive halving with promotion, in brackets (one for asha). Bracket b's rungs are
+    the rungs from min_steps * rf**b on; a lineage is compared with its own bracket's only."""
+
+    rungs: tuple[int, ...]
+    reduction_factor: int
+    minimize: bool
+    brackets: int = 1
+
+    @classmethod
+    def of(cls, spec: AshaScheduler | HyperbandScheduler, minimize: bool) -> Halving:
+        r = rungs(spec.min_steps, spec.max_steps, spec.reduction_factor)
+        n = len(r) + 1 if isinstance(spec, HyperbandScheduler) else 1
+        return cls(r, spec.reduction_factor, minimize, n)
+
+    def rungs_of(self, bracket: int) -> tuple[int, ...]:
+        return self.rungs[bracket:]
+
+    def _rung_values(self, lineages: Mapping[int, LineageView], bracket: int,
+                     step: int) -> dict[int, float]:
+        out = {}
+        for o, line in lineages.items():
+            if line.bracket == bracket:
+                value = line.value_at(step)
+                if value is not None and value == value:
+                    out[o] = value
+        return out
+
+    def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
+                  step: int) -> OnReport:
+        """Lineage `origin` has reported up to `step` (`before`: the last step it had
+        reported, None: none): at the highest rung it has just passed, it goes on if it is in
+        the top 1/rf of that rung (counting itself), else it pauses."""
+        own = self.rungs_of(lineages[origin].bracket)
+        passed = [k for k, r in enumerate(own) if (before is None or before < r) and r <= step]
+        if not passed:
+            return GoOn()
+        k = passed[-1]
+        values = self._rung_values(lineages, lineages[origin].bracket, own[k])
+        if origin not in values or origin in top(values, 1 / self.reduction_factor,
+                                                 self.minimize):
+            return GoOn()
+        return Pause(lineages[origin].bracket + k, step)
+
+    def rung_of(self, line: LineageView) -> int | None:
+        """The index in its bracket's rungs of the highest rung a lineage has reached."""
+        last = line.last_step
+        own = self.rungs_of(line.bracket)
+        reached = [k for k, r in enumerate(own) if last is not None and last >= r]
+        return reached[-1] if reached else None
+
+    def promotable(self, lineages: Mapping[int, LineageView]) -> list[Promote]:
+        """The paused lineages now in the top 1/rf of the rung they reached, from the top
+        rung down, and best first within a rung (Li et al.'s get_job order)."""
+        found: list[tuple[int, float, int, Promote]] = []
+        for o, line in lineages.items():
+            if line.standing is not Standing.PAUSED:
+                continue
+            k = self.rung_of(line)
+            if k is None:
+                continue
+            own = self.rungs_of(line.bracket)
+            values = self._rung_values(lineages, line.bracket, own[k])
+            if o in top(values, 1 / self.reduction_factor, self.minimize):
+                value = values[o] if self.minimize else -values[o]
+                found.append((-own[k], value, o, Promote(o, line.bracket + k)))
+        return [p for *_, p in sorted(found, key=lambda f: f[:3])]
+
+    def bracket_for(self, lineages: Mapping[int, LineageView]) -> int:
+        """The bracket of a new configuration: the one furthest below its Hyperband share
+        (bracket b starts ceil((s+1)/(s-b+1) * rf**(s-b)) configurations per round, s the
+        number of rungs), the most aggressive first on a tie."""
+        if self.brackets == 1:
+            return 0
+        s = self.brackets - 1
+        share = [math.ceil((s + 1) / (s - b + 1) * self.reduction_factor ** (s - b))
+                 for b in range(self.brackets)]
+        counts = [0] * self.brackets
+        for line in lineages.values():
+            if 0 <= line.bracket < self.brackets:
+                counts[line.bracket] += 1
+        return min(range(self.brackets), key=lambda b: ((counts[b] + 1) / share[b], b))
+
+
+@dataclass(frozen=True)
+class Pbt:
+    """Population-based training (`PbtScheduler`): exploit and explore at every `interval`
+    steps. `seed` makes a decision the same in every driver that takes it."""
+
+    spec: PbtScheduler
+    minimize: bool
+
+    def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
+                  step: int, searched: Mapping[str, Searched], room: bool) -> OnReport:
+        """Lineage `origin` reported up to `step`: if it has just passed a multiple of
+        `interval` (below max_steps), is in the bottom quantile of the live lineages' latest
+        values, and `room` (n_trials allows another configuration), it is replaced by an
+        exploit of a lineage in the top quantile."""
+        every = self.spec.interval
+        passed = (before is None or before // every < step // every) and step // every > 0
+        if not room or not passed or step >= self.spec.max_steps:
+            return GoOn()
+        live = {o: line.last_value for o, line in lineages.items()
+                if line.standing in (Standing.RUNNING, Standing.QUEUED) and not line.replaced
+                and line.last_value is not None and line.last_value == line.last_value}
+        if origin not in live or len(live) < 2:
+            return GoOn()
+        values = {o: float(v) for o, v in live.items() if v is not None}
+        n = len(values)
+        cut = max(1, math.floor(n * self.spec.quantile + 1e-9))
+        best = top(values, 1.0, self.minimize)
+        if origin not in best[n - cut:] or origin in best[:cut]:
+            return GoOn()
+        rng = random.Random(f"{self.spec.seed}-{origin}-{step}")
+        donor = rng.choice(best[:cut])
+        return Replace(donor, step, explore(dict(lineages[donor].params), searched,
+                                            self.spec.perturb,
+                                            self.spec.resample_probability, rng))
+
+
+def explore(params: dict[str, Any], searched: Mapping[str, Searched],
+            factors: Sequence[float], resample: float, rng: random.Random) -> dict[str, Any]:
+    """The donor's `params`, perturbed: each number scaled by one of `factors` and kept in
+    its range (an int rounded, a stepped value on its step); each categorical or bool
+    resampled from its choices with probability `resample`. Params not searched are kept."""
+    out = dict(params)
+    for name, dim in searched.items():
+        if name not in out:
+            continue
+        if isinstance(dim, (CategoricalParam, BoolParam)):
+            if rng.random() < resample:
+                out[name] = rng.choice(list(dim.choices))
+            continue
+        assert isinstance(dim, (FloatParam, IntParam))
+        value = float(out[name]) * rng.choice(list(factors))
+        if dim.step is not None and not (isinstance(dim, IntParam) and dim.step == 1):
+            value = dim.low + round((value - dim.low) / dim.step) * dim.step
+        value = min(max(value, dim.low), dim.high)
+        out[name] = round(value) if isinstance(dim, IntParam) else value
+    return out
+
+
+def of(spec: Scheduler, minimize: bool) -> Halving | Pbt:
+    """The decisions of `study.scheduler`."""
+    if isinstance(spec, PbtScheduler):
+        return Pbt(spec, minimize)
+    return Halving.of(spec, minimize)

@@ -1,0 +1,104 @@
+"""The study's lineages as a scheduler sees them: for each lineage (the first attempt's number),
+its params, its curve over all its attempts, and where it stands (running, queued, paused,
+done), read from the trials' states and user attributes (pure: trials in, views out).
+
+A scheduler's decisions are recorded in user attributes, so every driver of the study reads
+the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set before it is
+told), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`, `EXPLOIT_STEP` and `REPLACES`
+(a PBT lineage copied from a donor's checkpoint folder at a step, in place of a lineage), and
+`RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
+lineage had reached).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from sweep.trial import lineage
+
+PAUSED_AT, RUNG = "paused_at", "rung"
+BRACKET = "bracket"
+EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
+RESUMED_AT, STEPS_REPEATED = "resumed_at", "steps_repeated"
+
+
+class Standing(enum.Enum):
+    """Where a lineage stands, by its latest attempt."""
+
+    RUNNING = "running"  # its latest attempt runs
+    QUEUED = "queued"  # its latest attempt waits to be asked
+    PAUSED = "paused"  # stopped at a rung (PAUSED_AT), not carried on yet
+    DONE = "done"  # finished, failed for good, or replaced: it never continues
+
+
+@dataclass(frozen=True)
+class LineageView:
+    """One lineage: `origin` (its first attempt's number), the searched params it runs,
+    `curve` (each step's value, from the latest attempt that reported it), its `standing`,
+    and its latest attempt (to queue its continuation from)."""
+
+    origin: int
+    params: Mapping[str, Any]
+    curve: Mapping[int, float]
+    standing: Standing
+    latest: FrozenTrial
+    bracket: int = 0
+    exploit_of: int | None = None
+    replaced: bool = False  # a PBT lineage took its place
+    first: Mapping[str, Any] = field(default_factory=dict)  # its first attempt's user attrs
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.curve) if self.curve else None
+
+    def value_at(self, step: int) -> float | None:
+        """The value at the first reported step at or after `step` (None: not reached)."""
+        later = [s for s in self.curve if s >= step]
+        return self.curve[min(later)] if later else None
+
+    @property
+    def last_value(self) -> float | None:
+        last = self.last_step
+        return None if last is None else self.curve[last]
+
+
+def _status(t: FrozenTrial) -> Standing:
+    if t.state is TrialState.RUNNING:
+        return Standing.RUNNING
+    if t.state is TrialState.WAITING:
+        return Standing.QUEUED
+    if PAUSED_AT in t.user_attrs and t.state is TrialState.PRUNED:
+        return Standing.PAUSED
+    return Standing.DONE
+
+
+def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
+    """The lineages of `trials` (every trial of a study), by origin."""
+    by_origin: dict[int, list[FrozenTrial]] = {}
+    for t in trials:
+        origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
+        by_origin.setdefault(origin, []).append(t)
+    replaced = {int(t.user_attrs[REPLACES]) for ts in by_origin.values() for t in ts
+                if REPLACES in t.user_attrs}
+    out: dict[int, LineageView] = {}
+    for origin, attempts in by_origin.items():
+        attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
+        first, latest = attempts[0], attempts[-1]
+        curve = lineage.merged_curve(
+            [(int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.intermediate_values)
+             for t in attempts])
+        params = {**first.system_attrs.get("fixed_params", {}), **first.params}
+        standing = Standing.DONE if origin in replaced else _status(latest)
+        if standing is Standing.DONE and latest.state is TrialState.RUNNING:
+            standing = Standing.RUNNING  # replaced, still winding down
+        exploit = first.user_attrs.get(EXPLOIT_OF)
+        out[origin] = LineageView(
+            origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
+            None if exploit is None else int(exploit), origin in replaced,
+            dict(first.user_attrs))
+    return out

@@ -1,0 +1,152 @@
+"""Issue 31's acceptance with real processes: asha (min_steps 2, max_steps 18, rf 3), 9
+configurations, a trainer that checkpoints every step and resumes from its folder, 2
+simulated GPUs shared by 2 drivers (the host's slot locks), with and without a kill -9 of
+one driver mid-way."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+
+CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
+STEPS, N = 18, 9
+XS = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
+
+
+def promoted_yet(study: Path) -> bool:
+    try:
+        return any("continues" in t.user_attrs for t in load_trials(study))
+    except KeyError:  # the study is not created yet
+        return False
+
+
+def steps_logged(study: Path) -> list[tuple[int, int]]:
+    """(lineage, step) of every step any attempt ran."""
+    out = []
+    for log in (study.parent / "probe" / "checkpoints").glob("*/steps.log"):
+        for line in log.read_text().splitlines():
+            out.append((int(log.parent.name), int(line.split()[1])))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [False, True])
+def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
+        write_study, tmp_path, kill):
+    study = write_study(study_dict(
+        study={"n_trials": N, "heartbeat_interval": 1, "reclaim_after": 2,
+               # the best first: they are paused at rung 0 (too few there yet), and
+               # promoted once worse ones have come
+               "enqueue": [{"x": x} for x in XS],
+               "scheduler": {"type": "asha", "min_steps": 2, "max_steps": STEPS,
+                             "reduction_factor": 3}},
+        trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
+                 "args": ["--steps", str(STEPS), "--sleep", "0.1"],
+                 "resume_args": ["--resume"]},
+    ))
+    env = {"SWEEP_FAKE_GPUS": "2"}
+    first, second = spawn_cli("run", str(study), env=env), spawn_cli("run", str(study), env=env)
+    if kill:  # once a lineage has been paused and promoted, mid-way
+        assert wait_until(lambda: promoted_yet(study), 60)
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=30)
+    else:
+        _, err = first.communicate(timeout=180)
+        assert first.returncode == 0, err
+    _, err = second.communicate(timeout=180)
+    assert second.returncode == 0, err
+    if kill:  # what the survivor may have left to another run (it waits for none of it)
+        last = spawn_cli("run", str(study), env=env)
+        _, err = last.communicate(timeout=180)
+        assert last.returncode == 0, err
+    assert "Traceback" not in err
+    assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
+
+    trials = load_trials(study)
+    states = collections.Counter(t.state.name for t in trials)
+    assert states["RUNNING"] == states["WAITING"] == 0, states
+    lineages: dict[int, list] = collections.defaultdict(list)
+    for t in trials:
+        if t.params:  # a kill between the ask and the owner record: no trainer ran
+            lineages[t.user_attrs.get("retry_of", t.number)].append(t)
+    assert len(lineages) == N  # n_trials counts configurations
+    paused = [t for t in trials if "paused_at" in t.user_attrs]
+    assert paused and {t.state.name for t in paused} <= {"PRUNED", "FAIL"}
+    promoted = [t for t in trials if "continues" in t.user_attrs
+                and "paused_at" in trials[t.user_attrs["continues"]].user_attrs]
+    assert promoted
+    # every continuation resumed from its checkpoint; a step ran twice only where an attempt
+    # was cut (a pause or a kill between the step's log line and its checkpoint)
+    assert not [t.number for t in trials if "steps_repeated" in t.user_attrs]
+    ran = collections.Counter(origin for origin, _ in steps_logged(study))
+    distinct = collections.defaultdict(set)
+    for origin, step in steps_logged(study):
+        distinct[origin].add(step)
+    for origin, attempts in lineages.items():
+        assert distinct[origin] == set(range(max(distinct[origin]) + 1)), origin
+        cuts = sum(t.state.name != "COMPLETE" for t in attempts)
+        assert ran[origin] <= len(distinct[origin]) + cuts, (origin, ran[origin], cuts)
+        # no lineage ran in two processes at once: each attempt began after the one before
+        spans = sorted((t.datetime_start, t.datetime_complete) for t in attempts)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), origin
+    # the best lineages reached max_steps: whatever was in the top of a rung was promoted
+    done = [o for o, a in lineages.items() if any(t.state.name == "COMPLETE" for t in a)]
+    assert done and all(max(distinct[o]) == STEPS - 1 for o in done)
+    curves = {o: {s: v for t in a for s, v in t.intermediate_values.items()}
+              for o, a in lineages.items()}
+    # a lineage's value at rung 1: at the first step it reported at or after step 6
+    at_rung_1 = {o: c[min(s for s in c if s >= 6)] for o, c in curves.items()
+                 if any(s >= 6 for s in c)}
+    if len(at_rung_1) >= 3:
+        assert min(at_rung_1, key=at_rung_1.__getitem__) in done
+    # fewer steps in all than training every configuration to the end
+    assert sum(ran.values()) < N * STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fresh", [False, True])
+def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
+        write_study, tmp_path, fresh):
+    """A population of 4, n_trials 6: two exploits, each a new lineage whose folder is a copy
+    of its donor's, started with the donor's x perturbed; the trainer's own output shows the
+    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged."""
+    args = ["--steps", "20", "--sleep", "0.1"] + (["--fresh"] if fresh else [])
+    study = write_study(study_dict(
+        study={"n_trials": 6, "heartbeat_interval": 1,
+               "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+               "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
+                             "perturb": [0.8, 1.25], "seed": 0}},
+        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"]},
+    ))
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    trials = load_trials(study)
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert len(exploits) == 2, err
+    folder = study.parent / "probe"
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
+                                 pytest.approx(min(1.0, donor.params["x"] * 1.25)))
+        assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
+        said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
+        step = int(said.split()[3])
+        assert said == f"starting at step {step} with x={t.params['x']}"
+        # the donor's own record came with the copy: its start, and the steps it had made
+        copied = (folder / "checkpoints" / str(t.number) / "starts.log").read_text()
+        assert copied.splitlines()[0].startswith(f"{donor.number} 0 ")
+        if fresh:
+            assert step == 0
+            assert t.user_attrs["resumed_at"] == 0
+            assert t.user_attrs["steps_repeated"] == t.user_attrs["exploit_step"] + 1
+        else:
+            assert step > t.user_attrs["exploit_step"]
+            assert "steps_repeated" not in t.user_attrs
+    assert ("steps repeated" in out + err) is fresh
