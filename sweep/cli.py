@@ -311,10 +311,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # SIGTERM or SIGHUP outside a running sweep (which handles them itself) ends like Ctrl-C:
-    # exit 130. Under `nohup` (SIGHUP ignored) SIGHUP stays ignored.
+    # SIGTERM, SIGUSR1, SIGUSR2 or SIGHUP outside a running sweep (which handles them itself)
+    # ends like Ctrl-C: exit 130. Under `nohup` (SIGHUP ignored) SIGHUP stays ignored.
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, _interrupt)
         if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
             signal.signal(signal.SIGHUP, _interrupt)
     args = parser().parse_args(argv)

@@ -106,12 +106,12 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.05)
+        time.sleep(every)
     return predicate()
 
 

@@ -344,3 +344,40 @@ def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
         signal.raise_signal(signal.SIGINT)  # a second Ctrl-C-like stop still hurries
     assert got == [signal.SIGUSR2, signal.SIGINT]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
+def test_a_stop_signal_while_the_driver_starts_up_is_exit_130(write_study, tmp_path, signum):
+    """Issue 32: SIGUSR1 (what Slurm sends before a time limit) in the driver's first
+    seconds, while its modules still import, killed it with exit 138: every stop signal is
+    caught from sweep's first line and ends the run as Ctrl-C does. Forced: sent 0.2 s after
+    the interpreter is up (its SIGINT handler), while sweep's modules import (a second or
+    more)."""
+    study = write_study(study={"n_trials": 2}, trainer={"args": ["--sleep", "30"]})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: catches(driver.pid, signal.SIGINT), 30, every=0.001)
+    time.sleep(0.2)
+    driver.send_signal(signum)
+    _, err = driver.communicate(timeout=60)
+    assert driver.returncode == 130, err
+    assert "Traceback" not in err
+    assert all(t.state.name in ("FAIL", "WAITING") for t in load_trials_if_any(study))
+    assert wait_until(lambda: processes_mentioning(str(tmp_path)) == [], 10)
+
+
+def load_trials_if_any(study) -> list:
+    try:
+        return load_trials(study)
+    except KeyError:  # stopped before the study was created
+        return []
