@@ -283,6 +283,18 @@ def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
     (OOM_CRASH, False),  # out of memory: its own verdict, never the card's
     ("RuntimeError: CUDA error: device-side assert triggered\n", False),  # the program's
     ("ValueError: bad lr\n", False),
+    # issue 32: judged by the error it died of, not by words it printed along the way
+    ("checking for ECC errors on the card: none\nTraceback (most recent call last):\n"
+     '  File "t.py", line 3, in <module>\n    raise ValueError("bad lr")\n'
+     "ValueError: bad lr\n", False),
+    ("warning: CUDA error: unspecified launch failure seen once, retried\n"
+     "ValueError: bad lr\n", True),  # no traceback: its last lines are all there is
+    ("Traceback (most recent call last):\n  File \"t.py\", line 9, in <module>\n"
+     "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+     "CUDA kernel errors might be asynchronously reported at some other API call\n\n"
+     "Traceback (most recent call last):\n  File \"run.py\", line 2, in <module>\n"
+     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED\n",
+     True),  # a rank's CUDA error, before the launcher's own traceback
 ])
 def test_which_crashes_are_cuda_errors_that_may_be_the_cards(stderr, cuda):
     from sweep.trial.outcome import judge

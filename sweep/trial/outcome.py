@@ -125,7 +125,7 @@ def judge(
                            oom=True)
         detail = last_line(trainer_stderr) or "no stderr"
         return Outcome(FAIL, fail_reason=f"exit code {code}: {detail}", exit_code=code,
-                       cuda_error=cuda_error_line(trainer_stderr) is not None)
+                       cuda_error=cuda_error_line(died_of(trainer_stderr)) is not None)
     if result_text is None:
         return Outcome(FAIL, exit_code=code, fail_reason=NO_RESULT)
     try:
@@ -230,6 +230,30 @@ def _matches_in(path: Path | None, patterns: Sequence[str], metrics: list[str]) 
     except PatternTimeout:
         return False
     return all(m in found for m in metrics)
+
+
+TAIL_LINES = 20  # lines of stderr a trainer that died without a Python traceback is judged by
+
+
+def died_of(stderr: str) -> str:
+    """What the trainer died of, as its stderr says: the exception lines of its Python
+    tracebacks (`RuntimeError: CUDA error: ...`, also a child's before a launcher's), or,
+    with no traceback (an abort in C++), its last TAIL_LINES lines. What it printed along the
+    way ("ECC error" in a log line before a ValueError) is not the error it died of."""
+    lines = stderr.splitlines()
+    found: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("Traceback (most recent call last):"):
+            i += 1
+            continue
+        i += 1
+        while i < len(lines) and (lines[i][:1].isspace() or not lines[i].strip()):
+            i += 1  # the frames ("  File ...", their code, ^^^ marks)
+        while i < len(lines) and lines[i].strip() and not lines[i].startswith("Traceback"):
+            found.append(lines[i])  # the exception and the rest of its message
+            i += 1
+    return "\n".join(found) if found else "\n".join(lines[-TAIL_LINES:])
 
 
 def cuda_error_line(stderr: str) -> str | None:
