@@ -27,6 +27,12 @@ PARAMS_ENV = "SWEEP_PARAMS_FILE"
 TRIAL_DIR_ENV = "SWEEP_TRIAL_DIR"
 PORT_ENV = "SWEEP_MAIN_PORT"  # a free port for a multi-GPU trial's rendezvous
 TRIAL_NUMBER_ENV = "SWEEP_TRIAL_NUMBER"
+CHECKPOINT_ENV = "SWEEP_CHECKPOINT_DIR"  # the lineage's folder: the same for every attempt
+RUN_ID_ENV = "SWEEP_RUN_ID"  # the lineage's run id
+# what sweep sets for each trial, which `trainer.env` may not set (the driver's own
+# SWEEP_* variables, such as SWEEP_FAKE_GPUS, are not passed on as these are)
+PER_TRIAL = (RESULT_ENV, REPORT_ENV, PARAMS_ENV, TRIAL_DIR_ENV, PORT_ENV, TRIAL_NUMBER_ENV,
+             CHECKPOINT_ENV, RUN_ID_ENV, "CUDA_VISIBLE_DEVICES")
 
 
 # ---- trainer side -------------------------------------------------------------------------

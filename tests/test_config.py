@@ -439,3 +439,21 @@ def test_a_folder_named_as_the_study_file_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (f"sweep: error: {tmp_path}: the study file is not a regular file (a folder? "
                    "a FIFO?)\n")
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("CUDA_VISIBLE_DEVICES", "sweep gives each trial its own devices (its value would be "
+     "replaced): choose the pool with gpus.ids, or CUDA_VISIBLE_DEVICES in the driver's "
+     "environment, and remove it from trainer.env"),
+    ("SWEEP_RESULT_FILE", "sweep sets it for each trial (its value would be replaced): to read "
+     "the result from another file, set trainer.result.file, and remove it from trainer.env"),
+    ("SWEEP_CHECKPOINT_DIR", "sweep sets it for each trial (its own value would be replaced): "
+     "remove it from trainer.env"),
+])
+def test_a_variable_sweep_sets_per_trial_is_refused_in_trainer_env(write_study, name, why):
+    """Issue 32: CUDA_VISIBLE_DEVICES or SWEEP_RESULT_FILE in trainer.env was silently
+    replaced by sweep's own value for each trial."""
+    path = write_study(trainer={"env": {name: "0"}})
+    with pytest.raises(ConfigError) as refused:
+        config.load(path)
+    assert str(refused.value) == f"{path}: trainer.env.{name}: {why}"

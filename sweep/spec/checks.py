@@ -15,6 +15,7 @@ from typing import Any
 from sweep._core import placeholders
 from sweep._core.errors import ConfigError, Problem, short
 from sweep._core.patterns import compile_pattern
+from sweep.protocol import PER_TRIAL, RESULT_ENV
 from sweep.spec import accelconfig, interpreter, searchspace, storageurl
 from sweep.spec import container as containerspec
 from sweep.spec import scheduler as scheduler_spec
@@ -150,6 +151,9 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         if not ENV_NAME.match(name):
             bad(f"trainer.env.{short(name, 40)}", "not an environment variable name (letters, "
                 "digits and _, not starting with a digit)")
+        elif name in PER_TRIAL:
+            bad(f"trainer.env.{name}", PER_TRIAL_WHY.get(name, "sweep sets it for each trial "
+                "(its own value would be replaced): remove it from trainer.env"))
     script = None
     if trainer.script is not None:
         script = (base / trainer.script).resolve()
@@ -297,6 +301,14 @@ def _env_clashes(spec: Spec) -> list[tuple[str, str]]:
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PER_TRIAL_WHY = {
+    "CUDA_VISIBLE_DEVICES": "sweep gives each trial its own devices (its value would be "
+    "replaced): choose the pool with gpus.ids, or CUDA_VISIBLE_DEVICES in the driver's "
+    "environment, and remove it from trainer.env",
+    RESULT_ENV: "sweep sets it for each trial (its value would be replaced): to read the "
+    "result from another file, set trainer.result.file, and remove it from trainer.env",
+}
+
 def _check_output_dir(file: str, output_dir: Path) -> None:
     """`output_dir` is a folder, or can be created as one (checked, not created)."""
     if output_dir.exists():

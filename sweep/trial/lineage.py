@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweep import protocol
 from sweep._core.placeholders import fill
 from sweep._core.safefs import UnsafePath, make_own_folder, remove_tree, write_file
 
@@ -27,7 +28,7 @@ RETRIES = "retries"  # retries after a real failure in the lineage so far (max_r
 RUN_ID = "run_id"  # SWEEP_RUN_ID: the same for every attempt of the lineage
 CLEAN = "clean"  # True: this attempt starts clean (a retry, trainer.retry_from: clean)
 
-CHECKPOINT_ENV, RUN_ID_ENV = "SWEEP_CHECKPOINT_DIR", "SWEEP_RUN_ID"
+CHECKPOINT_ENV, RUN_ID_ENV = protocol.CHECKPOINT_ENV, protocol.RUN_ID_ENV
 WANDB_RUN_ID, WANDB_RESUME = "WANDB_RUN_ID", "WANDB_RESUME"
 CHECKPOINTS = "checkpoints"  # <output_dir>/checkpoints/<first attempt's number>/
 LAST_CHECKPOINT = "last_checkpoint"  # the placeholder of trainer.resume_args only
