@@ -434,7 +434,7 @@ def test_a_backlog_of_reports_is_read_a_batch_a_pass_and_the_trial_told_after_it
 
     lines = [(1.0, i, float(i)) for i in range(1, 251)]  # 250 lines as it exits
     s = Sweep(tmp_path, lambda p: Script(runs=1.0, reports=lines), gpus=1,
-              study={"n_trials": 1})
+              study={"n_trials": 1, "heartbeat_interval": 30})
     reads: list[int] = []
     make = intermediate.reader_for
 
@@ -456,3 +456,22 @@ def test_a_backlog_of_reports_is_read_a_batch_a_pass_and_the_trial_told_after_it
     [trial] = s.trials
     assert trial.state.name == "COMPLETE" and max(trial.intermediate_values) == 250
     assert sum(reads) == 250 and max(reads) <= intermediate.BATCH
+    assert s.clock.t == pytest.approx(1.0)  # passes one after the other, not a heartbeat apart
+
+
+def test_a_failure_that_names_a_study_file_fix_is_not_retried_and_stops_the_run(tmp_path):
+    """Issue 32: `result.stdout` where the trainer prints its metric on stderr failed every
+    trial the same way, and was retried: 5 full trials ran with n_trials: 1."""
+    s = Sweep(tmp_path, lambda p: Script(result=None, stderr="score: 0.5\n"), gpus=1,
+              study={"n_trials": 2},
+              trainer={"max_retries": 3,
+                       "result": {"stdout": r"score: (?P<score>[-+.0-9eE]+|nan|inf)"}})
+    said = capture_messages(s)
+    assert s.run() == 1
+    [trial] = s.trials
+    reason = trial.user_attrs["fail_reason"]
+    assert reason.endswith("they match in stderr.log: set trainer.result.stderr instead")
+    assert s.driver.policy.stop_reason == (
+        f"trial 0 failed and the study file must change: {reason}")
+    assert said == [f"trial 0 failed and the study file must change: {reason}: no new "
+                    "trials; waiting for 0"]

@@ -166,10 +166,14 @@ def test_an_output_dir_inside_another_studys_is_refused_before_anything_is_writt
     with pytest.raises(UsageError) as refused:
         folders.claim_output_dir(inner, folders.owner_of(b), b.source)
     assert str(refused.value) == (
-        f"{b.source}: study.output_dir: {inner} is inside {tmp_path}/a, the output_dir of "
-        f"study 'a' (storage sqlite:///{tmp_path}/a.db) (see {tmp_path}/a/study.json), whose "
-        "trial folders are removed with their trials: give this study a folder of its own")
+        f"{b.source}: study.output_dir: {inner} is inside {tmp_path}/a/trials, a folder of "
+        f"study 'a' (storage sqlite:///{tmp_path}/a.db) (see {tmp_path}/a/study.json) whose "
+        "contents are removed with its trials: give this study a folder of its own")
     assert not inner.exists() and not (tmp_path / "b.db").exists()
+    beside = tmp_path / "a" / "ablation"  # next to a's trials, not in them: fine
+    c = spec_at(tmp_path, "c", beside)
+    folders.claim_output_dir(beside, folders.owner_of(c), c.source)
+    assert (beside / "study.json").is_file()
 
 
 def test_a_study_inside_a_trial_folder_stops_its_removal(tmp_path):
@@ -200,7 +204,8 @@ def test_a_clean_retry_empties_only_its_own_folder_never_through_a_link_inside(t
 @contextlib.contextmanager
 def mounted(at: Path) -> Iterator[None]:
     at.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sweep-test", str(at)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "sweep-test",
+                           str(at)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -220,3 +225,23 @@ def test_a_disk_mounted_inside_a_folder_sweep_made_is_never_emptied(tmp_path):
         with pytest.raises(UnsafePath, match="another file system mounted there"):
             remove_tree(folder, "command.sh")
         assert (folder / "disk" / "data.bin").read_text() == MINE
+
+
+def test_a_file_a_trainer_calls_study_json_does_not_stop_a_clean_retry(tmp_path):
+    """Only a study's marker (naming a study and its storage) marks another study's folder."""
+    folder = lineage.checkpoint_dir(tmp_path / "out", 4)
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text('{"lr": 0.1, "epochs": 3}')  # the trainer's own
+    lineage.prepare(tmp_path / "out", Lineage(4, 1, 1, continues=4, clean=True))
+    assert not any(folder.iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CI runs as root)")
+def test_a_disk_mounted_at_a_trial_folder_itself_is_never_emptied(tmp_path):
+    folder = tmp_path / "trials" / "0"
+    with mounted(folder):
+        (folder / "command.sh").write_text("#!/bin/sh\n")
+        (folder / "data.bin").write_text(MINE)
+        with pytest.raises(UnsafePath, match="is where another file system is mounted"):
+            remove_tree(folder, "command.sh")
+        assert (folder / "data.bin").read_text() == MINE

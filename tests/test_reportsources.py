@@ -216,3 +216,18 @@ def test_a_json_lines_line_longer_than_a_pass_is_read_and_one_past_the_bound_ski
     assert reader.read_rest() == [(1, 0.5), (3, 0.125)] and reader.error is None
     err = capsys.readouterr().err
     assert err == f"sweep: {huge}: line 2 is longer than 300000 bytes: skipped\n"
+
+
+def test_a_file_that_ends_inside_a_line_too_long_to_read_has_nothing_more_waiting(
+        tmp_path, monkeypatch, capsys):
+    """A trainer killed while writing a line longer than LONGEST_LINE: the reader said
+    `more` forever at the end of the file, so the driver never judged the trial (and spun)."""
+    monkeypatch.setattr(results, "LONGEST_LINE", 1000)
+    monkeypatch.setattr(results, "CHUNK", 512)
+    path = tmp_path / "reports.jsonl"
+    path.write_text('{"step": 1, "value": 0.5}\n' + "x" * 5000)  # no newline at its end
+    reader = results.ReportReader(path)
+    got = [reader.read() for _ in range(12)]
+    assert got[0] == [(1, 0.5)] and not any(got[1:]) and reader.error is None
+    assert reader.more is False
+    assert "line 2 is longer than 1000 bytes: skipped" in capsys.readouterr().err

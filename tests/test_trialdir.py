@@ -97,7 +97,8 @@ def test_prepare_never_removes_a_link_file_or_folder_sweep_did_not_make(tmp_path
     with pytest.raises(TrialFileError) as refused:
         folders.prepare_trial_dir(plan, {"x": 0.5})
     why = {"link": "is a symbolic link", "file": "is not a folder",
-           "folder": "holds files sweep did not put there (it has no command.sh of sweep's)"}
+           "folder": "holds files sweep did not put there (it has no command.sh of sweep's): "
+                     "move or remove it, or give the study another output_dir"}
     assert str(refused.value) == f"{plan.paths.dir} {why[planted]}"
     assert (victim / "keep").read_text() == "mine"
     kept = plan.paths.dir.read_text() if planted == "file" else (plan.paths.dir / "keep")

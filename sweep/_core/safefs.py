@@ -9,6 +9,7 @@ own files in belongs to this user and is not writable by every user. A refusal i
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pwd
 import shutil
@@ -181,18 +182,37 @@ def remove_tree(path: Path, made: bool | str) -> None:
     if problem:
         raise UnsafePath(path, problem)
     try:
+        if os.lstat(path.parent).st_dev != st.st_dev:
+            raise UnsafePath(path, "is where another file system is mounted")
         for folder, _, files, fd in os.fwalk(path, follow_symlinks=False):
             if folder == str(path) and not _made_by_sweep(fd, files, made):
                 named = f" (it has no {made} of sweep's)" if isinstance(made, str) else ""
-                raise UnsafePath(path, f"holds files sweep did not put there{named}")
+                raise UnsafePath(path, f"holds files sweep did not put there{named}: move or "
+                                 "remove it, or give the study another output_dir")
             if os.fstat(fd).st_dev != st.st_dev:
                 raise UnsafePath(path, f"holds {folder}, another file system mounted there")
-            if MARKER in files:
+            if MARKER in files and _names_a_study(MARKER, fd):
                 raise UnsafePath(path, f"holds {Path(folder) / MARKER}, another study's "
                                  "output_dir")
         shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
     except OSError as e:
         raise _named(e, path) from e
+
+
+def _names_a_study(name: str, fd: int) -> bool:
+    """Whether the file `name` in the folder open as `fd` is a study's marker (a JSON object
+    naming a study and its storage), not a file a trainer happened to call so."""
+    try:
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        return False
+    try:
+        data = json.loads(os.read(handle, 1 << 16))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(handle)
+    return isinstance(data, dict) and "study" in data and "storage" in data
 
 
 def _made_by_sweep(fd: int, files: list[str], made: bool | str) -> bool:

@@ -339,6 +339,7 @@ class Driver:
         (the rest are read in the next passes, between which other trials and signals are
         served). A bad line stops the trial."""
         assert run.reports is not None
+        run.drained += exited
         fresh = run.reports.read()
         running = run.phase is Phase.RUNNING and not exited
         prune = self._prunes and running
@@ -354,8 +355,8 @@ class Driver:
                 return
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
-        if self.scheduling is not None and running:
-            decided = self.scheduling.on_reports(run, stored)
+        if self.scheduling is not None:  # the resume check also on values read after exit
+            decided = self.scheduling.on_reports(run, stored, decide=running)
             if decided is not None:
                 run.stop(decided, now)
         if run.reports.error is not None:
@@ -400,7 +401,7 @@ class Driver:
         queued = False
         if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
             queued = self._carry_on(run, line, not fault and self.policy.retries(
-                verdict.state, line.retries, verdict.oom, interrupted),
+                verdict.state, line.retries, verdict.oom, interrupted, verdict.study_fix),
                 fault or self.policy.continues(verdict.state, interrupted),
                 "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
@@ -427,7 +428,7 @@ class Driver:
         see = _where_to_look(run.process.plan.paths, run.stop_reason)
         self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
                           verdict.fail_reason, see=str(see), device_fault=fault,
-                          number=run.number)
+                          number=run.number, study_fix=verdict.study_fix)
         if queued:
             self._adjust_counts(waiting=1)
 

@@ -106,7 +106,7 @@ class Policy:
     def after(
         self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False,
         fail_reason: str | None = None, see: str = "", device_fault: bool = False,
-        number: int | None = None,
+        number: int | None = None, study_fix: bool = False,
     ) -> Followup:
         """What follows a trial told `state` (COMPLETE, PRUNED or FAIL); `attempt` is how
         many retries after a real failure its lineage has had (`lineage.Lineage.retries`);
@@ -114,7 +114,13 @@ class Policy:
         carried on (`continues`), and is no failure: the streak stays as it was.
         `device_fault`: it failed on a device taken out of the pool as sick: its params run
         again elsewhere, and it is not counted toward `max_consecutive_failures`. `number`:
-        the trial's, so that `forgive` can take it out of the streak later."""
+        the trial's, so that `forgive` can take it out of the streak later. `study_fix`: its
+        reason names a fix of the study file (every trial would fail the same way): no retry,
+        and no new trial starts."""
+        if state is TrialState.FAIL and study_fix and not interrupted:
+            reason = f"trial {number} failed and the study file must change: {fail_reason}"
+            self.give_up(reason)
+            return Followup(give_up=reason)
         if state is not TrialState.FAIL:
             self.streak = 0
             self.streak_of.clear()
@@ -142,13 +148,15 @@ class Policy:
         self.streak_of = kept
 
     def retries(
-        self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False
+        self, state: TrialState, attempt: int, oom: bool = False, interrupted: bool = False,
+        study_fix: bool = False,
     ) -> bool:
         """Whether a trial told `state` after `attempt` retries of its lineage is retried (as
         `after` says), decided before it is told: its retry is queued first. An interrupted
-        trial is not retried but carried on (`continues`)."""
-        return state is TrialState.FAIL and not interrupted and attempt < self.max_retries \
-            and (self.retry_oom or not oom)
+        trial is not retried but carried on (`continues`); nor is one whose reason names a fix
+        of the study file."""
+        return state is TrialState.FAIL and not interrupted and not study_fix \
+            and attempt < self.max_retries and (self.retry_oom or not oom)
 
     def continues(self, state: TrialState, interrupted: bool) -> bool:
         """Whether a trial told `state` is carried on by a new attempt of its lineage (the

@@ -159,8 +159,10 @@ class Scheduling:
             self._expect[asked.number] = _saved_step(start, before)
         return start
 
-    def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> Stop | None:
-        """New steps stored for `run`: the resume check on its first, then the scheduler's
+    def on_reports(self, run: RunningTrial, steps: Sequence[int],
+                   decide: bool = True) -> Stop | None:
+        """New steps stored for `run`: the resume check on its first, then, with `decide`
+        (the trial still runs: not being stopped, its command not exited), the scheduler's
         decision at the last (a Stop to give the trial, or None: it goes on)."""
         if not steps:
             return None
@@ -170,7 +172,7 @@ class Scheduling:
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)
-        if before is not None and step <= before:
+        if not decide or (before is not None and step <= before):
             return None
         lines = self.lineages()
         if run.origin not in lines:

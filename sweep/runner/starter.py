@@ -63,16 +63,23 @@ class Starter:
              "trial_number": str(asked.number), **lineage.places(start)},
             plan.cwd) if single else None
         proc = self.launcher.spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
-        lease.attach(proc)
-        watch = None
-        if spec.trainer.hang_after is not None:
-            paths = plan.paths
-            watch = hang.OutputWatch(
-                sorted({paths.stdout, paths.stderr, paths.reports, paths.result, plan.result}),
-                self.now(), spec.trainer.hang_after, POLL_SECONDS,
-                reports.watched if reports is not None else tuple)
-        # the wait for a fork server's imports is not the trial's time
-        deadline = self.now() + spec.trainer.timeout if spec.trainer.timeout else None
-        return RunningTrial(asked.trial, asked.number, params, line, lease, proc,
-                            spec.trainer.stop_grace, deadline, reports, watch,
-                            result_before=before, resumed=start.resume)
+        try:  # nothing may run that no record follows: a failure from here kills it
+            lease.attach(proc)
+            watch = None
+            if spec.trainer.hang_after is not None:
+                paths = plan.paths
+                watch = hang.OutputWatch(
+                    sorted({paths.stdout, paths.stderr, paths.reports, paths.result,
+                            plan.result}),
+                    self.now(), spec.trainer.hang_after, POLL_SECONDS,
+                    reports.watched if reports is not None else tuple)
+            # the wait for a fork server's imports is not the trial's time
+            deadline = self.now() + spec.trainer.timeout if spec.trainer.timeout else None
+            return RunningTrial(asked.trial, asked.number, params, line, lease, proc,
+                                spec.trainer.stop_grace, deadline, reports, watch,
+                                result_before=before, resumed=start.resume)
+        except BaseException:
+            proc.force_kill()
+            proc.wait(5)
+            proc.close()
+            raise

@@ -153,16 +153,25 @@ def claim_output_dir(output_dir: Path, owner: OutputOwner, source: Path) -> None
         raise UsageError(foreign(source, output_dir, found))
 
 
+SWEEPS_OWN = ("trials", "checkpoints", "drivers")  # what sweep makes in an output_dir
+
+
 def check_not_nested(output_dir: Path, source: Path) -> None:
-    """UsageError if a folder above `output_dir` is a study's output_dir (holds a study.json
-    naming a study): a trial folder or checkpoint folder of that study could hold it."""
-    for above in Path(os.path.realpath(output_dir)).parents:
+    """UsageError if `output_dir` is inside a folder sweep makes in another study's output_dir
+    (`trials/`, `checkpoints/`, `drivers/` of a folder holding a study.json that names a
+    study): it would be removed with that study's trial or lineage. Beside them (a study in
+    `runs/ablation` next to one in `runs`) is fine."""
+    real = Path(os.path.realpath(output_dir))
+    for above in real.parents:
         found = read_marker(above)
-        if found is not None and found.study != "<unreadable>":
+        if found is None or found.study == "<unreadable>":
+            continue
+        part = real.relative_to(above).parts[0]
+        if part in SWEEPS_OWN:
             raise UsageError(
-                f"{source}: study.output_dir: {output_dir} is inside {above}, the output_dir "
-                f"of {_whose(found)} (see {above / MARKER_NAME}), whose trial folders are "
-                "removed with their trials: give this study a folder of its own")
+                f"{source}: study.output_dir: {output_dir} is inside {above / part}, a folder "
+                f"of {_whose(found)} (see {above / MARKER_NAME}) whose contents are removed "
+                "with its trials: give this study a folder of its own")
 
 
 def _mark(output_dir: Path, owner: OutputOwner) -> OutputOwner | None:
@@ -292,7 +301,8 @@ def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     removed (a result written before the trial never counts: `written_before`), and one that
     is a folder is refused. `secrets` (see `arg_secrets`) are left out of command.sh's
     arguments, as are the values of the trial's variables whose names look secret.
-    TrialFileError (naming the path) if it cannot be done; then nothing was removed.
+    TrialFileError (naming the path) if it cannot be done; then nothing of the user's was
+    removed.
     Returns the `stat` of the result file found elsewhere before the trial (for
     `written_before`), None if there was none."""
     with _trial_files(plan.paths.dir):

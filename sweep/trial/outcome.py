@@ -56,6 +56,7 @@ class Outcome:
     oom: bool = False
     extras: dict[str, float] = field(default_factory=dict)
     cuda_error: bool = False  # a crash with a CUDA error that is not out-of-memory
+    study_fix: bool = False  # its reason names a fix of the study file: every trial would fail so
 
 
 def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
@@ -201,12 +202,16 @@ def judge_files(
         if patterns and _matches_in(stdout if other == "stdout" else stderr, patterns,
                                     metrics):
             reason += f"; they match in {other}.log: set trainer.result.{other} instead"
+            return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code,
+                           study_fix=True)
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     if patterns and verdict.fail_reason and "missing from the result file" in verdict.fail_reason:
         reason = verdict.fail_reason.replace("missing from the result file (keys:",
                                              f"not found in {stream} (groups found:")
         if _matches_in(stdout if other == "stdout" else stderr, patterns, metrics):
             reason += f"; the patterns match in {other}.log: set trainer.result.{other} instead"
+            return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code,
+                           study_fix=True)
         return Outcome(FAIL, fail_reason=reason, exit_code=verdict.exit_code)
     return verdict
 

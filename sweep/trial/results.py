@@ -199,7 +199,7 @@ class ReportReader:
         self._skipping = end < 0
         self._file.offset += len(chunk) if end < 0 else end + 1
         self._lines += 0 if end < 0 else 1
-        self.more = True
+        self.more = end >= 0 or len(chunk) >= CHUNK  # at the end of the file: nothing waits
         return []
 
     def parse(self, line: str, number: int) -> tuple[int, float] | None:

@@ -60,6 +60,9 @@ MOVES: dict[Phase, frozenset[Phase]] = {
 }
 
 
+MAX_DRAIN = 20_000  # passes (of at most a batch each) that read a trial's values after its exit
+
+
 class PhaseError(RuntimeError):
     """A move `MOVES` does not allow: a defect in the driver, never the user's."""
 
@@ -91,6 +94,7 @@ class RunningTrial:
     last_report: tuple[int, float] | None = None
     oom: bool = False  # judged out of memory: its devices are released as such
     resumed: bool = False  # it carries its lineage on from what its checkpoint folder held
+    drained: int = 0  # passes that read its values after its command exited
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     _force_at: float | None = field(default=None, repr=False)
 
@@ -181,8 +185,11 @@ class RunningTrial:
 
     @property
     def reports_pending(self) -> bool:
-        """Values wait that the last bounded read left for the next pass."""
-        return self.reports is not None and self.reports.more
+        """Values wait that the last bounded read left for the next pass (after its command
+        exited, for at most MAX_DRAIN passes: a reader can never keep a trial from being
+        told)."""
+        return (self.reports is not None and self.reports.more
+                and self.drained <= MAX_DRAIN)
 
     def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str],
                 stream: str = "stdout") -> Outcome:
@@ -216,12 +223,12 @@ class RunningTrial:
         """When the driver next has something to do for this trial: `tick`'s deadlines, its
         reports every `poll` s (at once while lines wait), its next look for a hang. None:
         only an event can."""
+        if self.follows_reports and self.process.command_exited:
+            return now  # its values drained, then it is judged (also once its tree is gone)
         if self.process.ended:
             return self.cleanup_at
         times = [self._force_at]
-        if self.follows_reports and self.process.command_exited:
-            times.append(now)  # drained, then judged
-        elif self.follows_reports and self.phase is Phase.RUNNING and poll is not None:
+        if self.follows_reports and self.phase is Phase.RUNNING and poll is not None:
             times.append(now if self.reports_pending else now + poll)
         if self.phase is Phase.RUNNING and not self.process.command_exited:
             times.append(self.deadline)
