@@ -117,6 +117,7 @@ def _report(args: argparse.Namespace) -> int:
 def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from sweep._core.errors import UsageError
     from sweep.app import nvml_reader
     from sweep.gpus import health, placement, pool, sicklist
     from sweep.gpus.hostlock import file_key, held_slots, usable_lock_dir
@@ -125,6 +126,14 @@ def _gpus(args: argparse.Namespace) -> int:
 
     folder = usable_lock_dir(host_name())  # before NVML is opened: nothing to close
     devices = pool.discover()
+    for wanted in args.clear:
+        chosen = [d for d in devices if wanted in ("all", str(d.index), d.uuid)]
+        if not chosen:
+            raise UsageError(f"sweep gpus --clear: no device {wanted!r} in this pool (give an "
+                             "id as `sweep gpus` lists it, or all)")
+        for d in chosen:
+            if sicklist.clear(folder, d.uuid or f"sim{d.index}"):
+                Console().print(f"GPU {d.index}: its sick record is cleared")
     reader, nvml = nvml_reader(devices)
     probe = NvmlProbe(reader) if nvml is not None else None
     table = Table(title="GPU pool" + (" (simulated)" if devices and devices[0].simulated else ""))
@@ -270,6 +279,9 @@ def parser() -> argparse.ArgumentParser:
         "gpus", help="the GPU pool this shell would use: which devices a sweep would take")
     gpus.add_argument("--busy-memory-mb", type=_positive, default=1024.0, metavar="MB",
                       help="memory in use that makes a card busy (gpus.busy_memory_mb)")
+    gpus.add_argument("--clear", metavar="ID", action="append", default=[],
+                      help="give a device taken out as sick back: forget its record (an id "
+                      "as listed, or all)")
     gpus.set_defaults(func=_gpus)
 
     status = verbs.add_parser("status", help="trial counts by state and what is running")

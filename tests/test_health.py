@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 from conftest import load_trials, run_cli
@@ -130,6 +131,29 @@ def test_sweep_gpus_shows_sick_cards_and_those_a_sweep_took_out(monkeypatch, cap
     assert f"taken out by sweep pid {os.getpid()} at " in rows["1"]
     assert "critical Xid 79 (GPU has fallen off the bus)" in rows["1"]
     assert "no: sick: 2 uncorrectable (double-bit) ECC errors since the driver loaded" in rows["2"]
+
+
+def test_a_device_taken_out_is_given_back_by_sweep_gpus_clear_or_after_max_age(monkeypatch,
+                                                                               capsys):
+    """Issue 32: the sick-device record was never cleared, and no documented way gave a
+    repaired card back."""
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install(monkeypatch, [FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")])
+    folder = lock_dir(host_name())
+    sicklist.mark(folder, "GPU-a", 0, "critical Xid 79")
+    sicklist.mark(folder, "GPU-b", 1, "critical Xid 48")
+    assert sorted(sicklist.marks(folder)) == ["GPU-a", "GPU-b"]
+    later = time.time() + sicklist.MAX_AGE + 1
+    assert sicklist.marks(folder, now=later) == {}  # the record expires
+    monkeypatch.setenv("COLUMNS", "300")
+    assert run_cli("gpus", "--clear", "1") == 0
+    out = capsys.readouterr().out
+    assert "GPU 1: its sick record is cleared" in out
+    assert list(sicklist.marks(folder)) == ["GPU-a"]
+    assert run_cli("gpus", "--clear", "7") == 2
+    assert "sweep gpus --clear: no device '7' in this pool" in capsys.readouterr().err
+    assert run_cli("gpus", "--clear", "all") == 0 and sicklist.marks(folder) == {}
 
 
 # ---- the loop ---------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 One small JSON file per device, `sick.<device key>.json`, in the host's lock folder (see
 `sweep.gpus.hostlock`): which GPU, why, when, and which driver. It is what a user sees later; no
 run reads it to decide anything (each run judges its devices itself, from NVML and its trials).
+A record is shown for MAX_AGE after it was made; `sweep gpus --clear` gives a device back at
+once (its record goes: sweep made it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from sweep.gpus.hostlock import file_key
 
 PREFIX = "sick."
+MAX_AGE = 7 * 24 * 3600.0  # seconds a record is shown: a card repaired or replaced since
 
 
 def mark(folder: Path, key: str, index: int, why: str) -> None:
@@ -38,8 +41,10 @@ def mark(folder: Path, key: str, index: int, why: str) -> None:
             pass
 
 
-def marks(folder: Path) -> dict[str, dict[str, Any]]:
-    """Device key (as in file names) -> its record, for each regular file that parses."""
+def marks(folder: Path, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """Device key (as in file names) -> its record, for each regular file that parses and is
+    younger than MAX_AGE (at `now`, else the time now)."""
+    now = time.time() if now is None else now
     out: dict[str, dict[str, Any]] = {}
     try:
         names = os.listdir(folder)
@@ -60,9 +65,24 @@ def marks(folder: Path) -> dict[str, dict[str, Any]]:
             continue
         finally:
             os.close(fd)
-        if isinstance(record, dict) and isinstance(record.get("why"), str):
+        if isinstance(record, dict) and isinstance(record.get("why"), str) and not (
+                isinstance(record.get("time"), (int, float)) and now - record["time"] > MAX_AGE):
             out[name[len(PREFIX):-len(".json")]] = record
     return out
+
+
+def clear(folder: Path, key: str) -> bool:
+    """Forget device `key`'s record (the file a sweep of this user made: a link, or another
+    user's file, stays); whether there was one to forget."""
+    path = folder / f"{PREFIX}{file_key(key)}.json"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    os.unlink(path)
+    return True
 
 
 def shown(record: dict[str, Any]) -> str:
