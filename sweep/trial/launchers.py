@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -297,6 +298,9 @@ class ContainerLauncher:
         self.inner, self.spec, self._say = inner, spec, say
         self.container = spec.trainer.container
         self.image: container.Image | None = None
+        self._ended: dict[str, Process] = {}  # container name -> its trial's process, until
+        # it ended (and its container was removed if the engine could not: `_remove_if_ended`)
+        self._lock = threading.Lock()  # removals run on reader threads and at close
 
     @property
     def study_dir(self) -> Path:
@@ -377,22 +381,34 @@ class ContainerLauncher:
         start = Start(Path(plan.env[lineage.CHECKPOINT_ENV]))
         lineage.record_image(start, image.id)
         name = container.container_name(self.spec.study.name, int(plan.paths.dir.name))
-        spawned: list[Process] = []
 
         def changed() -> None:
             on_change()
-            proc = spawned[0] if spawned else None
-            if proc is not None and proc.ended and len(spawned) == 1:
-                spawned.append(proc)  # once
-                if proc.lost or proc.exit_code is None or proc.exit_code >= 128:
-                    engine.remove(self.container, name)
+            self._remove_if_ended(name)
 
-        spawned.append(self.inner.spawn(plan, grace, changed, hold))
-        return spawned[0]
+        proc = self.inner.spawn(plan, grace, changed, hold)
+        with self._lock:
+            self._ended[name] = proc
+        self._remove_if_ended(name)  # it may have ended before it was registered
+        return proc
+
+    def _remove_if_ended(self, name: str) -> None:
+        """Remove trial `name`'s container once, if its tree ended by a signal (the engine's
+        own `--rm` did not run); from a reader thread as it ends, or at `close`."""
+        with self._lock:  # one removal at a time: podman's own store lock serialises them too
+            proc = self._ended.get(name)
+            if proc is None or not proc.ended:
+                return
+            del self._ended[name]
+            if proc.lost or proc.exit_code is None or proc.exit_code >= 128:
+                engine.remove(self.container, name)
 
     def close(self) -> None:
-        """The inner launcher's, then the run's containers that outlived their trials."""
+        """The inner launcher's, then the containers of ended trials not removed yet, then
+        the run's containers that outlived their trials."""
         self.inner.close()
+        for name in list(self._ended):  # what a reader thread has not removed yet
+            self._remove_if_ended(name)
         try:
             self.reclaim()
         except engine.ImageError as e:
