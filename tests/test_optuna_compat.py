@@ -79,6 +79,24 @@ def test_tell_says_when_the_sampler_has_searched_its_whole_space(storage):
 
 
 @pytest.mark.parametrize("storage", KINDS, indirect=True)
+def test_tell_stores_what_optunas_tell_stores_and_reads_the_trial_once(storage, monkeypatch):
+    study = new_study(storage)
+    ours, optunas = study.ask(), study.ask()
+    for trial in (ours, optunas):
+        trial.suggest_float("x", 0, 1)
+        trial.report(0.25, 3)
+    reads = []
+    monkeypatch.setattr(study._storage, "get_trial", lambda key, _get=study._storage.get_trial:
+                        reads.append(key) or _get(key))
+    assert optuna_compat.tell(study, ours, None, TrialState.PRUNED) is False
+    assert reads == [optuna_compat.trial_id(ours)]
+    study.tell(optunas, None, state=TrialState.PRUNED)
+    told = study.get_trials(deepcopy=False)
+    assert [(t.state, t.values, t.intermediate_values) for t in told] == \
+        [(TrialState.PRUNED, [0.25], {3: 0.25})] * 2
+
+
+@pytest.mark.parametrize("storage", KINDS, indirect=True)
 def test_stale_trial_ids_are_those_whose_heartbeat_is_older_than_the_grace(storage):
     """Optuna's heartbeats are a database's (sweep writes its own `beat` elsewhere)."""
     is_database = isinstance(storage, optuna.storages.RDBStorage)

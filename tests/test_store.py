@@ -366,3 +366,20 @@ def test_a_retry_queued_twice_is_queued_once(tmp_path):
     assert s.requeue({"x": 0.5}, 0, 2)
     assert [t.user_attrs for t in s.study.get_trials(deepcopy=False)] == [
         {"retry_of": 0, "attempt": 1}, {"retry_of": 0, "attempt": 2}]
+
+
+def test_a_tell_writes_only_the_attributes_the_trial_does_not_hold_already(tmp_path):
+    """Each user attribute is a storage write: a continuation queued with its `attempt` and
+    `retry_of` is not given them again at its tell; a value that changed is written."""
+    s = make_store(tmp_path)
+    s.requeue({"x": 0.5}, 0, 1)
+    asked = s.ask(searched(s), 0, lambda n: str(tmp_path / str(n)))
+    seen = watch(s)
+    assert s.tell(asked.trial, TrialState.COMPLETE, [1.0],
+                  {"attempt": 1, "retry_of": 0, "gpu": 3, "exit_code": 0}) == (True, False)
+    updates = [q for q in seen if q.lstrip().upper().startswith(("INSERT", "UPDATE"))
+               and "trial_user_attributes" in q]
+    assert len(updates) == 2  # gpu and exit_code
+    told = s.study.get_trials(deepcopy=False)[0].user_attrs
+    assert {k: told[k] for k in ("attempt", "retry_of", "gpu", "exit_code")} == {
+        "attempt": 1, "retry_of": 0, "gpu": 3, "exit_code": 0}

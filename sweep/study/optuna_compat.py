@@ -32,11 +32,15 @@ def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> set[i
 
 def tell(study: optuna.Study, trial: optuna.Trial, values: list[float] | None,
          state: TrialState) -> bool:
-    """`study.tell(trial, values, state=state)`; True if the sampler asked to stop because it
-    has searched its whole space (the trial is told all the same). A trial finished before
-    raises ValueError, one finished meanwhile UpdateFinishedTrialError, as Optuna's tell does."""
+    """`study.tell(trial, values, state=state)` without its last step, a second read of the
+    trial to return a copy of it that sweep does not use (one storage read per tell, not two);
+    True if the sampler asked to stop because it has searched its whole space (the trial is
+    told all the same). A trial finished before raises ValueError, one finished meanwhile
+    UpdateFinishedTrialError, as Optuna's tell does."""
+    from optuna.study._tell import _tell_with_warning
+
     try:
-        study.tell(trial, values, state=state)
+        _tell_with_warning(study, trial, values, state)
     except RuntimeError as e:
         if _STOP_OUTSIDE_OPTIMIZE not in str(e):
             raise

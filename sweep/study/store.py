@@ -279,17 +279,17 @@ class Store:
         self, trial: optuna.Trial, state: TrialState, values: list[float] | None,
         attrs: Mapping[str, Any],
     ) -> tuple[bool, bool]:
-        """Store `attrs` (NaN left out), then tell `state` (COMPLETE, PRUNED, FAIL).
+        """Store `attrs` (NaN left out, and those the trial holds already with the same value:
+        each is a storage write), then tell `state` (COMPLETE, PRUNED, FAIL).
 
         Returns (told: False if another driver finished the trial first, whether the sampler
         has now searched its whole space).
         """
         self.check_file()
         state = TrialState[state] if isinstance(state, str) else state
-        kept = {k: v for k, v in attrs.items() if not (isinstance(v, float) and math.isnan(v))}
         try:
-            for key, value in kept.items():
-                trial.set_user_attr(key, value)
+            self.note(trial, {k: v for k, v in attrs.items()
+                              if not (isinstance(v, float) and math.isnan(v))})
             done = compat_tell(self.study, trial,
                                values if state is TrialState.COMPLETE else None, state)
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -301,9 +301,13 @@ class Store:
         return True, done
 
     def note(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
-        """Store `attrs` on a running trial (what it runs: `provenance.RunRecord.attrs`)."""
+        """Store `attrs` on a running trial (what it runs: `provenance.RunRecord.attrs`), but
+        those it holds already with the same value (as this driver knows it: Optuna's trial
+        keeps what was read at the ask and written since)."""
+        held = trial.user_attrs
         for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+            if key not in held or held[key] != value:
+                trial.set_user_attr(key, value)
 
     def tell_verdict(
         self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
