@@ -9,9 +9,16 @@ is the difference of the two runs over N2 - N1 trials, so the driver's start-up 
 study load) drops out; the median of --rounds rounds, each of them every study size in turn.
 A SQLite study is in WAL mode, as sweep creates its files.
 
+`--floor` also measures, in this process, what the same trials cost through Optuna's public
+API alone: the storage calls a driver cannot do without (the count under the budget lock,
+`study.ask`, the heartbeat, the owner and run id, the param, the four attributes of the tell,
+`study.tell`), with --gpus trials running at a time, on a file in sweep's SQLite settings,
+and no trainer, file or other sweep code. The
+driver's CPU above that floor is sweep's own.
+
 Usage: python benchmarks/driver_cpu.py [--at 100 10000] [--n1 40] [--n2 140] [--gpus 8]
                                        [--sampler random] [--storage sqlite|journal]
-                                       [--rounds 3] [--repo ../old]
+                                       [--rounds 3] [--repo ../old] [--floor]
 """
 
 from __future__ import annotations
@@ -112,6 +119,60 @@ def driver_cpu(work: Path, template: Path | None, total: int, args: argparse.Nam
     return float(cpu)
 
 
+def optuna_floor(work: Path, template: Path | None, n: int, gpus: int, kind: str) -> float:
+    """CPU seconds per trial of `n` trials done through Optuna's public API alone, as the
+    driver does them (see the module's docstring), `gpus` of them running at a time."""
+    import optuna
+    from optuna.trial import TrialState
+
+    db = work / f"floor.{kind}"
+    db.unlink(missing_ok=True)
+    if template is not None:
+        shutil.copy(template, db)
+    storage: Any = f"sqlite:///{db}" if kind == "sqlite" else None
+    if kind == "journal":
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        storage = JournalStorage(JournalFileBackend(str(db)))
+    else:  # the file as sweep makes it: WAL, synchronous=NORMAL
+        from sweep.study import sqlite
+
+        sqlite.adopt_wal(db)
+        storage = optuna.storages.RDBStorage(storage, heartbeat_interval=60)
+        sqlite.tune(storage.engine)
+    study = optuna.create_study(study_name="cpu", storage=storage, load_if_exists=True,
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    running: list[optuna.Trial] = []
+
+    def one(i: int) -> None:
+        study.get_trials(deepcopy=False)  # the count under the budget lock
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trial = study.ask()
+        if kind == "sqlite":
+            storage.record_heartbeat(trial._trial_id)
+        else:
+            trial.set_user_attr("beat", time.time())
+        trial.set_user_attr("run_id", f"cpu-{trial.number}-00000000")
+        trial.set_user_attr("owner", {"host": "h", "pid": 1, "started": 0.0, "gpu": i % gpus,
+                                      "dir": str(work)})
+        trial.suggest_float("x", 0.0, 1.0)
+        running.append(trial)
+        if len(running) >= gpus:
+            done = running.pop(0)
+            for key, value in (("gpu", i % gpus), ("host", "h"), ("attempt", 0),
+                               ("exit_code", 0)):
+                done.set_user_attr(key, value)
+            study.tell(done, 0.5, state=TrialState.COMPLETE)
+
+    for i in range(gpus * 2):  # warm: the first trials fill the devices
+        one(i)
+    began = time.process_time()
+    for i in range(n):
+        one(i)
+    return (time.process_time() - began) / n
+
+
 def measure(at: list[int], n1: int = 40, n2: int = 340, gpus: int = 8,
             sampler: str = "random", storage: str = "sqlite", rounds: int = 3,
             say: bool = True, repos: list[Path] | None = None) -> dict[int, float]:
@@ -163,6 +224,8 @@ def main() -> None:
     parser.add_argument("--sampler", default="random")
     parser.add_argument("--storage", default="sqlite", choices=["sqlite", "journal"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure Optuna's public API alone (see above)")
     parser.add_argument("--repo", type=Path, action="append", default=[],
                         help="another checkout to measure beside this one (e.g. an older "
                              "commit's worktree)")
@@ -171,6 +234,18 @@ def main() -> None:
     results = measure(args.at, args.n1, args.n2, args.gpus, args.sampler, args.storage,
                       args.rounds, repos=[r.resolve() for r in args.repo])
     print(json.dumps({str(k): round(v * 1000, 2) for k, v in results.items()}))
+    if args.floor:
+        with tempfile.TemporaryDirectory() as tmp:
+            for k in args.at:
+                template = None
+                if k:
+                    template = Path(tmp) / f"template{k}.{args.storage}"
+                    prefill(template, k, args.storage)
+                floors = [optuna_floor(Path(tmp), template, args.n2 - args.n1, args.gpus,
+                                       args.storage) for _ in range(args.rounds)]
+                print(f"Optuna's public API alone, study at {k} trials: median "
+                      f"{statistics.median(floors) * 1000:.1f} ms per trial, least "
+                      f"{min(floors) * 1000:.1f} ms", flush=True)
     if len(results) > 1:
         first, last = results[min(results)], results[max(results)]
         print(f"ratio at {max(results)} to at {min(results)}: {last / first:.2f}")

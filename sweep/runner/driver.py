@@ -272,7 +272,7 @@ class Driver:
                 queued = self._budget().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
-                    lease.devices, queued=queued)
+                    lease.devices)
                 if self.scheduling is not None:
                     self.scheduling.after_ask(asked, job)
         except LockAbandoned:

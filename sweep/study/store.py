@@ -158,17 +158,14 @@ class Store:
         gpu: int,
         trial_dir: Callable[[int], str],
         gpus: Sequence[int] = (),
-        queued: bool = True,
     ) -> Asked:
         """A new trial (a queued one first), owned on record (its first heartbeat, then its
         owner) before its params are sampled and its trainer starts.
 
         Killed between Optuna's ask and the owner record, a trial is RUNNING with no owner:
-        `orphans` reclaims it after `reclaim_after`. `queued` (whether the caller saw a
-        WAITING trial) is not needed: Optuna's ask looks at the queue itself. If sampling
-        fails, the trial is told FAIL and the error raised.
+        `orphans` reclaims it after `reclaim_after`. If sampling fails, the trial is told FAIL
+        and the error raised.
         """
-        del queued
         self.check_file()
         with warnings.catch_warnings():
             # Optuna warns that heartbeats are meant for optimize(); sweep records its own.
