@@ -27,7 +27,7 @@ from sweep.gpus.pool import Device, Pool, Rules
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
-from sweep.spec import config, schema, searchspace, storageurl
+from sweep.spec import config, schema, searchspace
 from sweep.spec.schema import Spec
 from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
 from sweep.study.connect import connect
@@ -179,8 +179,8 @@ def execute(
                 store.study
     except storage_lost_errors() as e:
         raise SweepError(
-            f"{spec.source}: lost the storage {storageurl.shown_url(spec.storage_url)} during "
-            f"the run ({storageurl.redact(describe(e), spec.storage_url)}); once it is back, run "
+            f"{spec.source}: lost the storage {spec.storage.shown} during "
+            f"the run ({spec.storage.redact(describe(e))}); once it is back, run "
             "again: trials left RUNNING are reclaimed") from e
     finally:
         gc.unfreeze()

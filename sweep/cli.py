@@ -236,12 +236,18 @@ def _storage_proxy(args: argparse.Namespace) -> int:
 
     from sweep._core.errors import UsageError
     from sweep.spec import config
+    from sweep.spec.storageurl import StorageUrl, StorageUrlError
     from sweep.study import proxy
 
     url = args.storage or os.environ.get(config.STORAGE_ENV)
     if not url:
         raise UsageError("storage-proxy: give --storage URL (or set $SWEEP_STORAGE)")
-    return proxy.serve(url, args.host, args.port, args.threads)
+    try:
+        storage = StorageUrl.parse(url)
+    except StorageUrlError as e:
+        given = "--storage" if args.storage else f"${config.STORAGE_ENV}"
+        raise UsageError(f"{given}: {e}") from None
+    return proxy.serve(storage, args.host, args.port, args.threads)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -160,7 +160,7 @@ def test_the_files_a_run_of_a_shipped_study_writes_beside_it_are_git_ignored():
     written = []
     for path in sorted((ROOT / "studies").glob("*.yaml")):
         spec = config.load(path, runnable=False)
-        target = budget.target_of(spec.storage_url, optuna.storages.InMemoryStorage())
+        target = budget.target_of(spec.storage, optuna.storages.InMemoryStorage())
         assert target is not None and target.kind == "file", path
         lock = Path(target.where).relative_to(ROOT)
         written += [str(lock), str(lock).removesuffix(".lock")]

@@ -14,6 +14,7 @@ from conftest import study_dict
 from optuna.trial import TrialState
 
 from sweep.spec import schema
+from sweep.spec.storageurl import StorageUrl
 from sweep.study import optuna_compat, proxy
 from sweep.study.storage import close_storage, open_storage
 
@@ -29,7 +30,8 @@ def storage(request, tmp_path) -> Iterator[optuna.storages.BaseStorage]:
     elif kind == "journal":
         url = f"journal:///{tmp_path}/c.log"
     elif kind == "grpc":  # served by `sweep storage-proxy`'s server, in this process
-        server, port = proxy.make_server(f"sqlite:///{tmp_path}/behind.db", "127.0.0.1", 0, 4)
+        server, port = proxy.make_server(
+            StorageUrl.parse(f"sqlite:///{tmp_path}/behind.db"), "127.0.0.1", 0, 4)
         url = f"grpc://127.0.0.1:{port}"
     else:
         url = request.getfixturevalue("postgres_url")

@@ -134,7 +134,8 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
 
     import grpc
 
-    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 8)
+    server, port = proxy.make_server(
+        storageurl.StorageUrl.parse(f"sqlite:///{tmp_path}/p.db"), "127.0.0.1", 0, 8)
     try:
         holder = subprocess.Popen([sys.executable, "-c", (
             "import grpc, sys, time\n"
@@ -170,11 +171,14 @@ def test_the_proxy_refuses_a_journal_and_a_taken_port(tmp_path):
     from sweep._core.errors import UsageError
 
     with pytest.raises(UsageError, match="serves a database"):
-        proxy.make_server(f"journal:///{tmp_path}/j.log", "127.0.0.1", 0, 2)
-    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 2)
+        proxy.make_server(
+            storageurl.StorageUrl.parse(f"journal:///{tmp_path}/j.log"), "127.0.0.1", 0, 2)
+    server, port = proxy.make_server(
+        storageurl.StorageUrl.parse(f"sqlite:///{tmp_path}/p.db"), "127.0.0.1", 0, 2)
     try:
         with pytest.raises(UsageError, match="cannot listen"):
-            proxy.make_server(f"sqlite:///{tmp_path}/q.db", "127.0.0.1", port, 2)
+            proxy.make_server(
+                storageurl.StorageUrl.parse(f"sqlite:///{tmp_path}/q.db"), "127.0.0.1", port, 2)
     finally:
         server.stop(0)
 
@@ -290,7 +294,8 @@ def test_the_proxy_takes_its_lock_back_from_a_holder_that_keeps_it_too_long(tmp_
                                                                              monkeypatch):
     monkeypatch.setattr(grpclock, "MAX_HOLD", 1.0)
     grpc = import_grpc()
-    server, port = proxy.make_server(f"sqlite:///{tmp_path}/p.db", "127.0.0.1", 0, 8)
+    server, port = proxy.make_server(
+        storageurl.StorageUrl.parse(f"sqlite:///{tmp_path}/p.db"), "127.0.0.1", 0, 8)
     try:
         frozen = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
         assert frozen.try_hold()  # and never lets go

@@ -37,12 +37,10 @@ def load(study_file: str | Path, storage_url: str | None = None) -> tuple[Summar
 
 
 def load_spec(spec: Spec) -> tuple[Summary, Any]:
-    from sweep.spec import storageurl
-
     study = storage.read_study(spec)
     if study is None:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
-                         f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
+                         f"{spec.storage.shown} yet; run the study first")
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir)
     return Summary(spec, trials, gpu_table(trials, samples), samples), study

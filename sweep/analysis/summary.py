@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from sweep._core.errors import UsageError
-from sweep.spec import config, storageurl
+from sweep.spec import config
 from sweep.spec.schema import Spec
 from sweep.study import attrs, lineages, ownership, storage
 from sweep.trial import folders, hang, launch_plan
@@ -79,7 +79,7 @@ def _load_study(spec: Spec) -> Any:
     study = storage.read_study(spec)
     if study is None:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
-                         f"{storageurl.shown_url(spec.storage_url)} yet; run the study first")
+                         f"{spec.storage.shown} yet; run the study first")
     return study
 
 

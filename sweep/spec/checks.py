@@ -100,7 +100,11 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
             problems.extend(e.problems)
 
     storage = study.storage or f"sqlite:///{base / (study.name + '.db')}"
-    check(storageurl.check_storage_url, file, storage, spec.storage_from)
+    parsed: storageurl.StorageUrl | None = None
+    try:
+        parsed = storageurl.check(file, storage, spec.storage_from)
+    except ConfigError as e:
+        problems.extend(e.problems)
     output_dir = base / (study.output_dir or study.name)
     if runnable:
         check(_check_output_dir, file, output_dir)
@@ -210,9 +214,9 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 problems.extend(e.problems)
             except (TypeError, ValueError) as e:
                 bad(key, str(e).splitlines()[0])
-    if problems:
+    if problems or parsed is None:
         raise ConfigError.of(problems)
-    return resolved
+    return resolved.with_storage(parsed)
 
 
 def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnable: bool,

@@ -14,6 +14,7 @@ from pydantic import (
     AliasChoices,
     BaseModel,
     Field,
+    PrivateAttr,
     StrictBool,
     ValidationInfo,
     field_validator,
@@ -33,6 +34,7 @@ from sweep.spec.searchspace import (
     Searched,
     Section,
 )
+from sweep.spec.storageurl import StorageUrl
 
 PACKED_MAX = 16  # trials per device when memory decides (`trainer.gpu_memory_gb`)
 
@@ -297,10 +299,26 @@ class Spec(_Section):
     params: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN, max_length=200)], Param] = {}
     source: Path = Path("study.yaml")
     storage_from: str = "study.storage"  # where the URL came from: the key errors blame
+    _storage: StorageUrl | None = PrivateAttr(default=None)
 
     @property
     def storage_url(self) -> str:
         return str(self.study.storage)
+
+    @property
+    def storage(self) -> StorageUrl:
+        """`study.storage` parsed: by `config.load`, which checks it too (a `Spec` made
+        otherwise parses it on first use; `StorageUrlError` if it is none)."""
+        if self._storage is None or self._storage.url != self.storage_url:
+            self._storage = StorageUrl.parse(self.storage_url)
+        return self._storage
+
+    def with_storage(self, storage: StorageUrl) -> Spec:
+        """This spec with `study.storage` set to `storage`, already parsed."""
+        spec = self.model_copy(update={"study": self.study.model_copy(
+            update={"storage": storage.url})})
+        spec._storage = storage
+        return spec
 
     @property
     def output_dir(self) -> Path:

@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ import optuna
 import sqlalchemy
 
 from sweep._core.optional import import_grpc
-from sweep.spec import storageurl
-from sweep.study import grpclock, sqlite
+from sweep.spec.storageurl import StorageKind, StorageUrl
+from sweep.study import grpclock
 from sweep.study.storage import describe
 
 log = logging.getLogger("sweep")
@@ -46,19 +45,14 @@ class Target:
     where: Any
 
 
-def target_of(url: str, storage: optuna.storages.BaseStorage) -> Target | None:
+def target_of(url: StorageUrl, storage: optuna.storages.BaseStorage) -> Target | None:
     """The lock for a study stored at `url` in `storage` (as opened by `storage.open_storage`);
     None where there is none (an in-memory or other database)."""
-    kind = storageurl.storage_kind(url)
-    if kind == "journal":
-        return Target("file", f"{os.path.realpath(storageurl.journal_path(url))}.budget.lock")
-    if kind == "grpc":
-        return Target("grpc", storageurl.grpc_address(url))
-    db_file = sqlite.file_of(url)
-    if db_file is not None:  # one lock per file, however named
-        return Target("file", f"{os.path.realpath(db_file)}.lock")
-    if isinstance(storage, optuna.storages.RDBStorage) and \
-            storage.engine.url.get_backend_name() == "postgresql":
+    if url.lock_path is not None:  # a SQLite or journal file: one lock per file, however named
+        return Target("file", str(url.lock_path))
+    if url.address is not None:
+        return Target("grpc", url.address)
+    if url.kind is StorageKind.POSTGRESQL and isinstance(storage, optuna.storages.RDBStorage):
         return Target("postgresql", storage.engine)
     return None
 

@@ -37,7 +37,7 @@ def connect(
         raise unreachable(spec, e) from None
     try:
         study = open_study(spec, storage, notes)
-        identity = FileIdentity.of(spec.storage_url)
+        identity = FileIdentity.of(spec.storage)
     except BaseException as e:
         close_storage(storage)  # a file refused leaves nothing beside the study's either
         if isinstance(e, storage_errors()):
@@ -49,4 +49,4 @@ def connect(
                  sampler_for=(lambda number: searchspace.build_sampler(
                      spec.study.sampler, spec.searched, str(spec.source), number))
                  if searchspace.reseeds(spec.study.sampler) else None,
-                 clock=clock, lock=target_of(spec.storage_url, storage), identity=identity)
+                 clock=clock, lock=target_of(spec.storage, storage), identity=identity)

@@ -15,30 +15,30 @@ from typing import Any
 
 from sweep._core.errors import UsageError
 from sweep._core.optional import import_grpc
-from sweep.spec import storageurl
+from sweep.spec.storageurl import StorageUrl
 from sweep.study import grpclock, optuna_compat
 
 
-def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[Any, int]:
-    """A started gRPC server proxying `storage_url` and serving the lock; (server, its port).
+def make_server(url: StorageUrl, host: str, port: int, threads: int) -> tuple[Any, int]:
+    """A started gRPC server proxying `url` and serving the lock; (server, its port).
 
     `port` 0 picks a free one. UsageError if the storage cannot be opened or the port taken.
     """
     import optuna
 
     grpc = import_grpc()
-    if storageurl.storage_kind(storage_url) != "rdb":
+    if not url.kind.database:
         raise UsageError(f"--storage: the proxy serves a database (sqlite:///..., "
-                         f"postgresql://...), not {storageurl.shown_url(storage_url)}")
+                         f"postgresql://...), not {url.shown}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         with warnings.catch_warnings():  # e.g. SQLAlchemy's about a query string it ignores
             warnings.simplefilter("ignore")
-            storage = optuna.storages.get_storage(storage_url)
+            storage = optuna.storages.get_storage(url.url)
     except Exception as e:
         cause = str(getattr(e, "orig", None) or e).splitlines()[0]
-        raise UsageError(f"--storage: cannot open {storageurl.shown_url(storage_url)}: "
-                         f"{storageurl.redact(cause, storage_url)}") from None
+        raise UsageError(f"--storage: cannot open {url.shown}: "
+                         f"{url.redact(cause)}") from None
     # SO_REUSEPORT would let a second proxy share the port and split the drivers between two
     # locks: refuse a taken port instead.
     server = grpc.server(ThreadPoolExecutor(max_workers=threads),
@@ -57,13 +57,13 @@ def make_server(storage_url: str, host: str, port: int, threads: int) -> tuple[A
     return server, port
 
 
-def serve(storage_url: str, host: str, port: int, threads: int, say: Any = print) -> int:
+def serve(url: StorageUrl, host: str, port: int, threads: int, say: Any = print) -> int:
     """Run the proxy until SIGTERM or SIGINT; the exit code."""
-    server, port = make_server(storage_url, host, port, threads)
+    server, port = make_server(url, host, port, threads)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    say(f"storage proxy for {storageurl.shown_url(storage_url)} on {host}:{port} "
+    say(f"storage proxy for {url.shown} on {host}:{port} "
         f"(drivers use storage: grpc://<this host>:{port})", flush=True)
     stop.wait()
     server.stop(grace=2).wait()

@@ -38,22 +38,11 @@ LOCAL = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "
 SWITCH_PATIENCE = 2.0  # s to wait for the lock that changing the journal mode takes
 
 
-def file_of(url: str | sqlalchemy.engine.URL) -> Path | None:
-    """The database file of a `sqlite:///` URL (None: not SQLite, or in memory)."""
-    parsed = sqlalchemy.engine.make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
-
-
-def read_only_url(url: str) -> str | None:
-    """The URL that reads a SQLite study file as it is, without writing anything beside it
-    (`immutable`: a WAL file needs its `-shm` beside it otherwise, which a reader that cannot
-    write the folder cannot make; what a killed writer left in `-wal` is not seen). None
-    for other databases."""
-    path = file_of(url)
-    if path is None:
-        return None
+def read_only_url(path: Path) -> str:
+    """The URL that reads the SQLite study file `path` as it is, without writing anything
+    beside it (`immutable`: a WAL file needs its `-shm` beside it otherwise, which a reader
+    that cannot write the folder cannot make; what a killed writer left in `-wal` is not
+    seen)."""
     return f"sqlite:///file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1&uri=true"
 
 

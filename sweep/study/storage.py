@@ -20,8 +20,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from sweep._core.errors import UsageError, short
 from sweep._core.optional import import_grpc
-from sweep.spec import storageurl
 from sweep.spec.schema import Spec
+from sweep.spec.storageurl import StorageKind, StorageUrl
 from sweep.study import sqlite
 
 
@@ -29,16 +29,16 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
     """The study's storage: a database with Optuna's heartbeats on (the driver records them
     for its trials), a journal file, or a gRPC storage proxy (neither has heartbeats: sweep
     writes its own, see `Store.orphans`)."""
-    kind = storageurl.storage_kind(spec.storage_url)
-    if kind == "journal":
-        return _journal(spec.storage_url)
-    if kind == "grpc":
-        return _grpc_proxy(spec)
+    url = spec.storage
+    if url.kind is StorageKind.JOURNAL:
+        return _journal(url)
+    if url.kind is StorageKind.GRPC:
+        return _grpc_proxy(url)
     engine_kwargs: dict[str, Any] = {}
-    db_file = sqlite.file_of(spec.storage_url)
+    db_file = url.file if url.kind is StorageKind.SQLITE else None
     if db_file is not None and sqlite.is_new(db_file):
         sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
-    if spec.storage_url.startswith("sqlite"):
+    if url.kind in (StorageKind.SQLITE, StorageKind.MEMORY):
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
         engine_kwargs["pool_pre_ping"] = True
@@ -47,7 +47,7 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 rdb = optuna.storages.RDBStorage(
-                    spec.storage_url,
+                    url.url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=spec.study.heartbeat_interval,
                     grace_period=spec.study.reclaim_seconds,
@@ -73,16 +73,17 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
         storage.engine.dispose()
 
 
-def _journal(url: str) -> optuna.storages.BaseStorage:
+def _journal(url: StorageUrl) -> optuna.storages.BaseStorage:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    return JournalStorage(JournalFileBackend(str(storageurl.journal_path(url))))
+    return JournalStorage(JournalFileBackend(str(url.file)))
 
 
-def _grpc_proxy(spec: Spec, wait: float = 10.0) -> optuna.storages.BaseStorage:
+def _grpc_proxy(url: StorageUrl, wait: float = 10.0) -> optuna.storages.BaseStorage:
     grpc = import_grpc()
 
-    host, port = storageurl.grpc_address(spec.storage_url)
+    assert url.address is not None
+    host, port = url.address
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
@@ -134,8 +135,7 @@ def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError
     """The one line for a storage that cannot be used: no secret of its URL is shown."""
     cause = describe(error)
     return UsageError(f"{spec.source}: {spec.storage_from}: cannot {doing} "
-                      f"{storageurl.shown_url(spec.storage_url)}: "
-                      f"{storageurl.redact(short(cause, 200), spec.storage_url)}")
+                      f"{spec.storage.shown}: {spec.storage.redact(short(cause, 200))}")
 
 
 def read_study(spec: Spec) -> optuna.Study | None:
@@ -158,13 +158,12 @@ def reading(spec: Spec) -> Iterator[optuna.Study | None]:
 
 
 def _read(spec: Spec) -> tuple[optuna.Study, optuna.storages.BaseStorage] | None:
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kind = storageurl.storage_kind(spec.storage_url)
-    if kind != "rdb":
-        if kind == "journal" and not storageurl.journal_path(spec.storage_url).exists():
+    url = spec.storage
+    if not url.kind.database:
+        if url.kind is StorageKind.JOURNAL and not (url.file and url.file.exists()):
             return None
         try:
             storage = open_storage(spec)
@@ -173,13 +172,10 @@ def _read(spec: Spec) -> tuple[optuna.Study, optuna.storages.BaseStorage] | None
             return None
         except storage_errors() as e:
             raise unreachable(spec, e, "read") from None
-    url = make_url(spec.storage_url)
-    if url.get_backend_name() == "sqlite" and (
-        not url.database or not Path(url.database).exists()
-    ):
+    if url.kind is StorageKind.MEMORY or (url.file is not None and not url.file.exists()):
         return None
-    read_only = sqlite.read_only_url(spec.storage_url)
-    for attempt in (spec.storage_url, read_only or spec.storage_url):
+    read_only = sqlite.read_only_url(url.file) if url.file is not None else None
+    for attempt in (url.url, read_only or url.url):
         try:
             storage = optuna.storages.RDBStorage(attempt, skip_table_creation=True)
             try:
@@ -221,9 +217,9 @@ class FileIdentity:
     ino: int
 
     @classmethod
-    def of(cls, url: str) -> FileIdentity | None:
-        """The identity of a `sqlite:///` URL's file now (None: not a SQLite file)."""
-        path = sqlite.file_of(url)
+    def of(cls, url: StorageUrl) -> FileIdentity | None:
+        """The identity of a SQLite storage's file now (None: not a SQLite file)."""
+        path = url.file if url.kind is StorageKind.SQLITE else None
         if path is None:
             return None
         st = path.stat()

@@ -21,6 +21,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.spec.storageurl import StorageKind, StorageUrl
+
 KINDS = ("finished", "running", "multi", "only_fail")
 DISTRIBUTIONS = {
     "lr": FloatDistribution(1e-5, 1e-1, log=True),
@@ -147,8 +149,9 @@ class _Buffer(BaseJournalBackend):
 
 def _storage(url: str) -> tuple[Any, Any]:
     """(the storage to fill, what writes it to `url` once filled)."""
-    if not url.startswith("journal:///"):
+    parsed = StorageUrl.parse(url)
+    if parsed.kind is not StorageKind.JOURNAL:
         return url, lambda: None
     buffer = _Buffer()
-    path = url.removeprefix("journal://")
+    path = str(parsed.file)
     return JournalStorage(buffer), lambda: JournalFileBackend(path).append_logs(buffer.logs)

@@ -33,7 +33,7 @@ from sweep._core.safefs import (
     write_file,
 )
 from sweep.spec.schema import Spec
-from sweep.spec.storageurl import shown_url, storage_identity
+from sweep.spec.storageurl import storage_identity
 from sweep.trial import lineage
 from sweep.trial.command_script import command_script
 
@@ -114,7 +114,7 @@ class OutputOwner:
 
 def owner_of(spec: Spec) -> OutputOwner:
     """Who `spec`'s output_dir belongs to: its study, in its storage (password hidden)."""
-    return OutputOwner(spec.study.name, shown_url(spec.storage_url))
+    return OutputOwner(spec.study.name, spec.storage.shown)
 
 
 def same_owner(found: OutputOwner | None, owner: OutputOwner) -> bool:
