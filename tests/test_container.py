@@ -645,6 +645,47 @@ def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real
     assert "--device" not in launcher.plan(0, {"x": 0.5}, 1, "1").argv
 
 
+class EndingProcess:
+    """A killed trial's tree that ends a moment after the run's end looks (its reader thread
+    has not seen the end yet)."""
+
+    def __init__(self, after: float) -> None:
+        import threading
+
+        self.exit_code, self.lost = 137, False
+        self._ended = threading.Event()
+        threading.Timer(after, self._ended.set).start()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._ended.wait(timeout)
+
+
+def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_itself(
+        write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not left to the reclaim of containers that outlived their trials (which says so)."""
+    from sweep.spec import config
+    from sweep.trial import launchers
+    from tests.conftest import study_dict
+
+    spec = config.load(write_study(study_dict(trainer={"container": {
+        "image": "reg/t:1", "engine": "podman"}})), runnable=False)
+    removed: list[str] = []
+    at_reclaim: list[list[str]] = []
+    monkeypatch.setattr(engine, "remove", lambda c, name: removed.append(name) or True)
+    monkeypatch.setattr(engine, "reclaim", lambda c, name, out: at_reclaim.append(removed[:])
+                        or [])
+    said: list[str] = []
+    launcher = launchers.make(spec, "host", tmp_path / "own", said.append)
+    assert isinstance(launcher, launchers.ContainerLauncher)
+    launcher._ended["sweep-s-0"] = EndingProcess(0.3)  # type: ignore[assignment]
+    launcher.close()
+    assert at_reclaim == [["sweep-s-0"]] and said == []
+
+
 @pytest.fixture(scope="session")
 def host_python_image(container_image: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """An image of a marker and this root's top-level links only (seconds to make): with this

@@ -287,6 +287,9 @@ class WarmLauncher(DirectLauncher):
             self.server = None
 
 
+END_PATIENCE = 10.0  # s the run's end waits for a trial's tree to end, to remove its container
+
+
 class ContainerLauncher:
     """Another launcher's trials, each inside a container of `trainer.container.image`
     (`sweep.trial.container`): the image pinned to its ID once per run, the lineage kept in the
@@ -407,7 +410,10 @@ class ContainerLauncher:
         """The inner launcher's, then the containers of ended trials not removed yet, then
         the run's containers that outlived their trials."""
         self.inner.close()
-        for name in list(self._ended):  # what a reader thread has not removed yet
+        with self._lock:
+            left = list(self._ended.items())  # what a reader thread has not removed yet
+        for name, proc in left:
+            proc.wait(END_PATIENCE)  # a trial killed at the run's end: its tree is ending
             self._remove_if_ended(name)
         try:
             self.reclaim()
