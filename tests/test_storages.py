@@ -206,9 +206,9 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     study = write_study(study_dict(
         study={"n_trials": 8, "name": "killed", "storage": url, "heartbeat_interval": 1,
                "reclaim_after": 3},
-        trainer={"args": ["--sleep", "2"]}))
-    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
-    survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
+        trainer={"args": ["--sleep", "3"]}))
+    # the victim alone would take 24 s for the budget: time for the survivor to start beside it
+    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": "h0"})
 
     def victim_runs() -> bool:
         try:
@@ -218,7 +218,12 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
         return any(t.state.name == "RUNNING" and t.user_attrs.get("owner", {}).get("host")
                    == "h0" for t in trials)
 
+    # the survivor starts once the victim runs a trial: on a busy machine, two drivers started
+    # together may leave the victim none (the survivor's start-up the faster)
     assert wait_until(victim_runs, 60)
+    survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
+    assert wait_until(lambda: any(t.user_attrs.get("owner", {}).get("host") == "h1"
+                                  for t in trials_of(url, "killed")), 60)
     victim.kill()
     victim.wait()
     _, err = survivor.communicate(timeout=180)
