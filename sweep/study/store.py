@@ -68,6 +68,7 @@ class Asked:
     number: int
     params: dict[str, Any]
     lineage: lineage.Lineage  # where it stands in its lineage (origin, attempt, ...)
+    reached: int = 0  # the last step of the curve its lineage's earlier attempts carried
 
     @property
     def attempt(self) -> int:
@@ -178,11 +179,11 @@ class Store:
             line = self._carry_lineage(trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
             params = sample(self.study, trial, searched, self.sampler_for)
-            self._carry_curve(trial, line)
+            reached = self._carry_curve(trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
-        return Asked(trial, trial.number, params, line)
+        return Asked(trial, trial.number, params, line, reached)
 
     def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
         """The lineage of a trial just asked; a new one gets its run id, written before its
@@ -195,17 +196,21 @@ class Store:
             line = dataclasses.replace(line, run_id=run_id)
         return line
 
-    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> None:
+    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> int:
         """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
-        attempts reached, so the pruner compares what the trial really reached."""
-        if line.resumes:
-            earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
-                       for t in self.study.get_trials(deepcopy=False)
-                       if t.number != trial.number and t.state.is_finished()
-                       and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
-            key = trial_id(trial)
-            for step, value in sorted(lineage.merged_curve(earlier).items()):
-                self.storage.set_trial_intermediate_value(key, step, value)
+        attempts reached, so the pruner compares what the trial really reached; reported
+        through the trial, so a step it reports again keeps the earlier value (Optuna ignores
+        a step already reported). Returns the curve's last step (0: none carried)."""
+        if not line.resumes:
+            return 0
+        earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
+                   for t in self.study.get_trials(deepcopy=False)
+                   if t.number != trial.number and t.state.is_finished()
+                   and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
+        curve = lineage.merged_curve(earlier)
+        for step, value in sorted(curve.items()):
+            trial.report(value, step)
+        return max(curve, default=0)
 
     @contextlib.contextmanager
     def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
@@ -261,7 +266,9 @@ class Store:
         """Store an intermediate value; False if Optuna refuses it (the step is skipped).
         Taken if another driver has told the trial meanwhile."""
         try:
-            trial.report(value, step)
+            with warnings.catch_warnings():  # a step carried from an earlier attempt: kept
+                warnings.filterwarnings("ignore", message="The reported value is ignored")
+                trial.report(value, step)
         except optuna.exceptions.UpdateFinishedTrialError:
             raise Taken(trial.number) from None
         except (ValueError, OverflowError, TypeError) as e:
