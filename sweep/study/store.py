@@ -48,6 +48,7 @@ from sweep.study.storage import (
     StudyFileReplaced,
     close_storage,
     describe,
+    storage_lost_errors,
 )
 from sweep.trial import lineage
 from sweep.trial.outcome import Outcome
@@ -109,6 +110,8 @@ class Store:
             storage.get_heartbeat_interval() is not None
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
         self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+        self.lost: str | None = None  # the storage is gone for this run: why (`lose`)
+        self.untold: list[int] = []  # trials that could not be told since
 
     def check_file(self) -> None:
         """StudyFileReplaced if the SQLite study file is no longer the one opened."""
@@ -340,8 +343,18 @@ class Store:
             self.tell(trial, TrialState.FAIL, None, attrs)
         except StudyFileReplaced:
             log.debug("trial %d not told: the study file is gone", trial.number)
-        except Exception as e:  # storage gone too: nothing more can be done from here
+        except storage_lost_errors() as e:  # the run's last line says it, with the count
+            self.lose(e)
+            self.untold.append(trial.number)
+            log.debug("could not tell trial %d: %s", trial.number, describe(e))
+        except Exception as e:
             log.error("could not tell trial %d: %s", trial.number, describe(e))
+
+    def lose(self, error: BaseException) -> None:
+        """The storage is gone for this run (`error` said so first): what fails against it
+        from now on is said once, by the run's last line (`lost`, `untold`)."""
+        if self.lost is None:
+            self.lost = describe(error)
 
     # ---- owners, heartbeats and orphans -------------------------------------------------
 
