@@ -204,7 +204,7 @@ class Store:
         attempts reached, so the pruner compares what the trial really reached; reported
         through the trial, so a step it reports again keeps the earlier value (Optuna ignores
         a step already reported). Returns the curve's last step (0: none carried)."""
-        if not line.resumes:
+        if not line.resumes or len(self.study.directions) > 1:  # Optuna prunes one objective
             return 0
         earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
                    for t in self.study.get_trials(deepcopy=False)
