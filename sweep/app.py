@@ -11,7 +11,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,15 +178,24 @@ def execute(
             return Driver(spec, store, lease, monitor, progress, record=record).run(), \
                 store.study
     except storage_lost_errors() as e:
-        raise SweepError(
-            f"{spec.source}: lost the storage {spec.storage.shown} during "
-            f"the run ({spec.storage.redact(describe(e))}); once it is back, run "
-            "again: trials left RUNNING are reclaimed") from e
+        raise SweepError(lost_line(spec, store.lost or describe(e), store.untold)) from e
     finally:
         gc.unfreeze()
         store.close()
         if nvml is not None:
             nvml.close()
+
+
+def lost_line(spec: Spec, cause: str, untold: Sequence[int]) -> str:
+    """The one line of a run that lost its storage: what happened, which trials it could not
+    tell, and what to do."""
+    left = ""
+    if untold:
+        shown = ", ".join(map(str, untold[:10])) + (", ..." if len(untold) > 10 else "")
+        left = f"; {len(untold)} trial{'s' if len(untold) > 1 else ''} not told ({shown})"
+    return (f"{spec.source}: lost the storage {spec.storage.shown} during the run "
+            f"({spec.storage.redact(cause)}){left}; once it is back, run again: trials left "
+            "RUNNING are reclaimed")
 
 
 def make_pool(spec: Spec, devices: list[Device], reader: SampleReader, nvml: bool,

@@ -144,6 +144,12 @@ BAD_FILES = [
      "quote them, e.g. ['no', bf16]"),
     ("unknown placeholder", bad(trainer={"args": ["--out", "{trail_dir}/x"]}),
      "trainer.args.1", "unknown placeholder {trail_dir}"),
+    ("unset variable in args", bad(trainer={"args": ["--data", "${SWEEP_TEST_UNSET}/x"]}),
+     "trainer.args.1", "$SWEEP_TEST_UNSET is not set in the environment sweep runs in (it "
+     "would reach the trainer as the text $SWEEP_TEST_UNSET): export SWEEP_TEST_UNSET before "
+     "sweep runs, set it in trainer.env, or write $$SWEEP_TEST_UNSET for a literal dollar"),
+    ("unset variable in resume_args", bad(trainer={"resume_args": ["--from", "$NO_SUCH_VAR"]}),
+     "trainer.resume_args.1", "$NO_SUCH_VAR is not set"),
     ("JSON arg without doubled braces", bad(trainer={"args": ['{"a": 1}']}),
      "trainer.args.0", "a literal brace is doubled"),
     ("result from two sources", bad(trainer={"result": {"file": "a.json", "stdout": "x"}}),
@@ -457,3 +463,18 @@ def test_a_variable_sweep_sets_per_trial_is_refused_in_trainer_env(write_study, 
     with pytest.raises(ConfigError) as refused:
         config.load(path)
     assert str(refused.value) == f"{path}: trainer.env.{name}: {why}"
+
+
+def test_variables_in_args_load_when_the_trial_will_have_them(write_study, monkeypatch):
+    """A `$NAME` the driver's environment, `trainer.env`, or sweep itself gives the trial
+    loads; `$$` is a dollar; a verb that only reads the study does not look."""
+    monkeypatch.setenv("SWEEP_TEST_DATA", "/data")
+    monkeypatch.delenv("SWEEP_TEST_UNSET", raising=False)
+    args = ["$SWEEP_TEST_DATA", "${OWN}", "$SWEEP_TRIAL_DIR", "$CUDA_VISIBLE_DEVICES",
+            "$SWEEP_RUN_ID", "$WANDB_NAME", "$SWEEP_PARAM_X", "cost$$SWEEP_TEST_UNSET", "$5"]
+    path = write_study(trainer={"args": args, "env": {"OWN": "1"}, "pass_params": "env"})
+    assert config.load(path).trainer.args == args
+    unset = write_study(trainer={"args": ["$SWEEP_TEST_UNSET"]}, name="unset.yaml")
+    assert config.load(unset, runnable=False).trainer.args == ["$SWEEP_TEST_UNSET"]
+    with pytest.raises(ConfigError, match=r"trainer.args.0: \$SWEEP_TEST_UNSET is not set"):
+        config.load(unset)

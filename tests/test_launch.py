@@ -309,3 +309,21 @@ def test_a_recursive_alias_in_the_accelerate_config_file_is_one_line(tmp_path):
         accelconfig.read(path)
     assert str(refused.value) == (
         f"{path}: line 2: an alias refers to the value that contains it")
+
+
+def test_every_variable_sweep_sets_for_a_trial_is_one_its_args_may_name():
+    """The load-time check of `$NAME` in args knows every variable `build_launch` sets (a
+    stream report, a port, params by environment, a tracker's and a lineage's variables)."""
+    from sweep.spec.checks import trial_variables
+    from sweep.trial import lineage
+
+    trainer = TrainerSection(script=Path("/t/train.py"), launcher="python", pass_params="env",
+                             report={"stdout": r"loss (?P<value>\S+)"}, env={"OWN": "1"})
+    params = {"lr": _param(type="float", low=0.1, high=1.0)}
+    start = lineage.Start(Path("/out/checkpoints/7"), run_id="s-7-ab")
+    plan = launch_plan.build_launch(trainer, 7, {"lr": 0.5}, 3, PATHS, Path("/a.yaml"),
+                                    python="/py", port=29500, start=start, study="s",
+                                    through_accelerate=False)
+    assert {"PYTHONUNBUFFERED", "SWEEP_MAIN_PORT", "SWEEP_PARAM_LR", "WANDB_NAME",
+            "WANDB_RUN_ID", "OWN"} <= set(plan.env)
+    assert set(plan.env) <= trial_variables(trainer, params, {})

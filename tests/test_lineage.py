@@ -14,6 +14,7 @@ from sweep._core.safefs import UnsafePath
 from sweep.analysis import summary
 from sweep.runner.driver import Driver
 from sweep.spec import config
+from sweep.study import lineages
 from sweep.testing.fakes import Script
 from sweep.trial import lineage
 from sweep.trial.lineage import Lineage, Start
@@ -232,3 +233,45 @@ def test_a_stopping_driver_tells_a_trainer_that_died_of_the_same_signal_interrup
     assert s.states() == ["FAIL", "WAITING"]
     assert s.trials[0].user_attrs["fail_reason"] == "interrupted"
     assert os.path.isdir(s.spec.output_dir / "checkpoints" / "0")
+
+
+def test_counted_steps_go_on_from_the_lineages_last_step_after_a_resume(tmp_path):
+    """A `trainer.report` without a `step` group counts its values: after a resume the
+    continuation's count goes on from the lineage's last step (timm prints epochs 3-5 as its
+    first three values), so no earlier value is replaced by a later epoch's (issue 32)."""
+    saved = tmp_path / "out" / "checkpoints" / "0" / "state"
+    first = [(0.1 * (i + 1), f"acc {v}") for i, v in enumerate((46.9, 96.9, 59.4))]
+    later = [(0.1 * (i + 1), f"acc {v}") for i, v in enumerate((50.0, 100.0, 93.75))]
+    s = Sweep(tmp_path, scripted(Script(runs=100, output=first),
+                                 Script(runs=1, output=later, result={"score": 0.6})),
+              gpus=1, study={"n_trials": 1, "pruner": {"type": "median"},
+                             "output_dir": str(tmp_path / "out")},
+              trainer={"report": {"stdout": r"acc (?P<value>\S+)"}})
+    s.clock.at(0.5, lambda: saved.write_text("epoch 3"))
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    assert s.trials[0].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4}
+    assert rerun(s) == 0
+    assert s.trials[0].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4}
+    assert s.trials[1].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4,
+                                               4: 50.0, 5: 100.0, 6: 93.75}
+    curve = lineages.read(s.trials)[0].curve
+    assert curve == {1: 46.9, 2: 96.9, 3: 59.4, 4: 50.0, 5: 100.0, 6: 93.75}
+
+
+def test_a_step_a_continuation_reports_again_keeps_its_earlier_value(tmp_path):
+    """A resumed trainer that repeats a step (its checkpoint was older than its last report)
+    does not replace what the earlier attempt stored at that step: Optuna's own rule, a step
+    already reported is ignored, holds across the lineage."""
+    saved = tmp_path / "out" / "checkpoints" / "0" / "state"
+    s = Sweep(tmp_path, scripted(
+        Script(runs=100, reports=[(0.1, 1, 0.9), (0.2, 2, 0.8)]),
+        Script(runs=1, reports=[(0.1, 2, 0.5), (0.2, 3, 0.7)], result={"score": 0.6})),
+        gpus=1, study={"n_trials": 1, "pruner": {"type": "median"},
+                       "output_dir": str(tmp_path / "out")})
+    s.clock.at(0.5, lambda: saved.write_text("step 1"))
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    assert rerun(s) == 0
+    assert s.trials[1].intermediate_values == {1: 0.9, 2: 0.8, 3: 0.7}
+    assert lineages.read(s.trials)[0].curve == {1: 0.9, 2: 0.8, 3: 0.7}

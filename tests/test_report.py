@@ -243,3 +243,37 @@ def test_the_timeline_without_any_sample_says_so_in_both_rows():
     assert silent_panels(fig) == []
     notes = [a.text for a in fig.layout.annotations if a.xref.endswith(" domain")]
     assert notes == [figures.NO_SAMPLES, figures.NO_SAMPLES]
+
+
+@pytest.mark.parametrize("energy", [True, False], ids=["energy", "energy-still"])
+def test_no_panel_is_empty_without_a_sentence_after_a_real_sweep_on_fake_nvml(
+        monkeypatch, write_study, energy):
+    """The samples of a real run through the fake NVML (not written by a test): each panel
+    draws, or says why not, also where the cards' energy counters do not move."""
+    from sweep.analysis import report as report_module
+    from sweep.testing import fake_pynvml
+    from sweep.testing.fake_pynvml import FakeGpu
+
+    monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = [FakeGpu(uuid="GPU-a", util_gpu=40, memory_used=2**30),
+            FakeGpu(uuid="GPU-b", util_gpu=80, memory_used=2 * 2**30)]
+    fake_pynvml.install(monkeypatch, gpus)
+    if energy:  # each reading of the counter is 50 J on
+        counter = fake_pynvml.nvmlDeviceGetTotalEnergyConsumption
+
+        def moving(handle: Any) -> int:
+            handle.energy_mj += 50_000
+            return counter(handle)
+
+        monkeypatch.setattr(fake_pynvml, "nvmlDeviceGetTotalEnergyConsumption", moving)
+    study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "0.8"]},
+                        gpus={"sample_interval": 0.1, "skip_busy": False})
+    assert run_cli("run", str(study)) == 0
+    s, loaded = report_module.load(study)
+    assert loaded is not None
+    figs = figures.all_figures(s, loaded)
+    assert {name: silent_panels(fig) for name, fig in figs.items()} == {n: [] for n in figs}
+    notes = [a.text for a in figs["costs"].layout.annotations]
+    assert (figures.STILL_ENERGY in notes) is not energy
+    assert not any(a.text.startswith("no ") for a in figs["timeline"].layout.annotations)

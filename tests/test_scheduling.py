@@ -5,6 +5,7 @@ flagged. A whole sweep in milliseconds, with exact assertions."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -361,3 +362,40 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     assert continuation.state.name == "PRUNED"
     assert sorted(continuation.intermediate_values)[-1] == 6  # one step, then stopped
     assert exploit.state.name == "COMPLETE"
+
+
+class CountingTrainer(Trainer):
+    """`Trainer`, printing `acc V` per step (the steps counted by `trainer.report`, as timm's
+    epochs are) and saving as a HF Trainer does, in `checkpoint-<100 x steps done>`."""
+
+    def __call__(self, params: dict[str, Any]) -> Script:
+        script = super().__call__(params)
+        folder = Path(self.box[0].spawn.plan.env[CHECKPOINT_ENV])
+        s, t0 = self.box[0], self.box[0].clock.t
+        for when, step, _value in script.reports:
+            s.clock.at(t0 + when, lambda step=step: (
+                folder / f"checkpoint-{100 * (step + 1)}").mkdir(exist_ok=True))
+        output = [(when, f"acc {value}") for when, _step, value in script.reports]
+        return dataclasses.replace(script, reports=[], output=output)
+
+
+def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume_check(
+        tmp_path):
+    """Counted steps (no `step` group) of a promoted lineage go on from the step it was
+    paused at, so its curve has each step once, in order; the resume check does not judge
+    them (a count goes on whatever the trainer did: `checkpoint-N`'s N is not a count)."""
+    box: list[Sweep] = []
+    trainer = CountingTrainer(box)
+    s = Sweep(tmp_path, trainer, gpus=2, study={"n_trials": 9, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume", "{last_checkpoint}"],
+                       "report": {"stdout": r"acc (?P<value>\S+)"}})
+    box.append(s)
+    assert s.run() == 0
+    assert not [t.number for t in s.trials if "steps_repeated" in t.user_attrs]
+    lines = lineages.read(s.trials)
+    promoted = [v for v in lines.values() if v.latest.user_attrs.get("attempt", 0) > 0]
+    assert promoted
+    for line in promoted:
+        x = line.params["x"]
+        assert line.curve == {k: pytest.approx(curve(x, k - 1)) for k in line.curve}
+        assert sorted(line.curve) == list(range(1, max(line.curve) + 1))

@@ -24,6 +24,7 @@ from sweep.spec import config, schema, searchspace, storageurl
 from sweep.study import grpclock, proxy
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
+from sweep.study.heartbeat import Heartbeat, Streak
 from sweep.study.opening import open_study
 from sweep.study.storage import open_storage
 from sweep.study.store import Store
@@ -351,6 +352,10 @@ def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_stud
     errors = [line for line in err.splitlines() if line.startswith("sweep: error:")]
     assert len(errors) == 1 and "lost the storage grpc://127.0.0.1" in errors[0], err
     assert "run again" in errors[0] and "_InactiveRpcError" not in err
+    # the one line for the event: no ERROR (or heartbeat WARNING) line per trial before it
+    assert [line for line in err.splitlines() if not line.startswith("trial ")] == errors, err
+    assert "Connection refused); 2 trials not told (0, 1); once it is back, run again: " \
+        "trials left RUNNING are reclaimed" in errors[0], err
     assert all(len(line) < 400 for line in err.splitlines()), err
     second = start_proxy(behind, first[1])  # back on the same port
     # the same study, its trials no longer held up (the proxy was killed while they ran)
@@ -443,3 +448,45 @@ def test_describe_says_the_databases_words_under_every_wrapper():
         assert describe(error) == "attempt to write a readonly database"
     alone = optuna.exceptions.StorageInternalError("the storage said no")
     assert describe(alone) == "the storage said no"
+
+
+def test_a_streak_of_failed_heartbeats_is_said_once_from_its_second_pass():
+    streak = Streak()
+    assert [streak.failed() for _ in range(4)] == [False, True, False, False]
+    assert streak.succeeded() is True and streak.succeeded() is False
+    assert streak.failed() is False and streak.succeeded() is False  # one hiccup: nothing
+    assert [streak.failed() for _ in range(2)] == [False, True]
+
+
+class FailingBeats:
+    """A store whose storage is gone: every beat fails, `beats` counts them."""
+
+    def __init__(self, lost: str | None = None) -> None:
+        self.lost, self.beats = lost, 0
+
+    def beat(self, trial: object) -> None:
+        self.beats += 1
+        raise ConnectionError("connection refused")
+
+
+@pytest.mark.parametrize("lost", [None, "UNAVAILABLE"])
+def test_failed_heartbeats_are_one_line_for_all_trials_and_none_once_the_storage_is_lost(
+        lost, caplog):
+    """Losing the storage proxy printed a line per trial at each pass: a streak of failed
+    passes is one warning, and none once the run knows its storage is gone (its last line
+    says it); each trial's failure is at debug level (issue 32)."""
+    store = FailingBeats(lost)
+    beat = Heartbeat(store, 0.005)
+    for number in range(5):
+        beat.add(optuna.trial.FixedTrial({}, number))  # type: ignore[arg-type]
+    with caplog.at_level("DEBUG", logger="sweep"), beat:
+        assert wait_until(lambda: store.beats >= 5 * 6, 10, 0.01)
+    said = [r for r in caplog.records if r.levelname != "DEBUG"]
+    if lost is None:
+        assert [r.getMessage() for r in said] == [
+            "heartbeats of 5 of 5 running trials failed twice in a row (connection refused): "
+            "other drivers take a trial for dead after study.reclaim_after; sweep keeps "
+            "trying every 0.005 s"]
+    else:
+        assert said == []
+    assert sum("heartbeat of trial 3 failed" in r.getMessage() for r in caplog.records) >= 6

@@ -223,10 +223,11 @@ def test_an_output_dir_under_a_folder_anyone_may_change_is_refused(tmp_path):
 # ---- item 8: no secret in command.sh ------------------------------------------------
 
 
-def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path):
+def test_trial_files_are_private_and_command_sh_leaves_out_secrets(tmp_path, monkeypatch):
     """Item 8: `$HF_TOKEN` in trainer.args and `WANDB_API_KEY` in trainer.env were written
     into a 0644 command.sh in 0755 folders."""
     environ = {**os.environ, "HF_TOKEN": "hf_abcdefghijkl"}
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijkl")
     spec = load(tmp_path, trainer={
         "env": {"WANDB_API_KEY": "wandb-secret-1234", "MODE": "fast"},
         "args": ["--token=$HF_TOKEN", "--name", "run"]})
@@ -490,10 +491,11 @@ def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made
 # ---- a URL's password never lands in command.sh (hostile pass, item 5) -------------------
 
 
-def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path):
+def test_a_password_inside_a_url_is_left_out_of_command_sh(tmp_path, monkeypatch):
     """Hostile pass item 5: `trainer.env: {DB_URL: "postgresql://u:pw_SECRET1@h/db"}` was
     written into command.sh with its password."""
     environ = {**os.environ, "OTHER_DB": "mysql://me:pw_SECRET3@db/x"}
+    monkeypatch.setenv("OTHER_DB", "mysql://me:pw_SECRET3@db/x")
     spec = load(tmp_path, trainer={
         "env": {"DB_URL": "postgresql://u:pw_SECRET1@h/db", "HOME_URL": "https://h/x"},
         "args": ["--db", "postgresql://v:pw_SECRET2@h2/db", "--other=$OTHER_DB"]})
@@ -533,12 +535,14 @@ SENTRY = "https://0123456789abcdef0123456789abcdef@o123.ingest.sentry.io/4567"
 AWS = "AKIA" + "ABCDEFGHIJKLMNOP"
 
 
-def test_values_that_are_secrets_by_their_form_stay_out_of_command_sh_and_env_json(tmp_path):
+def test_values_that_are_secrets_by_their_form_stay_out_of_command_sh_and_env_json(
+        tmp_path, monkeypatch):
     """Issue 32: GitHub tokens, Slack webhooks, Sentry DSNs and AWS keys passed the
     name-based masking into env.json and command.sh (`NOTIFY`, `GH`, `DSN` say nothing)."""
     from sweep.trial import provenance
 
     environ = {**os.environ, "UPLOAD": OAUTH}
+    monkeypatch.setenv("UPLOAD", OAUTH)
     spec = load(tmp_path, trainer={
         "env": {"GH": GITHUB, "NOTIFY": SLACK, "DSN": SENTRY, "AWS_ID": AWS, "MODE": "fast"},
         "args": ["--pat", PAT, "--hook=" + SLACK.replace("Q", "R"), "--up", "$UPLOAD"]})

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from sweep._core.errors import ConfigError
 
@@ -37,6 +37,24 @@ def fill(text: str, places: Mapping[str, str], env: Mapping[str, str] | None = N
         return env.get(m.group("braced") or m.group("bare"), token)
 
     return _TOKEN.sub(one, text)
+
+
+def variables(text: str) -> list[str]:
+    """The names `text` expands as `$NAME` or `${NAME}` (not a `$$` dollar), in order."""
+    return [m.group("braced") or m.group("bare") for m in _TOKEN.finditer(text)
+            if m.group("braced") or m.group("bare")]
+
+
+def check_variables(file: str, key: str, text: str, known: Container[str]) -> None:
+    """Every `$NAME` in `text` is one the trial's environment will have (`known`): an unset
+    one would reach the trainer as written."""
+    unset = [name for name in variables(text) if name not in known]
+    if unset:
+        name = unset[0]
+        raise ConfigError(file, key, f"${name} is not set in the environment sweep runs in "
+                          f"(it would reach the trainer as the text ${name}): export {name} "
+                          f"before sweep runs, set it in trainer.env, or write $${name} for "
+                          "a literal dollar")
 
 
 def check(file: str, key: str, text: str, extra: tuple[str, ...] = ()) -> None:

@@ -35,6 +35,8 @@ NOT_MEASURED = ("no {what} measured: the pool is simulated (SWEEP_FAKE_GPUS), or
                 "none for these devices")
 NO_ENERGY = ("no energy measured:<br>the pool is simulated (SWEEP_FAKE_GPUS),<br>or the "
              "devices have no NVML energy counter")
+STILL_ENERGY = ("0 kWh: the devices' NVML energy counters<br>did not move while these "
+                "trials ran")
 
 
 def _go() -> Any:
@@ -393,9 +395,11 @@ def costs(s: Summary) -> Any:
     fig.add_trace(go.Bar(x=list(by.index), y=by["device_hours"], marker_color=colours,
                          showlegend=False), row=1, col=1)
     measured = t["energy_kwh"].notna().any()
-    if measured:
+    if measured and (by["energy_kwh"].fillna(0.0) > 0).any():
         fig.add_trace(go.Bar(x=list(by.index), y=by["energy_kwh"].fillna(0.0),
                              marker_color=colours, showlegend=False), row=1, col=2)
+    elif measured:  # bars of 0 draw nothing: say why
+        _note(fig, STILL_ENERGY, "x2")
     else:
         _note(fig, NO_ENERGY, "x2")
         _note(fig, NO_ENERGY, "x4")

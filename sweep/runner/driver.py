@@ -33,6 +33,7 @@ from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.counts import Counts
 from sweep.study.heartbeat import Heartbeat
+from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Store, Taken
 from sweep.trial import (
     folders,
@@ -113,6 +114,9 @@ class Driver:
             ):
                 try:
                     self._loop()
+                except storage_lost_errors() as e:  # said once, by the run's last line
+                    self.store.lose(e)
+                    raise
                 finally:
                     self._abandon()
         finally:

@@ -161,14 +161,17 @@ class Scheduling:
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int],
                    decide: bool = True) -> Stop | None:
-        """New steps stored for `run`: the resume check on its first, then, with `decide`
+        """New steps stored for `run`: the resume check on its first (not on counted steps:
+        they go on from the lineage's last step whatever the trainer did, so they cannot
+        tell a resume from a start over), then, with `decide`
         (the trial still runs: not being stopped, its command not exited), the scheduler's
         decision at the last (a Stop to give the trial, or None: it goes on)."""
         if not steps:
             return None
         expect = self._expect.pop(run.number, None)
-        if expect is not None and steps[0] <= expect:
-            self._flag(run, steps[0], expect)
+        counted = run.reports is not None and run.reports.counted
+        if expect is not None and steps[0] <= expect and not counted:
+            self._flag(run, steps[0], expect)  # counted steps go on from the lineage's
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)

@@ -61,7 +61,7 @@ class Starter:
             spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
             {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
              "trial_number": str(asked.number), **lineage.places(start)},
-            plan.cwd) if single else None
+            plan.cwd, asked.reached if start.resume else 0) if single else None
         proc = self.launcher.spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
         try:  # nothing may run that no record follows: a failure from here kills it
             lease.attach(proc)

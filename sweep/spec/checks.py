@@ -8,7 +8,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,11 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
         check(_check_output_dir, file, output_dir)
     for i, arg in enumerate(trainer.args):
         check(placeholders.check, file, f"trainer.args.{i}", arg)
+    if runnable:  # $NAME comes from the environment sweep runs in
+        known = trial_variables(trainer, spec.params, os.environ)
+        for key, args in (("args", trainer.args), ("resume_args", trainer.resume_args)):
+            for i, arg in enumerate(args):
+                check(placeholders.check_variables, file, f"trainer.{key}.{i}", arg, known)
     for name, value in trainer.env.items():
         check(placeholders.check, file, f"trainer.env.{short(name, 40)}", str(value))
     for i, arg in enumerate(trainer.resume_args):
@@ -274,6 +279,23 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
                 trainer.accelerate.dynamo_backend, choices=interp.choices):
             bad("trainer.accelerate.config_file", f"{config_file}: {message}")
     return python, config_file
+
+
+# variables sweep sets for a trial besides PER_TRIAL (`launch_plan.build_launch`, `lineage.env`)
+ALSO_PER_TRIAL = ("CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED", "WANDB_RUN_GROUP", "WANDB_NAME",
+                  "WANDB_RUN_ID", "WANDB_RESUME")
+
+
+def trial_variables(trainer: TrainerSection, params: Mapping[str, Any],
+                    environ: Mapping[str, str]) -> set[str]:
+    """The names a trial's `$NAME`s may use: the driver's environment (`environ`),
+    `trainer.env`, what sweep sets for each trial, and `SWEEP_PARAM_*` with
+    `pass_params: env`."""
+    known = {*environ, *trainer.env, *PER_TRIAL, *ALSO_PER_TRIAL}
+    if trainer.pass_params == "env":
+        known |= {env_name(name) for name, param in params.items()
+                  if param.where != "accelerate"}
+    return known
 
 
 def env_name(param: str) -> str:

@@ -48,6 +48,7 @@ from sweep.study.storage import (
     StudyFileReplaced,
     close_storage,
     describe,
+    storage_lost_errors,
 )
 from sweep.trial import lineage
 from sweep.trial.outcome import Outcome
@@ -68,6 +69,7 @@ class Asked:
     number: int
     params: dict[str, Any]
     lineage: lineage.Lineage  # where it stands in its lineage (origin, attempt, ...)
+    reached: int = 0  # the last step of the curve its lineage's earlier attempts carried
 
     @property
     def attempt(self) -> int:
@@ -108,6 +110,8 @@ class Store:
             storage.get_heartbeat_interval() is not None
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
         self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+        self.lost: str | None = None  # the storage is gone for this run: why (`lose`)
+        self.untold: list[int] = []  # trials that could not be told since
 
     def check_file(self) -> None:
         """StudyFileReplaced if the SQLite study file is no longer the one opened."""
@@ -178,11 +182,11 @@ class Store:
             line = self._carry_lineage(trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
             params = sample(self.study, trial, searched, self.sampler_for)
-            self._carry_curve(trial, line)
+            reached = self._carry_curve(trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
-        return Asked(trial, trial.number, params, line)
+        return Asked(trial, trial.number, params, line, reached)
 
     def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
         """The lineage of a trial just asked; a new one gets its run id, written before its
@@ -195,17 +199,21 @@ class Store:
             line = dataclasses.replace(line, run_id=run_id)
         return line
 
-    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> None:
+    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> int:
         """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
-        attempts reached, so the pruner compares what the trial really reached."""
-        if line.resumes:
-            earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
-                       for t in self.study.get_trials(deepcopy=False)
-                       if t.number != trial.number and t.state.is_finished()
-                       and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
-            key = trial_id(trial)
-            for step, value in sorted(lineage.merged_curve(earlier).items()):
-                self.storage.set_trial_intermediate_value(key, step, value)
+        attempts reached, so the pruner compares what the trial really reached; reported
+        through the trial, so a step it reports again keeps the earlier value (Optuna ignores
+        a step already reported). Returns the curve's last step (0: none carried)."""
+        if not line.resumes or len(self.study.directions) > 1:  # Optuna prunes one objective
+            return 0
+        earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
+                   for t in self.study.get_trials(deepcopy=False)
+                   if t.number != trial.number and t.state.is_finished()
+                   and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
+        curve = lineage.merged_curve(earlier)
+        for step, value in sorted(curve.items()):
+            trial.report(value, step)
+        return max(curve, default=0)
 
     @contextlib.contextmanager
     def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
@@ -261,7 +269,9 @@ class Store:
         """Store an intermediate value; False if Optuna refuses it (the step is skipped).
         Taken if another driver has told the trial meanwhile."""
         try:
-            trial.report(value, step)
+            with warnings.catch_warnings():  # a step carried from an earlier attempt: kept
+                warnings.filterwarnings("ignore", message="The reported value is ignored")
+                trial.report(value, step)
         except optuna.exceptions.UpdateFinishedTrialError:
             raise Taken(trial.number) from None
         except (ValueError, OverflowError, TypeError) as e:
@@ -333,8 +343,18 @@ class Store:
             self.tell(trial, TrialState.FAIL, None, attrs)
         except StudyFileReplaced:
             log.debug("trial %d not told: the study file is gone", trial.number)
-        except Exception as e:  # storage gone too: nothing more can be done from here
+        except storage_lost_errors() as e:  # the run's last line says it, with the count
+            self.lose(e)
+            self.untold.append(trial.number)
+            log.debug("could not tell trial %d: %s", trial.number, describe(e))
+        except Exception as e:
             log.error("could not tell trial %d: %s", trial.number, describe(e))
+
+    def lose(self, error: BaseException) -> None:
+        """The storage is gone for this run (`error` said so first): what fails against it
+        from now on is said once, by the run's last line (`lost`, `untold`)."""
+        if self.lost is None:
+            self.lost = describe(error)
 
     # ---- owners, heartbeats and orphans -------------------------------------------------
 

@@ -5,6 +5,9 @@ returns the new `(step, value)` pairs, a bounded batch per pass, and sets `more`
 were left for the next pass; `read_rest()` reads what is left once the command exited; the
 first value that cannot be used sets `error` (the trial's fail_reason: a diverged value is
 reported as such) and stops the reading. A step already seen is ignored. None blocks.
+A reader whose values carry no step counts them (`counted` says it has); the count goes on
+from `counted_from`, the step a resumed attempt's lineage had reached, so a continuation's
+first counted value is the step after its lineage's last, not step 1 again.
 
 - `ReportReader`: the JSON lines `sweep.protocol.report` writes to `$SWEEP_REPORT_FILE` (the
   default);
@@ -47,6 +50,7 @@ class IntermediateValues(Protocol):
     def error(self) -> str | None: ...
 
     more: bool
+    counted: bool  # some of its steps are counts of values, not the trainer's own
 
     def read(self) -> list[tuple[int, float]]: ...
 
@@ -56,15 +60,18 @@ class IntermediateValues(Protocol):
 
 
 def reader_for(report: ReportSection | None, paths: TrialPaths, metric: str,
-               places: Mapping[str, str], cwd: Path | None = None) -> IntermediateValues:
+               places: Mapping[str, str], cwd: Path | None = None,
+               counted_from: int = 0) -> IntermediateValues:
     """The reader of `trainer.report` for the trial of `paths` (`places` fills its
     placeholders; a relative path is the trial's, from `cwd`, its `trainer.workdir`, as for
-    `result.file`); without `trainer.report`, the report file of `$SWEEP_REPORT_FILE`."""
+    `result.file`); without `trainer.report`, the report file of `$SWEEP_REPORT_FILE`.
+    Counted steps start after `counted_from` (the step a resumed lineage had reached)."""
     if report is None:
         return ReportReader(paths.reports)
     if report.stream is not None:
         log = paths.stdout if report.stream == "stdout" else paths.stderr
-        return OutputReader(log, report.patterns, metric, name=report.stream)
+        return OutputReader(log, report.patterns, metric, name=report.stream,
+                            counted_from=counted_from)
 
     def where(text: str) -> Path:
         filled = Path(fill(text, places))
@@ -73,7 +80,8 @@ def reader_for(report: ReportSection | None, paths: TrialPaths, metric: str,
     if report.tensorboard is not None:
         return TensorboardReader(where(report.tensorboard.dir), report.tensorboard.tag)
     assert report.file is not None
-    return KeyedLinesReader(where(report.file), report.step or "step", report.value or metric)
+    return KeyedLinesReader(where(report.file), report.step or "step", report.value or metric,
+                            counted_from=counted_from)
 
 
 def _value(raw: Any, where: str) -> float:
@@ -112,14 +120,15 @@ class OutputReader:
     """Intermediate values matched in a trainer's output log, line by line.
 
     Each pattern has a named group for the value (`value`, or the study's metric) and
-    optionally `step`; without it the step is the count of values matched so far (1, 2, ...).
+    optionally `step`; without it the step is the count of values matched so far (1, 2, ...,
+    after `counted_from`).
     A pattern sees a line's last LINE_TAIL characters, as `result.stdout` patterns do. At most
     CHUNK bytes are searched and BATCH values passed on per pass; a line still being written
     waits for its end.
     """
 
     def __init__(self, path: Path, patterns: list[str], metric: str, name: str = "stdout",
-                 batch: int = BATCH) -> None:
+                 batch: int = BATCH, counted_from: int = 0) -> None:
         self.name, self.batch = name, batch
         self._file = FollowedFile(path, f"{path.name}")
         self._path = path
@@ -127,7 +136,8 @@ class OutputReader:
         self._patterns = [compile_pattern(p) for p in patterns][::-1]  # the last one wins
         self._metric = metric
         self._line = 0
-        self._count = 0
+        self._count = counted_from
+        self.counted = False
         self._seen: set[int] = set()
 
     @property
@@ -179,7 +189,10 @@ class OutputReader:
             value = _value(raw, where)
             self._count += 1
             step = groups.get("step")
-            return (_step(step, where) if step is not None else self._count), value
+            if step is not None:
+                return _step(step, where), value
+            self.counted = True
+            return self._count, value
         return None
 
     def watched(self) -> list[Path]:
@@ -199,12 +212,14 @@ class OutputReader:
 class KeyedLinesReader(ReportReader):
     """A JSON-lines file the script appends anyway: `value` and `step` name its keys (a
     dotted name reads a nested one). A line without the value key reports nothing (a log of
-    several kinds of line); a line without the step key takes the count of values so far."""
+    several kinds of line); a line without the step key takes the count of values so far
+    (after `counted_from`)."""
 
-    def __init__(self, path: Path, step: str, value: str, batch: int = BATCH) -> None:
+    def __init__(self, path: Path, step: str, value: str, batch: int = BATCH,
+                 counted_from: int = 0) -> None:
         super().__init__(path, batch)
         self.step_key, self.value_key = step, value
-        self._count = 0
+        self._count = counted_from
 
     def parse(self, line: str, number: int) -> tuple[int, float] | None:
         where = f"{self.path.name} line {number}"
@@ -222,7 +237,10 @@ class KeyedLinesReader(ReportReader):
         value = _value(raw, where)
         self._count += 1
         step = lookup(item, self.step_key)
-        return (self._count if step is MISSING else _step(step, where)), value
+        if step is MISSING:
+            self.counted = True
+            return self._count, value
+        return _step(step, where), value
 
 
 class TensorboardReader:
@@ -234,6 +252,7 @@ class TensorboardReader:
         self.folder, self.tag, self.batch = folder, tag, batch
         self.error: str | None = None
         self.more = False
+        self.counted = False  # its steps are the event files' own
         self._loaders: dict[Path, Any] = {}
         self._events: dict[Path, Any] = {}
         self._seen: set[int] = set()

@@ -146,6 +146,7 @@ class ReportReader:
         self.batch = batch
         self.error: str | None = None
         self.more = False  # complete lines were left for the next read
+        self.counted = False  # a step of a counted value (a subclass without a step key)
         self._file = FollowedFile(path, "the report file")
         self._lines = 0
         self._seen: set[int] = set()
