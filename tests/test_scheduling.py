@@ -24,6 +24,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
+from sweep.trial import checkpoint_disk
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -40,10 +41,12 @@ class Trainer:
     starts over); `log` keeps (trial, first step, last step planned) per start."""
 
     def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
-                 value: Any = curve, ignores_term: bool = False) -> None:
+                 value: Any = curve, ignores_term: bool = False, weights: int = 0) -> None:
         self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
         self.ignores_term = ignores_term  # goes on until SIGKILL, after the grace period
         self.starts: list[tuple[str, int]] = []
+        self.weights = weights  # bytes of weights.bin saved beside state.json
+        self.disk: list[int] = []  # the bytes of all checkpoint folders after each save
 
     def __call__(self, params: dict[str, Any]) -> Script:
         s = self.box[0]
@@ -58,6 +61,10 @@ class Trainer:
         def save(step: int) -> None:
             if not s.spawn.processes[index].command_exited:
                 state.write_text(json.dumps({"next": step + 1}))
+                if self.weights:
+                    (folder / "weights.bin").write_bytes(b"w" * self.weights)
+                    self.disk.append(sum(checkpoint_disk.folder_bytes(p) for p in
+                                         folder.parent.iterdir() if p.is_dir()))
 
         reports = []
         for i, step in enumerate(range(first, self.steps)):
@@ -89,6 +96,11 @@ def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
         out.setdefault(int(t.user_attrs.get("retry_of", number)), []).append(
             (p.started, p.ended_at or float("inf")))
     return out
+
+
+def folders_left(s: Sweep) -> list[str]:
+    """The lineage checkpoint folders in the study's output_dir (not the marker files)."""
+    return sorted(p.name for p in (s.spec.output_dir / "checkpoints").iterdir() if p.is_dir())
 
 
 def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_path):
@@ -126,6 +138,9 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     # steps each), 3 at step 6 (7 each), and the best from 7 to 17
     assert sum(len(v.curve) for v in lines.values()) == 6 * 3 + 3 * 7 + 11 < 9 * 18
     assert NO_RESUME_ARGS not in said
+    # every lineage can never continue now: the folders went, but the best one's
+    assert folders_left(s) == [str(best.origin)]
+    assert any(m.startswith("checkpoint folders removed") for m in said)
 
 
 def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
@@ -209,10 +224,54 @@ def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path
         first = dict(trainer.starts)[str(t.number)]
         assert first > t.user_attrs["exploit_step"]
         assert "steps_repeated" not in t.user_attrs
-        assert (tmp_path / "probe" / "checkpoints" / str(t.number) / "state.json").is_file()
     assert sum(" exploits trial " in m for m in said) == 2
+    # every lineage ended: only the best finished one's checkpoint folder is kept
+    best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
 
+
+
+def pbt_sweep(tmp_path: Path, **scheduler: Any) -> tuple[Sweep, Trainer]:
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20, weights=1000)
+    s = Sweep(tmp_path, trainer, gpus=4,
+              study={"n_trials": 8, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "seed": 0, **scheduler}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    return s, trainer
+
+
+def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineages(tmp_path):
+    """Four lineages of about 1 kB each run at once; a bound of 5.5 kB holds while lineages
+    are replaced (their folders go as their trials end), where keeping them all would not."""
+    s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=5.5e-6)
+    said = capture_messages(s)
+    assert s.run() == 0
+    replaced = [t.user_attrs["replaces"] for t in s.trials if "replaces" in t.user_attrs]
+    assert len(replaced) == 4
+    assert max(trainer.disk) <= 5500 < 8 * 1000
+    best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+    assert not any("max_checkpoint_gb" in m for m in said)
+
+
+def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
+    s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=2e-6, keep_checkpoints="all")
+    said = capture_messages(s)
+    assert s.run() == 0
+    over = [m for m in said if "max_checkpoint_gb" in m]
+    assert len(over) == 1 and "over study.scheduler.max_checkpoint_gb (2e-06)" in over[0]
+    assert "sweep removes none of those" in over[0]
+    # no live lineage lost its folder: every exploit started past its donor's step
+    for t in s.trials:
+        if "exploit_of" in t.user_attrs:
+            assert dict(trainer.starts)[str(t.number)] > t.user_attrs["exploit_step"]
+    assert not any("steps_repeated" in t.user_attrs for t in s.trials)
+    best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
 
 
 def stored_rung(s: Sweep) -> None:

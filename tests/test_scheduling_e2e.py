@@ -43,8 +43,9 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
                # the best first: they are paused at rung 0 (too few there yet), and
                # promoted once worse ones have come
                "enqueue": [{"x": x} for x in XS],
+               # every lineage's own step log stays: the evidence read below
                "scheduler": {"type": "asha", "min_steps": 2, "max_steps": STEPS,
-                             "reduction_factor": 3}},
+                             "reduction_factor": 3, "keep_checkpoints": "all"}},
         trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
                  "args": ["--steps", str(STEPS), "--sleep", "0.1"],
                  "resume_args": ["--resume"]},
@@ -120,7 +121,7 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         study={"n_trials": 6, "heartbeat_interval": 1,
                "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
-                             "perturb": [0.8, 1.25], "seed": 0}},
+                             "perturb": [0.8, 1.25], "seed": 0, "keep_checkpoints": "all"}},
         trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"]},
     ))
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})

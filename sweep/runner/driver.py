@@ -483,6 +483,8 @@ class Driver:
         del self.running[run.number]
         run.process.close()
         self.pool.release(run.lease, oom=run.oom)
+        if self.scheduling is not None:  # its lineage may never continue now
+            self.scheduling.tidy()
 
     # ---- the end ------------------------------------------------------------------------
 

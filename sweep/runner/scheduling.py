@@ -23,6 +23,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep._core.safefs import UnsafePath
+from sweep.runner import retention
 from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
@@ -37,7 +39,7 @@ from sweep.spec.schema import Spec
 from sweep.study import lineages
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import exploit, lineage
+from sweep.trial import checkpoint_disk, exploit, lineage
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import RunningTrial, Stop
 
@@ -62,6 +64,8 @@ class Scheduling:
         self._last: dict[int, int | None] = {}  # trial -> the last step of its lineage seen
         self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
         self._flagged = False
+        self._said_over = False
+        self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
 
@@ -225,6 +229,50 @@ class Scheduling:
                  "resume from its checkpoint); have the script load its state from "
                  "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
+
+
+    def tidy(self) -> None:
+        """Remove the checkpoint folders of lineages that can never continue, as
+        `retention` decides, under the budget lock (where every promotion and exploit is
+        decided); over `max_checkpoint_gb` with nothing left to remove, say so once."""
+        sched = self.spec.study.scheduler
+        assert sched is not None
+        if sched.keep_checkpoints == "all" and sched.max_checkpoint_gb is None:
+            return
+        out = self.spec.output_dir
+        with self.store.budget_lock() as held:
+            if not held:  # another driver holds it too long: decide another time
+                return
+            lines = self.lineages()
+            dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
+            measured = lines if sched.max_checkpoint_gb is not None else dead
+            sizes = checkpoint_disk.sizes(out, measured)
+            chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
+                                    sched.max_checkpoint_gb, self.minimize)
+            removed, freed = [], 0
+            for origin in chosen.remove:
+                if origin in self._refused:
+                    continue
+                try:
+                    checkpoint_disk.remove(out, origin)
+                except UnsafePath as e:
+                    self._refused.add(origin)
+                    self.say(f"the checkpoint folder of trial {origin} is kept: {e}")
+                    continue
+                except OSError:  # a straggler still writes in it: another time
+                    continue
+                removed.append(origin)
+                freed += sizes[origin]
+        if removed:
+            self.say(f"checkpoint folders removed ({freed / retention.GB:.2f} GB) of trials "
+                     f"{', '.join(map(str, removed))}: they can never continue")
+        if chosen.over and not self._said_over:
+            self._said_over = True
+            self.say(f"the checkpoint folders in {out / lineage.CHECKPOINTS} hold "
+                     f"{chosen.held / retention.GB:.2f} GB, over study.scheduler."
+                     f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
+                     "belongs to lineages that may still continue (or the best finished one): "
+                     "sweep removes none of those; raise the bound, or free disk elsewhere")
 
 
 def _saved_step(start: Start, reached: int) -> int:
