@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import pytest
 import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
+from rich.console import Console
 from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
@@ -41,38 +43,46 @@ class Trainer:
     starts over); `log` keeps (trial, first step, last step planned) per start."""
 
     def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
-                 value: Any = curve, ignores_term: bool = False, weights: int = 0) -> None:
+                 value: Any = curve, ignores_term: bool = False, weights: int = 0,
+                 logs_x: bool = False, restores_x: bool = False) -> None:
         self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
         self.ignores_term = ignores_term  # goes on until SIGKILL, after the grace period
         self.starts: list[tuple[str, int]] = []
         self.weights = weights  # bytes of weights.bin saved beside state.json
         self.disk: list[int] = []  # the bytes of all checkpoint folders after each save
+        # x is a learning rate: logged each step on a decaying schedule (`lr=...`), saved in
+        # the checkpoint; `restores_x` takes it from there over the given one (Ray #62173)
+        self.logs_x, self.restores_x = logs_x, restores_x
 
     def __call__(self, params: dict[str, Any]) -> Script:
         s = self.box[0]
         plan = s.spawn.plan
         folder = Path(plan.env[CHECKPOINT_ENV])
         state = folder / "state.json"
-        first = json.loads(state.read_text())["next"] if self.resumes and state.exists() else 0
+        saved = json.loads(state.read_text()) if self.resumes and state.exists() else {}
+        first = saved.get("next", 0)
+        x = saved.get("x", params["x"]) if self.restores_x else params["x"]
         self.starts.append((plan.paths.dir.name, first))
         index = len(s.spawn.processes)  # the process about to be made for this script
         t0 = s.clock.t
 
         def save(step: int) -> None:
             if not s.spawn.processes[index].command_exited:
-                state.write_text(json.dumps({"next": step + 1}))
+                state.write_text(json.dumps({"next": step + 1, "x": x}))
                 if self.weights:
                     (folder / "weights.bin").write_bytes(b"w" * self.weights)
                     self.disk.append(sum(checkpoint_disk.folder_bytes(p) for p in
                                          folder.parent.iterdir() if p.is_dir()))
 
-        reports = []
+        reports, output = [], []
         for i, step in enumerate(range(first, self.steps)):
             s.clock.at(t0 + i + 1.0, lambda step=step: save(step))
-            reports.append((i + 1.0, step, self.value(params["x"], step)))
-        final = self.value(params["x"], self.steps - 1)
+            reports.append((i + 1.0, step, self.value(x, step)))
+            if self.logs_x:
+                output.append((i + 0.9, f"step {step} lr={x * (1 - step / 40):.6g}"))
+        final = self.value(x, self.steps - 1)
         return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final},
-                      ignores_term=self.ignores_term)
+                      ignores_term=self.ignores_term, output=output)
 
 
 def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
@@ -272,6 +282,57 @@ def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
     assert not any("steps_repeated" in t.user_attrs for t in s.trials)
     best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+
+
+@pytest.mark.parametrize("restores", [True, False])
+def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path, restores):
+    """The trainer logs its learning rate (x) on a decaying schedule; one that restores it
+    from the donor's checkpoint (Ray #62173) logs the donor's, and is flagged, once in the
+    run's output; one that uses its perturbed value is not."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20, logs_x=True, restores_x=restores)
+    s = Sweep(tmp_path, trainer, gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+              trainer={"resume_args": ["--resume"],
+                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
+    box.append(s)
+    said = capture_messages(s)
+    assert s.run() == 0
+    trials = s.trials
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert len(exploits) == 2
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        noted = t.user_attrs["logged_params"]["x"]  # the values it logged, by boundary
+        at = min(int(b) for b in noted)
+        assert at > t.user_attrs["exploit_step"]
+        ran = donor.params["x"] if restores else t.params["x"]
+        assert noted[str(at)] == pytest.approx(ran * (1 - at / 40), rel=1e-5)  # at that step
+        assert t.user_attrs.get("restored_params") == (
+            {"x": noted[str(at)]} if restores else None)
+    restored = [m for m in said if "restored its donor's value" in m]
+    assert len(restored) == int(restores)
+    if restores:
+        assert restored[0].startswith(f"trial {exploits[0].number} exploits trial ")
+        assert "after it loads the checkpoint" in restored[0]
+    # the donors noted theirs too, at each boundary they passed
+    assert all("logged_params" in t.user_attrs for t in trials if t.params["x"] == 0.3)
+    # sweep summary: the column, and a line naming the trials
+    frame = summary.trials_frame(s.store.study, s.spec)
+    shown = frame[frame["restored_params"].notna()]
+    assert list(shown["number"]) == ([t.number for t in exploits] if restores else [])
+    if restores:
+        assert list(shown["restored_params"]) == [
+            f"x={t.user_attrs['restored_params']['x']:g}" for t in exploits]
+    console = Console(record=True, width=200)
+    console.print(summary.render(summary.Summary(s.spec, frame, pd.DataFrame(),
+                                                 pd.DataFrame())))
+    line = (f"2 exploits ran with their donor's params restored from its checkpoint, not "
+            f"the perturbed ones (trials {', '.join(str(t.number) for t in exploits)}: "
+            "restored_params)")
+    assert (line in console.export_text()) is restores
 
 
 def stored_rung(s: Sweep) -> None:

@@ -110,19 +110,23 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("mode", ["resumes", "fresh", "restores_x"])
 def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
-        write_study, tmp_path, fresh):
+        write_study, tmp_path, mode):
     """A population of 4, n_trials 6: two exploits, each a new lineage whose folder is a copy
     of its donor's, started with the donor's x perturbed; the trainer's own output shows the
-    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged."""
-    args = ["--steps", "20", "--sleep", "0.1"] + (["--fresh"] if fresh else [])
+    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged, and
+    so is one that takes x from the checkpoint (`--restore-x`: trainer.logged_params)."""
+    fresh = mode == "fresh"
+    flags = {"fresh": ["--fresh"], "restores_x": ["--restore-x"]}.get(mode, [])
+    args = ["--steps", "20", "--sleep", "0.1", *flags]
     study = write_study(study_dict(
         study={"n_trials": 6, "heartbeat_interval": 1,
                "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
                              "perturb": [0.8, 1.25], "seed": 0, "keep_checkpoints": "all"}},
-        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"]},
+        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"],
+                 "logged_params": {"x": {"stdout": r"with x=(?P<value>\S+)"}}},
     ))
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
     out, err = run.communicate(timeout=180)
@@ -139,7 +143,10 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
         said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
         step = int(said.split()[3])
-        assert said == f"starting at step {step} with x={t.params['x']}"
+        ran = donor.params["x"] if mode == "restores_x" else t.params["x"]
+        assert said == f"starting at step {step} with x={ran}"
+        assert t.user_attrs.get("restored_params") == (
+            {"x": donor.params["x"]} if mode == "restores_x" else None)
         # the donor's own record came with the copy: its start, and the steps it had made
         copied = (folder / "checkpoints" / str(t.number) / "starts.log").read_text()
         assert copied.splitlines()[0].startswith(f"{donor.number} 0 ")
@@ -151,3 +158,4 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
             assert step > t.user_attrs["exploit_step"]
             assert "steps_repeated" not in t.user_attrs
     assert ("steps repeated" in out + err) is fresh
+    assert ("restored its donor's value" in out + err) is (mode == "restores_x")

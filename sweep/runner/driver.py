@@ -484,7 +484,7 @@ class Driver:
         run.process.close()
         self.pool.release(run.lease, oom=run.oom)
         if self.scheduling is not None:  # its lineage may never continue now
-            self.scheduling.tidy()
+            self.scheduling.ended(run.number)
 
     # ---- the end ------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep._core.safefs import UnsafePath
-from sweep.runner import retention
+from sweep.runner import explored, retention
 from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
@@ -39,7 +39,7 @@ from sweep.spec.schema import Spec
 from sweep.study import lineages
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import checkpoint_disk, exploit, lineage
+from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import RunningTrial, Stop
 
@@ -65,6 +65,14 @@ class Scheduling:
         self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
         self._flagged = False
         self._said_over = False
+        # trainer.logged_params, in a pbt study: each trial's readers, its latest values and
+        # its notes by boundary; the exploits whose explore is not checked yet (their donor)
+        self._starts: dict[int, Start] = {}
+        self._readers: dict[int, dict[str, intermediate.IntermediateValues]] = {}
+        self._logged: dict[int, dict[str, float]] = {}
+        self._notes: dict[int, dict[str, dict[str, float]]] = {}
+        self._explores: dict[int, int] = {}
+        self._said_restored = False
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
@@ -159,6 +167,9 @@ class Scheduling:
                      "checkpoint folder copied, params perturbed "
                      f"({_shown(asked.params, self.spec.searched)})")
         self._last[asked.number] = before
+        self._starts[asked.number] = start
+        if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
+            self._explores[asked.number] = int(donor)
         if before is not None and (start.resume or donor is not None):
             self._expect[asked.number] = _saved_step(start, before)
         return start
@@ -176,6 +187,8 @@ class Scheduling:
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)
+        if self.spec.trainer.logged_params and isinstance(self.decide, Pbt):
+            self._follow_params(run, before, step)
         if not decide or (before is not None and step <= before):
             return None
         lines = self.lineages()
@@ -217,6 +230,68 @@ class Scheduling:
                  f"replaced by an exploit of trial {decision.donor}")
         return Stop.REPLACED
 
+    def _follow_params(self, run: RunningTrial, before: int | None, step: int) -> None:
+        """`trainer.logged_params`: the values the script logged so far read; at an
+        `interval` boundary, the latest noted on the trial (what an exploit of it is compared
+        with), and an exploit's explore checked."""
+        readers = self._readers.get(run.number)
+        if readers is None:
+            plan, start = run.process.plan, self._starts.get(run.number)
+            places = {**launch_plan.spec_places(self.spec), "trial_dir": str(plan.paths.dir),
+                      "trial_number": str(run.number),
+                      **(lineage.places(start) if start is not None else {})}
+            readers = self._readers[run.number] = {
+                name: intermediate.reader_for(section, plan.paths, name, places, plan.cwd)
+                for name, section in self.spec.trainer.logged_params.items()}
+        latest = self._logged.setdefault(run.number, {})
+        for name, reader in readers.items():
+            fresh = reader.read_rest(1 << 20)
+            if fresh:
+                latest[name] = fresh[-1][1]
+        assert isinstance(self.decide, Pbt)
+        at = explored.boundary(before, step, self.decide.spec.interval)
+        if at is None or not latest:
+            return
+        notes = self._notes.setdefault(run.number, {})
+        for name, value in latest.items():
+            notes.setdefault(name, {})[str(at)] = value
+        self.store.note(run.trial, {lineages.LOGGED: notes})
+        if run.number in self._explores and len(latest) == len(readers):
+            self._check_explore(run, self._explores.pop(run.number), at)
+
+    def _check_explore(self, run: RunningTrial, donor: int, at: int) -> None:
+        """Exploit `run` of lineage `donor` has logged its params at boundary `at`: flag the
+        ones it runs with at its donor's value (`explored.restored`)."""
+        trials = self.store.study.get_trials(deepcopy=False)
+        line = lineages.read(trials).get(donor)
+        if line is None:
+            return
+        donor_notes: dict[str, dict[str, float]] = {}
+        for t in trials:
+            if int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == donor:
+                for name, notes in dict(t.user_attrs.get(lineages.LOGGED, {})).items():
+                    donor_notes.setdefault(name, {}).update(notes)
+        found = {}
+        for name, value in self._logged[run.number].items():
+            given, theirs = run.params.get(name), line.params.get(name)
+            if not isinstance(given, (int, float)) or not isinstance(theirs, (int, float)):
+                continue
+            if explored.restored(value, explored.at_or_before(donor_notes.get(name, {}), at),
+                                 float(given), float(theirs)):
+                found[name] = value
+        if not found:
+            return
+        self.store.note(run.trial, {lineages.RESTORED_PARAMS: found})
+        if self._said_restored:
+            return
+        self._said_restored = True
+        shown = ", ".join(f"{k}={run.params[k]:g} but logged {v:g}" for k, v in found.items())
+        self.say(f"trial {run.number} exploits trial {donor} with perturbed params ({shown}, "
+                 "as its donor ran): it restored its donor's value from the checkpoint (an "
+                 "optimizer's state holds its learning rate); have the script set the params "
+                 "it is given after it loads the checkpoint (e.g. each optimizer param "
+                 "group's lr, and a scheduler's base_lrs)")
+
     def _flag(self, run: RunningTrial, first: int, expect: int) -> None:
         repeated = expect - first + 1
         self.store.note(run.trial, {lineages.RESUMED_AT: first,
@@ -230,6 +305,13 @@ class Scheduling:
                  "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
 
+
+    def ended(self, number: int) -> None:
+        """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
+        disk is tidied (`tidy`)."""
+        for kept in (self._starts, self._readers, self._logged, self._notes, self._explores):
+            kept.pop(number, None)
+        self.tidy()
 
     def tidy(self) -> None:
         """Remove the checkpoint folders of lineages that can never continue, as
