@@ -6,7 +6,8 @@ its checkpoint is written, so a kill between the two runs that step once more. O
 result (the driver tells the trial FAIL "interrupted"). It reports each step's value, and
 prints the step it starts at and its x; `--fresh` starts over whatever the folder holds;
 `--restore-x` takes x from the checkpoint over the one it is given (as a restored optimizer's
-state overrides a learning rate: Ray Tune #62173).
+state overrides a learning rate: Ray Tune #62173); `--weights N` saves N bytes of weights.bin
+with each checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--fresh", action="store_true", help="ignore the folder: start over")
     p.add_argument("--restore-x", action="store_true", help="x from the checkpoint, if any")
+    p.add_argument("--weights", type=int, default=0, help="bytes of weights.bin per save")
     args, _ = p.parse_known_args()
     folder = Path(os.environ["SWEEP_CHECKPOINT_DIR"])
     number = os.environ["SWEEP_TRIAL_NUMBER"]
@@ -43,6 +45,8 @@ def main() -> int:
         value = (x - 0.3) ** 2 + 1.0 / (step + 1)
         with open(folder / "steps.log", "a") as f:
             f.write(f"{number} {step}\n")
+        if args.weights:
+            (folder / "weights.bin").write_bytes(b"w" * args.weights)
         tmp = folder / "state.json.tmp"
         tmp.write_text(json.dumps({"next": step + 1, "x": x}))
         os.replace(tmp, state)
