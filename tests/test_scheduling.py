@@ -481,3 +481,44 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     assert continuation.state.name == "PRUNED"
     assert sorted(continuation.intermediate_values)[-1] == 6  # one step, then stopped
     assert exploit.state.name == "COMPLETE"
+
+
+def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monkeypatch):
+    """Removal is decided under the budget lock; a trial's end that finds another driver
+    holding it waits, but a signal (the driver's `_stopping`) ends the wait with nothing
+    removed, and a later end removes it."""
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study import budget
+    from sweep.study.connect import connect
+    from sweep.trial import lineage
+    from sweep.trial.lineage import Lineage
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={
+        "n_trials": 1, "scheduler": {**ASHA, "keep_checkpoints": 0}},
+        trainer={"resume_args": ["--resume"]}), sort_keys=False))
+    spec = config.load(path)
+    store, other = (connect(spec, Owner(host, 1, 0.0)) for host in ("mine", "theirs"))
+    try:
+        store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions=DIST,
+            intermediate_values={17: 1.0}))
+        spec.output_dir.mkdir(exist_ok=True)
+        folder = lineage.prepare(spec.output_dir, Lineage(0)).checkpoint_dir
+        mine = Scheduling(spec, store, lambda m: None)
+
+        def waited(seconds: float) -> None:
+            raise AssertionError("waited for the lock with a signal come")
+
+        with other.budget_lock() as held, monkeypatch.context() as m:
+            assert held
+            m.setattr(budget.time, "sleep", waited)
+            mine.ended(0, abort=lambda: True)
+            assert folder.is_dir()
+        mine.ended(0)
+        assert not folder.exists()
+    finally:
+        store.close()
+        other.close()

@@ -484,7 +484,7 @@ class Driver:
         run.process.close()
         self.pool.release(run.lease, oom=run.oom)
         if self.scheduling is not None:  # its lineage may never continue now
-            self.scheduling.ended(run.number)
+            self.scheduling.ended(run.number, self._stopping)
 
     # ---- the end ------------------------------------------------------------------------
 

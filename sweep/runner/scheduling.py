@@ -16,6 +16,7 @@ lineage continued, as any orphan's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from sweep.runner.schedulers import (
 )
 from sweep.spec.schema import Spec
 from sweep.study import lineages
+from sweep.study.budget import LockAbandoned
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
 from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage
@@ -306,14 +308,15 @@ class Scheduling:
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
 
 
-    def ended(self, number: int) -> None:
+    def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
         """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
-        disk is tidied (`tidy`)."""
+        disk is tidied (`tidy`; `abort` true gives up waiting for the budget lock)."""
         for kept in (self._starts, self._readers, self._logged, self._notes, self._explores):
             kept.pop(number, None)
-        self.tidy()
+        with contextlib.suppress(LockAbandoned):  # a signal came: another trial's end will
+            self.tidy(abort)
 
-    def tidy(self) -> None:
+    def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
         """Remove the checkpoint folders of lineages that can never continue, as
         `retention` decides, under the budget lock (where every promotion and exploit is
         decided); over `max_checkpoint_gb` with nothing left to remove, say so once."""
@@ -322,7 +325,7 @@ class Scheduling:
         if sched.keep_checkpoints == "all" and sched.max_checkpoint_gb is None:
             return
         out = self.spec.output_dir
-        with self.store.budget_lock() as held:
+        with self.store.budget_lock(abort) as held:
             if not held:  # another driver holds it too long: decide another time
                 return
             lines = self.lineages()
