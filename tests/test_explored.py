@@ -65,3 +65,14 @@ def test_logged_params_load_and_are_checked_against_the_study(tmp_path):
             load(tmp_path, study=study, params=params, trainer={"logged_params": logged})
         [problem] = e.value.problems
         assert (problem.key, text in problem.message) == (key, True), problem
+
+
+def test_the_documented_pattern_reads_the_learning_rate_a_hf_trainer_logs(tmp_path):
+    from sweep.trial.intermediate import OutputReader
+
+    log = tmp_path / "stdout.log"
+    log.write_text("{'loss': 0.6931, 'grad_norm': 1.25, 'learning_rate': 4.8e-05, "
+                   "'epoch': 0.04}\n 10%|█         | 5/50 [00:01<00:09]\r"
+                   "{'loss': 0.65, 'grad_norm': 1.1, 'learning_rate': 4.6e-05, 'epoch': 0.08}\n")
+    reader = OutputReader(log, ["'learning_rate': (?P<value>[0-9.e+-]+)"], "learning_rate")
+    assert reader.read() == [(1, 4.8e-05), (2, 4.6e-05)]

@@ -21,8 +21,10 @@ from sweep.analysis.summary import Summary
 from sweep.runner.schedulers import rungs
 from sweep.study import lineages
 
-MARKS = {"paused": ("triangle-down", "#ff7f0e"), "promoted": ("triangle-up", "#2ca02c"),
-         "exploited": ("diamond", "#9467bd")}
+# kind: (symbol, colour, offset from its bar's row): a pause above the bar pointing down at
+# its end, a promotion below pointing up at its start, so the two at one moment both show
+MARKS = {"paused": ("triangle-down", "#ff7f0e", 0.3), "promoted": ("triangle-up", "#2ca02c", -0.3),
+         "exploited": ("diamond", "#9467bd", 0.0)}
 
 
 def tree(s: Summary, study: Any) -> pd.DataFrame:
@@ -149,13 +151,13 @@ def mark_timeline(fig: Any, s: Summary) -> Any:
     label = [f"{h} GPU {int(g)}" if isinstance(h, str) and h else f"GPU {int(g)}"
              for h, g in zip(marks["host"], marks["gpu"], strict=True)]
     marks = marks.assign(row=[row_of.get(x) for x in label]).dropna(subset=["row"])
-    for kind, (symbol, colour) in MARKS.items():
+    for kind, (symbol, colour, offset) in MARKS.items():
         part = marks[marks["kind"] == kind]
         if part.empty:
             continue
         fig.add_trace(go().Scatter(
             x=((part["time"] - t0).dt.total_seconds() / 3600).to_numpy(dtype=float),
-            y=part["row"].to_numpy(dtype=float), mode="markers", name=kind,
+            y=part["row"].to_numpy(dtype=float) + offset, mode="markers", name=kind,
             text=list(part["text"]), hovertemplate="%{text}<extra></extra>",
             marker={"symbol": symbol, "size": 11, "color": colour,
                     "line": {"width": 1, "color": "#222"}}), row=1, col=1)
