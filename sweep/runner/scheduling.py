@@ -1,9 +1,11 @@
 """`study.scheduler` carried out: the one place a scheduler's decisions (`schedulers`) touch the
-study and the trials. The driver calls it at four points: how many jobs may start (`room`),
+study and the trials. The driver calls it at five points: how many jobs may start (`room`),
 under the budget lock just before an ask (`before_ask`: a promotion is queued, a bracket
 chosen), when a trial starts (`on_start`: a PBT exploit's checkpoint copied; what its first
-step must come after), and with each batch of a trial's reports (`on_reports`: the resume
-check, then go on, pause or replace).
+step must come after), with each batch of a trial's reports (`on_reports`: the resume check,
+the explore check of `trainer.logged_params`, then go on, pause or replace), and when a
+trial's processes are gone (`ended`: the checkpoint folders of lineages that can never
+continue removed, under the budget lock, as `retention` decides).
 
 Every decision is recorded in the study before it is acted on, under the budget lock where two
 drivers could take it both: a promotion is its lineage's next attempt queued once
@@ -306,7 +308,6 @@ class Scheduling:
                  "resume from its checkpoint); have the script load its state from "
                  "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
-
 
     def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
         """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
