@@ -126,3 +126,31 @@ def test_no_lineage_panel_is_empty_without_a_sentence_saying_why(asha, pbt):
                                                  else {"exploited"})
     nothing = lineage_figures.tree(*asha).iloc[:0]
     assert silent_panels(lineage_figures.tree_figure(nothing)) == []
+
+
+def test_the_flagged_resumes_and_explores_are_listed(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={
+        "n_trials": 4, "scheduler": {"type": "pbt", "population": 2, "interval": 5,
+                                     "max_steps": 20}}), sort_keys=False))
+    spec = config.load(path, runnable=False)
+    study = optuna.create_study()
+    for attrs in ({}, {"retry_of": 0, "attempt": 1, "continues": 0, "resumed_at": 0,
+                       "steps_repeated": 6},
+                  {"exploit_of": 0, "exploit_step": 5, "replaces": 2,
+                   "restored_params": {"x": 0.5}}):
+        study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, value=1.0, params={"x": 0.5},
+            distributions={"x": FloatDistribution(0.0, 1.0)}, user_attrs=attrs))
+    s = summary.Summary(spec, summary.trials_frame(study, spec), pd.DataFrame(), pd.DataFrame())
+    got = lineage_figures.flagged(s)
+    assert got.to_dict("records") == [
+        {"number": 1, "lineage": 0, "why": "did not resume: reported step 0 first, 6 steps "
+                                           "repeated"},
+        {"number": 2, "lineage": 2, "why": "ran with its donor's params restored from the "
+                                           "checkpoint, not the perturbed ones: logged x=0.5"}]
+    html = report.render(s, study)
+    assert '<table id="flagged">' in html and "6 steps repeated" in html
+    clean = summary.Summary(spec, s.trials[s.trials["number"] == 0], pd.DataFrame(),
+                            pd.DataFrame())
+    assert lineage_figures.flagged(clean).empty

@@ -64,6 +64,25 @@ def _shown(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def flagged(s: Summary) -> pd.DataFrame:
+    """The trials whose resume or explore check failed, by number: `number`, `lineage`, `why`
+    (a continuation that started over: `resumed_at`, `steps_repeated`; an exploit that ran
+    with its donor's params: `restored_params`)."""
+    columns = ["number", "lineage", "why"]
+    t = s.trials
+    rows = []
+    for r in t.to_dict("records") if not t.empty else []:
+        if pd.notna(r.get(lineages.STEPS_REPEATED)):
+            rows.append((r["number"], r["lineage"], f"did not resume: reported step "
+                         f"{int(r[lineages.RESUMED_AT])} first, "
+                         f"{int(r[lineages.STEPS_REPEATED])} steps repeated"))
+        if isinstance(r.get(lineages.RESTORED_PARAMS), str):
+            rows.append((r["number"], r["lineage"], "ran with its donor's params restored "
+                         f"from the checkpoint, not the perturbed ones: logged "
+                         f"{r[lineages.RESTORED_PARAMS]}"))
+    return pd.DataFrame(rows, columns=columns)
+
+
 def rung_steps(s: Summary) -> list[int]:
     """The steps a scheduler decides at: asha's and hyperband's rungs; pbt's `interval`
     multiples below `max_steps`."""

@@ -87,7 +87,8 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=False,
                                  div_id=f"fig-{name}", config={"displaylogo": False}))
         if name == "lineages" and lines is not None:
-            parts += [_copies_table(lines), "<h2>Fidelity of the rungs</h2>",
+            parts += [_copies_table(lines), _flagged_table(lineage_figures.flagged(s)),
+                      "<h2>Fidelity of the rungs</h2>",
                       _fidelity_table(lineage_figures.fidelity(s, study))]
     parts += ["<h2>Failures by reason</h2>", _failure_table(figures.failures(s)),
               "</body></html>"]
@@ -148,6 +149,16 @@ def _copies_table(lines: Any) -> str:
                    f"<td class=num>{r.copied_at}</td><td>{html.escape(r.params)}</td></tr>"
                    for r in copied.itertuples())
     return f'<table id="copies">{head}{body}</table>'
+
+
+def _flagged_table(frame: Any) -> str:
+    if frame.empty:
+        return ('<p class="note">every resume and explore checked: none started over or ran '
+                "with its donor's params</p>")
+    head = "<tr><th>trial</th><th>lineage</th><th>flagged</th></tr>"
+    body = "".join(f"<tr><td class=num>{r.number}</td><td class=num>{r.lineage}</td>"
+                   f"<td>{html.escape(r.why)}</td></tr>" for r in frame.itertuples())
+    return f'<table id="flagged">{head}{body}</table>'
 
 
 def _fidelity_table(frame: Any) -> str:
