@@ -81,13 +81,18 @@ def test_the_device_hours_saved_are_against_every_configuration_to_max_steps(ash
         "full_device_hours": 6 * 20 * 6 / 3600, "saved_device_hours": 40 * 6 / 3600})
 
 
-def test_fidelity_is_the_rank_correlation_of_each_rung_with_the_final_values(tmp_path):
+def pbt_study(tmp_path, population: int) -> tuple[config.Spec, optuna.Study]:
+    """A pbt study file (interval 5, max_steps 20) and an empty study to add trials to."""
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study_dict(study={
-        "n_trials": 5, "scheduler": {"type": "pbt", "population": 4, "interval": 5,
-                                     "max_steps": 20}}), sort_keys=False))
-    spec = config.load(path, runnable=False)
-    study = optuna.create_study()
+        "n_trials": population + 2, "scheduler": {"type": "pbt", "population": population,
+                                                  "interval": 5, "max_steps": 20}}),
+        sort_keys=False))
+    return config.load(path, runnable=False), optuna.create_study()
+
+
+def test_fidelity_is_the_rank_correlation_of_each_rung_with_the_final_values(tmp_path):
+    spec, study = pbt_study(tmp_path, population=4)
     # at step 5 they rank 1 2 3 4, at step 10 as they end; they end ranked 1 3 2 4
     for at5, final in ((1.0, 1.0), (2.0, 3.0), (3.0, 2.0), (4.0, 4.0)):
         study.add_trial(optuna.trial.create_trial(
@@ -129,12 +134,7 @@ def test_no_lineage_panel_is_empty_without_a_sentence_saying_why(asha, pbt):
 
 
 def test_the_flagged_resumes_and_explores_are_listed(tmp_path):
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study_dict(study={
-        "n_trials": 4, "scheduler": {"type": "pbt", "population": 2, "interval": 5,
-                                     "max_steps": 20}}), sort_keys=False))
-    spec = config.load(path, runnable=False)
-    study = optuna.create_study()
+    spec, study = pbt_study(tmp_path, population=2)
     for attrs in ({}, {"retry_of": 0, "attempt": 1, "continues": 0, "resumed_at": 0,
                        "steps_repeated": 6},
                   {"exploit_of": 0, "exploit_step": 5, "replaces": 2,
