@@ -305,13 +305,18 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
     assert len(exploits) == 2
     for t in exploits:
         donor = trials[t.user_attrs["exploit_of"]]
-        noted = t.user_attrs["logged_params"]["x"]  # the values it logged, by boundary
-        at = min(int(b) for b in noted)
-        assert at > t.user_attrs["exploit_step"]
         ran = donor.params["x"] if restores else t.params["x"]
-        assert noted[str(at)] == pytest.approx(ran * (1 - at / 40), rel=1e-5)  # at that step
+        # the values it logged, noted by boundary: at 10 and 15 for the exploit of step 5
+        noted = t.user_attrs["logged_params"]["x"]
+        assert min(int(b) for b in noted) > t.user_attrs["exploit_step"]
+        assert {int(b): v for b, v in noted.items()} == {
+            b: pytest.approx(ran * (1 - b / 40), rel=1e-5) for b in (10, 15)
+            if b > t.user_attrs["exploit_step"]}
+        # judged on its first logged value, just after the step it was copied at
+        first = min(t.intermediate_values)
+        assert first == t.user_attrs["exploit_step"] + 1
         assert t.user_attrs.get("restored_params") == (
-            {"x": noted[str(at)]} if restores else None)
+            {"x": pytest.approx(ran * (1 - first / 40), rel=1e-5)} if restores else None)
     restored = [m for m in said if "restored its donor's value" in m]
     assert len(restored) == int(restores)
     if restores:
@@ -333,6 +338,27 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
             f"the perturbed ones (trials {', '.join(str(t.number) for t in exploits)}: "
             "restored_params)")
     assert (line in console.export_text()) is restores
+
+
+def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
+    """Interval 8 of 20 steps: the exploit copied at step 16 runs 17..19, past no boundary
+    (nothing of it noted): its explore is still checked, on its first logged value."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=True), gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 8,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+              trainer={"resume_args": ["--resume"],
+                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
+    box.append(s)
+    assert s.run() == 0
+    exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
+    assert sorted(exploits) == [8, 16]
+    assert "logged_params" not in exploits[16].user_attrs  # it passed no boundary
+    for copied_at, t in exploits.items():  # what each logged first: the donor's rate
+        donor = s.trials[t.user_attrs["exploit_of"]]
+        assert t.user_attrs["restored_params"] == {
+            "x": pytest.approx(donor.params["x"] * (1 - (copied_at + 1) / 40), rel=1e-5)}
 
 
 def stored_rung(s: Sweep) -> None:

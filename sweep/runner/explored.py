@@ -3,11 +3,11 @@ checkpoint it was copied from (an optimizer's state holds its learning rate: Ray
 #62173), judged from the values the script logs (`trainer.logged_params`). Pure.
 
 The script's logged value may follow a schedule (a HF Trainer logs the decayed learning
-rate), so the exploit's value is not compared with its param but with what its donor logged
-at the same `interval` boundary (or the last one before it): run with the perturbed value, the
-ratio of the two is that of the params (the perturb factor); run with the donor's, it is
-about 1. A value nearer the donor's than the perturbed one in that log-ratio (within half the
-perturb factor's) is the donor's.
+rate), so the exploit's first logged value is not compared with its param but with what its
+donor logged at the last `interval` boundary up to that step (where it was copied, or the one
+before): run with the perturbed value, the ratio of the two is that of the params (the
+perturb factor); run with the donor's, it is about 1. A value nearer the donor's than the
+perturbed one in that log-ratio (within half the perturb factor's) is the donor's.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def at_or_before(notes: Mapping[str, float], at: int) -> float | None:
 def restored(logged: float, donor_logged: float | None, given: float,
              donor_given: float) -> bool | None:
     """Whether the exploit's script ran with its donor's value: it logged `logged`, its donor
-    `donor_logged` at the same boundary (None: not known, then the donor's param stands for
-    it), for params `given` (the exploit's, perturbed) and `donor_given`. None: it cannot be
+    `donor_logged` at the last boundary before (None: not known, then the donor's param stands
+    for it), for params `given` (the exploit's, perturbed) and `donor_given`. None: it cannot be
     told (the param was not changed, or a value is not positive)."""
     reference = donor_given if donor_logged is None else donor_logged
     if min(logged, reference, given, donor_given) <= 0 or given == donor_given:

@@ -235,9 +235,10 @@ class Scheduling:
         return Stop.REPLACED
 
     def _follow_params(self, run: RunningTrial, before: int | None, step: int) -> None:
-        """`trainer.logged_params`: the values the script logged so far read; at an
-        `interval` boundary, the latest noted on the trial (what an exploit of it is compared
-        with), and an exploit's explore checked."""
+        """`trainer.logged_params`: the values the script logged so far read; an exploit's
+        explore checked once it has logged them all (at `step`, against its donor's notes);
+        at an `interval` boundary, the latest noted on the trial (what an exploit of it is
+        compared with)."""
         readers = self._readers.get(run.number)
         if readers is None:
             plan, start = run.process.plan, self._starts.get(run.number)
@@ -252,6 +253,8 @@ class Scheduling:
             fresh = reader.read_rest(1 << 20)
             if fresh:
                 latest[name] = fresh[-1][1]
+        if run.number in self._explores and len(latest) == len(readers):
+            self._check_explore(run, self._explores.pop(run.number), step)
         assert isinstance(self.decide, Pbt)
         at = explored.boundary(before, step, self.decide.spec.interval)
         if at is None or not latest:
@@ -260,12 +263,11 @@ class Scheduling:
         for name, value in latest.items():
             notes.setdefault(name, {})[str(at)] = value
         self.store.note(run.trial, {lineages.LOGGED: notes})
-        if run.number in self._explores and len(latest) == len(readers):
-            self._check_explore(run, self._explores.pop(run.number), at)
 
     def _check_explore(self, run: RunningTrial, donor: int, at: int) -> None:
-        """Exploit `run` of lineage `donor` has logged its params at boundary `at`: flag the
-        ones it runs with at its donor's value (`explored.restored`)."""
+        """Exploit `run` of lineage `donor` has logged its params by step `at`: flag the ones
+        it runs with at its donor's value, the donor's logged at the last boundary up to `at`
+        (`explored.restored`)."""
         trials = self.store.study.get_trials(deepcopy=False)
         line = lineages.read(trials).get(donor)
         if line is None:
