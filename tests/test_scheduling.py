@@ -284,20 +284,26 @@ def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
     assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
 
 
+def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
+    """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
+    trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=restores), gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": interval,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+              trainer={"resume_args": ["--resume"],
+                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
+    box.append(s)
+    return s
+
+
 @pytest.mark.parametrize("restores", [True, False])
 def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path, restores):
     """The trainer logs its learning rate (x) on a decaying schedule; one that restores it
     from the donor's checkpoint (Ray #62173) logs the donor's, and is flagged, once in the
     run's output; one that uses its perturbed value is not."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=20, logs_x=True, restores_x=restores)
-    s = Sweep(tmp_path, trainer, gpus=4,
-              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
-                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
-                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
-              trainer={"resume_args": ["--resume"],
-                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
-    box.append(s)
+    s = logging_pbt(tmp_path, interval=5, restores=restores)
     said = capture_messages(s)
     assert s.run() == 0
     trials = s.trials
@@ -343,14 +349,7 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
 def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
     """Interval 8 of 20 steps: the exploit copied at step 16 runs 17..19, past no boundary
     (nothing of it noted): its explore is still checked, on its first logged value."""
-    box: list[Sweep] = []
-    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=True), gpus=4,
-              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
-                     "scheduler": {"type": "pbt", "population": 4, "interval": 8,
-                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
-              trainer={"resume_args": ["--resume"],
-                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
-    box.append(s)
+    s = logging_pbt(tmp_path, interval=8, restores=True)
     assert s.run() == 0
     exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
     assert sorted(exploits) == [8, 16]
