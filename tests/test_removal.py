@@ -17,16 +17,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
 from conftest import study_dict
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
 from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
+from sweep.runner.scheduling import Scheduling
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
-from sweep.trial import folders, lineage
+from sweep.trial import checkpoint_disk, folders, lineage
 from sweep.trial.lineage import Lineage
 
 MINE = "the user's, not sweep's"
@@ -245,3 +249,77 @@ def test_a_disk_mounted_at_a_trial_folder_itself_is_never_emptied(tmp_path):
         with pytest.raises(UnsafePath, match="is where another file system is mounted"):
             remove_tree(folder, "command.sh")
         assert (folder / "data.bin").read_text() == MINE
+
+
+# ---- issue 31: the checkpoint folders of lineages that can never continue ---------------
+
+def finished_study(tmp_path: Path) -> Sweep:
+    """A scheduler's study (keep_checkpoints: 0) whose two lineages, 0 and 1, trained to the
+    end: both can never continue, so both folders are due to go."""
+    s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
+              study={"n_trials": 2, "output_dir": str(tmp_path / "out"),
+                     "scheduler": {"type": "asha", "min_steps": 2, "max_steps": 18,
+                                   "keep_checkpoints": 0}},
+              trainer={"resume_args": ["--resume"]})
+    for number in (0, 1):
+        s.store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, value=float(number), params={"x": 0.5},
+            distributions={"x": FloatDistribution(0.0, 1.0)},
+            intermediate_values={17: float(number)}))
+    return s
+
+
+def sweeps_folder(out: Path, origin: int) -> Path:
+    """Lineage `origin`'s folder as sweep makes it (its marker beside it), with a link inside
+    to the user's tree."""
+    folder = lineage.checkpoint_dir(out, origin)
+    lineage.prepare(out, Lineage(origin))
+    (folder / "model.pt").write_text("the lineage's")
+    return folder
+
+
+@pytest.mark.parametrize(("kind", "marked"), [("link", True), ("folder", False),
+                                               ("file", True)])
+def test_nothing_planted_at_a_dead_lineages_folder_is_removed(tmp_path, kind, marked):
+    victim = user_tree(tmp_path / "victim")
+    out = tmp_path / "out"
+    out.mkdir()
+    s = finished_study(tmp_path)
+    ours = sweeps_folder(out, 0)
+    (ours / "to_victim").symlink_to(victim, target_is_directory=True)
+    at = lineage.checkpoint_dir(out, 1)
+    plant(at, kind, victim)
+    if marked:  # sweep's marker beside it: the folder sweep made was replaced
+        lineage.made_marker(out, 1).write_text("1\n")
+    said: list[str] = []
+    Scheduling(s.spec, s.store, said.append).tidy()
+    assert not ours.exists() and intact(victim)  # its own folder went, not through its link
+    assert survived(at, kind, victim)
+    assert lineage.made_marker(out, 0).is_file()  # nothing outside the lineage's folder goes
+    if kind == "folder":  # a real folder sweep did not make: refused, said once
+        assert said[:1] == [f"the checkpoint folder of trial 1 is kept: {at} holds files "
+                            "sweep did not put there: move or remove it, or give the study "
+                            "another output_dir"]
+    else:  # not a folder: not a lineage folder to measure or remove
+        assert not any("is kept" in m for m in said)
+    Scheduling(s.spec, s.store, said.append).tidy()  # another driver, or a later run
+    assert survived(at, kind, victim)
+
+
+def test_no_dead_lineages_folder_is_removed_through_a_checkpoints_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    user_tree(victim / "0")
+    user_tree(victim / "1")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoints").symlink_to(victim, target_is_directory=True)
+    for origin in (0, 1):
+        (victim / f".{origin}.sweep").write_text(f"{origin}\n")
+    s = finished_study(tmp_path)
+    said: list[str] = []
+    Scheduling(s.spec, s.store, said.append).tidy()
+    assert intact(victim / "0") and intact(victim / "1")
+    assert said == []  # nothing measured through it (a trial's start refuses it, saying so)
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        checkpoint_disk.remove(out, 0)

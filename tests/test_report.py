@@ -62,7 +62,7 @@ def big_study(tmp_path_factory) -> Path:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
 @pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000",
-                                  "simulated"])
+                                  "simulated", "asha", "pbt"])
 def test_the_report_renders_every_figure_in_a_browser_without_a_network(
         kind, tmp_path, request):
     study = (request.getfixturevalue("big_study") if kind == "10000"
@@ -76,9 +76,14 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
     assert console == [] and '<pre class="js-error">' not in dom
     drawn = rendered(dom)
     expected = [f.replace("intermediate", "pareto") if kind == "multi" else f for f in FIGURES]
+    if kind in ("asha", "pbt"):  # a scheduler's study: its lineages too (issue 31)
+        expected.append("fig-lineages")
+        assert 'id="savings"' in dom and 'id="fidelity"' in dom
+        assert ('id="copies"' in dom) is (kind == "pbt")
+        assert ">promoted<" in dom if kind == "asha" else ">exploited<" in dom  # legends
     assert list(drawn) == expected
     assert set(drawn.values()) == {3}, drawn  # each figure drew plotly 7's three SVG roots
-    assert dom.count('class="plot-container plotly"') == len(FIGURES)
+    assert dom.count('class="plot-container plotly"') == len(expected)
     assert (tmp_path / f"{kind}.png").stat().st_size > 10_000
     if kind == "only_fail":
         assert "no trial has a value yet" in dom and 'id="failures"' in dom

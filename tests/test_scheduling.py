@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import pytest
 import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
+from rich.console import Console
 from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
@@ -25,6 +27,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
+from sweep.trial import checkpoint_disk
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -41,32 +44,46 @@ class Trainer:
     starts over); `log` keeps (trial, first step, last step planned) per start."""
 
     def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
-                 value: Any = curve, ignores_term: bool = False) -> None:
+                 value: Any = curve, ignores_term: bool = False, weights: int = 0,
+                 logs_x: bool = False, restores_x: bool = False) -> None:
         self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
         self.ignores_term = ignores_term  # goes on until SIGKILL, after the grace period
         self.starts: list[tuple[str, int]] = []
+        self.weights = weights  # bytes of weights.bin saved beside state.json
+        self.disk: list[int] = []  # the bytes of all checkpoint folders after each save
+        # x is a learning rate: logged each step on a decaying schedule (`lr=...`), saved in
+        # the checkpoint; `restores_x` takes it from there over the given one (Ray #62173)
+        self.logs_x, self.restores_x = logs_x, restores_x
 
     def __call__(self, params: dict[str, Any]) -> Script:
         s = self.box[0]
         plan = s.spawn.plan
         folder = Path(plan.env[CHECKPOINT_ENV])
         state = folder / "state.json"
-        first = json.loads(state.read_text())["next"] if self.resumes and state.exists() else 0
+        saved = json.loads(state.read_text()) if self.resumes and state.exists() else {}
+        first = saved.get("next", 0)
+        x = saved.get("x", params["x"]) if self.restores_x else params["x"]
         self.starts.append((plan.paths.dir.name, first))
         index = len(s.spawn.processes)  # the process about to be made for this script
         t0 = s.clock.t
 
         def save(step: int) -> None:
             if not s.spawn.processes[index].command_exited:
-                state.write_text(json.dumps({"next": step + 1}))
+                state.write_text(json.dumps({"next": step + 1, "x": x}))
+                if self.weights:
+                    (folder / "weights.bin").write_bytes(b"w" * self.weights)
+                    self.disk.append(sum(checkpoint_disk.folder_bytes(p) for p in
+                                         folder.parent.iterdir() if p.is_dir()))
 
-        reports = []
+        reports, output = [], []
         for i, step in enumerate(range(first, self.steps)):
             s.clock.at(t0 + i + 1.0, lambda step=step: save(step))
-            reports.append((i + 1.0, step, self.value(params["x"], step)))
-        final = self.value(params["x"], self.steps - 1)
+            reports.append((i + 1.0, step, self.value(x, step)))
+            if self.logs_x:
+                output.append((i + 0.9, f"step {step} lr={x * (1 - step / 40):.6g}"))
+        final = self.value(x, self.steps - 1)
         return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final},
-                      ignores_term=self.ignores_term)
+                      ignores_term=self.ignores_term, output=output)
 
 
 def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
@@ -90,6 +107,11 @@ def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
         out.setdefault(int(t.user_attrs.get("retry_of", number)), []).append(
             (p.started, p.ended_at or float("inf")))
     return out
+
+
+def folders_left(s: Sweep) -> list[str]:
+    """The lineage checkpoint folders in the study's output_dir (not the marker files)."""
+    return sorted(p.name for p in (s.spec.output_dir / "checkpoints").iterdir() if p.is_dir())
 
 
 def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_path):
@@ -127,6 +149,9 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     # steps each), 3 at step 6 (7 each), and the best from 7 to 17
     assert sum(len(v.curve) for v in lines.values()) == 6 * 3 + 3 * 7 + 11 < 9 * 18
     assert NO_RESUME_ARGS not in said
+    # every lineage can never continue now: the folders went, but the best one's
+    assert folders_left(s) == [str(best.origin)]
+    assert any(m.startswith("checkpoint folders removed") for m in said)
 
 
 def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
@@ -210,10 +235,130 @@ def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path
         first = dict(trainer.starts)[str(t.number)]
         assert first > t.user_attrs["exploit_step"]
         assert "steps_repeated" not in t.user_attrs
-        assert (tmp_path / "probe" / "checkpoints" / str(t.number) / "state.json").is_file()
     assert sum(" exploits trial " in m for m in said) == 2
+    # every lineage ended: only the best finished one's checkpoint folder is kept
+    best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
 
+
+
+def pbt_sweep(tmp_path: Path, **scheduler: Any) -> tuple[Sweep, Trainer]:
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20, weights=1000)
+    s = Sweep(tmp_path, trainer, gpus=4,
+              study={"n_trials": 8, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "seed": 0, **scheduler}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    return s, trainer
+
+
+def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineages(tmp_path):
+    """Four lineages of about 1 kB each run at once; a bound of 5.5 kB holds while lineages
+    are replaced (their folders go as their trials end), where keeping them all would not."""
+    s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=5.5e-6)
+    said = capture_messages(s)
+    assert s.run() == 0
+    replaced = [t.user_attrs["replaces"] for t in s.trials if "replaces" in t.user_attrs]
+    assert len(replaced) == 4
+    assert max(trainer.disk) <= 5500 < 8 * 1000
+    best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+    assert not any("max_checkpoint_gb" in m for m in said)
+
+
+def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
+    s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=2e-6, keep_checkpoints="all")
+    said = capture_messages(s)
+    assert s.run() == 0
+    over = [m for m in said if "max_checkpoint_gb" in m]
+    assert len(over) == 1 and "over study.scheduler.max_checkpoint_gb (2e-06)" in over[0]
+    assert "sweep removes none of those" in over[0]
+    # no live lineage lost its folder: every exploit started past its donor's step
+    for t in s.trials:
+        if "exploit_of" in t.user_attrs:
+            assert dict(trainer.starts)[str(t.number)] > t.user_attrs["exploit_step"]
+    assert not any("steps_repeated" in t.user_attrs for t in s.trials)
+    best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+
+
+def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
+    """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
+    trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=restores), gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": interval,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+              trainer={"resume_args": ["--resume"],
+                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
+    box.append(s)
+    return s
+
+
+@pytest.mark.parametrize("restores", [True, False])
+def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path, restores):
+    """The trainer logs its learning rate (x) on a decaying schedule; one that restores it
+    from the donor's checkpoint (Ray #62173) logs the donor's, and is flagged, once in the
+    run's output; one that uses its perturbed value is not."""
+    s = logging_pbt(tmp_path, interval=5, restores=restores)
+    said = capture_messages(s)
+    assert s.run() == 0
+    trials = s.trials
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert len(exploits) == 2
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        ran = donor.params["x"] if restores else t.params["x"]
+        # the values it logged, noted by boundary: at 10 and 15 for the exploit of step 5
+        noted = t.user_attrs["logged_params"]["x"]
+        assert min(int(b) for b in noted) > t.user_attrs["exploit_step"]
+        assert {int(b): v for b, v in noted.items()} == {
+            b: pytest.approx(ran * (1 - b / 40), rel=1e-5) for b in (10, 15)
+            if b > t.user_attrs["exploit_step"]}
+        # judged on its first logged value, just after the step it was copied at
+        first = min(t.intermediate_values)
+        assert first == t.user_attrs["exploit_step"] + 1
+        assert t.user_attrs.get("restored_params") == (
+            {"x": pytest.approx(ran * (1 - first / 40), rel=1e-5)} if restores else None)
+    restored = [m for m in said if "restored its donor's value" in m]
+    assert len(restored) == int(restores)
+    if restores:
+        assert restored[0].startswith(f"trial {exploits[0].number} exploits trial ")
+        assert "after it loads the checkpoint" in restored[0]
+    # the donors noted theirs too, at each boundary they passed
+    assert all("logged_params" in t.user_attrs for t in trials if t.params["x"] == 0.3)
+    # sweep summary: the column, and a line naming the trials
+    frame = summary.trials_frame(s.store.study, s.spec)
+    shown = frame[frame["restored_params"].notna()]
+    assert list(shown["number"]) == ([t.number for t in exploits] if restores else [])
+    if restores:
+        assert list(shown["restored_params"]) == [
+            f"x={t.user_attrs['restored_params']['x']:g}" for t in exploits]
+    console = Console(record=True, width=200)
+    console.print(summary.render(summary.Summary(s.spec, frame, pd.DataFrame(),
+                                                 pd.DataFrame())))
+    line = (f"2 exploits ran with their donor's params restored from its checkpoint, not "
+            f"the perturbed ones (trials {', '.join(str(t.number) for t in exploits)}: "
+            "restored_params)")
+    assert (line in console.export_text()) is restores
+
+
+def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
+    """Interval 8 of 20 steps: the exploit copied at step 16 runs 17..19, past no boundary
+    (nothing of it noted): its explore is still checked, on its first logged value."""
+    s = logging_pbt(tmp_path, interval=8, restores=True)
+    assert s.run() == 0
+    exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
+    assert sorted(exploits) == [8, 16]
+    assert "logged_params" not in exploits[16].user_attrs  # it passed no boundary
+    for copied_at, t in exploits.items():  # what each logged first: the donor's rate
+        donor = s.trials[t.user_attrs["exploit_of"]]
+        assert t.user_attrs["restored_params"] == {
+            "x": pytest.approx(donor.params["x"] * (1 - (copied_at + 1) / 40), rel=1e-5)}
 
 
 def stored_rung(s: Sweep) -> None:
@@ -399,3 +544,44 @@ def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume
         x = line.params["x"]
         assert line.curve == {k: pytest.approx(curve(x, k - 1)) for k in line.curve}
         assert sorted(line.curve) == list(range(1, max(line.curve) + 1))
+
+
+def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monkeypatch):
+    """Removal is decided under the budget lock; a trial's end that finds another driver
+    holding it waits, but a signal (the driver's `_stopping`) ends the wait with nothing
+    removed, and a later end removes it."""
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study import budget
+    from sweep.study.connect import connect
+    from sweep.trial import lineage
+    from sweep.trial.lineage import Lineage
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={
+        "n_trials": 1, "scheduler": {**ASHA, "keep_checkpoints": 0}},
+        trainer={"resume_args": ["--resume"]}), sort_keys=False))
+    spec = config.load(path)
+    store, other = (connect(spec, Owner(host, 1, 0.0)) for host in ("mine", "theirs"))
+    try:
+        store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions=DIST,
+            intermediate_values={17: 1.0}))
+        spec.output_dir.mkdir(exist_ok=True)
+        folder = lineage.prepare(spec.output_dir, Lineage(0)).checkpoint_dir
+        mine = Scheduling(spec, store, lambda m: None)
+
+        def waited(seconds: float) -> None:
+            raise AssertionError("waited for the lock with a signal come")
+
+        with other.budget_lock() as held, monkeypatch.context() as m:
+            assert held
+            m.setattr(budget.time, "sleep", waited)
+            mine.ended(0, abort=lambda: True)
+            assert folder.is_dir()
+        mine.ended(0)
+        assert not folder.exists()
+    finally:
+        store.close()
+        other.close()

@@ -6,8 +6,10 @@ one driver mid-way."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -43,8 +45,9 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
                # the best first: they are paused at rung 0 (too few there yet), and
                # promoted once worse ones have come
                "enqueue": [{"x": x} for x in XS],
+               # every lineage's own step log stays: the evidence read below
                "scheduler": {"type": "asha", "min_steps": 2, "max_steps": STEPS,
-                             "reduction_factor": 3}},
+                             "reduction_factor": 3, "keep_checkpoints": "all"}},
         trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
                  "args": ["--steps", str(STEPS), "--sleep", "0.1"],
                  "resume_args": ["--resume"]},
@@ -109,28 +112,50 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fresh", [False, True])
+@pytest.mark.parametrize("mode", ["resumes", "fresh", "restores_x", "bounded"])
 def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
-        write_study, tmp_path, fresh):
+        write_study, tmp_path, mode):
     """A population of 4, n_trials 6: two exploits, each a new lineage whose folder is a copy
     of its donor's, started with the donor's x perturbed; the trainer's own output shows the
-    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged."""
-    args = ["--steps", "20", "--sleep", "0.1"] + (["--fresh"] if fresh else [])
+    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged, and
+    so is one that takes x from the checkpoint (`--restore-x`: trainer.logged_params).
+    `bounded`: 100 kB of weights a lineage, max_checkpoint_gb 0.55 MB, the folders of lineages
+    that can never continue removed: the disk stays within its bound (6 folders would not)."""
+    fresh, bounded = mode == "fresh", mode == "bounded"
+    flags = {"fresh": ["--fresh"], "restores_x": ["--restore-x"],
+             "bounded": ["--weights", "100000"]}.get(mode, [])
+    args = ["--steps", "20", "--sleep", "0.1", *flags]
     study = write_study(study_dict(
         study={"n_trials": 6, "heartbeat_interval": 1,
                "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
-                             "perturb": [0.8, 1.25], "seed": 0}},
-        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"]},
+                             "perturb": [0.8, 1.25], "seed": 0,
+                             **({"max_checkpoint_gb": 0.00055} if bounded
+                                else {"keep_checkpoints": "all"})}},
+        trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"],
+                 "logged_params": {"x": {"stdout": r"with x=(?P<value>\S+)"}}},
     ))
+    folder = study.parent / "probe"
+    disk: list[int] = []
+    done = threading.Event()
+
+    def measure() -> None:  # the checkpoint folders' bytes, every 20 ms while it runs
+        while not done.wait(0.02):
+            with contextlib.suppress(OSError):
+                disk.append(sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*")
+                                if f.is_file() and not f.name.startswith(".")))
+
+    watcher = threading.Thread(target=measure, daemon=True)
+    watcher.start()
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
     out, err = run.communicate(timeout=180)
+    done.set()
+    watcher.join()
     assert run.returncode == 0, err
     trials = load_trials(study)
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     exploits = [t for t in trials if "exploit_of" in t.user_attrs]
     assert len(exploits) == 2, err
-    folder = study.parent / "probe"
     for t in exploits:
         donor = trials[t.user_attrs["exploit_of"]]
         assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
@@ -138,10 +163,17 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
         said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
         step = int(said.split()[3])
-        assert said == f"starting at step {step} with x={t.params['x']}"
+        ran = donor.params["x"] if mode == "restores_x" else t.params["x"]
+        assert said == f"starting at step {step} with x={ran}"
+        # (an exploit that reported no step, its donor at the end when it was copied under a
+        # loaded machine, is not judged)
+        assert t.user_attrs.get("restored_params") == (
+            {"x": donor.params["x"]} if mode == "restores_x" and t.intermediate_values
+            else None)
         # the donor's own record came with the copy: its start, and the steps it had made
-        copied = (folder / "checkpoints" / str(t.number) / "starts.log").read_text()
-        assert copied.splitlines()[0].startswith(f"{donor.number} 0 ")
+        copied = folder / "checkpoints" / str(t.number) / "starts.log"
+        if not bounded:  # (bounded: removed once it ended)
+            assert copied.read_text().splitlines()[0].startswith(f"{donor.number} 0 ")
         if fresh:
             assert step == 0
             assert t.user_attrs["resumed_at"] == 0
@@ -150,3 +182,11 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
             assert step > t.user_attrs["exploit_step"]
             assert "steps_repeated" not in t.user_attrs
     assert ("steps repeated" in out + err) is fresh
+    assert ("restored its donor's value" in out + err) is (
+        mode == "restores_x" and any(t.intermediate_values for t in exploits))
+    if bounded:
+        assert 4 * 100_000 < max(disk) <= 550_000 < 6 * 100_000
+        best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+        left = sorted(p.name for p in (folder / "checkpoints").iterdir() if p.is_dir())
+        assert left == [str(best.number)]
+        assert "max_checkpoint_gb" not in out + err

@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sweep.analysis.plotting import COLOURS
+from sweep.analysis.plotting import empty as _empty
+from sweep.analysis.plotting import go as _go
+from sweep.analysis.plotting import note as _note
 from sweep.analysis.summary import Summary
 
-COLOURS = {"COMPLETE": "#2ca02c", "PRUNED": "#ff7f0e", "FAIL": "#d62728", "RUNNING": "#1f77b4",
-           "WAITING": "#7f7f7f"}
 MAX_CURVES = 400  # intermediate-value curves drawn at most (the best and the latest)
 MAX_POINTS = 3000  # samples drawn per device and series at most (evenly thinned)
 MAX_IMPORTANCE_TRIALS = 1000  # finished trials the importances are computed on at most
@@ -37,34 +39,6 @@ NO_ENERGY = ("no energy measured:<br>the pool is simulated (SWEEP_FAKE_GPUS),<br
              "devices have no NVML energy counter")
 STILL_ENERGY = ("0 kWh: the devices' NVML energy counters<br>did not move while these "
                 "trials ran")
-
-
-def _go() -> Any:
-    import plotly.graph_objects as go
-
-    return go
-
-
-def _empty(title: str, note: str) -> Any:
-    go = _go()
-    fig = go.Figure()
-    fig.add_annotation(text=note, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font={"size": 14})
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
-                      height=300)
-    return fig
-
-
-def _note(fig: Any, text: str, axis: str, shared_x: bool = False) -> None:
-    """Say in the subplot of x-axis `axis` ("x2") why it is empty (no ticks of a scale that
-    means nothing: a -1..1 of no data; the x-axis's stay when other subplots share it)."""
-    n = axis[1:]
-    fig.add_trace(_go().Scatter(x=[None], y=[None], xaxis=axis, yaxis=f"y{n}", showlegend=False,
-                                hoverinfo="skip"))  # plotly draws no subplot without a trace
-    fig.add_annotation(text=text, showarrow=False, xref=f"{axis} domain",
-                       yref=f"y{n} domain", x=0.5, y=0.5, font={"color": "#555"})
-    blank = {"showticklabels": False, "showgrid": False, "zeroline": False}
-    fig.update_layout({f"yaxis{n}": blank, **({} if shared_x else {f"xaxis{n}": blank})})
 
 
 def _legible(colour: str, k: float = 0.35) -> str:

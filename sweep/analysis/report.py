@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep._core.errors import UsageError
-from sweep.analysis import figures
+from sweep.analysis import figures, lineage_figures
 from sweep.analysis.summary import Summary, gpu_table, read_samples, trials_frame
 from sweep.spec import config
 from sweep.spec.schema import Spec
@@ -52,6 +52,11 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
     from plotly.offline import get_plotlyjs
 
     figs = figures.all_figures(s, study)
+    lines = None
+    if s.spec.study.scheduler is not None:  # pauses and promotions on the timeline; lineages
+        figs["timeline"] = lineage_figures.mark_timeline(figs["timeline"], s)
+        lines = lineage_figures.tree(s, study)
+        figs["lineages"] = lineage_figures.tree_figure(lines)
     counts = s.trials["state"].value_counts().to_dict() if not s.trials.empty else {}
     said = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no trials"
     when = (now or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
@@ -70,13 +75,19 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
     headings = {"objective": "Objective", "pareto": "Pareto front",
                 "intermediate": "Intermediate values", "parallel": "Parameters",
                 "importances": "Parameter importances", "timeline": "GPUs over time",
-                "costs": "Cost"}
+                "costs": "Cost", "lineages": "Lineages"}
     for name, fig in figs.items():
         parts.append(f"<h2>{headings[name]}</h2>")
         if name == "costs":
             parts.append(_cost_table(figures.cost_figures(s)))
+        if name == "lineages":
+            parts.append(_savings_table(lineage_figures.savings(s, study)))
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=False,
                                  div_id=f"fig-{name}", config={"displaylogo": False}))
+        if name == "lineages" and lines is not None:
+            parts += [_copies_table(lines), _flagged_table(lineage_figures.flagged(s)),
+                      "<h2>Fidelity of the rungs</h2>",
+                      _fidelity_table(lineage_figures.fidelity(s, study))]
     parts += ["<h2>Failures by reason</h2>", _failure_table(figures.failures(s)),
               "</body></html>"]
     return "\n".join(parts)
@@ -112,6 +123,54 @@ def _cost_table(numbers: dict[str, Any]) -> str:
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td class=num>{v}</td></tr>"
                     for k, v in rows)
     return f"<table>{cells}</table>"
+
+
+def _savings_table(numbers: dict[str, Any]) -> str:
+    if not numbers:
+        return '<p class="note">no step run yet</p>'
+    rows = [("device-hours spent", f"{numbers['device_hours']:.3g}"),
+            (f"training all {numbers['configurations']} configurations to step "
+             f"{numbers['max_steps']} (at {numbers['steps']} steps' mean cost)",
+             f"{numbers['full_device_hours']:.3g}"),
+            ("device-hours saved", f"{numbers['saved_device_hours']:.3g}")]
+    cells = "".join(f"<tr><td>{html.escape(k)}</td><td class=num>{v}</td></tr>"
+                    for k, v in rows)
+    return f'<table id="savings">{cells}</table>'
+
+
+def _copies_table(lines: Any) -> str:
+    copied = lines[lines["donor"].notna()]
+    if copied.empty:
+        return '<p class="note">no lineage was copied from another (no PBT exploit)</p>'
+    head = "<tr><th>lineage</th><th>copied from</th><th>at step</th><th>params</th></tr>"
+    body = "".join(f"<tr><td class=num>{r.origin}</td><td class=num>{r.donor}</td>"
+                   f"<td class=num>{r.copied_at}</td><td>{html.escape(r.params)}</td></tr>"
+                   for r in copied.itertuples())
+    return f'<table id="copies">{head}{body}</table>'
+
+
+def _flagged_table(frame: Any) -> str:
+    if frame.empty:
+        return ('<p class="note">every resume and explore checked: none started over or ran '
+                "with its donor's params</p>")
+    head = "<tr><th>trial</th><th>lineage</th><th>flagged</th></tr>"
+    body = "".join(f"<tr><td class=num>{r.number}</td><td class=num>{r.lineage}</td>"
+                   f"<td>{html.escape(r.why)}</td></tr>" for r in frame.itertuples())
+    return f'<table id="flagged">{head}{body}</table>'
+
+
+def _fidelity_table(frame: Any) -> str:
+    if frame.empty:
+        return '<p class="note">no rung</p>'
+    head = ("<tr><th>rung (step)</th><th>lineages that completed, with a value there</th>"
+            "<th>rank correlation with their final values</th></tr>")
+    body = "".join(
+        f"<tr><td class=num>{r.step}</td><td class=num>{r.lineages}</td><td class=num>"
+        f"{'too few' if r.rho != r.rho else f'{r.rho:.2f}'}</td></tr>"
+        for r in frame.itertuples())
+    return (f'<table id="fidelity">{head}{body}</table><p class="note">Spearman\'s rho: 1, '
+            "the rung ranked the lineages as they ended; near 0, it did not predict the end "
+            "(a rung decided on it may pause the wrong ones)</p>")
 
 
 def _failure_table(frame: Any) -> str:

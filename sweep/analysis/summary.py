@@ -33,9 +33,10 @@ ATTR_COLUMNS = [
 
 
 # study.scheduler's records (`sweep.study.lineages`): a paused attempt's step, a PBT exploit's
-# donor, and a continuation that did not resume from its checkpoint
+# donor, a continuation that did not resume from its checkpoint, and an exploit that ran with
+# its donor's params (`name=logged value`)
 SCHEDULER_COLUMNS = [lineages.PAUSED_AT, lineages.EXPLOIT_OF, lineages.RESUMED_AT,
-                     lineages.STEPS_REPEATED]
+                     lineages.STEPS_REPEATED, lineages.RESTORED_PARAMS]
 MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
 
 
@@ -161,6 +162,9 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["continues"] = t.user_attrs.get(attrs.CONTINUES)
         for key in SCHEDULER_COLUMNS:
             row[key] = t.user_attrs.get(key)
+        restored = row[lineages.RESTORED_PARAMS]
+        if isinstance(restored, dict):
+            row[lineages.RESTORED_PARAMS] = ", ".join(f"{k}={v:g}" for k, v in restored.items())
         row.update({k: v for k, v in t.user_attrs.items() if k.startswith(attrs.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -344,6 +348,14 @@ def render(summary: Summary, top: int = 5) -> Any:
             f"{len(repeated)} continuations did not resume from their checkpoint "
             f"(trials {', '.join(map(str, repeated['number']))}: steps_repeated); have the "
             "script load $SWEEP_CHECKPOINT_DIR or set trainer.resume_args", style="yellow"))
+    restored = (t[t[lineages.RESTORED_PARAMS].notna()] if lineages.RESTORED_PARAMS in t
+                else t[:0])
+    if not restored.empty:
+        parts.append(Text(
+            f"{len(restored)} exploits ran with their donor's params restored from its "
+            f"checkpoint, not the perturbed ones (trials "
+            f"{', '.join(map(str, restored['number']))}: restored_params); have the script "
+            "set the params it is given after it loads the checkpoint", style="yellow"))
     if len(extras) > MAX_RESULT_COLUMNS:
         left = [c.removeprefix(attrs.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
         parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",

@@ -487,6 +487,8 @@ class Driver:
         del self.running[run.number]
         run.process.close()
         self.pool.release(run.lease, oom=run.oom)
+        if self.scheduling is not None:  # its lineage may never continue now
+            self.scheduling.ended(run.number, self._stopping)
 
     # ---- the end ------------------------------------------------------------------------
 

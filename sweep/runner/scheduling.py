@@ -1,9 +1,11 @@
 """`study.scheduler` carried out: the one place a scheduler's decisions (`schedulers`) touch the
-study and the trials. The driver calls it at four points: how many jobs may start (`room`),
+study and the trials. The driver calls it at five points: how many jobs may start (`room`),
 under the budget lock just before an ask (`before_ask`: a promotion is queued, a bracket
 chosen), when a trial starts (`on_start`: a PBT exploit's checkpoint copied; what its first
-step must come after), and with each batch of a trial's reports (`on_reports`: the resume
-check, then go on, pause or replace).
+step must come after), with each batch of a trial's reports (`on_reports`: the resume check,
+the explore check of `trainer.logged_params`, then go on, pause or replace), and when a
+trial's processes are gone (`ended`: the checkpoint folders of lineages that can never
+continue removed, under the budget lock, as `retention` decides).
 
 Every decision is recorded in the study before it is acted on, under the budget lock where two
 drivers could take it both: a promotion is its lineage's next attempt queued once
@@ -16,6 +18,7 @@ lineage continued, as any orphan's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -23,6 +26,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep._core.safefs import UnsafePath
+from sweep.runner import explored, retention
 from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
@@ -35,9 +40,10 @@ from sweep.runner.schedulers import (
 )
 from sweep.spec.schema import Spec
 from sweep.study import lineages
+from sweep.study.budget import LockAbandoned
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import exploit, lineage
+from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import RunningTrial, Stop
 
@@ -62,6 +68,16 @@ class Scheduling:
         self._last: dict[int, int | None] = {}  # trial -> the last step of its lineage seen
         self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
         self._flagged = False
+        self._said_over = False
+        # trainer.logged_params, in a pbt study: each trial's readers, its latest values and
+        # its notes by boundary; the exploits whose explore is not checked yet (their donor)
+        self._starts: dict[int, Start] = {}
+        self._readers: dict[int, dict[str, intermediate.IntermediateValues]] = {}
+        self._logged: dict[int, dict[str, float]] = {}
+        self._notes: dict[int, dict[str, dict[str, float]]] = {}
+        self._explores: dict[int, int] = {}
+        self._said_restored = False
+        self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
 
@@ -155,6 +171,9 @@ class Scheduling:
                      "checkpoint folder copied, params perturbed "
                      f"({_shown(asked.params, self.spec.searched)})")
         self._last[asked.number] = before
+        self._starts[asked.number] = start
+        if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
+            self._explores[asked.number] = int(donor)
         if before is not None and (start.resume or donor is not None):
             self._expect[asked.number] = _saved_step(start, before)
         return start
@@ -175,6 +194,8 @@ class Scheduling:
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)
+        if self.spec.trainer.logged_params and isinstance(self.decide, Pbt):
+            self._follow_params(run, before, step)
         if not decide or (before is not None and step <= before):
             return None
         lines = self.lineages()
@@ -216,6 +237,70 @@ class Scheduling:
                  f"replaced by an exploit of trial {decision.donor}")
         return Stop.REPLACED
 
+    def _follow_params(self, run: RunningTrial, before: int | None, step: int) -> None:
+        """`trainer.logged_params`: the values the script logged so far read; an exploit's
+        explore checked once it has logged them all (at `step`, against its donor's notes);
+        at an `interval` boundary, the latest noted on the trial (what an exploit of it is
+        compared with)."""
+        readers = self._readers.get(run.number)
+        if readers is None:
+            plan, start = run.process.plan, self._starts.get(run.number)
+            places = {**launch_plan.spec_places(self.spec), "trial_dir": str(plan.paths.dir),
+                      "trial_number": str(run.number),
+                      **(lineage.places(start) if start is not None else {})}
+            readers = self._readers[run.number] = {
+                name: intermediate.reader_for(section, plan.paths, name, places, plan.cwd)
+                for name, section in self.spec.trainer.logged_params.items()}
+        latest = self._logged.setdefault(run.number, {})
+        for name, reader in readers.items():
+            fresh = reader.read_rest(1 << 20)
+            if fresh:
+                latest[name] = fresh[-1][1]
+        if run.number in self._explores and len(latest) == len(readers):
+            self._check_explore(run, self._explores.pop(run.number), step)
+        assert isinstance(self.decide, Pbt)
+        at = explored.boundary(before, step, self.decide.spec.interval)
+        if at is None or not latest:
+            return
+        notes = self._notes.setdefault(run.number, {})
+        for name, value in latest.items():
+            notes.setdefault(name, {})[str(at)] = value
+        self.store.note(run.trial, {lineages.LOGGED: notes})
+
+    def _check_explore(self, run: RunningTrial, donor: int, at: int) -> None:
+        """Exploit `run` of lineage `donor` has logged its params by step `at`: flag the ones
+        it runs with at its donor's value, the donor's logged at the last boundary up to `at`
+        (`explored.restored`)."""
+        trials = self.store.study.get_trials(deepcopy=False)
+        line = lineages.read(trials).get(donor)
+        if line is None:
+            return
+        donor_notes: dict[str, dict[str, float]] = {}
+        for t in trials:
+            if int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == donor:
+                for name, notes in dict(t.user_attrs.get(lineages.LOGGED, {})).items():
+                    donor_notes.setdefault(name, {}).update(notes)
+        found = {}
+        for name, value in self._logged[run.number].items():
+            given, theirs = run.params.get(name), line.params.get(name)
+            if not isinstance(given, (int, float)) or not isinstance(theirs, (int, float)):
+                continue
+            if explored.restored(value, explored.at_or_before(donor_notes.get(name, {}), at),
+                                 float(given), float(theirs)):
+                found[name] = value
+        if not found:
+            return
+        self.store.note(run.trial, {lineages.RESTORED_PARAMS: found})
+        if self._said_restored:
+            return
+        self._said_restored = True
+        shown = ", ".join(f"{k}={run.params[k]:g} but logged {v:g}" for k, v in found.items())
+        self.say(f"trial {run.number} exploits trial {donor} with perturbed params ({shown}, "
+                 "as its donor ran): it restored its donor's value from the checkpoint (an "
+                 "optimizer's state holds its learning rate); have the script set the params "
+                 "it is given after it loads the checkpoint (e.g. each optimizer param "
+                 "group's lr, and a scheduler's base_lrs)")
+
     def _flag(self, run: RunningTrial, first: int, expect: int) -> None:
         repeated = expect - first + 1
         self.store.note(run.trial, {lineages.RESUMED_AT: first,
@@ -228,6 +313,57 @@ class Scheduling:
                  "resume from its checkpoint); have the script load its state from "
                  "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                  "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
+
+    def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
+        """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
+        disk is tidied (`tidy`; `abort` true gives up waiting for the budget lock)."""
+        for kept in (self._starts, self._readers, self._logged, self._notes, self._explores):
+            kept.pop(number, None)
+        with contextlib.suppress(LockAbandoned):  # a signal came: another trial's end will
+            self.tidy(abort)
+
+    def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
+        """Remove the checkpoint folders of lineages that can never continue, as
+        `retention` decides, under the budget lock (where every promotion and exploit is
+        decided); over `max_checkpoint_gb` with nothing left to remove, say so once."""
+        sched = self.spec.study.scheduler
+        assert sched is not None
+        if sched.keep_checkpoints == "all" and sched.max_checkpoint_gb is None:
+            return
+        out = self.spec.output_dir
+        with self.store.budget_lock(abort) as held:
+            if not held:  # another driver holds it too long: decide another time
+                return
+            lines = self.lineages()
+            dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
+            measured = lines if sched.max_checkpoint_gb is not None else dead
+            sizes = checkpoint_disk.sizes(out, measured)
+            chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
+                                    sched.max_checkpoint_gb, self.minimize)
+            removed, freed = [], 0
+            for origin in chosen.remove:
+                if origin in self._refused:
+                    continue
+                try:
+                    checkpoint_disk.remove(out, origin)
+                except UnsafePath as e:
+                    self._refused.add(origin)
+                    self.say(f"the checkpoint folder of trial {origin} is kept: {e}")
+                    continue
+                except OSError:  # a straggler still writes in it: another time
+                    continue
+                removed.append(origin)
+                freed += sizes[origin]
+        if removed:
+            self.say(f"checkpoint folders removed ({freed / retention.GB:.2f} GB) of trials "
+                     f"{', '.join(map(str, removed))}: they can never continue")
+        if chosen.over and not self._said_over:
+            self._said_over = True
+            self.say(f"the checkpoint folders in {out / lineage.CHECKPOINTS} hold "
+                     f"{chosen.held / retention.GB:.2f} GB, over study.scheduler."
+                     f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
+                     "belongs to lineages that may still continue (or the best finished one): "
+                     "sweep removes none of those; raise the bound, or free disk elsewhere")
 
 
 def _saved_step(start: Start, reached: int) -> int:

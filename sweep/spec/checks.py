@@ -129,6 +129,7 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                     f"metric {metric!r}: add (?P<{metric}>...) to a pattern")
     if trainer.report is not None:
         problems.extend(_report_problems(file, trainer.report, study.objective_metrics))
+    problems.extend(_logged_params_problems(file, spec))
     for name, param in spec.params.items():
         if param.where != "accelerate":
             continue
@@ -356,14 +357,36 @@ def _check_output_dir(file: str, output_dir: Path) -> None:
 
 
 
-def _report_problems(file: str, report: ReportSection, metrics: list[str]) -> list[Problem]:
-    """What `trainer.report` asks that the study cannot do."""
+def _logged_params_problems(file: str, spec: Spec) -> list[Problem]:
+    """What `trainer.logged_params` asks that the study cannot do: each a numeric searched
+    param, read as `trainer.report` reads a value, in a pbt study (its exploits are
+    checked)."""
+    logged = spec.trainer.logged_params
+    problems: list[Problem] = []
+    if logged and (spec.study.scheduler is None or spec.study.scheduler.type != "pbt"):
+        problems.append(Problem(file, "trainer.logged_params", "the logged params are "
+                                "checked on PBT exploits only: set study.scheduler to "
+                                "{type: pbt, ...} or remove trainer.logged_params"))
+    for name, section in logged.items():
+        key = f"trainer.logged_params.{short(name, 40)}"
+        if not isinstance(spec.searched.get(name), (FloatParam, IntParam)):
+            problems.append(Problem(file, key, "not a float or int param this study "
+                                    "searches: only those are perturbed (name one of "
+                                    f"{', '.join(spec.searched) or 'the params'})"))
+        problems.extend(_report_problems(file, section, [name], key))
+    return problems
+
+
+def _report_problems(file: str, report: ReportSection, metrics: list[str],
+                     where: str = "trainer.report") -> list[Problem]:
+    """What `trainer.report` (or a section of its kind at `where`) asks that the study cannot
+    do."""
     problems: list[Problem] = []
     if len(metrics) > 1:
-        problems.append(Problem(file, "trainer.report", "Optuna prunes studies of one "
+        problems.append(Problem(file, where, "Optuna prunes studies of one "
                                 "objective only: remove trainer.report or keep one metric"))
     if report.stream is not None:
-        key = f"trainer.report.{report.stream}"
+        key = f"{where}.{report.stream}"
         for pattern in report.patterns:
             groups = compile_pattern(pattern).groupindex
             if metrics[0] not in groups and "value" not in groups:
@@ -372,18 +395,18 @@ def _report_problems(file: str, report: ReportSection, metrics: list[str]) -> li
                                         f"...): {short(pattern, 60)}"))
     if report.tensorboard is not None:
         try:
-            placeholders.check(file, "trainer.report.tensorboard.dir", report.tensorboard.dir)
+            placeholders.check(file, f"{where}.tensorboard.dir", report.tensorboard.dir)
         except ConfigError as e:
             problems.extend(e.problems)
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            problems.append(Problem(file, "trainer.report.tensorboard", "reading TensorBoard "
+            problems.append(Problem(file, f"{where}.tensorboard", "reading TensorBoard "
                                     "event files needs the tensorboard package: pip install "
                                     "'sweep[tensorboard]'"))
     if report.file is not None:
         try:
-            placeholders.check(file, "trainer.report.file", report.file)
+            placeholders.check(file, f"{where}.file", report.file)
         except ConfigError as e:
             problems.extend(e.problems)
     return problems

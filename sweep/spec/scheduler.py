@@ -10,11 +10,11 @@ may ask for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from sweep._core.errors import Problem
+from sweep._core.errors import Problem, short
 from sweep.spec.searchspace import (
     BoolParam,
     CategoricalParam,
@@ -24,7 +24,26 @@ from sweep.spec.searchspace import (
 )
 
 
-class _Halving(Section):
+class _Disk(Section):
+    """What a scheduler keeps of the checkpoint folders of lineages that can never continue
+    (below the cut of a full rung, replaced in PBT, finished): `keep_checkpoints` the folders
+    of that many of the best lineages trained to the end (`all`: every folder), and
+    `max_checkpoint_gb`, a bound on `<output_dir>/checkpoints/` past which the kept folders go
+    too, worst first, but for the best one (see `sweep.runner.retention`)."""
+
+    keep_checkpoints: Annotated[int, Field(ge=0)] | Literal["all"] = 1
+    max_checkpoint_gb: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("keep_checkpoints", mode="before")
+    @classmethod
+    def _count_or_all(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "all":
+            raise ValueError(f"how many of the best finished lineages keep their checkpoint "
+                             f"folders (e.g. 1, or 0), or all; not {short(repr(value), 40)}")
+        return value
+
+
+class _Halving(_Disk):
     """Rungs at `min_steps * reduction_factor**k` below `max_steps`, and `max_steps`."""
 
     min_steps: Annotated[int, Field(gt=0)]
@@ -51,7 +70,7 @@ class HyperbandScheduler(_Halving):
     type: Literal["hyperband"]
 
 
-class PbtScheduler(Section):
+class PbtScheduler(_Disk):
     """Population-based training: `population` lineages trained to `max_steps`; every
     `interval` steps one in the bottom `quantile` is replaced by a copy of one in the top
     `quantile` (its checkpoint folder), with its numbers scaled by one of `perturb` (kept in

@@ -250,6 +250,9 @@ class TrainerSection(_Section):
     resume_args: list[str] = []
     # a retry after a real failure: from the lineage's checkpoint, or from scratch
     retry_from: Literal["checkpoint", "clean"] = "checkpoint"
+    # searched params the script logs (as trainer.report reads values): a PBT exploit is
+    # checked to run with its perturbed value, not its donor's restored from the checkpoint
+    logged_params: dict[str, ReportSection] = {}
     container: containerspec.ContainerSection | None = None  # the image trials run in
 
     @field_validator("gpu_memory_gb", mode="before")

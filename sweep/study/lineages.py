@@ -7,7 +7,9 @@ the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set be
 told), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`, `EXPLOIT_STEP` and `REPLACES`
 (a PBT lineage copied from a donor's checkpoint folder at a step, in place of a lineage), and
 `RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
-lineage had reached).
+lineage had reached), `LOGGED` (the values a PBT trial's script logged for its
+`trainer.logged_params`, at each `interval` boundary) and `RESTORED_PARAMS` (an exploit whose
+script logged its donor's value of a param, not its perturbed one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ PAUSED_AT, RUNG = "paused_at", "rung"
 BRACKET = "bracket"
 EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
 RESUMED_AT, STEPS_REPEATED = "resumed_at", "steps_repeated"
+LOGGED, RESTORED_PARAMS = "logged_params", "restored_params"
 
 
 class Standing(enum.Enum):

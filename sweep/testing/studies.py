@@ -23,7 +23,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.spec.storageurl import StorageKind, StorageUrl
 
-KINDS = ("finished", "running", "multi", "only_fail")
+KINDS = ("finished", "running", "multi", "only_fail", "asha", "pbt")
+SCHEDULERS = {  # the study.scheduler of the kinds `_scheduled` writes
+    "asha": {"type": "asha", "min_steps": 2, "max_steps": 18, "reduction_factor": 3},
+    "pbt": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20, "seed": 0},
+}
 DISTRIBUTIONS = {
     "lr": FloatDistribution(1e-5, 1e-1, log=True),
     "layers": IntDistribution(1, 8),
@@ -37,8 +41,9 @@ REASONS = ["exit code 1: RuntimeError: CUDA error: an illegal memory access",
 def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4,
                 seed: int = 0, storage: str | None = None, simulated: bool = False) -> Path:
     """A study file in `folder` and its study of `n` trials on `gpus` devices of one host
-    (`kind`: finished, running, multi (two objectives), only_fail), with GPU samples beside
-    it (`simulated`: as on a simulated pool, samples without figures and no energy or
+    (`kind`: finished, running, multi (two objectives), only_fail; asha and pbt: a
+    scheduler's study of its own size, see `_scheduled`), with GPU samples beside it
+    (`simulated`: as on a simulated pool, samples without figures and no energy or
     utilisation stored). `storage` defaults to a journal file (fast to fill); returns the
     study file."""
     assert kind in KINDS
@@ -50,11 +55,14 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
         "study": {"name": name, "storage": url, "n_trials": max(n, 1),
                   **({"directions": ["minimize", "maximize"], "metrics": ["loss", "acc"]}
                      if multi else {"direction": "minimize", "metric": "loss"})},
-        "trainer": {"script": "train.py"},
+        "trainer": {"script": "train.py", **({"resume_args": ["--resume"]}
+                                             if kind in SCHEDULERS else {})},
         "params": {"lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True},
                    "layers": {"type": "int", "low": 1, "high": 8},
                    "optimizer": {"type": "categorical", "choices": ["adam", "sgd"]}},
     }
+    if kind in SCHEDULERS:
+        data["study"]["scheduler"] = SCHEDULERS[kind]
     study_file = folder / f"{name}.yaml"
     study_file.write_text(yaml.safe_dump(data, sort_keys=False))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -71,7 +79,7 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
     free = [start] * gpus
     trials = []
     samples: list[list[Any]] = []
-    for number in range(n):
+    for number in range(0 if kind in SCHEDULERS else n):
         gpu = min(range(gpus), key=lambda g: free[g])
         begin = free[gpu] + dt.timedelta(seconds=rng.uniform(0, 20))  # idle gaps
         seconds = rng.uniform(20, 100)
@@ -109,6 +117,8 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
                 rng.uniform(40, 99), rng.uniform(10, 60), rng.uniform(2000, 30000), 80000,
                 rng.uniform(100, 300)]
             samples.append([at.timestamp(), "node1", gpu, str(number), *figures])
+    if kind in SCHEDULERS:
+        trials = _scheduled(kind, rng, start, gpus)
     study.add_trials(trials)
     flush()
     out = folder / name / "drivers" / "node1-1"
@@ -119,6 +129,65 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
                          "mem_used_mb", "mem_total_mb", "power_w"])
         writer.writerows(sorted(samples))
     return study_file
+
+
+def _scheduled(kind: str, rng: random.Random, start: dt.datetime,
+               gpus: int) -> list[FrozenTrial]:
+    """The trials a scheduler leaves, one step 6 s: asha, 9 configurations paused at rung 0
+    (step 2), the top 3 promoted and paused at rung 1 (step 6), the best of them trained to
+    step 17; pbt, a population of 4 trained to step 19, the worst replaced at steps 5 and 10
+    by copies of the best with its lr scaled by 0.8."""
+    free = [start] * gpus
+    trials: list[FrozenTrial] = []
+
+    def add(params: dict[str, Any], steps: range, state: TrialState,
+            attrs: dict[str, Any]) -> int:
+        gpu = min(range(gpus), key=lambda g: free[g])
+        begin = free[gpu]
+        end = begin + dt.timedelta(seconds=6.0 * len(steps))
+        base = abs(math.log10(params["lr"]) + 3) + 0.05 * params["layers"]
+        inter = {s: base * (1 + 2.0 / (s + 1)) for s in steps}
+        number = len(trials)
+        trials.append(FrozenTrial(
+            number=number, state=state, value=None, values=[inter[max(inter)]],
+            datetime_start=begin, datetime_complete=end, params=params,
+            distributions=DISTRIBUTIONS, trial_id=number, system_attrs={},
+            user_attrs={"gpu": gpu, "host": "node1", "exit_code": 0, **attrs},
+            intermediate_values=inter))
+        free[gpu] = end
+        return number
+
+    def config() -> dict[str, Any]:
+        return {"lr": 10 ** rng.uniform(-5, -1), "layers": rng.randint(1, 8),
+                "optimizer": rng.choice(["adam", "sgd"])}
+
+    pruned, done = TrialState.PRUNED, TrialState.COMPLETE
+    if kind == "pbt":
+        population = [config() for _ in range(4)]
+        best = min(range(4), key=lambda i: abs(math.log10(population[i]["lr"]) + 3))
+        worst = sorted(set(range(4)) - {best}, key=lambda i: -abs(
+            math.log10(population[i]["lr"]) + 3))[:2]
+        numbers = {}
+        for i in sorted(range(4), key=lambda i: (i in worst, worst.index(i) if i in worst
+                                                 else 0)):
+            stop = {worst[0]: 6, worst[1]: 11}.get(i, 20)
+            numbers[i] = add(population[i], range(stop), done if stop == 20 else pruned,
+                             {"attempt": 0})
+        for at, replaced in ((5, worst[0]), (10, worst[1])):
+            add({**population[best], "lr": population[best]["lr"] * 0.8}, range(at + 1, 20),
+                done, {"attempt": 0, "exploit_of": numbers[best], "exploit_step": at,
+                       "replaces": numbers[replaced]})
+        return trials
+    configs = [config() for _ in range(9)]
+    first = [add(c, range(3), pruned, {"attempt": 0, "paused_at": 2, "rung": 0})
+             for c in configs]
+    top = sorted(range(9), key=lambda i: trials[first[i]].intermediate_values[2])[:3]
+    second = {i: add(configs[i], range(3, 7), pruned,
+                     {"attempt": 1, "retry_of": first[i], "continues": first[i],
+                      "paused_at": 6, "rung": 1}) for i in top}
+    add(configs[top[0]], range(7, 18), done,
+        {"attempt": 2, "retry_of": first[top[0]], "continues": second[top[0]]})
+    return trials
 
 
 def _state(kind: str, rng: random.Random, number: int, n: int) -> TrialState:

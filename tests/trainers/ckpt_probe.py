@@ -4,7 +4,10 @@ Each step is logged to `steps.log` in the checkpoint folder (`<trial number> <st
 its checkpoint is written, so a kill between the two runs that step once more. On SIGTERM
 (`should_stop`) it stops after the current step, its checkpoint written, and exits 0 with no
 result (the driver tells the trial FAIL "interrupted"). It reports each step's value, and
-prints the step it starts at and its x; `--fresh` starts over whatever the folder holds.
+prints the step it starts at and its x; `--fresh` starts over whatever the folder holds;
+`--restore-x` takes x from the checkpoint over the one it is given (as a restored optimizer's
+state overrides a learning rate: Ray Tune #62173); `--weights N` saves N bytes of weights.bin
+with each checkpoint.
 """
 
 from __future__ import annotations
@@ -24,28 +27,34 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--fresh", action="store_true", help="ignore the folder: start over")
+    p.add_argument("--restore-x", action="store_true", help="x from the checkpoint, if any")
+    p.add_argument("--weights", type=int, default=0, help="bytes of weights.bin per save")
     args, _ = p.parse_known_args()
     folder = Path(os.environ["SWEEP_CHECKPOINT_DIR"])
     number = os.environ["SWEEP_TRIAL_NUMBER"]
     state = folder / "state.json"
-    step = json.loads(state.read_text())["next"] if state.exists() and not args.fresh else 0
-    print(f"starting at step {step} with x={args.x}", flush=True)
+    saved = json.loads(state.read_text()) if state.exists() and not args.fresh else {}
+    step = saved.get("next", 0)
+    x = saved.get("x", args.x) if args.restore_x else args.x
+    print(f"starting at step {step} with x={x}", flush=True)
     with open(folder / "starts.log", "a") as f:
         f.write(f"{number} {step} {os.environ.get('SWEEP_RUN_ID')}\n")
     should_stop()  # SIGTERM from now on ends the loop after the step it is in
     while step < args.steps:
         time.sleep(args.sleep)
-        value = (args.x - 0.3) ** 2 + 1.0 / (step + 1)
+        value = (x - 0.3) ** 2 + 1.0 / (step + 1)
         with open(folder / "steps.log", "a") as f:
             f.write(f"{number} {step}\n")
+        if args.weights:
+            (folder / "weights.bin").write_bytes(b"w" * args.weights)
         tmp = folder / "state.json.tmp"
-        tmp.write_text(json.dumps({"next": step + 1}))
+        tmp.write_text(json.dumps({"next": step + 1, "x": x}))
         os.replace(tmp, state)
         report(step, value)
         step += 1
         if should_stop():
             return 0
-    write_result({"score": (args.x - 0.3) ** 2})
+    write_result({"score": (x - 0.3) ** 2})
     return 0
 
 

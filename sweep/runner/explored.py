@@ -1,0 +1,42 @@
+"""Whether a PBT exploit runs with its perturbed params or with its donor's, restored from the
+checkpoint it was copied from (an optimizer's state holds its learning rate: Ray Tune
+#62173), judged from the values the script logs (`trainer.logged_params`). Pure.
+
+The script's logged value may follow a schedule (a HF Trainer logs the decayed learning
+rate), so the exploit's first logged value is not compared with its param but with what its
+donor logged at the last `interval` boundary up to that step (where it was copied, or the one
+before): run with the perturbed value, the ratio of the two is that of the params (the
+perturb factor); run with the donor's, it is about 1. A value nearer the donor's than the
+perturbed one in that log-ratio (within half the perturb factor's) is the donor's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+
+def boundary(before: int | None, step: int, interval: int) -> int | None:
+    """The highest multiple of `interval` a trial passed from `before` (its last step before,
+    None: none) to `step`; None if it passed none (step 0 is no boundary)."""
+    passed = (before is None or before // interval < step // interval) and step // interval > 0
+    return step // interval * interval if passed else None
+
+
+def at_or_before(notes: Mapping[str, float], at: int) -> float | None:
+    """The value noted at the highest boundary up to `at` (`notes`: boundary, as a string in
+    the study's JSON, -> value); None if none is."""
+    found = [int(b) for b in notes if int(b) <= at]
+    return notes[str(max(found))] if found else None
+
+
+def restored(logged: float, donor_logged: float | None, given: float,
+             donor_given: float) -> bool | None:
+    """Whether the exploit's script ran with its donor's value: it logged `logged`, its donor
+    `donor_logged` at the last boundary before (None: not known, then the donor's param stands
+    for it), for params `given` (the exploit's, perturbed) and `donor_given`. None: it cannot be
+    told (the param was not changed, or a value is not positive)."""
+    reference = donor_given if donor_logged is None else donor_logged
+    if min(logged, reference, given, donor_given) <= 0 or given == donor_given:
+        return None
+    return abs(math.log(logged / reference)) < abs(math.log(given / donor_given)) / 2
