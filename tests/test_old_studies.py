@@ -25,7 +25,8 @@ N_TRIALS = 6
 DOCUMENTED = ["number", "state", "value", "params_x", "params_fate", "gpu", "gpus",
               "datetime_start", "datetime_complete", "duration_s", "exit_code", "fail_reason",
               "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "attempt",
-              "retry_of", "code_version", "host", "rerun_of", "continues", "lineage",
+              "retry_of", "code_version", "image", "host", "rerun_of", "continues",
+              "paused_at", "exploit_of", "resumed_at", "steps_repeated", "lineage",
               "lineage_attempts", "lineage_device_s"]
 
 # (number, state, value, x, fate, exit_code, fail_reason, attempt, continues, lineage) of the
