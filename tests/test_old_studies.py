@@ -135,6 +135,22 @@ def test_summary_of_an_old_study_has_the_documented_columns_and_its_trials(
         assert not raw[col].fillna("").str.endswith(".0").any(), (col, list(raw[col]))
 
 
+COUNTS = {"3b5d082": "2 COMPLETE, 3 FAIL, 1 PRUNED, 1 RUNNING, 1 WAITING",
+          "f1ce194": "2 COMPLETE, 4 FAIL, 1 PRUNED, 1 RUNNING"}
+
+
+@pytest.mark.parametrize("commit", sorted(STORED))
+def test_status_and_logs_of_an_old_study(commit, tmp_path, capsys):
+    study = copy_study(commit, tmp_path)
+    assert run_cli("status", str(study)) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == COUNTS[commit]
+    running = RECLAIMED[commit]
+    assert f"trial {running} RUNNING on GPU 0 (vm)" in out
+    assert run_cli("logs", str(study), "1", "--stderr") == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == "failing on purpose\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("commit", sorted(STORED))
 def test_report_of_an_old_study_builds(commit, tmp_path, capsys):
