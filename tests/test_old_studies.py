@@ -73,6 +73,11 @@ RESUMED: dict[str, tuple[list[tuple[Any, ...]], dict[int, list[str]]]] = {
     ),
 }
 RECLAIMED = {"3b5d082": 6, "f1ce194": 7}
+# the stored trials' gpu, retry_of and lineage_attempts columns
+PLACES = {
+    "3b5d082": ([0, 1, 0, 1, 1, 0, 0, None], [None] * 6 + [4, 5], [1, 1, 1, 1, 2, 2, 2, 2]),
+    "f1ce194": ([0, 1, 0, 1, 1, 0, 0, 0], [None] * 8, [1] * 8),
+}
 
 
 def copy_study(commit: str, tmp_path: Path) -> Path:
@@ -128,6 +133,14 @@ def test_summary_of_an_old_study_has_the_documented_columns_and_its_trials(
     assert [c for c in header if c in DOCUMENTED] == DOCUMENTED
     assert stored_rows(df) == STORED[commit]
     assert list(df["host"].iloc[:7]) == ["vm"] * 7
+    gpus, retry_of, attempts = PLACES[commit]
+    assert [cell(v) for v in df["gpu"]] == gpus
+    assert [cell(v) for v in df["retry_of"]] == retry_of
+    assert [cell(v) for v in df["lineage_attempts"]] == attempts
+    stored = optuna.load_study(study_name="old", storage=f"sqlite:///{study.parent / 'old.db'}")
+    durations = [(t.datetime_complete - t.datetime_start).total_seconds()
+                 if t.datetime_complete and t.datetime_start else None for t in stored.trials]
+    assert [cell(v) for v in df["duration_s"]] == durations
     # trial numbers and attempts are written as integers, though some rows have none (an
     # f1ce194 trial left RUNNING has no attempt yet)
     raw = pd.read_csv(tmp_path / "summary.csv", dtype=str)
