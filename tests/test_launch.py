@@ -236,8 +236,9 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     `accelerate launch` per trial, with sweep's config from the package (a file that exists
     wherever sweep is installed: a command sweep prints runs when pasted)."""
     from sweep.trial import launchers
+    from sweep.trial.accelenv import AccelerateEnv
 
-    monkeypatch.setattr(launchers.AccelerateEnv, "get", lambda self, options: {"A": "1"})
+    monkeypatch.setattr(AccelerateEnv, "get", lambda self, options: {"A": "1"})
     kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
                                        spawn=lambda *a, **k: None))
              for name in ("accelerate", "direct", "warm", "python")}

@@ -37,6 +37,9 @@ ATTR_COLUMNS = [
 # its donor's params (`name=logged value`)
 SCHEDULER_COLUMNS = [lineages.PAUSED_AT, lineages.EXPLOIT_OF, lineages.RESUMED_AT,
                      lineages.STEPS_REPEATED, lineages.RESTORED_PARAMS]
+# trial numbers and counts that a row may lack (a trial an older sweep left RUNNING has no
+# attempt): integers still, not floats
+INTEGER_COLUMNS = ("attempt", "retry_of", "rerun_of", "continues")
 MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
 
 
@@ -183,6 +186,8 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         frame[col] = frame[col].astype("datetime64[us]")
     frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
     frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
+    for col in INTEGER_COLUMNS:
+        frame[col] = pd.array(frame[col], dtype="Int64")
     return frame
 
 

@@ -23,19 +23,18 @@ are dropped (a fork runs only those its script registers). A preload that initia
 import, or that leaves a thread running (its locks would be held forever in a fork), makes
 forks unsafe: the server says so and the launcher falls back to `direct`.
 
-The interpreter imitation (`_as_fresh`, `_exit_as_python`) uses CPython internals and is
-tested on the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
+The interpreter imitation (`sweep.trial.imitation`) uses CPython internals and is tested on
+the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
 
-This module imports only the standard library and `sweep.trial.guard`.
+This module imports only the standard library, `sweep.trial.guard` and
+`sweep.trial.imitation`.
 """
 
 from __future__ import annotations
 
 import builtins
-import codecs
 import gc
 import importlib.util
-import io
 import json
 import os
 import signal
@@ -43,11 +42,10 @@ import socket
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sweep.trial import guard
+from sweep.trial import guard, imitation
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
 # The Pythons whose internals the interpreter imitation has been tested on (tests/test_warm.py
@@ -278,12 +276,12 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
         os.environ.update(env)
         os.chdir(message["cwd"])
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = _text(1, env, line=False)
-        sys.stderr = _text(2, env, line=True)
+        sys.stdout = imitation.stdio(1, env, line=False)
+        sys.stderr = imitation.stdio(2, env, line=True)
         argv = list(message["argv"][1:])  # [python, script, *args] or [python, -m, module, ...]
         module = argv[0] == "-m"
         first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-        _as_fresh(before, first)
+        imitation.as_fresh(before, first, _BASE)
         import runpy
 
         sys.orig_argv = list(message["argv"])
@@ -304,141 +302,15 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
     except SystemExit as e:
         code = e.code
     except KeyboardInterrupt as e:
-        _print_error(e, main_file)
+        imitation.print_error(e, main_file)
         died_of = signal.SIGINT
     except BaseException as e:  # the script's error, printed as python prints it
-        _print_error(e, main_file)
+        imitation.print_error(e, main_file)
         code = 1
     try:
-        _exit_as_python(code, died_of)
+        imitation.exit_as_python(code, died_of)
     finally:
         os._exit(1)
-
-
-def _print_error(error: BaseException, main_file: str | None) -> None:
-    """The traceback from the script's own frame on, as `python script.py` prints it."""
-    import traceback
-
-    tb = error.__traceback__
-    while tb is not None and main_file and tb.tb_frame.f_code.co_filename != main_file:
-        tb = tb.tb_next
-    error = error.with_traceback(tb or error.__traceback__)
-    try:
-        sys.excepthook(type(error), error, error.__traceback__)  # the script's, if it set one
-    except BaseException:
-        traceback.print_exception(error)
-
-
-def _text(fd: int, env: Mapping[str, str], line: bool) -> io.TextIOWrapper:
-    """A stdio stream on `fd` as python makes it under `env` (PYTHONUNBUFFERED,
-    PYTHONIOENCODING)."""
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    encoding, _, errors = env.get("PYTHONIOENCODING", "").partition(":")
-    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115
-    default = getattr(sys.__stdout__, "encoding", None) or "utf-8"
-    try:
-        encoding = codecs.lookup(encoding).name if encoding else ""
-    except LookupError:
-        encoding = ""
-    return io.TextIOWrapper(raw, encoding=encoding or default,
-                            errors=errors or ("backslashreplace" if line else "strict"),
-                            line_buffering=line, write_through=unbuffered)
-
-
-def _shadowed(folders: Sequence[str]) -> list[str]:
-    """Modules loaded in this process that a file in `folders` would shadow in a fresh
-    interpreter whose sys.path starts with them."""
-    names = set()
-    for folder in folders:
-        try:
-            entries = os.listdir(folder)
-        except OSError:
-            continue
-        names |= {n.removesuffix(".py") for n in entries if n.endswith(".py")}
-        names |= {n for n in entries if os.path.isfile(os.path.join(folder, n, "__init__.py"))}
-    return [m for m in sys.modules if m.partition(".")[0] in names and m not in _BASE]
-
-
-def _as_fresh(before: Mapping[str, str], first: str) -> None:
-    """Give the fork what a new interpreter of the trial's environment would have:
-    - sys.path: `first` (the script's folder, or the working directory for -m), then the
-      trial's PYTHONPATH; no loaded module that a file there shadows;
-    - fresh random state: Python's `random` reseeds itself at fork; NumPy's global generator
-      and torch's default seed do not;
-    - torch's thread count from OMP_NUM_THREADS, the time zone from TZ, faulthandler and
-      bytecode writing from their variables."""
-    env = os.environ
-    theirs = before.get("PYTHONPATH", "").split(os.pathsep)
-    added = [d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d not in theirs]
-    sys.path[0:1] = [first, *added]
-    for name in _shadowed([first, *added]):
-        del sys.modules[name]
-    # The server's finalizers and atexit handlers are the server's: a fork that ran them at
-    # exit would spend time (torch deregisters its operators: 25 ms) or undo the server's
-    # state (a preload that made a temporary folder at import and removes it at exit).
-    for finalizer in list(getattr(weakref.finalize, "_registry", {})):
-        finalizer.atexit = False
-    import atexit
-
-    atexit._clear()
-    # numpy.random only where the server imported it: else the trial's import seeds it
-    numpy, torch = sys.modules.get("numpy.random"), sys.modules.get("torch")
-    try:
-        if numpy is not None:
-            numpy.seed()
-        if torch is not None:
-            torch.seed()
-            threads = env.get("OMP_NUM_THREADS", "")
-            if threads != before.get("OMP_NUM_THREADS", "") and threads.isdigit():
-                # as torch at its start: no more threads than the cores it may run on
-                torch.set_num_threads(min(int(threads), len(os.sched_getaffinity(0))))
-        if env.get("TZ") != before.get("TZ"):
-            time.tzset()
-        if env.get("PYTHONFAULTHANDLER"):
-            import faulthandler
-
-            faulthandler.enable()
-        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-    except Exception:  # never fail a trial over this
-        pass
-
-
-def _exit_as_python(code: Any, died_of: int | None = None) -> None:
-    """End the fork as the interpreter ends: wait for non-daemon threads, run atexit, flush,
-    then exit with `code` as SystemExit's (None 0, an int & 0xFF, anything else printed and
-    1), or die of signal `died_of` (after KeyboardInterrupt) as python does."""
-    import atexit
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-    except BaseException:
-        pass
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        try:
-            print(code, file=sys.stderr)
-        except BaseException:
-            pass
-        code = 1
-    # Files the script left open are flushed, as an interpreter's end would (objects made
-    # since the server's gc.freeze(): a few, not the server's hundred thousand).
-    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
-    files.sort(key=lambda f: not isinstance(f, io.TextIOBase))  # text first: it writes on
-    for stream in [*files, sys.stdout, sys.stderr]:
-        try:
-            if not stream.closed:
-                stream.flush()
-        except BaseException:
-            pass
-    if died_of is not None:
-        signal.signal(died_of, signal.SIG_DFL)
-        os.kill(os.getpid(), died_of)
-    os._exit(code & 0xFF)
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ from sweep.trial.warm import (
 )
 
 # What a new interpreter takes from its environment at start that a fork can be given
-# (`_as_fresh`); a trial that sets any other PYTHON* variable is refused (`cannot_take`).
+# (`imitation.as_fresh`); a trial that sets any other PYTHON* variable is refused (`cannot_take`).
 APPLIED = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONFAULTHANDLER",
            "PYTHONDONTWRITEBYTECODE")
 LOCALE = ("LC_ALL", "LC_CTYPE", "LANG")  # python's encodings and UTF-8 mode come from them

@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 SWEEP_CHECKPOINT_DIR=/tmp/tmp.KLT7mEJxQx/old/checkpoints/0 SWEEP_PARAMS_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/0/params.json SWEEP_REPORT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/0/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/0/result.json SWEEP_RUN_ID=old-0-452420a4 SWEEP_TRIAL_DIR=/tmp/tmp.KLT7mEJxQx/old/trials/0 SWEEP_TRIAL_NUMBER=0 WANDB_NAME=trial-0 WANDB_RESUME=allow WANDB_RUN_GROUP=old WANDB_RUN_ID=old-0-452420a4 /work/main/.venv/bin/python /tmp/tmp.KLT7mEJxQx/trainer.py --x 0.1 --fate complete

@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1 SWEEP_CHECKPOINT_DIR=/tmp/tmp.KLT7mEJxQx/old/checkpoints/3 SWEEP_PARAMS_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/3/params.json SWEEP_REPORT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/3/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/3/result.json SWEEP_RUN_ID=old-3-0ea512ec SWEEP_TRIAL_DIR=/tmp/tmp.KLT7mEJxQx/old/trials/3 SWEEP_TRIAL_NUMBER=3 WANDB_NAME=trial-3 WANDB_RESUME=allow WANDB_RUN_GROUP=old WANDB_RUN_ID=old-3-0ea512ec /work/main/.venv/bin/python /tmp/tmp.KLT7mEJxQx/trainer.py --x 0.4 --fate complete

@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 SWEEP_CHECKPOINT_DIR=/tmp/tmp.KLT7mEJxQx/old/checkpoints/5 SWEEP_PARAMS_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/5/params.json SWEEP_REPORT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/5/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/5/result.json SWEEP_RUN_ID=old-5-fa9968f7 SWEEP_TRIAL_DIR=/tmp/tmp.KLT7mEJxQx/old/trials/5 SWEEP_TRIAL_NUMBER=5 WANDB_NAME=trial-5 WANDB_RESUME=allow WANDB_RUN_GROUP=old WANDB_RUN_ID=old-5-fa9968f7 /work/main/.venv/bin/python /tmp/tmp.KLT7mEJxQx/trainer.py --x 0.6 --fate long

@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 SWEEP_CHECKPOINT_DIR=/tmp/tmp.KLT7mEJxQx/old/checkpoints/4 SWEEP_PARAMS_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/6/params.json SWEEP_REPORT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/6/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.KLT7mEJxQx/old/trials/6/result.json SWEEP_RUN_ID=old-4-4779abcf SWEEP_TRIAL_DIR=/tmp/tmp.KLT7mEJxQx/old/trials/6 SWEEP_TRIAL_NUMBER=6 WANDB_NAME=trial-6 WANDB_RESUME=allow WANDB_RUN_GROUP=old WANDB_RUN_ID=old-4-4779abcf /work/main/.venv/bin/python /tmp/tmp.KLT7mEJxQx/trainer.py --x 0.5 --fate long

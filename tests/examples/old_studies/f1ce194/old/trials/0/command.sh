@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 SWEEP_PARAMS_FILE=/tmp/tmp.BFziagsi0p/old/trials/0/params.json SWEEP_REPORT_FILE=/tmp/tmp.BFziagsi0p/old/trials/0/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.BFziagsi0p/old/trials/0/result.json SWEEP_TRIAL_DIR=/tmp/tmp.BFziagsi0p/old/trials/0 SWEEP_TRIAL_NUMBER=0 /work/main/.venv/bin/python /tmp/tmp.BFziagsi0p/trainer.py --x 0.1 --fate complete

@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1 SWEEP_PARAMS_FILE=/tmp/tmp.BFziagsi0p/old/trials/3/params.json SWEEP_REPORT_FILE=/tmp/tmp.BFziagsi0p/old/trials/3/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.BFziagsi0p/old/trials/3/result.json SWEEP_TRIAL_DIR=/tmp/tmp.BFziagsi0p/old/trials/3 SWEEP_TRIAL_NUMBER=3 /work/main/.venv/bin/python /tmp/tmp.BFziagsi0p/trainer.py --x 0.4 --fate complete

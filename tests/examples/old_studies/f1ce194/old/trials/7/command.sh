@@ -1,0 +1,2 @@
+#!/bin/sh
+CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0 SWEEP_PARAMS_FILE=/tmp/tmp.BFziagsi0p/old/trials/7/params.json SWEEP_REPORT_FILE=/tmp/tmp.BFziagsi0p/old/trials/7/reports.jsonl SWEEP_RESULT_FILE=/tmp/tmp.BFziagsi0p/old/trials/7/result.json SWEEP_TRIAL_DIR=/tmp/tmp.BFziagsi0p/old/trials/7 SWEEP_TRIAL_NUMBER=7 /work/main/.venv/bin/python /tmp/tmp.BFziagsi0p/trainer.py --x 0.6682236863919441 --fate long
