@@ -26,22 +26,17 @@ from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.devices import DeviceCare
 from sweep.runner.events import Events, Finished, Running, Started, View
+from sweep.runner.follow import Follower
 from sweep.runner.policy import OnSignal, Policy, RunResult
+from sweep.runner.reclaim import Reclaimer
 from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.counts import Counts
 from sweep.study.heartbeat import Heartbeat
-from sweep.study.store import Store, Taken
-from sweep.trial import (
-    folders,
-    hang,
-    launchers,
-    process,
-    provenance,
-    stacks,
-)
+from sweep.study.store import Store
+from sweep.trial import folders, launchers, process, provenance, stacks
 from sweep.trial.lineage import Lineage
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all
 
@@ -70,15 +65,12 @@ class Driver:
         self._counts: Counts | None = None
         self._counts_adjusted = False  # what this driver did was added to them since
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
-        self._orphan_wait: float | None = None
         self._announced = False
-        self._prunes = spec.study.pruner.type != "none"
         self._blocked = False  # the pool's last refusal: others hold the devices (look again)
         self._went_around = False  # the last start went around a stuck budget lock
-        self._first_end = True  # no trial of this driver reported, or completed, yet
         self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
-        self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
-        self.python_pids = stacks.python_pids
+        self.follow = Follower(spec, store, monitor, self.clock.now, self.events)
+        self.reclaim = Reclaimer(store, self.events)
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
@@ -104,7 +96,8 @@ class Driver:
         assert self.launcher is not None
         self.launcher.prepare()
         self.devices.begin()
-        self.scheduling = scheduling.of(self.spec, self.store, self.events.message)
+        self.scheduling = self.follow.scheduling = scheduling.of(self.spec, self.store,
+                                                                 self.events.message)
         if self.scheduling is None:  # a scheduler queues them one at a time, as it asks
             self.store.enqueue(self.spec.study.enqueue)
         try:
@@ -142,7 +135,7 @@ class Driver:
         ours to reclaim, or other sweeps of this host hold the devices the budget needs."""
         if self.policy.stop_reason:
             return False
-        return self._orphan_wait is not None or (
+        return self.reclaim.wait is not None or (
             self._blocked and self._room() > 0) or (
             self.scheduling is not None and self._budget().running > 0)  # may promote ours
 
@@ -169,9 +162,9 @@ class Driver:
                 run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
         self.policy.check_clock(now)
         if now >= self._next_look:
-            self._reclaim()
+            self.reclaim.look(set(self.running))
             self._counts = None
-            wait = math.inf if self._orphan_wait is None else self._orphan_wait
+            wait = math.inf if self.reclaim.wait is None else self.reclaim.wait
             self._next_look = now + min(self.spec.study.heartbeat_interval, wait)
         if self.policy.stop_reason and not self._announced:
             self._announced = True
@@ -325,59 +318,13 @@ class Driver:
             run.tick(now)
             exited = run.process.command_exited  # before the read: it sees all it wrote
             if run.phase is Phase.RUNNING and not exited:
-                self._look_for_hang(run, now)
+                self.follow.look_for_hang(run, now)
             if run.follows_reports and (exited or run.phase is Phase.RUNNING):
-                self._follow_reports(run, now, exited)
+                self.follow.reports(run, now, exited)
             if exited and not run.judged and not run.reports_pending:
                 self._judge(run, now)
             if run.process.ended and run.judged:
                 self._end(run, now)
-
-    def _follow_reports(self, run: RunningTrial, now: float, exited: bool) -> None:
-        """New intermediate values, a bounded batch a pass: each to the pruner while the trial
-        runs; only the batch's latest is stored once it is being stopped or its command exited
-        (the rest are read in the next passes, between which other trials and signals are
-        served). A bad line stops the trial."""
-        assert run.reports is not None
-        run.drained += exited
-        fresh = run.reports.read()
-        running = run.phase is Phase.RUNNING and not exited
-        prune = self._prunes and running
-        every = prune or self.scheduling is not None  # a scheduler reads every step's value
-        stored = []
-        for step, value in fresh if every else fresh[-1:]:
-            try:
-                if self.store.report(run.trial, step, value):
-                    run.last_report = (step, value)
-                    stored.append(step)
-            except Taken:  # this driver was taken for dead (frozen): the trial is not ours
-                run.stop(Stop.TAKEN, now)
-                return
-        if fresh and prune and self.store.should_prune(run.trial):
-            run.stop(Stop.PRUNED, now)
-        if self.scheduling is not None:  # the resume check also on values read after exit
-            decided = self.scheduling.on_reports(run, stored, decide=running)
-            if decided is not None:
-                run.stop(decided, now)
-        if run.reports.error is not None:
-            run.stop(Stop.BAD_REPORT, now)
-
-    def _look_for_hang(self, run: RunningTrial, now: float) -> None:
-        """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
-        Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
-        watch, trainer = run.watch, self.spec.trainer
-        if watch is None or trainer.hang_after is None or not watch.due(now):
-            return
-        last = watch.look(now)
-        samples = self.monitor.samples_of(run.number) if self.monitor is not None else []
-        found = hang.judge(last, samples, now, trainer.hang_after, trainer.hang_gpu_util)
-        if found is None:
-            return
-        path = run.process.plan.paths.dir / stacks.STACK_NAME
-        pids = run.process.tree_pids() - {run.process.pid}  # the guard is sweep's own
-        self.dump_stacks(self.python_pids(pids), path, found.reason())
-        run.detail = f"{found.reason()}; stacks in {path}"
-        run.stop(Stop.HUNG, self.clock.now())
 
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited (and its intermediate values were read): judge the trial and
@@ -406,8 +353,7 @@ class Driver:
                 "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage, run.devices)
-        if self._first_end:
-            self._say_no_reports(run, verdict.state)
+        self.follow.ended(run, verdict.state)
         run.oom = verdict.oom
         if self.devices.learns and verdict.state is not TrialState.FAIL:
             self.devices.learn(usage.get("gpu_mem_peak_mb"))
@@ -447,25 +393,6 @@ class Driver:
             self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
                                 "its checkpoint folder)")
         return queued
-    def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
-        """A pruner that will never prune: say so once, when the first trial that reported
-        or completed is one that completed without reporting a value."""
-        if run.last_report is not None or state is TrialState.PRUNED:
-            self._first_end = False
-            return
-        if state is not TrialState.COMPLETE:  # it may have failed before its first report
-            return
-        self._first_end = False
-        if not (self._prunes or self.scheduling is not None) or run.reports is None:
-            return
-        where = ("trainer.report" if self.spec.trainer.report is not None else
-                 "$SWEEP_REPORT_FILE (sweep.protocol.report)")
-        who = (f"the {self.spec.study.pruner.type} pruner cannot prune" if self._prunes else
-               "study.scheduler cannot pause or promote")
-        self.events.message(
-            f"trial {run.number} ended without reporting an intermediate value to {where}: "
-            f"{who} this study; set "
-            "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
@@ -485,17 +412,6 @@ class Driver:
         self.pool.release(run.lease, oom=run.oom)
 
     # ---- the end ------------------------------------------------------------------------
-
-    def _reclaim(self) -> None:
-        """Tell FAIL, and queue again, the trials of drivers that are gone."""
-        orphans, self._orphan_wait = self.store.orphans(set(self.running))
-        for orphan in orphans:
-            if orphan.trial_dir:
-                process.kill_leftovers(orphan.trial_dir)
-            if self.store.fail_orphan(orphan):
-                self._counts = None
-                self.events.message(
-                    f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")
 
     def _abandon(self) -> None:
         """On the way out with trials still running (a driver error): stop and tell them."""
