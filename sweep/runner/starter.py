@@ -5,13 +5,15 @@ watch of its output, then its spawn, all in one `RunningTrial`.
 The driver asks (under the budget lock) and tells; the starter only prepares and spawns. A
 `folders.TrialFileError` means nothing was spawned and the output_dir is to blame (full,
 read-only, removed, or something sweep did not make in the way); any other error, nothing was
-spawned either.
+spawned either. A dry run (`dry`) takes the same path, writes nothing and spawns nothing: its
+trial's process is an `Unspawned`, which holds the plan a run would have started.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ from sweep.gpus.pool import Lease
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked
 from sweep.trial import command_script, folders, hang, intermediate, launch_plan, lineage
+from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.launchers import Launcher
+from sweep.trial.process import Spawn
 from sweep.trial.provenance import RunRecord, write_trial
 from sweep.trial.running import RunningTrial
 
@@ -33,8 +37,9 @@ class Starter:
                  wake: Callable[[], None], record: RunRecord | None = None,
                  note: Callable[[Any, Mapping[str, Any]], None] | None = None,
                  on_start: Callable[[Asked, lineage.Start], lineage.Start] | None = None,
-                 ) -> None:
+                 dry: bool = False) -> None:
         self.spec, self.launcher, self.own = spec, launcher, own
+        self.dry = dry  # a dry run's: nothing is written, nothing spawned
         self.now, self.wake = now, wake
         self.record, self.note = record, note  # env.json's shared part, and where its attrs go
         self.on_start = on_start  # the scheduler's word on where the attempt starts from
@@ -43,14 +48,17 @@ class Starter:
         """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
         spec, line = self.spec, asked.lineage
         params = {**asked.params, **spec.fixed}
-        folders.ensure_driver_dir(spec, self.own)
-        start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+        if self.dry:  # what a run would find; nothing made
+            start = lineage.planned(spec.output_dir, line)
+        else:
+            folders.ensure_driver_dir(spec, self.own)
+            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
         if self.on_start is not None:
             start = self.on_start(asked, start)
         plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
                                   port, start=start)
         secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
-        before = folders.prepare_trial_dir(
+        before = None if self.dry else folders.prepare_trial_dir(
             plan, launch_plan.script_params(params, spec.params), secrets)
         if self.record is not None:
             write_trial(self.record, plan, asked.number, lease.devices, secrets)
@@ -62,7 +70,8 @@ class Starter:
             {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
              "trial_number": str(asked.number), **lineage.places(start)},
             plan.cwd) if single else None
-        proc = self.launcher.spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
+        spawn: Spawn = Unspawned if self.dry else self.launcher.spawn
+        proc = spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
         try:  # nothing may run that no record follows: a failure from here kills it
             lease.attach(proc)
             watch = None
@@ -83,3 +92,34 @@ class Starter:
             proc.wait(5)
             proc.close()
             raise
+
+
+class Unspawned:
+    """A dry run's trial process (a `process.Process`): the plan a run would have started,
+    never started; it is not followed."""
+
+    pid = 0
+    lost = False
+    exit_code: int | None = None
+    command_exited = ended = False
+    result_at_end: tuple[str | None] | None = None
+
+    def __init__(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+                 hold: Sequence[int] = ()) -> None:
+        self.plan = plan
+        self.started = time.time()
+
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def force_kill(self) -> None: ...
+    def close(self) -> None: ...
+
+    def tree_pids(self) -> set[int]:
+        return set()
+
+    @property
+    def seen_pids(self) -> set[int]:
+        return set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True

@@ -154,7 +154,14 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     make_own_folder(folder, 0o700)
     if not _is_file(marker):
         write_file(marker, f"{lineage.origin}\n", 0o600)
-    resume = lineage.resumes and any(folder.iterdir())
+    return planned(output_dir, lineage)
+
+
+def planned(output_dir: Path, lineage: Lineage) -> Start:
+    """What `prepare` gives the attempt, read without touching anything (a dry run): it
+    resumes if it carries the lineage on and the folder holds something."""
+    folder = checkpoint_dir(output_dir, lineage.origin)
+    resume = lineage.resumes and folder.is_dir() and any(folder.iterdir())
     return Start(folder, resume, last_checkpoint(folder) if resume else None, lineage.run_id)
 
 
