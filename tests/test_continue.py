@@ -99,3 +99,43 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
         # the retries of max_retries are not spent by interruptions
         assert all(t.user_attrs.get("retries", 0) == 0 for t in attempts)
     assert hits_total >= len(kinds), (hits_total, log)
+
+
+TERM_SAVER = Path(__file__).parent / "trainers" / "term_saver.py"
+
+
+@pytest.mark.slow
+def test_a_reclaim_gives_a_dead_drivers_trainer_its_grace_and_the_continuation_resumes(
+        write_study, tmp_path, fake_gpus, capsys):
+    """Issue 32: a new run that reclaimed the trial of a SIGKILLed driver SIGKILLed its
+    trainer at once, inside its stop_grace: a trainer saving on SIGTERM lost its save and the
+    continuation started at step 0. The reclaim now leaves the trainer its grace (its guard
+    stops it) and queues the continuation only once it is gone; the continuation starts from
+    the step the trainer saved."""
+    from conftest import run_cli
+
+    study = write_study(study_dict(
+        study={"n_trials": 1},
+        trainer={"script": str(TERM_SAVER), "grace_period": 30.0,
+                 "args": ["--steps", "80", "--sleep", "0.05", "--save-seconds", "10"]}))
+    reports = tmp_path / "probe" / "trials" / "0" / "reports.jsonl"
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    assert wait_until(lambda: reports.exists() and len(reports.read_text().splitlines()) >= 10,
+                      60), driver.stderr
+    os.kill(driver.pid, signal.SIGKILL)  # its guard TERMs the trainer, which saves for 10 s
+    driver.communicate(timeout=10)
+    capsys.readouterr()
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    first, continuation = sorted(load_trials(study), key=lambda t: t.number)
+    assert first.state.name == "FAIL" and first.user_attrs["fail_reason"].startswith(
+        "driver died"), err
+    assert continuation.state.name == "COMPLETE"
+    assert continuation.user_attrs["retry_of"] == 0
+    folder = tmp_path / "probe" / "checkpoints" / "0"
+    starts = [line.split() for line in (folder / "starts.log").read_text().splitlines()]
+    assert starts[0] == ["0", "0"] and starts[1][0] == "1", starts
+    assert int(starts[1][1]) >= 10, (starts, err)  # from the step it saved, not from 0
+    assert f'"next": {starts[1][1]}' in (folder / "state.json").read_text()
+    assert "get trainer.stop_grace (30 s) to end" in err
+    assert processes_mentioning(str(tmp_path)) == []

@@ -4,23 +4,34 @@ watch of its output, then its spawn, all in one `RunningTrial`.
 
 The driver asks (under the budget lock) and tells; the starter only prepares and spawns. A
 `folders.TrialFileError` means nothing was spawned and the output_dir is to blame (full,
-read-only, removed, or something sweep did not make in the way); any other error, nothing was
-spawned either. A dry run (`dry`) takes the same path, writes nothing and spawns nothing: its
-trial's process is an `Unspawned`, which holds the plan a run would have started.
+read-only, removed, or something sweep did not make in the way); `LineageBusy` that another
+process still holds the lineage's folder (`lineage_lock`): nothing was touched, the attempt is to
+be started later; any other error, nothing was spawned either. A dry run (`dry`) takes the same
+path, writes nothing and spawns nothing: its trial's process is an `Unspawned`, which holds the
+plan a run would have started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked
-from sweep.trial import command_script, folders, hang, intermediate, launch_plan, lineage
+from sweep.trial import (
+    command_script,
+    folders,
+    hang,
+    intermediate,
+    launch_plan,
+    lineage,
+    lineage_lock,
+)
 from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.launchers import Launcher
 from sweep.trial.process import Spawn
@@ -28,6 +39,19 @@ from sweep.trial.provenance import RunRecord, write_trial
 from sweep.trial.running import RunningTrial
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at
+
+
+class LineageBusy(Exception):
+    """An attempt not started: another process holds its lineage's lock (an earlier attempt's
+    guard, still ending; a frozen driver's trainer, on this host or another)."""
+
+    def __init__(self, origin: int, path: Path) -> None:
+        super().__init__(origin, path)
+        self.origin, self.path = origin, path
+
+    def __str__(self) -> str:
+        return (f"its lineage's checkpoint folder is still in use (the lock {self.path} is "
+                "held: an earlier attempt's processes are still ending)")
 
 
 class Starter:
@@ -48,11 +72,30 @@ class Starter:
         """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
         spec, line = self.spec, asked.lineage
         params = {**asked.params, **spec.fixed}
+        with self._lineage(line) as (start, hold):
+            return self._start(asked, lease, port, params, start, hold)
+
+    @contextlib.contextmanager
+    def _lineage(self, line: lineage.Lineage) -> Iterator[tuple[lineage.Start, tuple[int, ...]]]:
+        """The attempt's start in its lineage's folder, prepared under the lineage's lock, and
+        the lock's descriptor for the guard (closed here after the block: the guard holds
+        it). LineageBusy, with nothing touched, if another process holds it."""
+        spec = self.spec
         if self.dry:  # what a run would find; nothing made
-            start = lineage.planned(spec.output_dir, line)
-        else:
-            folders.ensure_driver_dir(spec, self.own)
-            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+            yield lineage.planned(spec.output_dir, line), ()
+            return
+        folders.ensure_driver_dir(spec, self.own)
+        lock = folders.take_lineage_lock(spec.output_dir, line)
+        if lock is None:
+            raise LineageBusy(line.origin, lineage_lock.lock_path(spec.output_dir, line.origin))
+        try:
+            yield folders.prepare_checkpoint_dir(spec.output_dir, line), (lock,)
+        finally:
+            os.close(lock)
+
+    def _start(self, asked: Asked, lease: Lease, port: int | None, params: dict[str, Any],
+               start: lineage.Start, hold: tuple[int, ...]) -> RunningTrial:
+        spec, line = self.spec, asked.lineage
         if self.on_start is not None:
             start = self.on_start(asked, start)
         plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
@@ -71,7 +114,7 @@ class Starter:
              "trial_number": str(asked.number), **lineage.places(start)},
             plan.cwd) if single else None
         spawn: Spawn = Unspawned if self.dry else self.launcher.spawn
-        proc = spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
+        proc = spawn(plan, spec.trainer.stop_grace, self.wake, (*lease.fds(), *hold))
         try:  # nothing may run that no record follows: a failure from here kills it
             lease.attach(proc)
             watch = None
