@@ -227,3 +227,25 @@ def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp
         proc.wait(5)
         proc.close()
     assert (tmp_path / "checkpoints" / ".3.lock").is_file()  # never removed
+
+
+def test_a_file_system_that_cannot_lock_is_said_once_and_its_trials_start_unlocked(
+        tmp_path, monkeypatch):
+    """`flock` failing with ENOLCK (an NFS mount without its lock daemon) does not stop the
+    run: said once, and each attempt starts without the lock."""
+    import errno
+    import types
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lineage_lock, "fcntl", types.SimpleNamespace(
+        flock=no_locks, LOCK_EX=lineage_lock.fcntl.LOCK_EX, LOCK_NB=lineage_lock.fcntl.LOCK_NB))
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 2})
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE"]
+    lock = s.spec.output_dir / "checkpoints" / ".0.lock"
+    assert said == [f"cannot lock {lock}: No locks available: two attempts of one lineage are "
+                    "not kept from running at once on this file system (mount it with locking)"]
+    assert not lineage_lock.busy(s.spec.output_dir, 0)

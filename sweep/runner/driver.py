@@ -84,9 +84,9 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note,
-                               lambda asked, start: self.scheduling.on_start(asked, start)
-                               if self.scheduling is not None else start)
+                               self.clock.wake, self.record, self.store.note, lambda asked, st:
+                               self.scheduling.on_start(asked, st) if self.scheduling else st,
+                               say=lambda text: self.events.message(text))
         try:
             return self._run()
         finally:

@@ -61,12 +61,13 @@ class Starter:
                  wake: Callable[[], None], record: RunRecord | None = None,
                  note: Callable[[Any, Mapping[str, Any]], None] | None = None,
                  on_start: Callable[[Asked, lineage.Start], lineage.Start] | None = None,
-                 dry: bool = False) -> None:
+                 dry: bool = False, say: Callable[[str], None] = lambda _: None) -> None:
         self.spec, self.launcher, self.own = spec, launcher, own
         self.dry = dry  # a dry run's: nothing is written, nothing spawned
         self.now, self.wake = now, wake
         self.record, self.note = record, note  # env.json's shared part, and where its attrs go
         self.on_start = on_start  # the scheduler's word on where the attempt starts from
+        self.say, self._said_unlocked = say, False  # what the user is told goes to `say`
 
     def start(self, asked: Asked, lease: Lease, port: int | None) -> RunningTrial:
         """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
@@ -85,13 +86,22 @@ class Starter:
             yield lineage.planned(spec.output_dir, line), ()
             return
         folders.ensure_driver_dir(spec, self.own)
-        lock = folders.take_lineage_lock(spec.output_dir, line)
+        try:
+            lock: int | None = folders.take_lineage_lock(spec.output_dir, line)
+        except lineage_lock.Unsupported as e:
+            lock = -1  # started unlocked
+            if not self._said_unlocked:
+                self._said_unlocked = True
+                self.say(f"{e}: two attempts of one lineage are not kept from running at once "
+                         "on this file system (mount it with locking)")
         if lock is None:
             raise LineageBusy(line.origin, lineage_lock.lock_path(spec.output_dir, line.origin))
         try:
-            yield folders.prepare_checkpoint_dir(spec.output_dir, line), (lock,)
+            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+            yield start, (lock,) if lock >= 0 else ()
         finally:
-            os.close(lock)
+            if lock >= 0:
+                os.close(lock)
 
     def _start(self, asked: Asked, lease: Lease, port: int | None, params: dict[str, Any],
                start: lineage.Start, hold: tuple[int, ...]) -> RunningTrial:

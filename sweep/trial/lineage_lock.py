@@ -11,11 +11,13 @@ is never removed (sweep removes nothing for it).
 
 On a shared file system the lock holds across hosts where the file system carries `flock`
 (NFS emulates it with a whole-file byte-range lock, so the file is opened for writing; a mount
-with `local_lock=flock` or `nolock` keeps locks to its host).
+with `local_lock=flock` or `nolock` keeps locks to its host). A file system that cannot lock at
+all (`Unsupported`: no lock daemon) is said, and the attempt starts unlocked.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -24,6 +26,18 @@ from sweep._core.safefs import UnsafePath, file_problem
 from sweep.trial.lineage import CHECKPOINTS, make_checkpoints
 
 FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+CANNOT_LOCK = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+class Unsupported(Exception):
+    """The file system of `path` cannot lock (`flock` fails with ENOLCK or EOPNOTSUPP)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(path, why)
+        self.path, self.why = path, why
+
+    def __str__(self) -> str:
+        return f"cannot lock {self.path}: {self.why}"
 
 
 def lock_path(output_dir: Path, origin: int) -> Path:
@@ -34,7 +48,8 @@ def lock_path(output_dir: Path, origin: int) -> Path:
 def take(output_dir: Path, origin: int) -> int | None:
     """The lineage's lock, taken: its descriptor (the caller closes it, or hands it to a guard
     first); None if another process holds it. `checkpoints/` and the lock file are made if
-    they are not there (never through a link). OSError if that cannot be done."""
+    they are not there (never through a link). OSError if that cannot be done; Unsupported
+    if the file system cannot lock."""
     make_checkpoints(output_dir)
     return _lock(lock_path(output_dir, origin), create=True)
 
@@ -44,7 +59,7 @@ def busy(output_dir: Path, origin: int) -> bool:
     there, or cannot be opened, is not held)."""
     try:
         fd = _lock(lock_path(output_dir, origin), create=False)
-    except OSError:
+    except (OSError, Unsupported):
         return False
     if fd is None:
         return True
@@ -62,6 +77,11 @@ def _lock(path: Path, create: bool) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as e:
+        os.close(fd)
+        if e.errno in CANNOT_LOCK:
+            raise Unsupported(path, e.strerror or str(e)) from e
+        raise
     except BaseException:
         os.close(fd)
         raise
