@@ -1,8 +1,8 @@
 """A test trainer that saves only when it is stopped, slowly: on SIGTERM it takes
 `--save-seconds` to write the step it reached to `state.json` in $SWEEP_CHECKPOINT_DIR (as a big
 model's checkpoint takes a while), then exits 0 with no result. It starts from that step, and
-logs `<trial number> <step>` to `starts.log` there as it starts. A second SIGTERM while it saves
-changes nothing; a SIGKILL then loses the save.
+logs `<trial number> <step> <time.time()>` to `starts.log` there as it starts. A second
+SIGTERM while it saves changes nothing; a SIGKILL then loses the save.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> int:
     state = folder / "state.json"
     step = json.loads(state.read_text())["next"] if state.exists() else 0
     with open(folder / "starts.log", "a") as f:
-        f.write(f"{os.environ['SWEEP_TRIAL_NUMBER']} {step}\n")
+        f.write(f"{os.environ['SWEEP_TRIAL_NUMBER']} {step} {time.time()}\n")
     while step < args.steps:
         if stopping:
             time.sleep(args.save_seconds)
