@@ -1,10 +1,10 @@
 """The loop of one sweep: ask -> lease -> launch -> follow -> judge and tell -> release.
 
 The loop only decides when to look, and judges. `policy` says what may happen, `store` speaks
-to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), which
-owns its process and phase; `devices` acts on what the trials and NVML say of the devices,
-`pool` holds them. Every trial asked is told, whatever happens: a crash, a timeout, pruning,
-Ctrl-C, a driver error.
+to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), `follow`
+reads what it reports, `devices` acts on what the trials and NVML say of the devices (`pool`
+holds them), `reclaim` ends and continues dead drivers' trials. Every trial asked is told,
+whatever happens: a crash, a timeout, pruning, Ctrl-C, a driver error.
 """
 
 from __future__ import annotations
