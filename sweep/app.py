@@ -27,6 +27,7 @@ from sweep.gpus.pool import Device, Pool, Rules
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
+from sweep.runner.starter import Starter
 from sweep.spec import config, schema, searchspace
 from sweep.spec.schema import Spec
 from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
@@ -41,8 +42,9 @@ from sweep.study.storage import (
     storage_lost_errors,
     unreachable,
 )
-from sweep.study.store import FINISHED, Store
+from sweep.study.store import FINISHED, Asked, Store
 from sweep.trial import command_script, folders, launch_plan, launchers, provenance
+from sweep.trial.lineage import Lineage
 
 
 def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
@@ -220,7 +222,8 @@ def make_pool(spec: Spec, devices: list[Device], reader: SampleReader, nvml: boo
 def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     """The commands of the next trials `run` would start, sampled in memory from a copy of the
     stored study (if there is one), each a shell line that runs the trial when pasted (see
-    `runnable`). Writes nothing, to storage or to disk. Refuses, as `run` would, an output_dir
+    `runnable`), each trial built by the run's own `Starter` (dry: it writes nothing and spawns
+    nothing). Writes nothing, to storage or to disk. Refuses, as `run` would, an output_dir
     that holds another study's trials."""
     import optuna
 
@@ -246,6 +249,7 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         ports = iter(hostlock.PORTS)  # the run leases free ones
         own = folders.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
         launcher = launchers.make(spec, host_name(), own, dry=True)
+        starter = Starter(spec, launcher, own, time.monotonic, lambda: None, dry=True)
         lines += launcher.header()
         hidden = command_script.arg_secrets(spec.trainer.args, os.environ)
         for _ in range(n):
@@ -259,13 +263,13 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
                 spec.study.sampler, spec.searched, str(spec.source), n))
                 if searchspace.reseeds(spec.study.sampler) else None)
             held.bind(trial.number)
-            gpu, pins = held.device, ",".join(held.pins)
             port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
-            params = {**params, **spec.fixed}
-            note = launcher.note(params)
+            note = launcher.note({**params, **spec.fixed})
             if note is not None:
                 lines.append(note)
-            plan = launcher.plan(trial.number, params, gpu, pins, port)
+            run = starter.start(Asked(trial, trial.number, params,
+                                      Lineage.of(trial.user_attrs, trial.number)), held, port)
+            plan, params = run.process.plan, run.params
             line = runnable(plan, launch_plan.script_params(params, spec.params), hidden)
             if line != runnable(plan, launch_plan.script_params(params, spec.params)) and (
                     LEFT_OUT not in lines):

@@ -117,6 +117,39 @@ def test_dry_run_continues_the_stored_study(write_study, fake_gpus, capsys, tmp_
     assert (tmp_path / "probe.db").read_bytes() == db  # nothing written
 
 
+def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fake_gpus,
+                                                                 capsys, tmp_path):
+    """Issue 30: `--dry-run` planned its trials on its own ("as a run would"), so a queued
+    continuation printed as a fresh trial, without its lineage's `resume_args`. It is built by
+    the run's own Starter now (which writes nothing and spawns nothing in a dry run)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    study_file = write_study(study={"n_trials": 1, "output_dir": str(tmp_path / "out")},
+                             trainer={"resume_args": ["--resume", "{checkpoint_dir}"]})
+    study = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}")
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"x": 0.25},
+        distributions={"x": FloatDistribution(0.0, 1.0)},
+        user_attrs={"attempt": 0, "fail_reason": "interrupted"}))
+    study.enqueue_trial({"x": 0.25}, user_attrs={"retry_of": 0, "attempt": 1, "continues": 0,
+                                                 "retries": 0})
+    saved = tmp_path / "out" / "checkpoints" / "0"
+    saved.mkdir(parents=True)
+    (saved / "step.txt").write_text("41\n")
+    db = (tmp_path / "probe.db").read_bytes()
+    capsys.readouterr()
+    assert run_cli("run", str(study_file), "--dry-run") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# dry run: the next 1 of 1 trials (0 done")  # a FAIL is not
+    assert len(out) == 2 and "SWEEP_TRIAL_NUMBER=1 " in out[1]
+    assert f" --resume {saved} " in out[1]  # its lineage carried on, as the run will
+    assert (tmp_path / "probe.db").read_bytes() == db  # nothing written
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == [
+        "0", "checkpoints", "step.txt"]
+
+
 def test_the_driver_does_not_import_torch_or_accelerate():
     code = ("import sys, sweep.cli, sweep.app, sweep.runner.driver, sweep.gpus.monitor, "
             "sweep.runner.progress\n"

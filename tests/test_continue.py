@@ -99,3 +99,99 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
         # the retries of max_retries are not spent by interruptions
         assert all(t.user_attrs.get("retries", 0) == 0 for t in attempts)
     assert hits_total >= len(kinds), (hits_total, log)
+
+
+TERM_SAVER = Path(__file__).parent / "trainers" / "term_saver.py"
+
+
+@pytest.mark.slow
+def test_a_reclaim_gives_a_dead_drivers_trainer_its_grace_and_the_continuation_resumes(
+        write_study, tmp_path, fake_gpus, capsys):
+    """Issue 32: a new run that reclaimed the trial of a SIGKILLed driver SIGKILLed its
+    trainer at once, inside its stop_grace: a trainer saving on SIGTERM lost its save and the
+    continuation started at step 0. The reclaim now leaves the trainer its grace (its guard
+    stops it) and queues the continuation only once it is gone; the continuation starts from
+    the step the trainer saved."""
+    from conftest import run_cli
+
+    study = write_study(study_dict(
+        study={"n_trials": 1},
+        trainer={"script": str(TERM_SAVER), "grace_period": 30.0,
+                 "args": ["--steps", "80", "--sleep", "0.05", "--save-seconds", "10"]}))
+    reports = tmp_path / "probe" / "trials" / "0" / "reports.jsonl"
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    assert wait_until(lambda: reports.exists() and len(reports.read_text().splitlines()) >= 10,
+                      60), driver.stderr
+    os.kill(driver.pid, signal.SIGKILL)  # its guard TERMs the trainer, which saves for 10 s
+    driver.communicate(timeout=10)
+    capsys.readouterr()
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    first, continuation = sorted(load_trials(study), key=lambda t: t.number)
+    assert first.state.name == "FAIL" and first.user_attrs["fail_reason"].startswith(
+        "driver died"), err
+    assert continuation.state.name == "COMPLETE"
+    assert continuation.user_attrs["retry_of"] == 0
+    folder = tmp_path / "probe" / "checkpoints" / "0"
+    starts = [line.split() for line in (folder / "starts.log").read_text().splitlines()]
+    assert starts[0][:2] == ["0", "0"] and starts[1][0] == "1", starts
+    assert int(starts[1][1]) >= 10, (starts, err)  # from the step it saved, not from 0
+    assert f'"next": {starts[1][1]}' in (folder / "state.json").read_text()
+    assert "get trainer.stop_grace (30 s) to end" in err
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_a_trial_whose_lineage_folder_another_host_still_writes_is_continued_after(
+        write_study, tmp_path, fake_gpus, capsys):
+    """Issue 32: a frozen driver's trainer could still be writing the lineage's folder while
+    its continuation ran elsewhere. Here the trial's driver is on another host and silent (its
+    heartbeat stale), and a process holds the lineage's lock as that host's guard would on a
+    shared file system, writing the folder for 10 s more: the reclaim waits for it, and the
+    continuation starts only after it let go."""
+    import subprocess
+    import sys
+
+    from conftest import run_cli
+
+    from sweep.spec import config, searchspace
+    from sweep.study.opening import open_study
+    from sweep.study.storage import open_storage
+
+    study_file = write_study(study_dict(
+        study={"n_trials": 1, "heartbeat_interval": 1, "reclaim_after": 2},
+        trainer={"script": str(TERM_SAVER), "args": ["--steps", "5", "--sleep", "0.01"]}))
+    spec = config.load(study_file)
+    study = open_study(spec, open_storage(spec))
+    trial = study.ask(searchspace.distributions(spec.searched))
+    trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1, "started": 1.0, "gpu": 0,
+                                  "dir": str(tmp_path / "probe" / "trials" / "0")})
+    study._storage.record_heartbeat(trial._trial_id)
+    folder = tmp_path / "probe" / "checkpoints" / "0"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder.parent, 0o700)
+    ready, ended = tmp_path / "ready", tmp_path / "ended"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "for _ in range(100):\n"
+        "    open(sys.argv[4] + '/steps.log', 'a').write('elsewhere\\n')\n"
+        "    time.sleep(0.1)\n"
+        "open(sys.argv[3], 'w').write(repr(time.time()))\n"),
+        str(folder.parent / ".0.lock"), str(ready), str(ended), str(folder)])
+    try:
+        assert wait_until(ready.exists, 10)
+        time.sleep(2.5)  # its heartbeat goes stale
+        capsys.readouterr()
+        assert run_cli("run", str(study_file)) == 0, capsys.readouterr().err
+    finally:
+        holder.wait(10)
+    err = capsys.readouterr().err
+    trials = sorted(load_trials(study_file), key=lambda t: t.number)
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert trials[0].user_attrs["fail_reason"] == "driver on elsewhere died (no heartbeat)"
+    [start] = [line.split() for line in (folder / "starts.log").read_text().splitlines()]
+    assert start[0] == "1" and float(start[2]) >= float(ended.read_text()), err
+    assert "its lineage's checkpoint folder is still in use" in err

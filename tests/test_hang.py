@@ -177,8 +177,8 @@ def hung_sweep(tmp_path, script, gpus: int = 1, **sections) -> tuple[Sweep, Dump
     trainer = {"hang_after": 5, "grace_period": 1, **sections.pop("trainer", {})}
     s = Sweep(tmp_path, script, gpus=gpus, trainer=trainer, **sections)
     dumps = Dumps()
-    s.driver.dump_stacks = dumps  # type: ignore[assignment]
-    s.driver.python_pids = lambda pids: [(p, "python train.py") for p in sorted(pids)]
+    s.driver.follow.dump_stacks = dumps  # type: ignore[assignment]
+    s.driver.follow.python_pids = lambda pids: [(p, "python train.py") for p in sorted(pids)]
     return s, dumps
 
 

@@ -1,16 +1,15 @@
 """The loop of one sweep: ask -> lease -> launch -> follow -> judge and tell -> release.
 
 The loop only decides when to look, and judges. `policy` says what may happen, `store` speaks
-to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), which
-owns its process and phase; `devices` acts on what the trials and NVML say of the devices,
-`pool` holds them. Every trial asked is told, whatever happens: a crash, a timeout, pruning,
-Ctrl-C, a driver error.
+to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), `follow`
+reads what it reports, `devices` acts on what the trials and NVML say of the devices (`pool`
+holds them), `reclaim` ends and continues dead drivers' trials. Every trial asked is told,
+whatever happens: a crash, a timeout, pruning, Ctrl-C, a driver error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -26,23 +25,18 @@ from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.devices import DeviceCare
 from sweep.runner.events import Events, Finished, Running, Started, View
+from sweep.runner.follow import Follower
 from sweep.runner.policy import OnSignal, Policy, RunResult
-from sweep.runner.starter import POLL_SECONDS, Starter
+from sweep.runner.reclaim import Reclaimer
+from sweep.runner.starter import POLL_SECONDS, LineageBusy, Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
-from sweep.study.counts import Counts
+from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.storage import storage_lost_errors
-from sweep.study.store import Store, Taken
-from sweep.trial import (
-    folders,
-    hang,
-    launchers,
-    process,
-    provenance,
-    stacks,
-)
+from sweep.study.store import Asked, Store
+from sweep.trial import folders, launchers, process, provenance, stacks
 from sweep.trial.lineage import Lineage
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all
 
@@ -67,19 +61,17 @@ class Driver:
         self.launcher: launchers.Launcher | None = None  # made when the run starts
         self.starter: Starter  # made with it
         self.running: dict[int, RunningTrial] = {}
+        # asked and leased, not started: their lineage's folder is still in use (LineageBusy)
+        self.parked: dict[int, tuple[Asked, Lease, int | None]] = {}
         self._signals = 0
-        self._counts: Counts | None = None
-        self._counts_adjusted = False  # what this driver did was added to them since
+        self.tally = Tally(store.counts, grid=store.grid)  # the study's counts, as last read
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
-        self._orphan_wait: float | None = None
         self._announced = False
-        self._prunes = spec.study.pruner.type != "none"
         self._blocked = False  # the pool's last refusal: others hold the devices (look again)
         self._went_around = False  # the last start went around a stuck budget lock
-        self._first_end = True  # no trial of this driver reported, or completed, yet
         self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
-        self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
-        self.python_pids = stacks.python_pids
+        self.follow = Follower(spec, store, monitor, self.clock.now, self.events)
+        self.reclaim = Reclaimer(spec, store, self.events)
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
@@ -93,9 +85,9 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note,
-                               lambda asked, start: self.scheduling.on_start(asked, start)
-                               if self.scheduling is not None else start)
+                               self.clock.wake, self.record, self.store.note, lambda asked, st:
+                               self.scheduling.on_start(asked, st) if self.scheduling else st,
+                               say=lambda text: self.events.message(text))
         try:
             return self._run()
         finally:
@@ -105,7 +97,8 @@ class Driver:
         assert self.launcher is not None
         self.launcher.prepare()
         self.devices.begin()
-        self.scheduling = scheduling.of(self.spec, self.store, self.events.message)
+        self.scheduling = self.follow.scheduling = scheduling.of(self.spec, self.store,
+                                                                 self.events.message)
         if self.scheduling is None:  # a scheduler queues them one at a time, as it asks
             self.store.enqueue(self.spec.study.enqueue)
         try:
@@ -133,9 +126,9 @@ class Driver:
             if self._stopping():  # a signal came while starting: react to it first
                 continue
             if not self.running and not self._waiting():
-                if not self._counts_adjusted:
+                if not self.tally.adjusted:
                     return
-                self._counts = None  # others' trials may have failed since: look once more
+                self.tally.forget()  # others' trials may have failed since: look once more
                 continue
             self.events.tick(self.view())
             self.clock.wait(self._next_wakeup(now))
@@ -146,15 +139,15 @@ class Driver:
         ours to reclaim, or other sweeps of this host hold the devices the budget needs."""
         if self.policy.stop_reason:
             return False
-        return self._orphan_wait is not None or (
+        return self.reclaim.waits or bool(self.parked) or (
             self._blocked and self._room() > 0) or (
-            self.scheduling is not None and self._budget().running > 0)  # may promote ours
+            self.scheduling is not None and self.tally.get().running > 0)  # may promote ours
 
     def _room(self) -> int:
         """How many trials may start now: the policy's room, or the scheduler's (promotions,
         and configurations while n_trials allows)."""
         if self.scheduling is None or self.policy.stop_reason is not None:
-            return self.policy.room(self._budget())
+            return self.policy.room(self.tally.get())
         return self.scheduling.room()
 
     def _stopping(self) -> bool:
@@ -173,18 +166,20 @@ class Driver:
                 run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
         self.policy.check_clock(now)
         if now >= self._next_look:
-            self._reclaim()
-            self._counts = None
-            wait = math.inf if self._orphan_wait is None else self._orphan_wait
+            self.reclaim.look(set(self.running) | set(self.parked), now)
+            self.tally.forget()
+            wait = math.inf if self.reclaim.wait is None else self.reclaim.wait
             self._next_look = now + min(self.spec.study.heartbeat_interval, wait)
+        if self.reclaim.follow(now):  # a dead driver's trial told FAIL, its lineage queued
+            self.tally.forget()
         if self.policy.stop_reason and not self._announced:
             self._announced = True
             self.events.message(f"{self.policy.stop_reason}: no new trials; "
                                 f"waiting for {len(self.running)}")
 
     def _next_wakeup(self, now: float) -> float:
-        times = [self._next_look]
-        if self._blocked:  # other sweeps of this host hold the devices: look again soon
+        times = [self._next_look, self.reclaim.next_wakeup(now)]
+        if self._blocked or self.parked:  # others hold the devices, or a lineage: look again
             times.append(now + POLL_SECONDS)
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
@@ -197,7 +192,10 @@ class Driver:
 
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
-        ends the run gives up."""
+        ends the run gives up. Parked trials are tried first."""
+        for asked, lease, port in list(self.parked.values()):
+            if not self._stopping():
+                self._launch(asked, lease, port, again=True)
         while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
@@ -230,33 +228,13 @@ class Driver:
     def view(self) -> View:
         """The run now, for a progress display (the counts as last read: the loop has just
         read them to decide on starting, so this reads no storage)."""
-        counts = self._budget()
+        counts = self.tally.get()
         return View(
             self.spec.study.name, self.spec.study.n_trials, counts.finished,
             tuple(Running(r.number, r.device, r.params, r.process.started)
                   for r in self.running.values()),
             tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
             self.store.best)
-
-    def _adjust_counts(self, finished: int = 0, running: int = 0, waiting: int = 0) -> None:
-        """What this driver just did to the study, added to the counts last read: they are
-        read again under the budget lock before each ask, and every heartbeat interval."""
-        c = self._counts
-        if c is None or self.store.grid:  # a grid point started is not known here
-            self._counts = None
-            return
-        self._counts_adjusted = True
-        self._counts = dataclasses.replace(
-            c, finished=c.finished + finished, running=max(0, c.running + running),
-            waiting=max(0, c.waiting + waiting))
-
-    def _budget(self) -> Counts:
-        """The study's trials by state: as last read (under the budget lock before each ask,
-        and every heartbeat interval), plus what this driver did since."""
-        if self._counts is None:
-            self._counts = self.store.counts()
-            self._counts_adjusted = False
-        return self._counts
 
     def _start_one(self, lease: Lease) -> None:
         """Ask a trial for `lease`'s devices, bind the lease to it, and start it. Returns
@@ -269,11 +247,11 @@ class Driver:
         try:
             with self.store.budget_lock(abort=self._stopping) as locked:
                 # other drivers of the study may have spent the budget
-                self._counts = None
+                self.tally.forget()
                 if self._room() <= 0 or self._stopping():
                     return
                 job = self.scheduling.before_ask() if self.scheduling is not None else None
-                queued = self._budget().waiting > 0
+                queued = self.tally.get().waiting > 0
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
                     lease.devices)
@@ -281,7 +259,7 @@ class Driver:
                     self.scheduling.after_ask(asked, job)
         except LockAbandoned:
             return
-        self._adjust_counts(running=1, waiting=-1 if queued else 0)
+        self.tally.add(running=1, waiting=-1 if queued else 0)
         if not locked and not self._went_around:
             self.events.message(
                 f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
@@ -289,17 +267,32 @@ class Driver:
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
         lease.bind(asked.number)
+        self._launch(asked, lease, None)
+
+    def _launch(self, asked: Asked, lease: Lease, port: int | None, again: bool = False) -> None:
+        """Start `asked` on `lease` (bound to it). One whose lineage's folder another process
+        still holds is parked, leased and beating, and tried again each pass (`again`)."""
+        self.parked.pop(asked.number, None)
         try:
-            port = self._port(lease) if len(lease.devices) > 1 else None
+            if port is None and len(lease.devices) > 1:
+                port = self._port(lease)
             run = self.starter.start(asked, lease, port)
+        except LineageBusy as e:
+            self.parked[asked.number] = (asked, lease, port)
+            if not again:
+                self.heartbeat.add(asked.trial)
+                self.events.message(f"trial {asked.number} waits to start: {e}")
+            return
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
+            self.heartbeat.discard(asked.number)  # a parked one's
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
-            self._adjust_counts(running=-1)
+            self.tally.add(running=-1)
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
             return
         except BaseException as e:
             self.pool.release(lease)
+            self.heartbeat.discard(asked.number)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
             raise
         self.heartbeat.add(asked.trial)
@@ -324,64 +317,18 @@ class Driver:
             for index, why in sorted(self.monitor.take_sick().items()):
                 again = self.devices.take_out(index, why, now, list(self.running.values()))
                 if again:
-                    self._adjust_counts(waiting=again)
+                    self.tally.add(waiting=again)
         for run in list(self.running.values()):
             run.tick(now)
             exited = run.process.command_exited  # before the read: it sees all it wrote
             if run.phase is Phase.RUNNING and not exited:
-                self._look_for_hang(run, now)
+                self.follow.look_for_hang(run, now)
             if run.follows_reports and (exited or run.phase is Phase.RUNNING):
-                self._follow_reports(run, now, exited)
+                self.follow.reports(run, now, exited)
             if exited and not run.judged and not run.reports_pending:
                 self._judge(run, now)
             if run.process.ended and run.judged:
                 self._end(run, now)
-
-    def _follow_reports(self, run: RunningTrial, now: float, exited: bool) -> None:
-        """New intermediate values, a bounded batch a pass: each to the pruner while the trial
-        runs; only the batch's latest is stored once it is being stopped or its command exited
-        (the rest are read in the next passes, between which other trials and signals are
-        served). A bad line stops the trial."""
-        assert run.reports is not None
-        run.drained += exited
-        fresh = run.reports.read()
-        running = run.phase is Phase.RUNNING and not exited
-        prune = self._prunes and running
-        every = prune or self.scheduling is not None  # a scheduler reads every step's value
-        stored = []
-        for step, value in fresh if every else fresh[-1:]:
-            try:
-                if self.store.report(run.trial, step, value):
-                    run.last_report = (step, value)
-                    stored.append(step)
-            except Taken:  # this driver was taken for dead (frozen): the trial is not ours
-                run.stop(Stop.TAKEN, now)
-                return
-        if fresh and prune and self.store.should_prune(run.trial):
-            run.stop(Stop.PRUNED, now)
-        if self.scheduling is not None:  # the resume check also on values read after exit
-            decided = self.scheduling.on_reports(run, stored, decide=running)
-            if decided is not None:
-                run.stop(decided, now)
-        if run.reports.error is not None:
-            run.stop(Stop.BAD_REPORT, now)
-
-    def _look_for_hang(self, run: RunningTrial, now: float) -> None:
-        """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its
-        Python processes dumped into stack.txt, then is stopped (FAIL `hung: ...`)."""
-        watch, trainer = run.watch, self.spec.trainer
-        if watch is None or trainer.hang_after is None or not watch.due(now):
-            return
-        last = watch.look(now)
-        samples = self.monitor.samples_of(run.number) if self.monitor is not None else []
-        found = hang.judge(last, samples, now, trainer.hang_after, trainer.hang_gpu_util)
-        if found is None:
-            return
-        path = run.process.plan.paths.dir / stacks.STACK_NAME
-        pids = run.process.tree_pids() - {run.process.pid}  # the guard is sweep's own
-        self.dump_stacks(self.python_pids(pids), path, found.reason())
-        run.detail = f"{found.reason()}; stacks in {path}"
-        run.stop(Stop.HUNG, self.clock.now())
 
     def _judge(self, run: RunningTrial, now: float) -> None:
         """The command exited (and its intermediate values were read): judge the trial and
@@ -395,7 +342,7 @@ class Driver:
         fault, again = self.devices.judged(run, verdict.state, verdict.cuda_error, now,
                                            list(self.running.values()))
         if again:
-            self._adjust_counts(waiting=again)
+            self.tally.add(waiting=again)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
@@ -404,23 +351,23 @@ class Driver:
         interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
         if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
-            queued = self._carry_on(run, line, not fault and self.policy.retries(
-                verdict.state, line.retries, verdict.oom, interrupted, verdict.study_fix),
+            queued = self._carry_on(run.params, run.number, line, not fault and (
+                self.policy.retries(verdict.state, line.retries, verdict.oom, interrupted,
+                                    verdict.study_fix)),
                 fault or self.policy.continues(verdict.state, interrupted),
                 "failed on a GPU taken out of the pool" if fault else "interrupted")
         told, exhausted = self.store.tell_verdict(
             run.trial, verdict, run.device, run.attempt, usage, run.devices)
-        if self._first_end:
-            self._say_no_reports(run, verdict.state)
+        self.follow.ended(run, verdict.state)
         run.oom = verdict.oom
         if self.devices.learns and verdict.state is not TrialState.FAIL:
             self.devices.learn(usage.get("gpu_mem_peak_mb"))
         run.judged_now(now)  # only once told: a driver error before it tells it FAIL
         self.heartbeat.discard(run.number)
         if told:
-            self._adjust_counts(finished=verdict.state is not TrialState.FAIL, running=-1)
+            self.tally.add(finished=verdict.state is not TrialState.FAIL, running=-1)
         else:
-            self._counts = None
+            self.tally.forget()
             self.events.message(f"trial {run.number} was already told by another driver")
         if exhausted:
             self.policy.stop_starting("the sampler has searched its whole space")
@@ -434,42 +381,23 @@ class Driver:
                           verdict.fail_reason, see=str(see), device_fault=fault,
                           number=run.number, study_fix=verdict.study_fix)
         if queued:
-            self._adjust_counts(waiting=1)
+            self.tally.add(waiting=1)
 
-    def _carry_on(self, run: RunningTrial, line: Lineage, retry: bool, resume: bool,
-                  why: str = "interrupted") -> bool:
-        """Queue the next attempt of `run`'s lineage: a retry after a real failure, or the
-        continuation (`resume`) of a trial that was interrupted or failed on a sick device
+    def _carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
+                  resume: bool, why: str = "interrupted") -> bool:
+        """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
+        the continuation (`resume`) of a trial that was interrupted or failed on a sick device
         (`why`). True if this call queued it."""
         if not (retry or resume):
             return False
-        searched = {k: v for k, v in run.params.items() if k in self.spec.searched}
-        attrs = line.next_attrs(run.number, retry=retry,
+        searched = {k: v for k, v in params.items() if k in self.spec.searched}
+        attrs = line.next_attrs(number, retry=retry,
                                 clean=self.spec.trainer.retry_from == "clean")
         queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
         if queued and resume:
-            self.events.message(f"trial {run.number} {why}: queued to continue (same params, "
+            self.events.message(f"trial {number} {why}: queued to continue (same params, "
                                 "its checkpoint folder)")
         return queued
-    def _say_no_reports(self, run: RunningTrial, state: TrialState) -> None:
-        """A pruner that will never prune: say so once, when the first trial that reported
-        or completed is one that completed without reporting a value."""
-        if run.last_report is not None or state is TrialState.PRUNED:
-            self._first_end = False
-            return
-        if state is not TrialState.COMPLETE:  # it may have failed before its first report
-            return
-        self._first_end = False
-        if not (self._prunes or self.scheduling is not None) or run.reports is None:
-            return
-        where = ("trainer.report" if self.spec.trainer.report is not None else
-                 "$SWEEP_REPORT_FILE (sweep.protocol.report)")
-        who = (f"the {self.spec.study.pruner.type} pruner cannot prune" if self._prunes else
-               "study.scheduler cannot pause or promote")
-        self.events.message(
-            f"trial {run.number} ended without reporting an intermediate value to {where}: "
-            f"{who} this study; set "
-            "trainer.report to read them from the script's output or TensorBoard logs")
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
@@ -492,19 +420,17 @@ class Driver:
 
     # ---- the end ------------------------------------------------------------------------
 
-    def _reclaim(self) -> None:
-        """Tell FAIL, and queue again, the trials of drivers that are gone."""
-        orphans, self._orphan_wait = self.store.orphans(set(self.running))
-        for orphan in orphans:
-            if orphan.trial_dir:
-                process.kill_leftovers(orphan.trial_dir)
-            if self.store.fail_orphan(orphan):
-                self._counts = None
-                self.events.message(
-                    f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")
-
     def _abandon(self) -> None:
-        """On the way out with trials still running (a driver error): stop and tell them."""
+        """On the way out with trials still running (a driver error): stop and tell them.
+        Parked ones never started: told FAIL `interrupted`, continued as interrupted ones."""
+        for asked, lease, _ in self.parked.values():
+            self.pool.release(lease)
+            self.heartbeat.discard(asked.number)
+            with contextlib.suppress(Exception):  # storage gone: reclaimed later
+                self._carry_on(asked.params, asked.number, asked.lineage, False, True)
+            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, lease.device,
+                                   asked.attempt)
+        self.parked.clear()
         runs = list(self.running.values())
         stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
@@ -512,7 +438,7 @@ class Driver:
             if not run.judged:
                 if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
                     with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                        self._carry_on(run, run.lineage, False, True)
+                        self._carry_on(run.params, run.number, run.lineage, False, True)
                 self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
                                        run.device, run.attempt)
                 run.judged_now(self.clock.now())

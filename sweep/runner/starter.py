@@ -4,26 +4,54 @@ watch of its output, then its spawn, all in one `RunningTrial`.
 
 The driver asks (under the budget lock) and tells; the starter only prepares and spawns. A
 `folders.TrialFileError` means nothing was spawned and the output_dir is to blame (full,
-read-only, removed, or something sweep did not make in the way); any other error, nothing was
-spawned either.
+read-only, removed, or something sweep did not make in the way); `LineageBusy` that another
+process still holds the lineage's folder (`lineage_lock`): nothing was touched, the attempt is to
+be started later; any other error, nothing was spawned either. A dry run (`dry`) takes the same
+path, writes nothing and spawns nothing: its trial's process is an `Unspawned`, which holds the
+plan a run would have started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked
-from sweep.trial import command_script, folders, hang, intermediate, launch_plan, lineage
+from sweep.trial import (
+    command_script,
+    folders,
+    hang,
+    intermediate,
+    launch_plan,
+    lineage,
+    lineage_lock,
+)
+from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.launchers import Launcher
+from sweep.trial.process import Spawn
 from sweep.trial.provenance import RunRecord, write_trial
 from sweep.trial.running import RunningTrial
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at
+
+
+class LineageBusy(Exception):
+    """An attempt not started: another process holds its lineage's lock (an earlier attempt's
+    guard, still ending; a frozen driver's trainer, on this host or another)."""
+
+    def __init__(self, origin: int, path: Path) -> None:
+        super().__init__(origin, path)
+        self.origin, self.path = origin, path
+
+    def __str__(self) -> str:
+        return (f"its lineage's checkpoint folder is still in use (the lock {self.path} is "
+                "held: an earlier attempt's processes are still ending)")
 
 
 class Starter:
@@ -33,24 +61,57 @@ class Starter:
                  wake: Callable[[], None], record: RunRecord | None = None,
                  note: Callable[[Any, Mapping[str, Any]], None] | None = None,
                  on_start: Callable[[Asked, lineage.Start], lineage.Start] | None = None,
-                 ) -> None:
+                 dry: bool = False, say: Callable[[str], None] = lambda _: None) -> None:
         self.spec, self.launcher, self.own = spec, launcher, own
+        self.dry = dry  # a dry run's: nothing is written, nothing spawned
         self.now, self.wake = now, wake
         self.record, self.note = record, note  # env.json's shared part, and where its attrs go
         self.on_start = on_start  # the scheduler's word on where the attempt starts from
+        self.say, self._said_unlocked = say, False  # what the user is told goes to `say`
 
     def start(self, asked: Asked, lease: Lease, port: int | None) -> RunningTrial:
         """`asked`'s trial on `lease` (bound to it), spawned, with all it needs followed."""
         spec, line = self.spec, asked.lineage
         params = {**asked.params, **spec.fixed}
+        with self._lineage(line) as (start, hold):
+            return self._start(asked, lease, port, params, start, hold)
+
+    @contextlib.contextmanager
+    def _lineage(self, line: lineage.Lineage) -> Iterator[tuple[lineage.Start, tuple[int, ...]]]:
+        """The attempt's start in its lineage's folder, prepared under the lineage's lock, and
+        the lock's descriptor for the guard (closed here after the block: the guard holds
+        it). LineageBusy, with nothing touched, if another process holds it."""
+        spec = self.spec
+        if self.dry:  # what a run would find; nothing made
+            yield lineage.planned(spec.output_dir, line), ()
+            return
         folders.ensure_driver_dir(spec, self.own)
-        start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+        try:
+            lock: int | None = folders.take_lineage_lock(spec.output_dir, line)
+        except lineage_lock.Unsupported as e:
+            lock = -1  # started unlocked
+            if not self._said_unlocked:
+                self._said_unlocked = True
+                self.say(f"{e}: two attempts of one lineage are not kept from running at once "
+                         "on this file system (mount it with locking)")
+        if lock is None:
+            raise LineageBusy(line.origin, lineage_lock.lock_path(spec.output_dir, line.origin))
+        try:
+            start = folders.prepare_checkpoint_dir(spec.output_dir, line)
+            yield start, (lock,) if lock >= 0 else ()
+        finally:
+            if lock >= 0:
+                os.close(lock)
+
+    def _start(self, asked: Asked, lease: Lease, port: int | None, params: dict[str, Any],
+               start: lineage.Start, hold: tuple[int, ...]) -> RunningTrial:
+        spec, line = self.spec, asked.lineage
         if self.on_start is not None:
             start = self.on_start(asked, start)
         plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
                                   port, start=start)
         secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
-        before = folders.prepare_trial_dir(
+        before = None if self.dry else folders.prepare_trial_dir(
             plan, launch_plan.script_params(params, spec.params), secrets)
         if self.record is not None:
             write_trial(self.record, plan, asked.number, lease.devices, secrets)
@@ -62,7 +123,8 @@ class Starter:
             {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
              "trial_number": str(asked.number), **lineage.places(start)},
             plan.cwd, asked.reached if start.resume else 0) if single else None
-        proc = self.launcher.spawn(plan, spec.trainer.stop_grace, self.wake, lease.fds())
+        spawn: Spawn = Unspawned if self.dry else self.launcher.spawn
+        proc = spawn(plan, spec.trainer.stop_grace, self.wake, (*lease.fds(), *hold))
         try:  # nothing may run that no record follows: a failure from here kills it
             lease.attach(proc)
             watch = None
@@ -83,3 +145,34 @@ class Starter:
             proc.wait(5)
             proc.close()
             raise
+
+
+class Unspawned:
+    """A dry run's trial process (a `process.Process`): the plan a run would have started,
+    never started; it is not followed."""
+
+    pid = 0
+    lost = False
+    exit_code: int | None = None
+    command_exited = ended = False
+    result_at_end: tuple[str | None] | None = None
+
+    def __init__(self, plan: LaunchPlan, grace: float, on_change: Callable[[], None],
+                 hold: Sequence[int] = ()) -> None:
+        self.plan = plan
+        self.started = time.time()
+
+    def stop(self) -> None: ...
+    def kill(self) -> None: ...
+    def force_kill(self) -> None: ...
+    def close(self) -> None: ...
+
+    def tree_pids(self) -> set[int]:
+        return set()
+
+    @property
+    def seen_pids(self) -> set[int]:
+        return set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True

@@ -34,7 +34,7 @@ from sweep._core.safefs import (
 )
 from sweep.spec.schema import Spec
 from sweep.spec.storageurl import storage_identity
-from sweep.trial import lineage
+from sweep.trial import lineage, lineage_lock
 from sweep.trial.command_script import command_script
 
 MARKER_NAME = MARKER  # study.json: whose output_dir this is
@@ -290,6 +290,13 @@ def prepare_checkpoint_dir(output_dir: Path, line: lineage.Lineage) -> lineage.S
     clean retry); TrialFileError (naming the path) if it cannot be done."""
     with _trial_files(lineage.checkpoint_dir(output_dir, line.origin)):
         return lineage.prepare(output_dir, line)
+
+
+def take_lineage_lock(output_dir: Path, line: lineage.Lineage) -> int | None:
+    """`lineage_lock.take` (the lineage's lock, None if held); TrialFileError (naming the
+    path) if it cannot be done."""
+    with _trial_files(lineage_lock.lock_path(output_dir, line.origin)):
+        return lineage_lock.take(output_dir, line.origin)
 
 
 def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],

@@ -130,6 +130,20 @@ def made_marker(output_dir: Path, origin: int) -> Path:
     return output_dir / CHECKPOINTS / f".{origin}.sweep"
 
 
+def make_checkpoints(output_dir: Path) -> None:
+    """Make `<output_dir>/checkpoints/` (0700) if it is not there: this user's real folder (a
+    link is refused before anything in it is touched). OSError if it cannot."""
+    folder = output_dir / CHECKPOINTS
+    try:
+        make_own_folder(folder, 0o700)
+    except UnsafePath as e:
+        if e.why != "is a symbolic link":
+            raise
+        raise UnsafePath(folder, "is a symbolic link: sweep writes no checkpoint "
+                         "through a link; to keep checkpoints on another disk, put "
+                         "study.output_dir there") from None
+
+
 def prepare(output_dir: Path, lineage: Lineage) -> Start:
     """Make the lineage's checkpoint folder ready for an attempt: a first attempt or a clean
     retry gets it empty, an attempt that carries the lineage on gets it as it was left.
@@ -140,21 +154,21 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     lineage's own. Either way nothing is removed through a link, across a mount point, or
     with another study's output_dir in it (`safefs.remove_tree`). OSError if it cannot."""
     folder = checkpoint_dir(output_dir, lineage.origin)
-    try:
-        make_own_folder(folder.parent, 0o700)
-    except UnsafePath as e:
-        if e.why != "is a symbolic link":
-            raise
-        raise UnsafePath(folder.parent, "is a symbolic link: sweep writes no checkpoint "
-                         "through a link; to keep checkpoints on another disk, put "
-                         "study.output_dir there") from None
+    make_checkpoints(output_dir)
     marker = made_marker(output_dir, lineage.origin)
     if not lineage.resumes:
         remove_tree(folder, lineage.continues is not None or _is_file(marker))
     make_own_folder(folder, 0o700)
     if not _is_file(marker):
         write_file(marker, f"{lineage.origin}\n", 0o600)
-    resume = lineage.resumes and any(folder.iterdir())
+    return planned(output_dir, lineage)
+
+
+def planned(output_dir: Path, lineage: Lineage) -> Start:
+    """What `prepare` gives the attempt, read without touching anything (a dry run): it
+    resumes if it carries the lineage on and the folder holds something."""
+    folder = checkpoint_dir(output_dir, lineage.origin)
+    resume = lineage.resumes and folder.is_dir() and any(folder.iterdir())
     return Start(folder, resume, last_checkpoint(folder) if resume else None, lineage.run_id)
 
 

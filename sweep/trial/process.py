@@ -210,23 +210,50 @@ def kill_pids(pids: set[int]) -> None:
             pass
 
 
-def kill_leftovers(trial_dir: str | Path) -> list[int]:
-    """SIGKILL every process of this user that runs for the trial in `trial_dir`: those whose
-    environment, as the driver set it when it started them, names that folder.
-
-    For trials of a dead driver: its guards stop their trees by themselves, unless they were
-    killed too. Nothing a trial's folder holds is read: a trainer cannot point this at another
-    process. (A warm trial's own fork shows its server's environment: it dies with its guard.)
-    Returns the pids killed.
-    """
-    killed = []
+def leftovers(trial_dir: str | Path) -> list[psutil.Process]:
+    """Every process of this user that runs for the trial in `trial_dir`: those whose
+    environment, as the driver set it when it started them, names that folder (a guard started
+    as a new interpreter, its command and what they started). Nothing a trial's folder holds is
+    read: a trainer cannot point this at another process. (A warm trial's own fork shows its
+    server's environment: it dies with its guard.)"""
+    found = []
     for proc in psutil.process_iter():
         try:
             if proc.environ().get(TRIAL_DIR_ENV) == str(trial_dir):
-                proc.kill()
-                killed.append(proc.pid)
+                found.append(proc)
         except psutil.Error:
             continue
-    return killed
+    return found
 
 
+def is_guard(proc: psutil.Process) -> bool:
+    """Whether `proc` is a trial's guard: the leader of its own session, running guard.py. A
+    live guard stops the rest of its trial's tree by itself (TERM, grace, KILL) once its
+    driver is gone."""
+    try:
+        return os.getsid(proc.pid) == proc.pid and any(
+            Path(arg).name == GUARD.name for arg in proc.cmdline()[:4])
+    except (OSError, psutil.Error):
+        return False
+
+
+def signal_all(procs: list[psutil.Process], sig: int) -> list[int]:
+    """Send `sig` to each of `procs` that still runs (never to a later process given its pid);
+    the pids it reached."""
+    reached = []
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+            reached.append(proc.pid)
+        except psutil.Error:
+            continue
+    return reached
+
+
+def kill_leftovers(trial_dir: str | Path) -> list[int]:
+    """SIGKILL every process that runs for the trial in `trial_dir` (`leftovers`), at once.
+
+    For the trials whose guard died while their driver runs: what the guard left behind has
+    no one else to stop it. Returns the pids killed.
+    """
+    return signal_all(leftovers(trial_dir), signal.SIGKILL)

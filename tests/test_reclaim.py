@@ -1,0 +1,251 @@
+"""Issue 32: a reclaim gives a dead driver's processes their `trainer.stop_grace`, and no two
+processes ever write one lineage's folder (its lock, held by each attempt's guard). The rules
+on fake processes and the fake clock; the lock's seam on a real guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+import pytest
+from conftest import wait_until
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+from test_loop import Sweep, capture_messages
+
+from sweep.protocol import TRIAL_DIR_ENV
+from sweep.runner.reclaim import Next, decide
+from sweep.testing.fakes import FakeClock, Script
+from sweep.trial import lineage_lock, process
+from sweep.trial.launch_plan import LaunchPlan, TrialPaths
+
+
+def ok(params: dict[str, Any]) -> Script:
+    return Script(runs=1.0, result={"score": params["x"]})
+
+
+@pytest.mark.parametrize(("alive", "locked", "now", "kill_at", "killed", "step"), [
+    (False, False, 0.0, None, False, Next.TELL),  # nothing left: told at once, as before
+    (False, False, 0.0, 10.0, False, Next.TELL),  # ended within its grace
+    (True, False, 9.9, 10.0, False, Next.WAIT),  # in its grace
+    (True, False, 10.0, 10.0, False, Next.KILL),  # its grace is over
+    (True, False, 11.0, 10.0, True, Next.WAIT),  # SIGKILLed: wait for it to go
+    (False, True, 50.0, None, False, Next.WAIT),  # its lineage's lock is held (elsewhere)
+    (False, True, 50.0, 10.0, True, Next.WAIT),  # gone here, but a holder of the lock lives
+])
+def test_the_reclaim_of_one_orphan(alive, locked, now, kill_at, killed, step):
+    assert decide(alive, locked, now, kill_at, killed) is step
+
+
+class Leftover:
+    """A dead driver's process on the fake clock: ends `ends_after` s after SIGTERM (never,
+    if None), at once on SIGKILL."""
+
+    def __init__(self, clock: FakeClock, pid: int, ends_after: float | None = None,
+                 ends_at: float | None = None) -> None:
+        self.clock, self.pid, self.ends_after, self.ends_at = clock, pid, ends_after, ends_at
+
+    @property
+    def alive(self) -> bool:
+        return self.ends_at is None or self.clock.t < self.ends_at
+
+    def signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.ends_at = min(self.ends_at or self.clock.t, self.clock.t)
+        elif self.ends_after is not None and self.ends_at is None:
+            self.ends_at = self.clock.t + self.ends_after
+
+
+def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None = None,
+                locked_until: float = 0.0, **sections: Any) -> tuple[Sweep, list[Any]]:
+    """A sweep whose study holds trial 0, RUNNING, of a dead driver of this host, whose
+    processes are `live(clock)` (`guard`: the pid of the one that is its guard); its
+    lineage's lock is held until `locked_until`. Returns it and the signals the reclaimer
+    sent."""
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1}, **sections)
+    folder = str(s.spec.output_dir / "trials" / "0")
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.RUNNING, params={"x": 0.5},
+        distributions={"x": FloatDistribution(0.0, 1.0)},
+        user_attrs={"owner": {"host": "test-host", "pid": os.getpid(), "started": 1.0,
+                              "gpu": 0, "dir": folder}, "attempt": 0}))
+    sent: list[Any] = []
+    procs: list[Leftover] = live(s.clock)
+
+    def send(found: list[Any], sig: int) -> list[int]:
+        sent.append((s.clock.t, signal.Signals(sig).name, sorted(p.pid for p in found)))
+        for p in found:
+            p.signal(sig)
+        return [p.pid for p in found]
+
+    reclaim = s.driver.reclaim
+    reclaim.find = lambda d: [p for p in procs if p.alive] if d == folder else []  # type: ignore
+    reclaim.is_guard = lambda p: p.pid == guard  # type: ignore[assignment,attr-defined]
+    reclaim.send = send  # type: ignore[assignment]
+    reclaim.locked = lambda out, origin: origin == 0 and s.clock.t < locked_until
+    return s, sent
+
+
+def told(s: Sweep) -> list[tuple[str, Any, Any]]:
+    return [(t.state.name, t.user_attrs.get("fail_reason"), t.user_attrs.get("retry_of"))
+            for t in s.trials]
+
+
+def test_a_dead_drivers_unguarded_trainer_gets_sigterm_its_grace_then_sigkill(tmp_path):
+    """Its guard was killed too: the reclaimer TERMs what is left, waits `stop_grace` (the
+    loop going on), then KILLs it; the trial is told and continued only once it is gone."""
+    s, sent = with_orphan(tmp_path, lambda clock: [Leftover(clock, 7, ends_after=None)],
+                          trainer={"grace_period": 10.0})
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert sent == [(0.0, "SIGTERM", [7]), (10.0, "SIGKILL", [7])]
+    assert [p.started for p in s.spawn.processes] == [10.5]  # once it was seen gone
+    assert told(s) == [("FAIL", f"driver died (pid {os.getpid()} on test-host)", None),
+                       ("COMPLETE", None, 0)]
+    assert said[0] == (f"trial 0: driver died (pid {os.getpid()} on test-host); its processes "
+                       "get trainer.stop_grace (10 s) to end, then it is told FAIL and continued")
+
+
+def test_a_trainer_whose_guard_lives_gets_no_second_sigterm_and_ends_in_its_grace(tmp_path):
+    """The dead driver's guard TERMed its trainer when the driver died (its control pipe
+    closed): the reclaimer sends nothing, and waits for them; the trainer saves for 3 s."""
+    s, sent = with_orphan(tmp_path, lambda clock: [Leftover(clock, 7, ends_at=3.0),
+                                                   Leftover(clock, 8, ends_at=3.0)],
+                          guard=7, trainer={"grace_period": 10.0})
+    assert s.run() == 0
+    assert sent == []
+    assert [p.started for p in s.spawn.processes] == [3.0]
+    assert told(s)[1] == ("COMPLETE", None, 0)
+
+
+def test_a_guarded_tree_that_outlives_grace_and_margin_is_killed(tmp_path):
+    s, sent = with_orphan(tmp_path, lambda clock: [Leftover(clock, 7), Leftover(clock, 8)],
+                          guard=7, trainer={"grace_period": 4.0})
+    assert s.run() == 0
+    assert sent == [(6.0, "SIGKILL", [7, 8])]  # grace + the guard's margin (2 s)
+    assert [p.started for p in s.spawn.processes] == [6.5]
+
+
+def test_an_orphan_whose_lineage_lock_is_held_is_continued_once_it_is_free(tmp_path):
+    """No process of it on this host (a warm fork, or a frozen driver's trainer on another host
+    sharing the file system) but its lineage's lock is held: nothing is killed, the trial is
+    told and continued once the lock is free."""
+    s, sent = with_orphan(tmp_path, locked_until=7.0)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert sent == []
+    assert [p.started for p in s.spawn.processes] == [7.0]
+    lock = s.spec.output_dir / "checkpoints" / ".0.lock"
+    assert said[0].endswith(f"its lineage's checkpoint folder is still in use ({lock} is "
+                            "held), then it is told FAIL and continued")
+
+
+def queued_continuation(s: Sweep, **attrs: Any) -> Path:
+    """Trial 0 FAIL (interrupted) and its continuation queued; its checkpoint folder holds
+    `step.txt`. Returns the folder."""
+    dist = {"x": FloatDistribution(0.0, 1.0)}
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"x": 0.5}, distributions=dist,
+        user_attrs={"attempt": 0, "fail_reason": "interrupted"}))
+    s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
+        "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0, **attrs})
+    folder = s.spec.output_dir / "checkpoints" / "0"
+    folder.mkdir(parents=True)
+    (folder / "step.txt").write_text("41\n")
+    (s.spec.output_dir / "checkpoints" / ".0.sweep").write_text("0\n")
+    return folder
+
+
+def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):
+    """The lineage's folder is held by another process (an earlier attempt's guard still
+    ending): the asked attempt is parked, leased and untouched (a clean retry would empty the
+    folder), and starts once the lock is free."""
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1}, trainer={"retry_from": "clean"})
+    folder = queued_continuation(s, retries=1, clean=True)
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    assert held is not None
+    seen: list[bool] = []
+    s.clock.at(2.0, lambda: seen.append((folder / "step.txt").exists()))
+    s.clock.at(4.0, lambda: os.close(held))
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert seen == [True]  # not emptied while another process held it
+    assert [p.started for p in s.spawn.processes] == [4.0]
+    assert not (folder / "step.txt").exists()  # then emptied: a clean retry
+    assert told(s) == [("FAIL", "interrupted", None), ("COMPLETE", None, 0)]
+    lock = s.spec.output_dir / "checkpoints" / ".0.lock"
+    assert said[0] == (f"trial 1 waits to start: its lineage's checkpoint folder is still in "
+                       f"use (the lock {lock} is held: an earlier attempt's processes are still "
+                       "ending)")
+
+
+def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1})
+    queued_continuation(s)
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    s.clock.at(2.0, lambda: s.driver._on_signal(signal.SIGINT, None))
+    try:
+        assert s.run() == 130
+    finally:
+        os.close(held)  # type: ignore[arg-type]
+    assert s.spawn.processes == []
+    assert told(s) == [("FAIL", "interrupted", None), ("FAIL", "interrupted", 0),
+                       ("WAITING", None, 0)]
+    assert s.trials[2].user_attrs["continues"] == 1
+
+
+def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp_path):
+    """The seam: the lock handed to a real guard is held while its tree lives (the driver's
+    copy closed), not by the command, and is gone with the guard, even by SIGKILL."""
+    paths = TrialPaths(tmp_path / "trial")
+    paths.dir.mkdir()
+    plan = LaunchPlan([sys.executable, "-c", "import time; time.sleep(60)"],
+                      {TRIAL_DIR_ENV: str(paths.dir)}, paths, paths.result)
+    fd = lineage_lock.take(tmp_path, 3)
+    assert fd is not None
+    proc = process.TrialProcess(plan, 1.0, hold=(fd,))
+    os.close(fd)
+    try:
+        assert lineage_lock.busy(tmp_path, 3)
+        assert lineage_lock.take(tmp_path, 3) is None
+        assert wait_until(lambda: len(process.leftovers(paths.dir)) == 2, 10)
+        found = process.leftovers(paths.dir)
+        guards = [p.pid for p in found if process.is_guard(p)]
+        assert guards == [proc.pid]
+        command = next(p for p in found if p.pid != proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda: not lineage_lock.busy(tmp_path, 3), 10)
+        assert wait_until(lambda: not command.is_running()
+                          or command.status() == psutil.STATUS_ZOMBIE, 10)
+    finally:
+        proc.force_kill()
+        proc.wait(5)
+        proc.close()
+    assert (tmp_path / "checkpoints" / ".3.lock").is_file()  # never removed
+
+
+def test_a_file_system_that_cannot_lock_is_said_once_and_its_trials_start_unlocked(
+        tmp_path, monkeypatch):
+    """`flock` failing with ENOLCK (an NFS mount without its lock daemon) does not stop the
+    run: said once, and each attempt starts without the lock."""
+    import errno
+    import types
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lineage_lock, "fcntl", types.SimpleNamespace(
+        flock=no_locks, LOCK_EX=lineage_lock.fcntl.LOCK_EX, LOCK_NB=lineage_lock.fcntl.LOCK_NB))
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 2})
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert s.states() == ["COMPLETE", "COMPLETE"]
+    lock = s.spec.output_dir / "checkpoints" / ".0.lock"
+    assert said == [f"cannot lock {lock}: No locks available: two attempts of one lineage are "
+                    "not kept from running at once on this file system (mount it with locking)"]
+    assert not lineage_lock.busy(s.spec.output_dir, 0)
