@@ -475,3 +475,19 @@ def test_a_failure_that_names_a_study_file_fix_is_not_retried_and_stops_the_run(
         f"trial 0 failed and the study file must change: {reason}")
     assert said == [f"trial 0 failed and the study file must change: {reason}: no new "
                     "trials; waiting for 0"]
+
+
+def test_an_interrupted_trials_continuation_runs_before_the_rest_of_study_enqueue(tmp_path):
+    """`study.enqueue` is queued one at a time as trials are asked: a continuation queued by
+    an interruption runs before the entries not started yet, so the budget never ends with a
+    lineage left waiting (Optuna asks the oldest queued trial first)."""
+    enqueue = [{"x": v} for v in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    s = Sweep(tmp_path, lambda p: Script(runs=10), gpus=2,
+              study={"n_trials": 4, "enqueue": enqueue})
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    assert s.states() == ["FAIL", "FAIL", "WAITING", "WAITING"]  # the two continuations
+    again = Driver(s.spec, s.store, s.pool, None, spawn=s.spawn, clock=s.clock)
+    assert again.run().exit_code == 0
+    assert [(t.state.name, t.params["x"]) for t in s.trials[2:]] == [
+        ("COMPLETE", 0.1), ("COMPLETE", 0.2), ("COMPLETE", 0.3), ("COMPLETE", 0.4)]

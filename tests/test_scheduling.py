@@ -517,8 +517,9 @@ class CountingTrainer(Trainer):
         script = super().__call__(params)
         folder = Path(self.box[0].spawn.plan.env[CHECKPOINT_ENV])
         s, t0 = self.box[0], self.box[0].clock.t
-        for when, step, _value in script.reports:
-            s.clock.at(t0 + when, lambda step=step: (
+        index = len(s.spawn.processes)  # the process about to be made for this script
+        for when, step, _value in script.reports:  # saved while the process runs only
+            s.clock.at(t0 + when, lambda step=step: s.spawn.processes[index].command_exited or (
                 folder / f"checkpoint-{100 * (step + 1)}").mkdir(exist_ok=True))
         output = [(when, f"acc {value}") for when, _step, value in script.reports]
         return dataclasses.replace(script, reports=[], output=output)

@@ -99,8 +99,6 @@ class Driver:
         self.devices.begin()
         self.scheduling = self.follow.scheduling = scheduling.of(self.spec, self.store,
                                                                  self.events.message)
-        if self.scheduling is None:  # a scheduler queues them one at a time, as it asks
-            self.store.enqueue(self.spec.study.enqueue)
         try:
             with signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()
@@ -251,7 +249,8 @@ class Driver:
                 if self._room() <= 0 or self._stopping():
                     return
                 job = self.scheduling.before_ask() if self.scheduling is not None else None
-                queued = self.tally.get().waiting > 0
+                queued = self.tally.get().waiting > 0 or (  # study.enqueue one at a time:
+                    self.scheduling is None and self.store.enqueue_next(spec.study.enqueue))
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
                     lease.devices)

@@ -120,7 +120,7 @@ class Scheduling:
             return None
         lines = self.lineages()
         if isinstance(self.decide, Pbt):
-            self._enqueue_next()
+            self.store.enqueue_next(self.spec.study.enqueue)
             return NewConfiguration()
         found = self.decide.promotable(lines)
         if found:
@@ -135,19 +135,8 @@ class Scheduling:
                          f"{self.decide.rungs[job.rung]}): queued to continue from its "
                          "checkpoint folder")
             return job
-        self._enqueue_next()
+        self.store.enqueue_next(self.spec.study.enqueue)
         return NewConfiguration(self.decide.bracket_for(lines))
-
-    def _enqueue_next(self) -> None:
-        """`study.enqueue`'s next configuration not in the study yet, queued for the ask: a
-        scheduler's study queues them one at a time (Optuna asks queued trials first, so
-        all of them queued at once would start before any promotion)."""
-        trials = self.store.study.get_trials(deepcopy=False)
-        seen = [{**t.system_attrs.get("fixed_params", {}), **t.params} for t in trials]
-        for params in self.spec.study.enqueue:
-            if not any(all(p.get(k) == v for k, v in params.items()) for p in seen):
-                self.store.study.enqueue_trial(params, skip_if_exists=False)
-                return
 
     def after_ask(self, asked: Asked, job: Promote | NewConfiguration | None) -> None:
         """A new configuration of a Hyperband study records its bracket."""

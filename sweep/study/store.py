@@ -110,6 +110,7 @@ class Store:
             storage.get_heartbeat_interval() is not None
         self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
         self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+        self._enqueued_all = False  # every study.enqueue entry has a trial
         self.lost: str | None = None  # the storage is gone for this run: why (`lose`)
         self.untold: list[int] = []  # trials that could not be told since
 
@@ -120,14 +121,22 @@ class Store:
 
     # ---- asking -----------------------------------------------------------------------
 
-    def enqueue(self, params: Sequence[dict[str, Any]]) -> None:
-        """Queue trials to run first; params already queued or run are not queued again
-        (under the budget lock: drivers starting together queue each of them once)."""
-        if not params:
-            return
-        with self.budget_lock():
-            for p in params:
-                self.study.enqueue_trial(p, skip_if_exists=True)
+    def enqueue_next(self, params: Sequence[Mapping[str, Any]]) -> bool:
+        """For a caller that holds the budget lock and sees nothing queued: the first of
+        `params` (`study.enqueue`) that no trial of the study has yet, queued to be asked
+        next; False once every one has. One at a time, so what is queued meanwhile (a
+        continuation, a retry, a promotion: Optuna asks the oldest queued trial first) runs
+        before the rest of them, and drivers starting together queue each of them once."""
+        if not params or self._enqueued_all:
+            return False
+        seen = [{**t.system_attrs.get("fixed_params", {}), **t.params}
+                for t in self.study.get_trials(deepcopy=False)]
+        for p in params:
+            if not any(all(k in s and s[k] == v for k, v in p.items()) for s in seen):
+                self.study.enqueue_trial(dict(p), skip_if_exists=False)
+                return True
+        self._enqueued_all = True  # trials are never deleted: it stays so
+        return False
 
     def requeue(self, params: Mapping[str, Any], origin: int, attempt: int,
                 attrs: Mapping[str, Any] | None = None) -> bool:
