@@ -365,19 +365,19 @@ def test_an_impossible_move_raises(first):
 def test_a_give_up_points_at_the_log_the_trainer_wrote(tmp_path):
     """A trainer that wrote nothing to stderr is read in its stdout.log (the hostile pass was
     sent to an empty stderr.log)."""
-    from sweep.runner.driver import _where_to_look
     from sweep.trial.folders import TrialPaths
+    from sweep.trial.running import where_to_look
 
     paths = TrialPaths.of(tmp_path, 0)
     paths.dir.mkdir(parents=True)
     paths.stderr.write_text("")
     paths.stdout.write_text("epoch 1\n")
-    assert _where_to_look(paths) == paths.stdout
+    assert where_to_look(paths) == paths.stdout
     paths.stderr.write_text("Traceback ...\n")
-    assert _where_to_look(paths) == paths.stderr
+    assert where_to_look(paths) == paths.stderr
     # a hung trial: its stacks (the hostile pass was sent to an empty stdout.log)
-    assert _where_to_look(paths, Stop.HUNG) == paths.dir / "stack.txt"
-    assert _where_to_look(paths, Stop.TIMEOUT) == paths.stderr
+    assert where_to_look(paths, Stop.HUNG) == paths.dir / "stack.txt"
+    assert where_to_look(paths, Stop.TIMEOUT) == paths.stderr
 
 
 def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_once(tmp_path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
@@ -36,9 +35,9 @@ from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
-from sweep.trial import folders, launchers, process, provenance, stacks
+from sweep.trial import folders, launchers, process, provenance
 from sweep.trial.lineage import Lineage
-from sweep.trial.running import Phase, RunningTrial, Stop, stop_all
+from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
 class Driver:
@@ -375,7 +374,7 @@ class Driver:
                                       run.devices))
         if not told:  # the other driver counted it, and queued its params again
             return
-        see = _where_to_look(run.process.plan.paths, run.stop_reason)
+        see = where_to_look(run.process.plan.paths, run.stop_reason)
         self.policy.after(verdict.state, line.retries, verdict.oom, interrupted,
                           verdict.fail_reason, see=str(see), device_fault=fault,
                           number=run.number, study_fix=verdict.study_fix)
@@ -443,13 +442,3 @@ class Driver:
                 run.judged_now(self.clock.now())
         self.running.clear()
 
-
-def _where_to_look(paths: folders.TrialPaths, stop: Stop | None = None) -> Path:
-    """The file a user should read about a failed trial: a hung one's stack.txt; else its
-    stderr.log, or its stdout.log when the trainer wrote nothing to stderr."""
-    if stop is Stop.HUNG:
-        return paths.dir / stacks.STACK_NAME
-    try:
-        return paths.stderr if paths.stderr.stat().st_size else paths.stdout
-    except OSError:
-        return paths.stderr

@@ -12,15 +12,17 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
-from sweep.trial.folders import written_before
+from sweep.trial.folders import TrialPaths, written_before
 from sweep.trial.hang import OutputWatch
 from sweep.trial.intermediate import IntermediateValues
 from sweep.trial.lineage import Lineage
 from sweep.trial.outcome import FAIL, Outcome, judge_files
 from sweep.trial.process import GUARD_MARGIN, Process, kill_pids
+from sweep.trial.stacks import STACK_NAME
 
 
 class Stop(str, enum.Enum):
@@ -253,3 +255,14 @@ def stop_all(runs: list[RunningTrial], reason: Stop, grace: float, now: float) -
             run.process.force_kill()
             run.process.wait(5)
         run.process.close()
+
+
+def where_to_look(paths: TrialPaths, stop: Stop | None = None) -> Path:
+    """The file a user should read about a failed trial: a hung one's stack.txt; else its
+    stderr.log, or its stdout.log when the trainer wrote nothing to stderr."""
+    if stop is Stop.HUNG:
+        return paths.dir / STACK_NAME
+    try:
+        return paths.stderr if paths.stderr.stat().st_size else paths.stdout
+    except OSError:
+        return paths.stderr
