@@ -383,3 +383,16 @@ def test_a_tell_writes_only_the_attributes_the_trial_does_not_hold_already(tmp_p
     told = s.study.get_trials(deepcopy=False)[0].user_attrs
     assert {k: told[k] for k in ("attempt", "retry_of", "gpu", "exit_code")} == {
         "attempt": 1, "retry_of": 0, "gpu": 3, "exit_code": 0}
+
+
+def test_a_beat_is_silent_after_it_stayed_the_same_for_reclaim_after_of_this_drivers_clock():
+    now = [100.0]
+    watch = ownership.BeatWatch(3.0, lambda: now[0])
+    assert not watch.silent(7, 1.5) and watch.first_look_left(7) == 3.0
+    now[0] = 102.0
+    assert not watch.silent(7, 1.5) and watch.silence_left(7) == 1.0
+    now[0] = 103.0
+    assert watch.silent(7, 1.5) and watch.first_look_left(7) is None  # unchanged for 3 s
+    assert not watch.silent(7, 2.5) and watch.silence_left(7) == 3.0  # it beat again
+    watch.keep(set())
+    assert watch.silence_left(7) == 0.0 and watch.first_look_left(7) is None  # forgotten

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -19,6 +21,45 @@ def host_name() -> str:
     """The host a driver records and judges ownership by: `$SWEEP_HOST`, else the hostname
     (containers that share one; tests that simulate several hosts on one machine)."""
     return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+class BeatWatch:
+    """What one driver has seen of its study's `beat` attributes (storages without Optuna's
+    heartbeats), on its own clock: a trial is silent once its beat has not changed for
+    `after` s of that clock (no clocks of two hosts compared)."""
+
+    def __init__(self, after: float, clock: Callable[[], float]) -> None:
+        self.after, self.clock = after, clock
+        self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
+        self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+
+    def silent(self, key: int, beat: Any) -> bool:
+        """Whether trial `key`'s beat, now `beat`, has not changed for `after` s."""
+        now = self.clock()
+        self._first_seen.setdefault(key, now)
+        last = self._beats.get(key)
+        if last is None or last[0] != beat:
+            self._beats[key] = (beat, now)
+            return False
+        return now - last[1] >= self.after
+
+    def silence_left(self, key: int) -> float:
+        """Seconds until trial `key`'s beat, unchanged, makes it silent (0: unseen)."""
+        seen = self._beats.get(key)
+        return max(0.0, self.after - (self.clock() - seen[1])) if seen else 0.0
+
+    def first_look_left(self, key: int) -> float | None:
+        """Seconds until this driver has watched trial `key`'s beat for `after` s since it
+        first saw it (None: it has, and the trial beats)."""
+        first = self._first_seen.get(key)
+        if first is None or self.clock() - first >= self.after:
+            return None
+        return self.silence_left(key)
+
+    def keep(self, keys: set[int]) -> None:
+        """Forget the trials not in `keys` (no longer running)."""
+        self._beats = {k: v for k, v in self._beats.items() if k in keys}
+        self._first_seen = {k: v for k, v in self._first_seen.items() if k in keys}
 
 
 @dataclass(frozen=True)

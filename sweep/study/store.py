@@ -42,7 +42,7 @@ from sweep.study.counts import Counts
 from sweep.study.opening import sample
 from sweep.study.optuna_compat import stale_trial_ids, trial_id
 from sweep.study.optuna_compat import tell as compat_tell
-from sweep.study.ownership import Orphan, Sighting, judge
+from sweep.study.ownership import BeatWatch, Orphan, Sighting, judge
 from sweep.study.storage import (
     FileIdentity,
     StudyFileReplaced,
@@ -108,8 +108,7 @@ class Store:
         self.lock = BudgetLock(lock, study.study_name, lambda: self._progress(), clock)
         self._optuna_beats = isinstance(storage, optuna.storages.RDBStorage) and \
             storage.get_heartbeat_interval() is not None
-        self._beats: dict[int, tuple[Any, float]] = {}  # trial id -> (beat seen, since when)
-        self._first_seen: dict[int, float] = {}  # trial id -> when this driver first saw it
+        self.beats = BeatWatch(reclaim_after, clock)  # storages without Optuna's heartbeats
         self._enqueued_all = False  # every study.enqueue entry has a trial
         self.lost: str | None = None  # the storage is gone for this run: why (`lose`)
         self.untold: list[int] = []  # trials that could not be told since
@@ -375,30 +374,6 @@ class Store:
         else:
             self.storage.set_trial_user_attr(trial_id(trial), BEAT, time.time())
 
-    def _silence_left(self, trial_id: int) -> float:
-        """Seconds until a trial's `beat`, unchanged, makes it silent (0: unseen)."""
-        seen = self._beats.get(trial_id)
-        return max(0.0, self.reclaim_after - (self.clock() - seen[1])) if seen else 0.0
-
-    def _first_look_left(self, trial_id: int) -> float | None:
-        """Seconds until this driver has watched a trial's `beat` for `reclaim_after` since it
-        first saw it (None: it has, and the trial beats)."""
-        first = self._first_seen.get(trial_id)
-        if first is None or self.clock() - first >= self.reclaim_after:
-            return None
-        return self._silence_left(trial_id)
-
-    def _silent(self, t: optuna.trial.FrozenTrial) -> bool:
-        """Whether a trial's `beat` has not changed for `reclaim_after` s of this driver's
-        own clock (storages without Optuna heartbeats; no clocks of two hosts compared)."""
-        now, seen, key = self.clock(), t.user_attrs.get(BEAT), trial_id(t)
-        self._first_seen.setdefault(key, now)
-        last = self._beats.get(key)
-        if last is None or last[0] != seen:
-            self._beats[key] = (seen, now)
-            return False
-        return now - last[1] >= self.reclaim_after
-
     def orphans(
         self, mine: set[int], now: datetime | None = None
     ) -> tuple[list[Orphan], float | None]:
@@ -413,10 +388,9 @@ class Store:
                                     self.study_id)
         running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if not self._optuna_beats:
-            stale = {trial_id(t) for t in running if self._silent(t)}
-            ids = {trial_id(t) for t in running}
-            self._beats = {k: v for k, v in self._beats.items() if k in ids}
-            self._first_seen = {k: v for k, v in self._first_seen.items() if k in ids}
+            stale = {trial_id(t) for t in running if self.beats.silent(trial_id(t),
+                                                                        t.user_attrs.get(BEAT))}
+            self.beats.keep({trial_id(t) for t in running})
         found: list[Orphan] = []
         wait: float | None = None
         for t in running:
@@ -429,7 +403,8 @@ class Store:
             judged = judge(Sighting(
                 owner, (owner is not None and owner.alive()) if here else None, key in stale,
                 self._optuna_beats, None if start is None else (now - start).total_seconds(),
-                self._silence_left(key), self._first_look_left(key)), self.reclaim_after)
+                self.beats.silence_left(key), self.beats.first_look_left(key)),
+                self.reclaim_after)
             if judged.wait is not None:
                 wait = judged.wait if wait is None else min(wait, judged.wait)
             if judged.reason is not None:
