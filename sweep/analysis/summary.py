@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
@@ -53,10 +54,10 @@ class Summary:
     samples: pd.DataFrame
 
     def save(self, path: Path | None = None) -> Path:
-        """Write the trials table as CSV (default `<output_dir>/summary.csv`)."""
+        """Write the trials table as CSV (default `<output_dir>/summary.csv`): replace_file."""
         path = path or self.spec.output_dir / "summary.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.trials.to_csv(path, index=False)
+        safefs.replace_file(path, self.trials.to_csv(index=False))
         return path
 
 
