@@ -161,6 +161,14 @@ def spec_at(tmp_path: Path, name: str, output_dir: Path) -> schema.Spec:
     return config.load(path)
 
 
+def test_the_file_systems_root_as_output_dir_is_refused():
+    """Run as root, `output_dir: /` wrote /trials, /checkpoints, /drivers and /study.json."""
+    with pytest.raises(UsageError) as refused:
+        folders.check_not_nested(Path("/"), Path("s.yaml"))
+    assert str(refused.value) == ("s.yaml: study.output_dir: / is the file system's root: give "
+                                  "the study a folder of its own")
+
+
 def test_an_output_dir_inside_another_studys_is_refused_before_anything_is_written(tmp_path):
     """The hostile pass: an output_dir inside another study's trial folder was accepted, and
     later deleted with it."""
