@@ -31,7 +31,7 @@ from sweep.runner.starter import Starter
 from sweep.spec import config, schema, searchspace
 from sweep.spec.schema import Spec
 from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
-from sweep.study.connect import connect
+from sweep.study.connect import check_not_moved, connect
 from sweep.study.opening import check_stored, sample
 from sweep.study.ownership import host_name
 from sweep.study.storage import (
@@ -147,6 +147,10 @@ def execute(
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # before storage is touched: output_dir can be made, is this user's and this study's,
     # and so are the driver's folder and trials/; the host's lock folder can be trusted
+    if devices is not None and folders.read_marker(spec.output_dir) is None:  # a new folder
+        stored = read_study(spec)  # read only: a study already run elsewhere is not moved
+        if stored is not None:
+            check_not_moved(spec, stored.get_trials(deepcopy=False), host_name())
     folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
     hostlock.usable_lock_dir(host_name())
     if devices is not None:  # the driver's folder and trials/ too: a link there is refused
