@@ -327,6 +327,9 @@ def trial_log(
     folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
     paths = folders.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
+    if not paths.dir.is_dir():
+        raise UsageError(f"{path}: no trial {number} in {paths.dir.parent} (`sweep summary` "
+                         "lists the study's trials)")
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")
     study = read_study(spec) if follow else None
