@@ -46,8 +46,8 @@ EXIT_SECONDS = 1.0  # a trainer that reaches its last step exits a second later 
 def available() -> str | None:
     """None when Ray Tune imports, else the line that says why its rows are skipped."""
     if ASHAScheduler is None:
-        return ("Ray Tune is not installed (pip install 'ray[tune]'): its ASHAScheduler rows "
-                "are skipped")
+        return ("Ray Tune is not installed (pip install 'ray[tune]'): its ASHAScheduler and "
+                "PopulationBasedTraining rows are skipped")
     return None
 
 
