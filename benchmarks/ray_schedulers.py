@@ -172,7 +172,7 @@ def pbt(curve: Callable[[dict[str, Any], float | None, int], float],
     tuner = tune.Tuner(
         trainable, param_space={name: tune.grid_search([c[name] for c in population])},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler,
-                                    max_concurrent_trials=gpus),
+                                    max_concurrent_trials=gpus, reuse_actors=True),
         run_config=tune.RunConfig(verbose=0, storage_path=str(folder / "ray"),
                                   name=f"pbt-{seed}"))
     results = tuner.fit()

@@ -367,6 +367,8 @@ def ray_pbt(families: list[str], steps: int, gpus: int, seeds: int, configs: int
                     tuple(pbt["perturb"]), seed, Path(tmp))
             regrets.append(best - optimum)
             hours.append(spent)
+            print(f"ray pbt, {family}, seed {seed}: regret {best - optimum:.4f}, "
+                  f"{spent:.2f} device-hours", file=sys.stderr, flush=True)
         print(f"| {family} | ray tune PopulationBasedTraining | {cell(regrets)} | "
               f"{statistics.mean(hours):.2f} |")
         sys.stdout.flush()
