@@ -168,6 +168,28 @@ def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
     assert s.trials[3].user_attrs["paused_at"] == 6  # first at rung 1: paused there
 
 
+def test_a_study_of_fewer_configurations_than_its_rungs_need_trains_its_best_to_the_end(
+        tmp_path):
+    """4 configurations, rungs at steps 2 and 6 (rf 3): rung 0's top third is 1 lineage,
+    alone at rung 1 (floor(1/3) = 0 places at its top). With n_trials reached and nothing
+    left to reach rung 1, it is promoted from there and trained to max_steps, where Li et
+    al.'s endless ASHA would leave it paused and end the run with none trained to the end."""
+    box: list[Sweep] = []
+    trainer = Trainer(box)
+    s = Sweep(tmp_path, trainer, gpus=2, study={"n_trials": 4, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    result = s.driver.run()
+    assert result.message == "4/4 configurations: 1 trained to the end, 3 paused"
+    lines = lineages.read(s.trials)
+    best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
+    assert best.latest.state.name == "COMPLETE" and best.last_step == 17
+    # it went on at rung 0 (the top third of 4), paused alone at rung 1, then continued once
+    assert s.trials[best.origin].user_attrs["paused_at"] == 6
+    assert [t.user_attrs["continues"] for t in s.trials if "continues" in t.user_attrs] == [
+        best.origin]
+
+
 def test_configurations_of_study_enqueue_do_not_go_before_a_promotion(tmp_path):
     """Optuna asks queued trials first: a scheduler queues study.enqueue's configurations one
     at a time, as new configurations, so a promotion still comes first."""

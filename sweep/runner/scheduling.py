@@ -98,7 +98,7 @@ class Scheduling:
             first = sum(1 for v in lines.values() if v.exploit_of is None)
             return queued + max(0, min(n, self.decide.spec.population) - first)
         new = max(0, n - self._configurations(lines))
-        return queued + len(self.decide.promotable(lines)) + new
+        return queued + len(self.decide.promotable(lines, closed=new == 0)) + new
 
     def result(self, result: RunResult) -> RunResult:
         """The run's last line in configurations: `n_trials` counts them, not attempts."""
@@ -122,7 +122,8 @@ class Scheduling:
         if isinstance(self.decide, Pbt):
             self.store.enqueue_next(self.spec.study.enqueue)
             return NewConfiguration()
-        found = self.decide.promotable(lines)
+        found = self.decide.promotable(
+            lines, closed=self._configurations(lines) >= self.spec.study.n_trials)
         if found:
             job = found[0]
             latest = lines[job.origin].latest
