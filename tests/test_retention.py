@@ -36,7 +36,7 @@ def test_the_keys_load_next_to_the_scheduler_and_a_bad_one_is_one_line(tmp_path)
             load(tmp_path, study={"scheduler": {"type": "asha", "min_steps": 2,
                                                 "max_steps": 18, **bad}})
         [problem] = e.value.problems
-        assert problem.key == f"study.scheduler.asha.{next(iter(bad))}"
+        assert problem.key == f"study.scheduler.{next(iter(bad))}"
         assert text in problem.message
 
 

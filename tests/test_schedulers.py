@@ -53,7 +53,7 @@ def test_each_scheduler_loads_from_the_study_file(tmp_path):
     ({"type": "asha", "min_steps": 18, "max_steps": 18}, {}, "study.scheduler",
      "min_steps (18) must be below max_steps (18)"),
     ({"type": "asha", "min_steps": 2, "max_steps": 18, "reduction_factor": 1}, {},
-     "study.scheduler.asha.reduction_factor", "greater than or equal to 2"),
+     "study.scheduler.reduction_factor", "greater than or equal to 2"),
     ({"type": "asha", "min_steps": 2, "max_steps": 18},
      {"pruner": {"type": "median"}}, "study.scheduler", "study.scheduler or study.pruner"),
     ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50}, {"n_trials": 3},
@@ -61,7 +61,7 @@ def test_each_scheduler_loads_from_the_study_file(tmp_path):
     ({"type": "pbt", "population": 4, "interval": 50, "max_steps": 50}, {"n_trials": 8},
      "study.scheduler", "interval (50) must be below max_steps (50)"),
     ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50, "quantile": 0.7},
-     {"n_trials": 8}, "study.scheduler.pbt.quantile", "less than or equal to 0.5"),
+     {"n_trials": 8}, "study.scheduler.quantile", "less than or equal to 0.5"),
     ({"type": "median"}, {}, "study.scheduler", "asha"),
 ])
 def test_a_bad_scheduler_is_one_line_naming_its_key(tmp_path, scheduler, extra, key, text):
