@@ -98,7 +98,14 @@ class Scheduling:
             first = sum(1 for v in lines.values() if v.exploit_of is None)
             return queued + max(0, min(n, self.decide.spec.population) - first)
         new = max(0, n - self._configurations(lines))
-        return queued + len(self.decide.promotable(lines, closed=new == 0)) + new
+        return queued + len(self._promotable(lines, closed=new == 0)) + new
+
+    def _promotable(self, lines: dict[int, LineageView], closed: bool) -> list[Promote]:
+        """`Halving.promotable`, less the lineages whose checkpoint folder was removed (they
+        were judged never to continue: a later run of more configurations keeps to that)."""
+        assert isinstance(self.decide, Halving)
+        return [j for j in self.decide.promotable(lines, closed=closed)
+                if not checkpoint_disk.removed(self.spec.output_dir, j.origin)]
 
     def result(self, result: RunResult) -> RunResult:
         """The run's last line in configurations: `n_trials` counts them, not attempts."""
@@ -122,7 +129,7 @@ class Scheduling:
         if isinstance(self.decide, Pbt):
             self.store.enqueue_next(self.spec.study.enqueue)
             return NewConfiguration()
-        found = self.decide.promotable(
+        found = self._promotable(
             lines, closed=self._configurations(lines) >= self.spec.study.n_trials)
         if found:
             job = found[0]
