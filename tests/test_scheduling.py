@@ -586,3 +586,104 @@ def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monke
     finally:
         store.close()
         other.close()
+
+
+def attempt(x: float, state: TrialState, steps: range, **attrs: Any) -> Any:
+    """One stored attempt of a lineage at `x` that reported `steps`."""
+    values = {step: curve(x, step) for step in steps}
+    return optuna.trial.create_trial(
+        state=state, params={"x": x}, distributions=DIST, intermediate_values=values,
+        value=values[max(steps)] if state is TrialState.COMPLETE else None,
+        user_attrs=attrs)
+
+
+def carries(origin: int, number: int, n: int) -> dict[str, Any]:
+    """The user attributes of attempt `n` of lineage `origin`, carrying on trial `number`."""
+    return {"retry_of": origin, "attempt": n, "continues": number, "retries": 0}
+
+
+def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
+                 **trainer: Any) -> tuple[Sweep, Trainer]:
+    """An asha sweep on fakes over the study file's own storage (SQLite), holding `stored`
+    first: what `app.spent` and `app.dry_run` read is what the driver runs."""
+    from sweep.runner.driver import Driver
+    from sweep.study.connect import connect
+
+    box: list[Sweep] = []
+    fake = Trainer(box, **trainer)
+    s = Sweep(tmp_path, fake, gpus=2, study={"n_trials": n_trials, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    s.store = connect(s.spec, Owner("test-host", 1, 0.0))
+    for t in stored:
+        s.store.study.add_trial(t)
+    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    return s, fake
+
+
+def lineage_left_waiting() -> list[Any]:
+    """term2: 9 configurations, 9 finished attempts (lineage 0 paused, then promoted to the
+    end), and lineage 9 interrupted twice, its continuation (trial 11) queued."""
+    done = TrialState.COMPLETE
+    return [attempt(0.9, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            *(attempt(0.5 + i / 20, done, range(18)) for i in range(1, 8)),
+            attempt(0.9, done, range(3, 18), **carries(0, 0, 1)),
+            attempt(0.3, TrialState.FAIL, range(2), fail_reason="interrupted"),
+            attempt(0.3, TrialState.FAIL, range(2, 4), fail_reason="interrupted",
+                    **carries(9, 9, 1)),
+            optuna.trial.create_trial(state=TrialState.WAITING,
+                                      system_attrs={"fixed_params": {"x": 0.3}},
+                                      user_attrs=carries(9, 10, 2))]
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_a_continuation_left_queued_runs_when_the_configurations_are_all_started(tmp_path):
+    """n_trials counts configurations: a lineage carried on is none, so its queued
+    continuation runs though 9 of 9 configurations (and 9 attempts) are finished."""
+    from sweep import app
+
+    s, _ = stored_sweep(tmp_path, 9, lineage_left_waiting())
+    try:
+        assert app.spent(s.spec) is None
+        result = s.driver.run()
+        assert result.exit_code == 0
+        assert result.message == "9/9 configurations: 9 trained to the end, 0 paused"
+        assert len(s.trials) == 12  # no new configuration
+        assert s.trials[11].state is TrialState.COMPLETE
+        assert app.spent(s.spec) == app.RunResult(0, (
+            "the budget is spent (9/9 configurations): nothing to run; raise study.n_trials "
+            "(or --n-trials) to run more"))
+    finally:
+        s.store.close()
+
+
+def promoted_to_the_end() -> list[Any]:
+    """asha2: 9 configurations, 11 finished attempts (lineages 0 and 1 paused, then promoted
+    to the end)."""
+    done = TrialState.COMPLETE
+    return [attempt(0.9, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            attempt(0.8, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            *(attempt(0.4 + i / 20, done, range(18)) for i in range(2, 9)),
+            attempt(0.9, done, range(3, 18), **carries(0, 0, 1)),
+            attempt(0.8, done, range(3, 18), **carries(1, 1, 1))]
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
+    """`--n-trials 10` on 9 configurations of 11 finished attempts: one more configuration,
+    said so by the dry run and run by the run."""
+    from sweep import app
+    from sweep.gpus.pool import fake_devices
+
+    s, trainer = stored_sweep(tmp_path, 10, promoted_to_the_end())
+    try:
+        assert app.spent(s.spec) is None
+        dry = app.dry_run(s.spec, fake_devices("2"))
+        assert dry[0] == ("# dry run: the next 1 trials (9/10 configurations in storage; "
+                          "queued continuations first; params sampled in memory)")
+        assert s.driver.run().exit_code == 0
+        assert [name for name, _ in trainer.starts] == ["11"]
+        assert "retry_of" not in s.trials[11].user_attrs
+        assert len(lineages.read(s.trials)) == 10
+    finally:
+        s.store.close()

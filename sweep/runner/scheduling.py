@@ -24,10 +24,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep._core.safefs import UnsafePath
-from sweep.runner import explored, retention
+from sweep.runner import explored, retention, schedulers
 from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
@@ -61,10 +61,7 @@ class Scheduling:
         assert spec.study.scheduler is not None
         self.spec, self.store, self.say = spec, store, say
         self.minimize = spec.study.objective_directions[0] == "minimize"
-        self.decide: Halving | Pbt = (
-            Pbt(spec.study.scheduler, self.minimize)
-            if spec.study.scheduler.type == "pbt"
-            else Halving.of(spec.study.scheduler, self.minimize))
+        self.decide: Halving | Pbt = decisions(spec)
         self._last: dict[int, int | None] = {}  # trial -> the last step of its lineage seen
         self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
         self._flagged = False
@@ -88,17 +85,9 @@ class Scheduling:
         return len(lines)
 
     def room(self) -> int:
-        """How many jobs may start now: queued attempts, promotable lineages, and new
-        configurations while `n_trials` (configurations, not attempts) allows."""
-        lines = self.lineages()
-        queued = sum(1 for t in self.store.study.get_trials(
-            deepcopy=False, states=(TrialState.WAITING,)))
-        n = self.spec.study.n_trials
-        if isinstance(self.decide, Pbt):
-            first = sum(1 for v in lines.values() if v.exploit_of is None)
-            return queued + max(0, min(n, self.decide.spec.population) - first)
-        new = max(0, n - self._configurations(lines))
-        return queued + len(self.decide.promotable(lines)) + new
+        """How many jobs may start now (`jobs`)."""
+        return jobs(self.decide, self.spec.study.n_trials,
+                    self.store.study.get_trials(deepcopy=False))
 
     def result(self, result: RunResult) -> RunResult:
         """The run's last line in configurations: `n_trials` counts them, not attempts."""
@@ -353,6 +342,31 @@ class Scheduling:
                      f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
                      "belongs to lineages that may still continue (or the best finished one): "
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
+
+
+def decisions(spec: Spec) -> Halving | Pbt:
+    """The decisions of `spec.study.scheduler` (which it must have)."""
+    assert spec.study.scheduler is not None
+    return schedulers.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
+
+
+def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> int:
+    """How many jobs a scheduler's study (`trials`, all of them) may start now: every queued
+    attempt (a continuation after an interruption or a dead driver, a promotion, an exploit:
+    a lineage carried on is no new configuration, so it runs whatever the budget), every
+    promotable lineage, and new configurations while `n_trials` (configurations, not
+    attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
+    lines = lineages.read(trials)
+    queued = sum(1 for t in trials if t.state is TrialState.WAITING)
+    if isinstance(decide, Pbt):
+        first = sum(1 for v in lines.values() if v.exploit_of is None)
+        return queued + max(0, min(n_trials, decide.spec.population) - first)
+    return queued + len(decide.promotable(lines)) + max(0, n_trials - len(lines))
+
+
+def configurations(trials: Sequence[FrozenTrial]) -> int:
+    """The study's configurations (lineages): what `n_trials` counts under a scheduler."""
+    return len(lineages.read(trials))
 
 
 def _saved_step(start: Start, reached: int) -> int:
