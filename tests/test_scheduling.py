@@ -191,8 +191,13 @@ def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):
         assert t.user_attrs["resumed_at"] == 0
         assert t.user_attrs["steps_repeated"] == before.user_attrs["paused_at"] + 1
     fixes = [m for m in said if "steps repeated" in m]
-    assert len(fixes) == 1 and "$SWEEP_CHECKPOINT_DIR" in fixes[0] \
-        and "trainer.resume_args" in fixes[0]
+    first = min(flagged, key=lambda t: t.number)
+    before = s.trials[first.user_attrs["continues"]].user_attrs["paused_at"]
+    assert fixes == [  # resume_args is set: it is not the fix
+        f"trial {first.number} continues lineage {first.user_attrs['retry_of']} but reported "
+        f"step 0 first, not a step after {before}: {before + 1} steps repeated; the script "
+        "did not resume from what trainer.resume_args names (--resume); have it load its "
+        "state from there"]
     frame = summary.trials_frame(s.store.study, s.spec)
     shown = frame[frame["steps_repeated"].notna()]
     assert list(shown["number"]) == [t.number for t in flagged]
@@ -687,3 +692,22 @@ def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
         assert len(lineages.read(s.trials)) == 10
     finally:
         s.store.close()
+
+
+def test_a_promotion_whose_checkpoint_folder_is_gone_is_flagged_as_a_start_over(tmp_path):
+    """asha3: lineage 0's folder was removed ("they can never continue") before a raised
+    n_trials made it promotable: its continuation starts from scratch and is flagged."""
+    s, trainer = asha_sweep(tmp_path, gpus=1)
+    stored_rung(s)  # lineage 0 paused at step 2, promotable; no checkpoint folder is left
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert trainer.starts[0] == ("3", 0)
+    promoted = s.trials[3]
+    assert promoted.user_attrs["continues"] == 0
+    assert (promoted.user_attrs["resumed_at"], promoted.user_attrs["steps_repeated"]) == (0, 3)
+    assert "trial 3 continues trial 0 (attempt 1 of trial 0) from scratch" in said
+    assert [m for m in said if "steps repeated" in m] == [  # once a run
+        "trial 3 continues lineage 0 but reported step 0 first, not a step after 2: 3 steps "
+        "repeated; its checkpoint folder held nothing (never written, or removed) to resume "
+        "from; have the script save its state in $SWEEP_CHECKPOINT_DIR, and keep it "
+        "(study.scheduler.keep_checkpoints) while its lineage may continue"]

@@ -1,9 +1,9 @@
 """`study.scheduler` carried out: the one place a scheduler's decisions (`schedulers`) touch the
 study and the trials. The driver calls it at five points: how many jobs may start (`room`),
 under the budget lock just before an ask (`before_ask`: a promotion is queued, a bracket
-chosen), when a trial starts (`on_start`: a PBT exploit's checkpoint copied; what its first
-step must come after), with each batch of a trial's reports (`on_reports`: the resume check,
-the explore check of `trainer.logged_params`, then go on, pause or replace), and when a
+chosen), when a trial starts (`on_start`: a PBT exploit's checkpoint copied), with each batch
+of a trial's reports (`on_reports`: the explore check of `trainer.logged_params`, then go on,
+pause or replace; the resume check of every study is `follow.ResumeCheck`'s), and when a
 trial's processes are gone (`ended`: the checkpoint folders of lineages that can never
 continue removed, under the budget lock, as `retention` decides).
 
@@ -63,8 +63,6 @@ class Scheduling:
         self.minimize = spec.study.objective_directions[0] == "minimize"
         self.decide: Halving | Pbt = decisions(spec)
         self._last: dict[int, int | None] = {}  # trial -> the last step of its lineage seen
-        self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
-        self._flagged = False
         self._said_over = False
         # trainer.logged_params, in a pbt study: each trial's readers, its latest values and
         # its notes by boundary; the exploits whose explore is not checked yet (their donor)
@@ -135,7 +133,7 @@ class Scheduling:
 
     def on_start(self, asked: Asked, start: Start) -> Start:
         """A trial starts: a PBT exploit's first attempt gets its donor's checkpoint folder
-        copied into its own; what its first reported step must come after is noted."""
+        copied into its own; the last step of its lineage it carries on is noted."""
         attrs = asked.trial.user_attrs
         line = self.lineages().get(asked.origin)
         before = None
@@ -152,23 +150,15 @@ class Scheduling:
         self._starts[asked.number] = start
         if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
             self._explores[asked.number] = int(donor)
-        if before is not None and (start.resume or donor is not None):
-            self._expect[asked.number] = _saved_step(start, before)
         return start
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int],
                    decide: bool = True) -> Stop | None:
-        """New steps stored for `run`: the resume check on its first (not on counted steps:
-        they go on from the lineage's last step whatever the trainer did, so they cannot
-        tell a resume from a start over), then, with `decide`
-        (the trial still runs: not being stopped, its command not exited), the scheduler's
-        decision at the last (a Stop to give the trial, or None: it goes on)."""
+        """New steps stored for `run` (the resume check is `follow.ResumeCheck`'s): with
+        `decide` (the trial still runs: not being stopped, its command not exited), the
+        scheduler's decision at the last (a Stop to give the trial, or None: it goes on)."""
         if not steps:
             return None
-        expect = self._expect.pop(run.number, None)
-        counted = run.reports is not None and run.reports.counted
-        if expect is not None and steps[0] <= expect and not counted:
-            self._flag(run, steps[0], expect)  # counted steps go on from the lineage's
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)
@@ -279,19 +269,6 @@ class Scheduling:
                  "it is given after it loads the checkpoint (e.g. each optimizer param "
                  "group's lr, and a scheduler's base_lrs)")
 
-    def _flag(self, run: RunningTrial, first: int, expect: int) -> None:
-        repeated = expect - first + 1
-        self.store.note(run.trial, {lineages.RESUMED_AT: first,
-                                    lineages.STEPS_REPEATED: repeated})
-        if self._flagged:
-            return
-        self._flagged = True
-        self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
-                 f"first, not a step after {expect}: {repeated} steps repeated (it did not "
-                 "resume from its checkpoint); have the script load its state from "
-                 "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
-                 "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
-
     def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
         """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
         disk is tidied (`tidy`; `abort` true gives up waiting for the budget lock)."""
@@ -367,17 +344,6 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) ->
 def configurations(trials: Sequence[FrozenTrial]) -> int:
     """The study's configurations (lineages): what `n_trials` counts under a scheduler."""
     return len(lineages.read(trials))
-
-
-def _saved_step(start: Start, reached: int) -> int:
-    """The step a resumed attempt's first report must come after: that of its newest HF
-    `checkpoint-N` folder (N steps done), which may be older than the step its lineage had
-    reported; else the step the lineage had reached (a script that keeps its own state)."""
-    if start.last_checkpoint is not None:
-        found = lineage.HF_CHECKPOINT.match(start.last_checkpoint.name)
-        if found:
-            return int(found.group(1))
-    return reached
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:
