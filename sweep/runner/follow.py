@@ -68,13 +68,17 @@ class ResumeCheck:
         self._said = True
         self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
                  f"first, not a step after {expect}: {repeated} steps repeated; "
-                 + self._fix(resumed))
+                 + self._fix(resumed, first))
 
     def forget(self, number: int) -> None:
         self._expect.pop(number, None)
 
-    def _fix(self, resumed: bool) -> str:
-        """Why it started over, and what to do."""
+    def _fix(self, resumed: bool, first: int) -> str:
+        """Why it started over (or went back to `first`), and what to do."""
+        if resumed and first > 0:
+            return ("it resumed from a state older than the step its lineage reached; have "
+                    "the script save its state more often, or when it is stopped (SIGTERM: "
+                    "sweep.protocol.should_stop())")
         if not resumed:
             return ("its checkpoint folder held nothing (never written, or removed) to "
                     "resume from; have the script save its state in $SWEEP_CHECKPOINT_DIR, "
