@@ -143,6 +143,11 @@ def _room(spec: Spec, trials: Sequence[Any]) -> int:
 
 def _spent(spec: Spec, trials: Sequence[Any]) -> RunResult:
     n = spec.study.n_trials
+    why = None if spec.study.scheduler is None else scheduling.short_of(
+        scheduling.decisions(spec), n, trials)
+    if why is not None:  # pbt: configurations come from exploits only, and none can come
+        return RunResult(EXIT_OK, f"nothing to run ({scheduling.configurations(trials)}/{n} "
+                                  f"configurations): {why}")
     counted = (f"{scheduling.configurations(trials)}/{n} configurations"
                if spec.study.scheduler is not None else
                f"{sum(t.state in FINISHED for t in trials)}/{n} trials finished")

@@ -608,7 +608,7 @@ def carries(origin: int, number: int, n: int) -> dict[str, Any]:
 
 
 def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
-                 **trainer: Any) -> tuple[Sweep, Trainer]:
+                 scheduler: dict[str, Any] = ASHA, **trainer: Any) -> tuple[Sweep, Trainer]:
     """An asha sweep on fakes over the study file's own storage (SQLite), holding `stored`
     first: what `app.spent` and `app.dry_run` read is what the driver runs."""
     from sweep.runner.driver import Driver
@@ -616,7 +616,7 @@ def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
 
     box: list[Sweep] = []
     fake = Trainer(box, **trainer)
-    s = Sweep(tmp_path, fake, gpus=2, study={"n_trials": n_trials, "scheduler": ASHA},
+    s = Sweep(tmp_path, fake, gpus=2, study={"n_trials": n_trials, "scheduler": scheduler},
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     s.store = connect(s.spec, Owner("test-host", 1, 0.0))
@@ -711,3 +711,58 @@ def test_a_promotion_whose_checkpoint_folder_is_gone_is_flagged_as_a_start_over(
         "repeated; its checkpoint folder held nothing (never written, or removed) to resume "
         "from; have the script save its state in $SWEEP_CHECKPOINT_DIR, and keep it "
         "(study.scheduler.keep_checkpoints) while its lineage may continue"]
+
+
+PBT = {"type": "pbt", "population": 4, "interval": 4, "max_steps": 8, "quantile": 0.25,
+       "seed": 0, "perturb": [0.8, 1.25]}
+SHORT = ("pbt starts its population (4, all started) and adds a configuration only by an "
+         "exploit while lineages train, and none trains now: raise "
+         "study.scheduler.population to start more, or start a new study")
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
+    """pbt adds configurations by exploits only: once its population has trained to the end
+    it can make no more, and the run's last line says why it ended short of n_trials."""
+    from sweep import app
+
+    s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
+    try:
+        result = s.driver.run()
+        made = len(lineages.read(s.trials))
+        assert result.exit_code == 0 and made < 12
+        done = sum(v.latest.state is TrialState.COMPLETE
+                   for v in lineages.read(s.trials).values())
+        assert result.message == (f"{made}/12 configurations: {done} trained to the end, 0 "
+                                  f"paused; {SHORT}")
+        assert app.spent(s.spec) == app.RunResult(
+            0, f"nothing to run ({made}/12 configurations): {SHORT}")
+    finally:
+        s.store.close()
+
+
+def test_a_changed_scheduler_is_said_in_one_line_when_the_study_is_opened(tmp_path):
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study.connect import connect
+
+    def opened(scheduler: dict[str, Any]) -> list[str]:
+        path = tmp_path / "study.yaml"
+        path.write_text(yaml.safe_dump(study_dict(study={"n_trials": 9,
+                                                         "scheduler": scheduler}),
+                                       sort_keys=False))
+        notes: list[str] = []
+        connect(config.load(path), Owner("test-host", 1, 0.0), notes=notes).close()
+        return [n for n in notes if n.startswith("study.scheduler")]
+
+    tail = ("): what it decides from now on follows the new settings; earlier pauses, "
+            "promotions and exploits stand, and n_trials still counts every configuration "
+            "so far")
+    assert opened(ASHA) == []
+    assert opened(ASHA) == []
+    assert opened({**ASHA, "reduction_factor": 2, "min_steps": 1}) == [
+        "study.scheduler changed since the study's last run (min_steps 2 -> 1, "
+        f"reduction_factor 3 -> 2{tail}"]
+    assert opened(PBT) == [f"study.scheduler changed since the study's last run (asha -> "
+                           f"pbt{tail}"]

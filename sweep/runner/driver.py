@@ -120,7 +120,9 @@ class Driver:
             if self._own_clock:
                 self.clock.close()
         result = self.policy.result(self.store.counts())
-        return self.scheduling.result(result) if self.scheduling is not None else result
+        if self.scheduling is None:
+            return result
+        return self.scheduling.result(result, stopped=self.policy.stop_reason is not None)
 
     def _loop(self) -> None:
         while True:

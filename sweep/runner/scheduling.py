@@ -87,15 +87,21 @@ class Scheduling:
         return jobs(self.decide, self.spec.study.n_trials,
                     self.store.study.get_trials(deepcopy=False))
 
-    def result(self, result: RunResult) -> RunResult:
-        """The run's last line in configurations: `n_trials` counts them, not attempts."""
+    def result(self, result: RunResult, stopped: bool = False) -> RunResult:
+        """The run's last line in configurations: `n_trials` counts them, not attempts; a run
+        not `stopped` (by study.timeout, a signal, a give-up) that ends short of them says
+        why (`short_of`)."""
         lines = self.lineages()
         done = sum(v.latest.state is TrialState.COMPLETE for v in lines.values())
         paused = sum(v.standing is Standing.PAUSED for v in lines.values())
         counted = re.sub(r"\d+/\d+ trials finished",
                          f"{len(lines)}/{self.spec.study.n_trials} configurations: {done} "
                          f"trained to the end, {paused} paused", result.message, count=1)
-        return dataclasses.replace(result, message=counted)
+        trials = self.store.study.get_trials(deepcopy=False)
+        running = any(t.state is TrialState.RUNNING for t in trials)
+        why = None if stopped or result.exit_code or running else short_of(
+            self.decide, self.spec.study.n_trials, trials)
+        return dataclasses.replace(result, message=counted + (f"; {why}" if why else ""))
 
     def before_ask(self) -> Promote | NewConfiguration | None:
         """Under the budget lock (the caller holds it), before an ask: with nothing queued,
@@ -339,6 +345,19 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) ->
         first = sum(1 for v in lines.values() if v.exploit_of is None)
         return queued + max(0, min(n_trials, decide.spec.population) - first)
     return queued + len(decide.promotable(lines)) + max(0, n_trials - len(lines))
+
+
+def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> str | None:
+    """Why a scheduler's study (`trials`, all of them) that has nothing left to run (no job,
+    none running) has fewer configurations than `n_trials`; None if it has them all. Only
+    PBT can: it starts its population, then adds a configuration by each exploit of a
+    lineage still training."""
+    made = configurations(trials)
+    if made >= n_trials or not isinstance(decide, Pbt):
+        return None
+    return (f"pbt starts its population ({decide.spec.population}, all started) and adds a "
+            "configuration only by an exploit while lineages train, and none trains now: "
+            "raise study.scheduler.population to start more, or start a new study")
 
 
 def configurations(trials: Sequence[FrozenTrial]) -> int:
