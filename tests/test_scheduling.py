@@ -766,3 +766,29 @@ def test_a_changed_scheduler_is_said_in_one_line_when_the_study_is_opened(tmp_pa
         f"reduction_factor 3 -> 2{tail}"]
     assert opened(PBT) == [f"study.scheduler changed since the study's last run (asha -> "
                            f"pbt{tail}"]
+
+
+def test_an_asha_study_too_small_for_its_rungs_is_warned_and_its_end_says_why(tmp_path):
+    """3 configurations for 2 rungs of reduction factor 3: at rung 1 the one promoted lineage
+    is alone, outside floor(1/3) = 0 places: none reaches max_steps, as warned up front; the
+    summary shows the paused trials, not an empty table of failures."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box), gpus=2, study={"n_trials": 3, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    said = capture_messages(s)
+    warning = ("study.n_trials (3) is below 9 (reduction_factor 3 to the power of the 2 "
+               "rungs): asha may train no trial to max_steps, as a lineage goes past a rung "
+               "only in the top 1/3 of it; raise n_trials to 9, or have fewer rungs (a larger "
+               "min_steps or reduction_factor)")
+    result = s.driver.run()
+    assert said.count(warning) == 1
+    assert (result.exit_code, result.message) == (
+        0, f"3/3 configurations: 0 trained to the end, 3 paused; {warning}")
+    console = Console(record=True, width=200)
+    console.print(summary.render(summary.Summary(s.spec, summary.trials_frame(
+        s.store.study, s.spec), pd.DataFrame(), pd.DataFrame())))
+    text = " ".join(console.export_text().split())  # the title wraps at the table's width
+    assert "no COMPLETE trial yet, and none failed: 4 stopped early (pruned, or paused at a " \
+           "rung); the best by their last value" in text
+    assert "failures" not in text

@@ -75,6 +75,9 @@ class Scheduling:
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
+        self._too_few = too_few(self.decide, spec.study.n_trials)
+        if self._too_few is not None:
+            say(self._too_few)
 
     def lineages(self) -> dict[int, LineageView]:
         return lineages.read(self.store.study.get_trials(deepcopy=False))
@@ -100,7 +103,8 @@ class Scheduling:
         trials = self.store.study.get_trials(deepcopy=False)
         running = any(t.state is TrialState.RUNNING for t in trials)
         why = None if stopped or result.exit_code or running else short_of(
-            self.decide, self.spec.study.n_trials, trials)
+            self.decide, self.spec.study.n_trials, trials) or (
+            self._too_few if not done and lines else None)
         return dataclasses.replace(result, message=counted + (f"; {why}" if why else ""))
 
     def before_ask(self) -> Promote | NewConfiguration | None:
@@ -358,6 +362,22 @@ def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]
     return (f"pbt starts its population ({decide.spec.population}, all started) and adds a "
             "configuration only by an exploit while lineages train, and none trains now: "
             "raise study.scheduler.population to start more, or start a new study")
+
+
+def too_few(decide: Halving | Pbt, n_trials: int) -> str | None:
+    """The warning of an asha study whose `n_trials` is below rf**k (k rungs): a lineage
+    passes a rung only in the top 1/rf of it, so fewer configurations may train none to
+    max_steps. None otherwise (Hyperband's last bracket has no rung; pbt has none)."""
+    if not isinstance(decide, Halving) or decide.brackets > 1 or not decide.rungs:
+        return None
+    rf, k = decide.reduction_factor, len(decide.rungs)
+    needed = rf ** k
+    if n_trials >= needed:
+        return None
+    return (f"study.n_trials ({n_trials}) is below {needed} (reduction_factor {rf} to the "
+            f"power of the {k} rungs): asha may train no trial to max_steps, as a lineage "
+            f"goes past a rung only in the top 1/{rf} of it; raise n_trials to {needed}, or "
+            "have fewer rungs (a larger min_steps or reduction_factor)")
 
 
 def configurations(trials: Sequence[FrozenTrial]) -> int:
