@@ -36,7 +36,7 @@ from sweep.study.heartbeat import Heartbeat
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
 from sweep.trial import folders, launchers, process, provenance
-from sweep.trial.lineage import Lineage
+from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
@@ -84,13 +84,20 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note, lambda asked, st:
-                               self.scheduling.on_start(asked, st) if self.scheduling else st,
+                               self.clock.wake, self.record, self.store.note, self._on_start,
                                say=lambda text: self.events.message(text))
         try:
             return self._run()
         finally:
             self.launcher.close()
+
+    def _on_start(self, asked: Asked, start: Start) -> Start:
+        """Where `asked` starts from: the scheduler's word (a PBT exploit's copy), then what
+        its first step must come after (the resume check)."""
+        if self.scheduling is not None:
+            start = self.scheduling.on_start(asked, start)
+        self.follow.resume.started(asked, start)
+        return start
 
     def _run(self) -> RunResult:
         assert self.launcher is not None
@@ -113,7 +120,9 @@ class Driver:
             if self._own_clock:
                 self.clock.close()
         result = self.policy.result(self.store.counts())
-        return self.scheduling.result(result) if self.scheduling is not None else result
+        if self.scheduling is None:
+            return result
+        return self.scheduling.result(result, stopped=self.policy.stop_reason is not None)
 
     def _loop(self) -> None:
         while True:
