@@ -76,9 +76,9 @@ class Scheduling:
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
+        # said only if the run ends with none trained to the end (a rung that can no longer
+        # grow promotes its best: a finite study trains it to max_steps, however small)
         self._too_few = too_few(self.decide, spec.study.n_trials)
-        if self._too_few is not None:
-            say(self._too_few)
 
     def lineages(self) -> dict[int, LineageView]:
         return lineages.read(self.store.study.get_trials(deepcopy=False))
