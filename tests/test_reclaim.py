@@ -199,6 +199,23 @@ def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     assert s.trials[2].user_attrs["continues"] == 1
 
 
+def test_a_parked_attempt_is_not_started_after_a_stop_while_another_trial_ends(tmp_path):
+    """Ctrl-C while a trainer beside it sits in its grace period: the lock freed meanwhile
+    does not start the parked attempt (the run is ending): it is told interrupted and
+    continued, as at the run's end."""
+    s = Sweep(tmp_path, lambda p: Script(runs=20.0, ignores_term=True), gpus=2,
+              study={"n_trials": 3}, trainer={"grace_period": 10.0})
+    queued_continuation(s)
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    s.clock.at(2.0, lambda: s.driver._on_signal(signal.SIGINT, None))
+    s.clock.at(4.0, lambda: os.close(held))  # type: ignore[arg-type]
+    assert s.run() == 130
+    assert [p.started for p in s.spawn.processes] == [0.0]  # the trial beside it only
+    assert [t.state.name for t in s.trials] == ["FAIL", "FAIL", "FAIL", "WAITING", "WAITING"]
+    assert s.trials[1].user_attrs["fail_reason"] == "interrupted"
+    assert [t.user_attrs["continues"] for t in s.trials[3:]] == [1, 2]
+
+
 def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp_path):
     """The seam: the lock handed to a real guard is held while its tree lives (the driver's
     copy closed), not by the command, and is gone with the guard, even by SIGKILL."""

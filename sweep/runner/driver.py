@@ -199,6 +199,8 @@ class Driver:
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
         ends the run gives up. Parked trials are tried first."""
+        if self.policy.stop_reason is not None:  # a signal, the timeout, a give-up
+            self._drop_parked()
         for asked, lease, port in list(self.parked.values()):
             if not self._stopping():
                 self._launch(asked, lease, port, again=True)
@@ -427,9 +429,9 @@ class Driver:
 
     # ---- the end ------------------------------------------------------------------------
 
-    def _abandon(self) -> None:
-        """On the way out with trials still running (a driver error): stop and tell them.
-        Parked ones never started: told FAIL `interrupted`, continued as interrupted ones."""
+    def _drop_parked(self) -> None:
+        """Parked trials never started: told FAIL `interrupted`, continued as interrupted
+        ones, their devices given back."""
         for asked, lease, _ in self.parked.values():
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
@@ -438,6 +440,11 @@ class Driver:
             self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, lease.device,
                                    asked.attempt)
         self.parked.clear()
+
+    def _abandon(self) -> None:
+        """On the way out with trials still running (a driver error): stop and tell them,
+        and the parked ones (`_drop_parked`)."""
+        self._drop_parked()
         runs = list(self.running.values())
         stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
