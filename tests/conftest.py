@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from sweep import cli
+from sweep.testing.harness import probe_study
 
 PROBE = Path(__file__).parent / "trainers" / "probe.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,19 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def study_dict(**sections: Any) -> dict[str, Any]:
     """A probe study (plain-python launcher); keyword sections are merged over the defaults
     (`params` replaces them)."""
-    base: dict[str, Any] = {
-        "study": {"name": "probe", "direction": "minimize", "metric": "score", "n_trials": 4,
-                  "sampler": {"type": "random", "seed": 0}, "heartbeat_interval": 2},
-        "trainer": {"script": str(PROBE), "launcher": "python", "grace_period": 1.0},
-        "gpus": {"sample_interval": 0.2},
-        "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    }
-    for key, value in sections.items():
-        if key != "params" and isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
+    return probe_study(PROBE, **sections)
 
 
 @pytest.fixture(autouse=True)

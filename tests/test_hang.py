@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import load_trials, run_cli, spawn_cli
-from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.nvml import GpuReading
 from sweep.spec import config
 from sweep.testing.fakes import FakeProcess, Script
+from sweep.testing.harness import Sweep
 from sweep.trial import folders, hang, stacks
 
 # ---- the rule -----------------------------------------------------------------------------

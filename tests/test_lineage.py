@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from test_loop import Sweep
 
 from sweep._core.errors import ConfigError
 from sweep._core.safefs import UnsafePath
@@ -15,6 +14,7 @@ from sweep.analysis import summary
 from sweep.runner.driver import Driver
 from sweep.spec import config
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import lineage
 from sweep.trial.lineage import Lineage, Start
 

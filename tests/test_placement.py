@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from conftest import load_trials, run_cli, wait_until
-from test_loop import Sweep
 
 from sweep.gpus import placement
 from sweep.gpus.monitor import Monitor, NoReader, NvmlProbe
@@ -22,6 +21,7 @@ from sweep.gpus.pool import Device, Lease, Pool, Rules
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import Script, lease
+from sweep.testing.harness import Sweep
 
 GB = 1024.0
 

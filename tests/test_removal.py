@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 from conftest import study_dict
-from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import folders, lineage
 from sweep.trial.lineage import Lineage
 

@@ -15,7 +15,6 @@ import pytest
 import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
-from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
 from sweep.runner.schedulers import Promote
@@ -24,6 +23,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
