@@ -29,6 +29,20 @@ def study_dict(**sections: Any) -> dict[str, Any]:
     return probe_study(PROBE, **sections)
 
 
+# -- in parallel: `-n 4 --dist loadgroup` (pyproject.toml's addopts, pytest-xdist) ---------
+# Each worker has its own tmp_path folders, PostgreSQL server and lock dir per test. What is
+# the machine's, not a folder's, runs on one worker in turn: `xdist_group("podman")` (the image
+# store, container names), "slurm" (a throwaway cluster on the 2-CPU node), "postgres" (one
+# server for them all), "rendezvous" (multi-process trials that take a TCP port of the
+# machine's range in a lock dir of their own test).
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked slow first (in their order, then the others in theirs): workers start on
+    the long ones, and the short ones fill the gaps at the end instead of a long one alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def own_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's sweeps lease devices among themselves only (not with other tests)."""

@@ -136,6 +136,7 @@ def test_a_param_where_accelerate_reaches_accelerate_and_not_the_script(write_st
         assert record["params"] == {} and "--mixed_precision" not in record["argv"]
 
 
+@pytest.mark.xdist_group("rendezvous")
 def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_study,
                                                                           tmp_path):
     """A real `accelerate launch --multi_gpu` with two processes per trial (gloo on CPU), two

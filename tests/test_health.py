@@ -264,6 +264,7 @@ def test_a_pool_that_loses_every_device_stops_the_run_in_one_line(tmp_path, monk
                               "1/3 trials finished")
 
 
+@pytest.mark.slow
 def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
         monkeypatch, write_study, tmp_path):
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)
