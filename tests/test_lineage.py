@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from test_loop import Sweep
 
 from sweep._core.errors import ConfigError
 from sweep._core.safefs import UnsafePath
@@ -16,6 +15,7 @@ from sweep.runner.driver import Driver
 from sweep.spec import config
 from sweep.study import lineages
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import lineage
 from sweep.trial.lineage import Lineage, Start
 
@@ -296,7 +296,7 @@ def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
     """An interrupted trial's continuation that reports step 0 again (it ignored its resume
     args, or found nothing to resume from) is flagged as under a scheduler, told once the
     fix that applies (never resume_args when they are set)."""
-    from test_loop import capture_messages
+    from sweep.testing.harness import capture_messages
 
     again = [(0.1, 0, 0.95), (0.2, 1, 0.85), (0.3, 2, 0.75)]
     first = 1 if fix.startswith("it resumed from a state older") else 0

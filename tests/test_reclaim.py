@@ -16,11 +16,11 @@ import pytest
 from conftest import wait_until
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
-from test_loop import Sweep, capture_messages
 
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.runner.reclaim import Next, decide
 from sweep.testing.fakes import FakeClock, Script
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial import lineage_lock, process
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
 

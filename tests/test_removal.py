@@ -24,13 +24,13 @@ import yaml
 from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
-from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
 from sweep.runner.scheduling import Scheduling
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import checkpoint_disk, folders, lineage
 from sweep.trial.lineage import Lineage
 

@@ -18,7 +18,6 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from rich.console import Console
-from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
 from sweep.runner.schedulers import Promote
@@ -27,6 +26,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial import checkpoint_disk
 from sweep.trial.lineage import CHECKPOINT_ENV
 
