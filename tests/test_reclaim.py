@@ -161,6 +161,27 @@ def queued_continuation(s: Sweep, **attrs: Any) -> Path:
     return folder
 
 
+def test_an_orphan_whose_driver_beats_again_while_its_lock_is_held_is_not_told(tmp_path):
+    """A driver frozen past reclaim_after, its trainer still writing the lineage's folder:
+    it thaws before the lock frees, so its trial is left to it (told FAIL at the lock's
+    release, its result would be thrown away and trained again)."""
+    import psutil
+
+    from sweep.study.optuna_compat import trial_id
+
+    s, sent = with_orphan(tmp_path, locked_until=7.0)
+    said = capture_messages(s)
+    key = trial_id(s.trials[0])
+    back = {"host": "test-host", "pid": os.getpid(), "started": psutil.Process().create_time(),
+            "gpu": 0, "dir": str(s.spec.output_dir / "trials" / "0")}
+    s.clock.at(3.0, lambda: s.store.storage.set_trial_user_attr(key, "owner", back))
+    assert s.run() == 0
+    assert sent == [] and s.spawn.processes == []  # the budget is its driver's to spend
+    assert [(t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials] == [
+        ("RUNNING", None)]
+    assert "trial 0: its driver is back (or it was told): not reclaimed" in said
+
+
 def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):
     """The lineage's folder is held by another process (an earlier attempt's guard still
     ending): the asked attempt is parked, leased and untouched (a clean retry would empty the
