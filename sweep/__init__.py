@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweep.analysis.summary import Status, Summary
+    from sweep.analysis.status import Status
+    from sweep.analysis.summary import Summary
 
 __version__ = "0.2.0"
 __all__ = ["__version__", "load", "run", "status"]
@@ -56,6 +57,6 @@ def load(study: str | Path, storage: str | None = None) -> Summary:
 
 def status(study: str | Path, storage: str | None = None) -> Status:
     """Trial counts by state, and the running trials with their elapsed time and last value."""
-    from sweep.analysis.summary import status as read_status
+    from sweep.analysis.status import status as read_status
 
     return read_status(study, storage=storage)

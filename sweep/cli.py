@@ -191,9 +191,9 @@ def _num(value: float) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sweep.analysis import summary
+    from sweep.analysis import status
 
-    now = summary.status(args.study, storage=args.storage)
+    now = status.status(args.study, storage=args.storage)
     console = Console()
     if not now.counts:
         console.print("no trials yet")

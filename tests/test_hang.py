@@ -399,7 +399,7 @@ def test_status_shows_how_long_a_running_trial_has_been_silent(write_study, tmp_
 def test_status_silence_counts_a_result_file_of_its_own_in_the_workdir(write_study, tmp_path):
     """Hostile pass: with `result.file: out.json` and `workdir: "{trial_dir}/wd"`, a trainer
     rewriting out.json every 0.5 s was shown silent for 5 s (status looked at result.json)."""
-    from sweep.analysis import summary
+    from sweep.analysis import status
 
     study = write_study(trainer={"workdir": "{trial_dir}/wd",
                                  "result": {"file": "out.json"}})
@@ -410,6 +410,6 @@ def test_status_silence_counts_a_result_file_of_its_own_in_the_workdir(write_stu
         (folder / name).write_text("")
         os.utime(folder / name, (time.time() - 100, time.time() - 100))
     (folder / "wd" / "out.json").write_text("{}")
-    assert summary._silent(spec, 0) < 50
+    assert status._silent(spec, 0) < 50
     os.utime(folder / "wd" / "out.json", (time.time() - 100, time.time() - 100))
-    assert summary._silent(spec, 0) >= 99
+    assert status._silent(spec, 0) >= 99

@@ -19,7 +19,7 @@ from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
 from sweep._core.optional import import_grpc
-from sweep.analysis import summary
+from sweep.analysis import status, summary
 from sweep.gpus.monitor import SAMPLES_NAME
 from sweep.spec import config, schema, searchspace, storageurl
 from sweep.study import grpclock, proxy
@@ -128,7 +128,7 @@ def test_three_drivers_through_the_storage_proxy_spend_exactly_its_budget(write_
                                                                           proxy_url):
     study = three_drivers_at_once(write_study, storage=proxy_url)
     check_exact(trials_of(proxy_url, "shared"))
-    assert summary.status(study).counts == {"COMPLETE": 7}
+    assert status.status(study).counts == {"COMPLETE": 7}
 
 
 def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tmp_path):

@@ -10,9 +10,7 @@ Writing the CSV is `save`.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,8 +22,7 @@ from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
-from sweep.study import attrs, lineages, ownership, storage
-from sweep.trial import folders, hang, launch_plan
+from sweep.study import attrs, lineages, storage
 
 ATTR_COLUMNS = [
     "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
@@ -61,26 +58,17 @@ class Summary:
         return path
 
 
-@dataclass
-class Status:
-    """Trial counts by state; one row per running trial (`number, gpu, host, elapsed_s,
-    last_step, last_value, driver`, where gpu is "1,2" for a trial of several devices and
-    driver is "alive", "gone" or "elsewhere")."""
-
-    counts: dict[str, int]
-    running: pd.DataFrame
-
-
 def load(study_file: str | Path, storage: str | None = None) -> Summary:
     """Read a study file's study and samples; raise UsageError if it has not run yet."""
     spec = config.load(study_file, runnable=False, storage=storage)
-    study = _load_study(spec)
+    study = load_study(spec)
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir)
     return Summary(spec, trials, gpu_table(trials, samples), samples)
 
 
-def _load_study(spec: Spec) -> Any:
+def load_study(spec: Spec) -> Any:
+    """The stored study of `spec`, read only; UsageError if it has not run yet."""
     study = storage.read_study(spec)
     if study is None:
         raise UsageError(f"{spec.source}: no study named {spec.study.name!r} in "
@@ -88,51 +76,8 @@ def _load_study(spec: Spec) -> Any:
     return study
 
 
-def status(study_file: str | Path, storage: str | None = None) -> Status:
-    """The study's state now: counts, and each running trial's place, age and last report."""
-    spec = config.load(study_file, runnable=False, storage=storage)
-    study = _load_study(spec)
-    counts: dict[str, int] = {}
-    rows = []
-    now = datetime.now()
-    for t in study.get_trials(deepcopy=False):
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
-        if t.state.name != "RUNNING":
-            continue
-        record = attrs.OwnerRecord.of(t.user_attrs)
-        here = record is not None and record.owner.host == ownership.host_name()
-        last = max(t.intermediate_values) if t.intermediate_values else None
-        rows.append({
-            "number": t.number,
-            "gpu": None if record is None else record.gpus or record.gpu,
-            "host": None if record is None else record.owner.host,
-            "elapsed_s": _seconds(t.datetime_start, now),
-            "last_step": last, "last_value": t.intermediate_values.get(last, math.nan)
-            if last is not None else math.nan,
-            "driver": ("alive" if record.owner.alive() else "gone") if here and record
-            else "elsewhere",
-            "silent_s": _silent(spec, t.number),
-        })
-    columns = ["number", "gpu", "host", "elapsed_s", "last_step", "last_value", "driver",
-               "silent_s"]
-    return Status(counts, pd.DataFrame(rows, columns=columns))
-
-
-def _silent(spec: Spec, number: int) -> float:
-    """Seconds since the trial last wrote its stdout, stderr, reports or result (NaN: none of
-    them is in its folder here)."""
-    paths = folders.TrialPaths.of(spec.output_dir, number)
-    files = [paths.stdout, paths.stderr, paths.reports, paths.result]
-    places = {**launch_plan.spec_places(spec), "trial_dir": str(paths.dir),
-              "trial_number": str(number)}
-    with contextlib.suppress(KeyError):  # a placeholder only the driver knows (a lineage's)
-        files.append(launch_plan.result_path(spec.trainer, paths, places,
-                                        launch_plan.trial_cwd(spec.trainer, places)))
-    silent = hang.silence(files, time.time())
-    return math.nan if silent is None else silent
-
-
-def _seconds(start: datetime | None, end: datetime | None) -> float:
+def seconds(start: datetime | None, end: datetime | None) -> float:
+    """From `start` to `end` in seconds; NaN where either is unknown."""
     if start is None or end is None:
         return math.nan
     return (end - start).total_seconds()
@@ -160,7 +105,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
             row["gpu"], row["gpus"] = record.gpu, record.gpus
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete
-        row["duration_s"] = _seconds(t.datetime_start, t.datetime_complete)
+        row["duration_s"] = seconds(t.datetime_start, t.datetime_complete)
         row["host"] = t.user_attrs.get(attrs.HOST) or (record.owner.host if record else None)
         row["rerun_of"] = t.user_attrs.get(attrs.RERUN_OF)
         row["continues"] = t.user_attrs.get(attrs.CONTINUES)
