@@ -1,6 +1,6 @@
 """A sweep put together: storage, pool, monitor and progress around the driver.
 
-`run`, `dry_run`, `trial_log` and `rerun` are what the verbs do; the command line only parses
+`run`, `dry_run` and `rerun` are what the verbs do; the command line only parses
 and reports. `run_file` is `sweep.run` from Python.
 """
 
@@ -11,7 +11,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,51 +352,6 @@ def _stored_trials(spec: Spec) -> list[Any]:
             return []
         check_stored(spec, study)
         return study.get_trials(deepcopy=False)
-
-
-def trial_log(
-    path: str | Path, number: int, stderr: bool = False, follow: bool = False,
-    storage: str | None = None, poll: float = 0.5,
-) -> Iterator[str]:
-    """The text of trial `number`'s stdout (or stderr) log; with `follow`, more of it as it
-    comes, until the trial is finished, or its driver, of this host, is gone (then a last line
-    says so)."""
-    spec = config.load(path, runnable=False, storage=storage)
-    folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
-    paths = folders.TrialPaths.of(spec.output_dir, number)
-    log = paths.stderr if stderr else paths.stdout
-    if not paths.dir.is_dir():
-        raise UsageError(f"{path}: no trial {number} in {paths.dir.parent} (`sweep summary` "
-                         "lists the study's trials)")
-    if not log.exists():
-        raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")
-    study = read_study(spec) if follow else None
-    offset = 0
-    while True:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-        offset += len(data)
-        if data:
-            yield data.decode("utf-8", errors="replace")
-        if study is None or _finished(study, number):
-            return
-        if _driver_gone(study, number):
-            yield (f"\n(sweep: trial {number}'s driver is gone: the trial stays RUNNING until "
-                   "the next `sweep run` of the study reclaims it)\n")
-            return
-        time.sleep(poll)
-
-
-def _finished(study: Any, number: int) -> bool:
-    trials = study.get_trials(deepcopy=False)
-    return number >= len(trials) or trials[number].state.is_finished()
-
-
-def _driver_gone(study: Any, number: int) -> bool:
-    """Whether trial `number` (RUNNING) was run by a driver of this host that is gone."""
-    owner = Owner.of(study.get_trials(deepcopy=False)[number].user_attrs)
-    return owner is not None and owner.host == host_name() and not owner.alive()
 
 
 def _same_params(path: str | Path, number: int, params: Mapping[str, Any],

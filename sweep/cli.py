@@ -216,9 +216,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from sweep import app
+    from sweep.analysis import logs
 
-    for chunk in app.trial_log(args.study, args.number, args.stderr, args.follow, args.storage):
+    for chunk in logs.trial_log(args.study, args.number, args.stderr, args.follow, args.storage):
         sys.stdout.write(chunk)
         sys.stdout.flush()
     return 0

@@ -458,7 +458,7 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     import subprocess
     import sys
 
-    from sweep import app
+    from sweep.analysis import logs
     from sweep.spec import config, searchspace
     from sweep.study.attrs import OWNER
     from sweep.study.opening import open_study
@@ -475,6 +475,6 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     paths = folders.TrialPaths.of(spec.output_dir, 0)
     paths.dir.mkdir(parents=True)
     paths.stdout.write_text("epoch 1\n")
-    assert list(app.trial_log(study_file, 0, follow=True, poll=0.01)) == [
+    assert list(logs.trial_log(study_file, 0, follow=True, poll=0.01)) == [
         "epoch 1\n", "\n(sweep: trial 0's driver is gone: the trial stays RUNNING until the next "
         "`sweep run` of the study reclaims it)\n"]

@@ -21,6 +21,7 @@ from conftest import study_dict
 from sweep import app
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
+from sweep.analysis import logs
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
@@ -162,8 +163,8 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
     (out / "trials" / "0").mkdir(parents=True)
     (out / "trials" / "0" / "stdout.log").write_text("study b's trial 0\n")
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
-        list(app.trial_log(mine.source, 0))
-    assert list(app.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
+        list(logs.trial_log(mine.source, 0))
+    assert list(logs.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
         app.dry_run(mine, [])  # as a run would
 
