@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sweep._core.errors import UsageError
-from sweep.gpus import placement
+from sweep.gpus import hostlock, placement
 from sweep.gpus.hostlock import HostSlots, Slot
 from sweep.gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 from sweep.gpus.placement import DeviceLook, Held, Refusal, Why
@@ -278,6 +278,17 @@ class Pool:
                     other.shared = lease.shared = True
             self._held.append(lease)
         return lease
+
+    def hold_port(self, lease: Lease, host: str) -> int:
+        """A free TCP port for a multi-device trial's rendezvous, held with `lease`'s slots
+        (in this host's lock folder: drivers of one host never share one)."""
+        folder = self.host.folder if self.host else hostlock.lock_dir(host)
+        taken = hostlock.take_port(folder)
+        if taken is None:
+            raise RuntimeError("no free TCP port for the trial's rendezvous")
+        port, slot = taken
+        lease.hold(slot)
+        return port
 
     def release(self, lease: Lease, oom: bool = False) -> None:
         """Free the devices of `lease` and their host-wide slots (again: nothing happens).

@@ -16,7 +16,6 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.gpus import hostlock
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
@@ -222,17 +221,6 @@ class Driver:
         if refusal.kind.ends_run:
             self.policy.give_up(refusal.text)
 
-    def _port(self, lease: Lease) -> int:
-        """A rendezvous port for a multi-GPU trial, held with its device slots."""
-        folder = self.pool.host.folder if self.pool.host else hostlock.lock_dir(
-            self.store.owner.host)
-        taken = hostlock.take_port(folder)
-        if taken is None:
-            raise RuntimeError("no free TCP port for the trial's rendezvous")
-        port, slot = taken
-        lease.hold(slot)
-        return port
-
     def view(self) -> View:
         """The run now, for a progress display (the counts as last read: the loop has just
         read them to decide on starting, so this reads no storage)."""
@@ -284,7 +272,7 @@ class Driver:
         self.parked.pop(asked.number, None)
         try:
             if port is None and len(lease.devices) > 1:
-                port = self._port(lease)
+                port = self.pool.hold_port(lease, self.store.owner.host)
             run = self.starter.start(asked, lease, port)
         except LineageBusy as e:
             self.parked[asked.number] = (asked, lease, port)
