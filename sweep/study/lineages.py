@@ -5,7 +5,8 @@ done), read from the trials' states and user attributes (pure: trials in, views 
 A scheduler's decisions are recorded in user attributes, so every driver of the study reads
 the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set before it is
 told), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`, `EXPLOIT_STEP` and `REPLACES`
-(a PBT lineage copied from a donor's checkpoint folder at a step, in place of a lineage), and
+(a PBT lineage copied from a donor's checkpoint folder, in place of a lineage; `EXPLOIT_STEP`,
+the step of the state copied, is set once the copy is made), and
 `RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
 lineage had reached), `LOGGED` (the values a PBT trial's script logged for its
 `trainer.logged_params`, at each `interval` boundary) and `RESTORED_PARAMS` (an exploit whose
@@ -63,6 +64,14 @@ class LineageView:
         """The value at the first reported step at or after `step` (None: not reached)."""
         later = [s for s in self.curve if s >= step]
         return self.curve[min(later)] if later else None
+
+    @property
+    def awaits_copy(self) -> bool:
+        """A PBT exploit whose first attempt is queued or starting, its donor's state not
+        copied yet (no `EXPLOIT_STEP`)."""
+        return (self.exploit_of is not None and EXPLOIT_STEP not in self.first
+                and self.latest.number == self.origin
+                and self.latest.state in (TrialState.WAITING, TrialState.RUNNING))
 
     @property
     def last_value(self) -> float | None:
