@@ -259,6 +259,9 @@ def test_a_donor_paused_for_a_copy_ranks_and_continues_once_no_exploit_waits_on_
     ts[4] = trial(4, {}, TrialState.RUNNING, exploit_of=0, replaces=3, exploit_step=6)
     assert not lineages.read(ts)[4].awaits_copy
     assert p.continuable(lineages.read(ts)) == [0]
+    ts[4] = trial(4, {}, TrialState.WAITING, exploit_of=0, replaces=3, exploit_step=5)
+    assert lineages.read(ts)[4].awaits_copy  # queued (by an earlier sweep): not copied yet
+    assert p.continuable(lineages.read(ts)) == []
     ts[4] = trial(4, {}, TrialState.FAIL, exploit_of=0, replaces=3)  # called off
     assert p.continuable(lineages.read(ts)) == [0]
     ts.append(trial(5, {}, TrialState.WAITING, retry_of=0, attempt=1, continues=0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
-from sweep.trial import checkpoint_disk
+from sweep.trial import checkpoint_disk, lineage_lock
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -391,6 +392,52 @@ def test_an_exploit_of_a_hf_donor_copies_its_newest_complete_checkpoint_and_neve
             assert f"checkpoint-{at}" in {p.name for p in folder.iterdir()}
 
 
+def pair_pbt(tmp_path: Path, gpus: int) -> tuple[Sweep, Trainer]:
+    """A pbt population of 2 over 20 steps, n_trials 3, for a study a test stores."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20)
+    s = Sweep(tmp_path, trainer, gpus=gpus,
+              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
+                                                  "interval": 5, "max_steps": 20}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    return s, trainer
+
+
+def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(tmp_path):
+    """The study says the donor is paused, but a process (another driver's trainer, still
+    ending) holds its lineage's lock until t=3: the exploit waits, copies after, and the donor
+    continues only once the copy is made."""
+    s, trainer = pair_pbt(tmp_path, gpus=2)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor: paused at step 6 for a copy
+        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
+        intermediate_values={st: curve(0.3, st) for st in range(7)},
+        user_attrs={"paused_at": 6}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    donor = s.spec.output_dir / "checkpoints" / "0"
+    donor.mkdir(parents=True)
+    (donor / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    assert held is not None
+    s.clock.at(3.0, lambda: os.close(held))
+    said = capture_messages(s)
+    assert s.run() == 0
+    exploit, continued = s.trials[2], s.trials[3]
+    assert [m for m in said if m.startswith("trial 2 waits to start")] == [
+        "trial 2 waits to start: its donor trial 0 is running: the copy waits until it is "
+        "paused at its next report, its folder copied, and it continues"]
+    started = spans(s)
+    assert started[2][0][0] >= 3.0  # not before the lock was let go
+    assert exploit.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["2"] == 7
+    assert continued.user_attrs["retry_of"] == 0 and started[0][0][0] >= started[2][0][0]
+    assert dict(trainer.starts)["3"] == 7
+    assert exploit.state.name == continued.state.name == "COMPLETE"
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""
@@ -590,13 +637,7 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     """A driver killed between queueing an exploit and stopping the lineage it replaces: the
     reclaimer queued that lineage's continuation (as for any orphan). It must not train on
     beside its replacement: it is stopped at its first report and told PRUNED."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=20)
-    s = Sweep(tmp_path, trainer, gpus=1,
-              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
-                                                  "interval": 5, "max_steps": 20}},
-              trainer={"resume_args": ["--resume"]})
-    box.append(s)
+    s, _ = pair_pbt(tmp_path, gpus=1)
     add = s.store.study.add_trial
     add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,

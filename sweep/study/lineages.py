@@ -67,11 +67,13 @@ class LineageView:
 
     @property
     def awaits_copy(self) -> bool:
-        """A PBT exploit whose first attempt is queued or starting, its donor's state not
-        copied yet (no `EXPLOIT_STEP`)."""
-        return (self.exploit_of is not None and EXPLOIT_STEP not in self.first
-                and self.latest.number == self.origin
-                and self.latest.state in (TrialState.WAITING, TrialState.RUNNING))
+        """A PBT exploit whose first attempt is queued, or starting with its donor's state not
+        copied yet (no `EXPLOIT_STEP`: it is set as the copy is made; one queued by an
+        earlier sweep, which set it then, is waiting all the same)."""
+        if self.exploit_of is None or self.latest.number != self.origin:
+            return False
+        return self.latest.state is TrialState.WAITING or (
+            self.latest.state is TrialState.RUNNING and EXPLOIT_STEP not in self.first)
 
     @property
     def last_value(self) -> float | None:
