@@ -28,7 +28,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
-from sweep.trial import checkpoint_disk, lineage_lock
+from sweep.trial import checkpoint_disk, exploit, lineage, lineage_lock
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -637,7 +637,7 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     """A driver killed between queueing an exploit and stopping the lineage it replaces: the
     reclaimer queued that lineage's continuation (as for any orphan). It must not train on
     beside its replacement: it is stopped at its first report and told PRUNED."""
-    s, _ = pair_pbt(tmp_path, gpus=1)
+    s, trainer = pair_pbt(tmp_path, gpus=1)
     add = s.store.study.add_trial
     add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
@@ -658,9 +658,43 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     assert exploit.state.name == "FAIL" and not exploit.intermediate_values
     why = ("its donor trial 1 trained to the end before a state of it could be copied: its "
            "final state leaves the exploit no step to train")
-    assert exploit.user_attrs["fail_reason"] == f"exploit called off: {why}"
-    assert f"trial 3 is called off: {why}" in said
-    assert "exploit_step" not in exploit.user_attrs
+    assert exploit.user_attrs["fail_reason"] == f"exploit called off: {why}; trial 0 goes " \
+        "on in its place"
+    assert f"trial 3 is called off: {why}; trial 0 goes on in its place" in said
+    assert exploit.user_attrs["called_off"] is True and "exploit_step" not in exploit.user_attrs
+    # so lineage 0 is not replaced after all: it goes on from its folder, to the end
+    goes_on = s.trials[4]
+    assert (goes_on.user_attrs["retry_of"], goes_on.user_attrs["attempt"]) == (0, 2)
+    assert dict(trainer.starts)["4"] == 7 and goes_on.state.name == "COMPLETE"
+    assert len(s.trials) == 5
+
+
+def test_an_exploit_called_off_while_the_lineage_it_replaces_still_stops_lets_it_go_on(
+        tmp_path):
+    """The replaced lineage's attempt is still RUNNING (stopping) when its exploit is called
+    off: it is marked paused, so once told PRUNED it is continued like a paused donor."""
+    s, _ = pair_pbt(tmp_path, gpus=1)
+    study = s.store.study
+    study.add_trial(optuna.trial.create_trial(  # lineage 0, the donor: trained to the end
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(20)}))
+    replaced = study.ask({"x": FloatDistribution(0.0, 1.0)})  # lineage 1, stopping
+    for st in range(6):
+        replaced.report(curve(0.9, st), st)
+    study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    asked = s.store.ask(s.spec.searched, 0, lambda n: str(tmp_path / str(n)))
+    s.spec.output_dir.mkdir(parents=True)
+    sched = Scheduling(s.spec, s.store, lambda _: None)
+    start = sched.on_start  # the exploit's start finds its donor finished
+    with pytest.raises(exploit.CalledOff, match="trial 1 goes on in its place"):
+        start(asked, lineage.Start(s.spec.output_dir / "checkpoints" / str(asked.number)))
+    assert study.trials[1].user_attrs["paused_at"] == 5
+    study.tell(replaced, state=TrialState.PRUNED)
+    lines = sched.lineages()
+    assert not lines[1].replaced and lines[1].standing is lineages.Standing.PAUSED
+    assert sched.room() == 1 and sched.before_ask() == Promote(1, 0)
+    assert [t.user_attrs.get("retry_of") for t in study.get_trials(
+        states=(TrialState.WAITING,))] == [1]
 
 
 class CountingTrainer(Trainer):

@@ -21,7 +21,7 @@ from typing import Literal
 from optuna.trial import TrialState
 
 from sweep.runner.schedulers import Halving, Pbt, top
-from sweep.study.lineages import LineageView, Standing
+from sweep.study.lineages import REPLACES, LineageView, Standing
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 
@@ -30,7 +30,8 @@ def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
                    n_trials: int) -> frozenset[int]:
     """The origins of the lineages that can never continue: done (finished, failed for good,
     replaced and stopped), or, under successive halving, paused below the cut of a full rung;
-    never a donor whose exploit has not reported yet, nor a lineage now promotable."""
+    never a donor whose exploit has not reported yet, nor a lineage whose exploit has not
+    copied its donor yet (it goes on if the exploit is called off), nor one now promotable."""
     dead = {o for o, line in lines.items() if line.standing is Standing.DONE}
     if isinstance(decide, Halving) and len(lines) >= n_trials:
         dead |= _below_full_cuts(lines, decide, dead)
@@ -38,6 +39,8 @@ def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
     for line in lines.values():
         if line.exploit_of is not None and line.standing is not Standing.DONE and not line.curve:
             dead.discard(line.exploit_of)
+        if line.awaits_copy and REPLACES in line.first:  # it goes on if the exploit is called off
+            dead.discard(int(line.first[REPLACES]))
     return frozenset(dead)
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
 
 from sweep._core.safefs import UnsafePath
@@ -217,7 +218,7 @@ class Scheduling:
             if isinstance(choice, exploit.Wait):
                 raise DonorRunning(asked.number, donor, choice.pause, lock)
             if isinstance(choice, exploit.NoStepsLeft):
-                raise exploit.CalledOff(asked.number, donor)
+                raise self._call_off(asked, donor)
             if not isinstance(choice, exploit.Nothing):
                 try:
                     start = exploit.start_from_donor(out, donor, start, choice)
@@ -233,6 +234,27 @@ class Scheduling:
         self.say(f"trial {asked.number} exploits trial {donor} at step {choice.step}: {what}, "
                  f"params perturbed ({_shown(asked.params, self.spec.searched)})")
         return start, choice.step
+
+    def _call_off(self, asked: Asked, donor: int) -> exploit.CalledOff:
+        """An exploit whose donor has no state with a step left: recorded as called off, and
+        the lineage it was to replace queued to go on from its own folder (under the budget
+        lock, once), before the driver tells it FAIL."""
+        replaces = asked.trial.user_attrs.get(lineages.REPLACES)
+        with self.store.budget_lock():
+            self.store.note(asked.trial, {lineages.CALLED_OFF: True})
+            line = self.lineages().get(int(replaces)) if replaces is not None else None
+            if line is not None and line.latest.state is TrialState.RUNNING:
+                try:  # still stopping: told PRUNED paused, it is continued (`continuable`)
+                    storage, latest = self.store.storage, line.latest
+                    storage.set_trial_user_attr(
+                        storage.get_trial_id_from_study_id_trial_number(
+                            self.store.study_id, latest.number),
+                        lineages.PAUSED_AT, line.last_step or 0)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    line = self.lineages().get(line.origin)
+            if line is not None and line.latest.state is TrialState.PRUNED:
+                self._queue_next(line)
+        return exploit.CalledOff(asked.number, donor, None if line is None else line.origin)
 
     def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
         """Whether lineage `run.origin` (at `step`) is a donor an exploit waits on whose plain
