@@ -434,7 +434,8 @@ class Scheduling:
             measured = lines if sched.max_checkpoint_gb is not None else dead
             sizes = checkpoint_disk.sizes(out, measured)
             chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
-                                    sched.max_checkpoint_gb, self.minimize)
+                                    sched.max_checkpoint_gb, self.minimize,
+                                    retention.spared(lines))
             removed, freed = [], 0
             for origin in chosen.remove:
                 if origin in self._refused:
