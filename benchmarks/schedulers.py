@@ -17,30 +17,44 @@ Families of learning curves (one param `x` in [0, 1], or `lr`):
   over time (what PBT can find) beats every fixed rate.
 
 Methods: no pruning; Optuna's SuccessiveHalvingPruner and HyperbandPruner (stop only);
-sweep's asha, hyperband (pause and promote) and pbt. The same configurations (drawn from the
-seed, queued with study.enqueue) for each method of a seed; 4 simulated devices.
+sweep's asha, hyperband (pause and promote) and pbt; where Ray Tune imports, Ray's
+ASHAScheduler (stop only) deciding on the same curves and configurations
+(`ray_schedulers.py`). The same configurations for each method of a seed; 4 simulated devices;
+rungs at min_steps * 3**k for every successive-halving method (min_steps = steps // 27).
 
-Printed: per family and method, over the seeds, the mean regret of the best value reached
-(against the best fixed configuration of the family: for `schedule` the best fixed rate,
-found on a fine grid) and the mean device-hours spent. Usage:
+Two ways to give the methods a budget:
+- `--configs N` (the default, 27): N configurations each (queued with study.enqueue, drawn
+  from the seed); each method spends what it spends (the device-hours column).
+- `--budget-hours H [H ...]`: equal device-hours. Each method runs on configurations from the
+  random sampler (seeded) until well past the largest H; a value counts at budget H only if
+  its trial finished by the time H device-hours (all devices together, pauses and stops
+  included) had been spent: the best value reached against device-hours spent, read at each H.
 
-    python benchmarks/schedulers.py [--seeds 20] [--configs 27] [--steps 27] [--budget-hours H]
+Printed: per family and method, over the seeds, the mean and median regret of the best value
+reached by a trial trained to the end (against the best fixed configuration of the family:
+for `schedule` the best fixed rate, found on a fine grid) and, with --configs, the mean
+device-hours spent. Usage:
+
+    python benchmarks/schedulers.py [--seeds 20] [--configs 27] [--steps 27]
+    python benchmarks/schedulers.py --budget-hours 1.85 3.7 7.4 [--seeds 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
+import ray_schedulers
 import yaml
 
 from sweep.gpus.pool import Pool, fake_devices
@@ -158,14 +172,23 @@ class SimulatedSweep:
         self.driver = Driver(self.spec, self.store, pool, spawn=self.spawn, clock=self.clock)
         self.driver.events.message = lambda text: None  # type: ignore[method-assign]
 
-    def run(self) -> tuple[float, float]:
-        """(the best value reached by a trial that finished its steps, device-hours)."""
+    def run(self) -> tuple[float, float, list[tuple[float, float]]]:
+        """(the best value reached by a trial that finished its steps, device-hours, and
+        each finished trial's (device-hours spent when it finished, value))."""
         self.driver.run()
         values = [t.value for t in self.store.study.get_trials(deepcopy=False)
                   if t.state.name == "COMPLETE" and t.value is not None]
-        hours = sum((p.ended_at or self.clock.t) - p.started
-                    for p in self.spawn.processes) / STEP_SECONDS / 60
-        return (min(values) if values else math.nan), hours
+        hours = self.spent(math.inf)
+        finished = sorted((p.ended_at, float(p.script.result["score"]))
+                          for p in self.spawn.processes
+                          if p.exit_code == 0 and p.ended_at is not None and p.script.result)
+        return ((min(values) if values else math.nan), hours,
+                [(self.spent(t), v) for t, v in finished])
+
+    def spent(self, t: float) -> float:
+        """Device-hours spent by all the trial processes up to clock time `t`."""
+        return sum(max(0.0, min(p.ended_at if p.ended_at is not None else self.clock.t, t)
+                            - p.started) for p in self.spawn.processes) / STEP_SECONDS / 60
 
 
 def methods(configs: int, steps: int) -> dict[str, dict[str, Any]]:
@@ -193,11 +216,54 @@ def pbt_trials(configs: int) -> int:
     return 8 + 4 * configs
 
 
+def sampled(family: str, seed: int) -> Iterator[dict[str, Any]]:
+    """The configurations Optuna's RandomSampler(seed) draws for `family`, in order: those a
+    sweep of the family with the random sampler starts as new configurations."""
+    _, params = FAMILIES[family]
+    dists = {k: optuna.distributions.FloatDistribution(v["low"], v["high"],
+                                                       log=v.get("log", False))
+             for k, v in params.items()}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed))
+    while True:
+        yield dict(study.ask(dists).params)
+
+
 def configurations(family: str, seed: int, n: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     if family == "schedule":
         return [{"lr": 10 ** rng.uniform(-3, 0)} for _ in range(n)]
     return [{"x": rng.random()} for _ in range(n)]
+
+
+def ray_rows(family: str, steps: int, gpus: int, seeds: int, configs: int,
+             budgets: list[float] | None) -> list[tuple[str, list[list[float]], list[float]]]:
+    """Ray's ASHAScheduler on the family: (name, regrets per budget (one list with
+    --configs) over the seeds, device-hours per seed); none without Ray."""
+    optimum = best_fixed(family, steps)
+    f, _ = FAMILIES[family]
+    per = [[] for _ in budgets or [0.0]]
+    hours: list[float] = []
+    for seed in range(seeds):
+        if budgets:
+            done = ray_schedulers.asha(f, sampled(family, seed), steps, gpus, max(1, steps // 27),
+                                       3, max(budgets), seed)
+            for i, b in enumerate(budgets):
+                per[i].append(ray_schedulers.best_within(done, b) - optimum)
+        else:
+            done = ray_schedulers.asha(f, iter(configurations(family, seed, configs)), steps,
+                                       gpus, max(1, steps // 27), 3, math.inf, seed)
+            per[0].append(min(v for _, v in done) - optimum)
+        hours.append(done[-1][0] if done else math.nan)
+    return [("ray tune ASHAScheduler (stop only)", per, hours)]
+
+
+def cell(values: list[float]) -> str:
+    """Mean and median of the regrets over the seeds; "none" where a seed has no trial
+    trained to the end within the budget (counted in how many)."""
+    missing = sum(1 for v in values if v != v)
+    if missing:
+        return f"none in {missing}/{len(values)} | –"
+    return f"{statistics.mean(values):.4f} | {statistics.median(values):.4f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,29 +273,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=27)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--families", nargs="*", default=list(FAMILIES))
-    p.add_argument("--budget-hours", type=float, default=None,
-                   help="instead of a fixed number of configurations: every method gets this "
-                   "many device-hours (study.timeout on the fake clock; the trials running "
-                   "then finish) and configurations from the random sampler, seeded")
+    p.add_argument("--methods", nargs="*", default=None,
+                   help="only the methods whose name contains one of these words")
+    p.add_argument("--ray-pbt", type=int, default=0, metavar="SEEDS",
+                   help="also Ray Tune's PopulationBasedTraining on this many seeds, in the real "
+                   "Ray runtime (about a minute a seed), with the population of sweep pbt")
+    p.add_argument("--budget-hours", type=float, nargs="+", default=None,
+                   help="instead of a fixed number of configurations: the best value reached "
+                   "by the time each of these many device-hours had been spent "
+                   "(configurations from the random sampler, seeded)")
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    budget = (f"a budget of {args.budget_hours:g} device-hours (no new trial after it)"
-              if args.budget_hours else f"{args.configs} configurations (pbt: "
+    budgets = sorted(args.budget_hours) if args.budget_hours else None
+    budget = (f"the best value reached by {', '.join(f'{b:g}' for b in budgets)} "
+              "device-hours" if budgets else f"{args.configs} configurations (pbt: "
               f"{pbt_trials(args.configs)}, its exploits included)")
     print(f"{args.seeds} seeds, {budget}, {args.steps} steps of a simulated minute, "
-          f"{args.gpus} simulated devices; regret against the best fixed configuration; "
-          "device-hours spent")
+          f"{args.gpus} simulated devices; regret against the best fixed configuration")
+    skipped = ray_schedulers.available()
+    if skipped:
+        print(skipped)
     print()
-    print("| family | method | mean regret | median regret | mean device-hours |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    if budgets:
+        heads = " | ".join(f"{b:g} h: mean regret | median" for b in budgets)
+        print(f"| family | method | {heads} |")
+        print("| --- | --- |" + " ---: | ---: |" * len(budgets))
+    else:
+        print("| family | method | mean regret | median regret | mean device-hours |")
+        print("| --- | --- | ---: | ---: | ---: |")
+    chosen = methods(args.configs, args.steps)
+    if args.methods:
+        chosen = {k: v for k, v in chosen.items() if any(w in k for w in args.methods)}
     for family in args.families:
         optimum = best_fixed(family, args.steps)
-        for name, study in methods(args.configs, args.steps).items():
-            regrets, hours = [], []
+        rows = []
+        for name, study in chosen.items():
+            per: list[list[float]] = [[] for _ in budgets or [0.0]]
+            hours = []
             for seed in range(args.seeds):
                 with tempfile.TemporaryDirectory() as tmp:
-                    if args.budget_hours:
-                        timeout = args.budget_hours * 60 * STEP_SECONDS / args.gpus
+                    if budgets:  # all devices busy: well past the largest budget by then
+                        timeout = 1.2 * max(budgets) * 60 * STEP_SECONDS / args.gpus
                         sweep = SimulatedSweep(Path(tmp), family, args.steps, args.gpus,
                                                seed, n_trials=10_000, timeout=timeout, **study)
                     else:
@@ -237,13 +321,57 @@ def main(argv: list[str] | None = None) -> int:
                         sweep = SimulatedSweep(Path(tmp), family, args.steps, args.gpus,
                                                seed, n_trials=n,
                                                enqueue=configurations(family, seed, n), **study)
-                    best, spent = sweep.run()
-                regrets.append(best - optimum)
+                    best, spent, done = sweep.run()
+                if budgets:
+                    for i, b in enumerate(budgets):
+                        per[i].append(ray_schedulers.best_within(done, b) - optimum)
+                else:
+                    per[0].append(best - optimum)
                 hours.append(spent)
-            print(f"| {family} | {name} | {statistics.mean(regrets):.4f} | "
-                  f"{statistics.median(regrets):.4f} | {statistics.mean(hours):.2f} |")
+            rows.append((name, per, hours))
+        if not skipped and (not args.methods or any("ray" in w for w in args.methods)):
+            rows += ray_rows(family, args.steps, args.gpus, args.seeds, args.configs, budgets)
+        for name, per, hours in rows:
+            if budgets:
+                print(f"| {family} | {name} | " + " | ".join(cell(r) for r in per) + " |")
+            else:
+                print(f"| {family} | {name} | {cell(per[0])} | {statistics.mean(hours):.2f} |")
             sys.stdout.flush()
+    if args.ray_pbt and not skipped:
+        ray_pbt(args.families, args.steps, args.gpus, args.ray_pbt, args.configs)
     return 0
+
+
+def ray_pbt(families: list[str], steps: int, gpus: int, seeds: int, configs: int) -> None:
+    """Ray Tune's PopulationBasedTraining, real runtime, with sweep pbt's settings and first
+    population (the random sampler's, as in --budget-hours)."""
+    pbt = methods(configs, steps)["sweep pbt"]["scheduler"]
+    print()
+    print(f"Ray Tune PopulationBasedTraining in the real Ray runtime, {seeds} seeds "
+          f"(population {pbt['population']}, {gpus} at once, interval {pbt['interval']}, "
+          f"quantile {pbt['quantile']}, perturb {pbt['perturb']}, Ray's resample "
+          "probability 0.25):")
+    print()
+    print("| family | method | mean regret | median regret | mean device-hours |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for family in families:
+        f, space = FAMILIES[family]
+        bounds = {k: (v["low"], v["high"], bool(v.get("log"))) for k, v in space.items()}
+        optimum = best_fixed(family, steps)
+        regrets, hours = [], []
+        for seed in range(seeds):
+            population = list(itertools.islice(sampled(family, seed), pbt["population"]))
+            with tempfile.TemporaryDirectory() as tmp:
+                best, spent = ray_schedulers.pbt(
+                    f, population, bounds, steps, gpus, pbt["interval"], pbt["quantile"],
+                    tuple(pbt["perturb"]), seed, Path(tmp))
+            regrets.append(best - optimum)
+            hours.append(spent)
+            print(f"ray pbt, {family}, seed {seed}: regret {best - optimum:.4f}, "
+                  f"{spent:.2f} device-hours", file=sys.stderr, flush=True)
+        print(f"| {family} | ray tune PopulationBasedTraining | {cell(regrets)} | "
+              f"{statistics.mean(hours):.2f} |")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -24,14 +24,17 @@ from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Sampl
 from sweep.gpus.nvml import Nvml, NvmlUnavailable
 from sweep.gpus.placement import Refusal
 from sweep.gpus.pool import Device, Pool, Rules
+from sweep.runner import scheduling
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
+from sweep.runner.schedulers import Pbt
 from sweep.runner.starter import Starter
 from sweep.spec import config, schema, searchspace
 from sweep.spec.schema import Spec
+from sweep.study import lineages
 from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
-from sweep.study.connect import connect
+from sweep.study.connect import check_not_moved, connect
 from sweep.study.opening import check_stored, sample
 from sweep.study.ownership import host_name
 from sweep.study.storage import (
@@ -116,24 +119,41 @@ def run_file(
 
 def spent(spec: Spec) -> RunResult | None:
     """What a run says when the stored study has nothing left to run (its finished trials
-    meet the budget and none is running), read without writing anything; None when it may
-    have. Such a run needs no device pool."""
-    from optuna.trial import TrialState
-
+    meet the budget, or under a scheduler its configurations do with nothing to carry on,
+    and none is running), read without writing anything; None when it may have. Such a run
+    needs no device pool."""
     with reading(spec) as study:
         if study is None:
             return None
         check_stored(spec, study)  # a file the stored study refuses is refused here too
-        trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
-    finished = sum(t.state in FINISHED for t in trials)
-    if finished < spec.study.n_trials or finished < len(trials):
+        trials = study.get_trials(deepcopy=False)
+    if any(t.state.name == "RUNNING" for t in trials) or _room(spec, trials) > 0:
         return None
-    return _spent(finished, spec.study.n_trials)
+    return _spent(spec, trials)
 
 
-def _spent(finished: int, n_trials: int) -> RunResult:
-    return RunResult(EXIT_OK, f"the budget is spent ({finished}/{n_trials} trials finished): "
-                              "nothing to run; raise study.n_trials (or --n-trials) to run more")
+def _room(spec: Spec, trials: Sequence[Any]) -> int:
+    """How many trials may start on the stored `trials`, as the driver counts them: under a
+    scheduler, its jobs (`scheduling.jobs`: a lineage carried on runs whatever the budget,
+    and `n_trials` counts configurations); else the budget less the finished trials."""
+    if spec.study.scheduler is not None:
+        return scheduling.jobs(scheduling.decisions(spec), spec.study.n_trials, trials,
+                               spec.output_dir)
+    return spec.study.n_trials - sum(t.state in FINISHED for t in trials)
+
+
+def _spent(spec: Spec, trials: Sequence[Any]) -> RunResult:
+    n = spec.study.n_trials
+    why = None if spec.study.scheduler is None else scheduling.short_of(
+        scheduling.decisions(spec), n, trials)
+    if why is not None:  # pbt: configurations come from exploits only, and none can come
+        return RunResult(EXIT_OK, f"nothing to run ({scheduling.configurations(trials)}/{n} "
+                                  f"configurations): {why}")
+    counted = (f"{scheduling.configurations(trials)}/{n} configurations"
+               if spec.study.scheduler is not None else
+               f"{sum(t.state in FINISHED for t in trials)}/{n} trials finished")
+    return RunResult(EXIT_OK, f"the budget is spent ({counted}): nothing to run; raise "
+                              "study.n_trials (or --n-trials) to run more")
 
 
 def execute(
@@ -147,6 +167,10 @@ def execute(
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # before storage is touched: output_dir can be made, is this user's and this study's,
     # and so are the driver's folder and trials/; the host's lock folder can be trusted
+    if devices is not None and folders.read_marker(spec.output_dir) is None:  # a new folder
+        stored = read_study(spec)  # read only: a study already run elsewhere is not moved
+        if stored is not None:
+            check_not_moved(spec, stored.get_trials(deepcopy=False), host_name())
     folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
     hostlock.usable_lock_dir(host_name())
     if devices is not None:  # the driver's folder and trials/ too: a link there is refused
@@ -156,8 +180,8 @@ def execute(
     notes: list[str] = []
     store = open_store(spec, notes)
     if devices is None:
-        try:  # its finished trials only grow: the budget stays spent
-            return _spent(store.counts().finished, spec.study.n_trials), store.study
+        try:  # its finished trials (configurations) only grow: the budget stays spent
+            return _spent(spec, store.study.get_trials(deepcopy=False)), store.study
         finally:
             store.close()
     reader, nvml = nvml_reader(devices)
@@ -241,9 +265,13 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     reader, nvml = nvml_reader(devices)
     try:  # placed as a run would (its rules, NVLink first), other sweeps aside
         lease = make_pool(spec, devices, reader, nvml is not None)
-        n = max(0, min(lease.slots, spec.study.n_trials - started))
-        lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} "
-                 "done or running in storage; params sampled in memory)"]
+        if spec.study.scheduler is None:
+            n = max(0, min(lease.slots, spec.study.n_trials - started))
+            lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} "
+                     "done or running in storage; params sampled in memory)"]
+        else:  # n_trials counts configurations; queued continuations run whatever it says
+            n, header = _scheduled_dry(spec, trials, lease.slots)
+            lines = [header]
         if lease.slots == 0:
             lines.append(f"# no trial can start: {lease.acquire()}")
         ports = iter(hostlock.PORTS)  # the run leases free ones
@@ -279,6 +307,20 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
         if nvml is not None:
             nvml.close()
     return lines
+
+
+def _scheduled_dry(spec: Spec, trials: Sequence[Any], slots: int) -> tuple[int, str]:
+    """How many trials a scheduler's dry run shows (queued attempts, then new configurations:
+    a promotion is decided by the run, so it is counted, not shown), and its first line."""
+    decide = scheduling.decisions(spec)
+    configs = scheduling.configurations(trials)
+    jobs = scheduling.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
+    promotable = 0 if isinstance(decide, Pbt) else len(decide.promotable(lineages.read(trials)))
+    n = max(0, min(slots, jobs - promotable))
+    return n, (f"# dry run: the next {n} trials ({configs}/{spec.study.n_trials} "
+               "configurations in storage; queued continuations first; params sampled in "
+               "memory)" + (f"; {promotable} paused trial{'s' if promotable > 1 else ''} "
+                            "promotable, not shown" if promotable else ""))
 
 
 LEFT_OUT = ("# secrets are left out of these lines, as of command.sh: set the variables they "
@@ -323,6 +365,9 @@ def trial_log(
     folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
     paths = folders.TrialPaths.of(spec.output_dir, number)
     log = paths.stderr if stderr else paths.stdout
+    if not paths.dir.is_dir():
+        raise UsageError(f"{path}: no trial {number} in {paths.dir.parent} (`sweep summary` "
+                         "lists the study's trials)")
     if not log.exists():
         raise UsageError(f"{path}: trial {number} has no {log.name} at {log}")
     study = read_study(spec) if follow else None
@@ -405,8 +450,9 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     # the budget once every trial that is running or queued (this one too) has run
     needed = 1 + sum(1 for t in trials
                      if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))
-    budget = spec.study.n_trials
-    note = ("it runs at the next `sweep run`, before new trials" if needed <= budget else
+    budget = spec.study.n_trials  # under a scheduler, a queued trial runs whatever it says
+    note = ("it runs at the next `sweep run`, before new trials"
+            if needed <= budget or spec.study.scheduler is not None else
             f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
             f"{needed}` runs it (and what is running or queued before it)")
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from sweep import cli
+from sweep.testing.harness import probe_study
 
 PROBE = Path(__file__).parent / "trainers" / "probe.py"
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,19 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 def study_dict(**sections: Any) -> dict[str, Any]:
     """A probe study (plain-python launcher); keyword sections are merged over the defaults
     (`params` replaces them)."""
-    base: dict[str, Any] = {
-        "study": {"name": "probe", "direction": "minimize", "metric": "score", "n_trials": 4,
-                  "sampler": {"type": "random", "seed": 0}, "heartbeat_interval": 2},
-        "trainer": {"script": str(PROBE), "launcher": "python", "grace_period": 1.0},
-        "gpus": {"sample_interval": 0.2},
-        "params": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    }
-    for key, value in sections.items():
-        if key != "params" and isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = {**base[key], **value}
-        else:
-            base[key] = value
-    return base
+    return probe_study(PROBE, **sections)
+
+
+# -- in parallel: `-n 4 --dist loadgroup` (pyproject.toml's addopts, pytest-xdist) ---------
+# Each worker has its own tmp_path folders, PostgreSQL server and lock dir per test. What is
+# the machine's, not a folder's, runs on one worker in turn: `xdist_group("podman")` (the image
+# store, container names), "slurm" (a throwaway cluster on the 2-CPU node), "postgres" (one
+# server for them all), "rendezvous" (multi-process trials that take a TCP port of the
+# machine's range in a lock dir of their own test).
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked slow first (in their order, then the others in theirs): workers start on
+    the long ones, and the short ones fill the gaps at the end instead of a long one alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -212,8 +212,10 @@ def test_logs_and_rerun_of_a_trial(write_study, fake_gpus, tmp_path, capsys):
     assert run_cli("logs", str(study), "1") == 0
     assert capsys.readouterr().out == "epoch 1\nepoch 2\n"
     assert run_cli("logs", str(study), "1", "--stderr", "--follow") == 0  # finished: returns
-    assert run_cli("logs", str(study), "9") == 2
     capsys.readouterr()
+    assert run_cli("logs", str(study), "9") == 2
+    assert capsys.readouterr().err == (f"sweep: error: {study}: no trial 9 in {tmp_path}/probe/"
+                                       "trials (`sweep summary` lists the study's trials)\n")
     assert run_cli("rerun", str(study), "0") == 0
     assert "the budget of 2 leaves no room for it: `sweep run" in capsys.readouterr().out
     assert run_cli("rerun", str(study), "1") == 0  # a second one: the budget it needs grows

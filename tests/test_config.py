@@ -313,6 +313,12 @@ def misspelt(section, right, wrong):
      "pruner, scheduler, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
      "grace_period, report)"),
     ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
+    (bad(study={"scheduler": {"type": "asha", "min_steps": 1, "max_steps": 9, "colour": 1}}),
+     "study.scheduler.colour: unknown key `colour` (study.scheduler takes keep_checkpoints, "
+     "max_checkpoint_gb, min_steps, max_steps, reduction_factor, type)"),
+    (bad(study={"scheduler": {"type": "pbt", "population": 4, "interval": 2, "max_steps": 9,
+                              "quantil": 0.2}}),
+     "study.scheduler.quantil: unknown key `quantil` (did you mean `quantile`?)"),
 ])
 def test_a_misspelt_key_says_which_key_was_meant_and_nothing_else(write_study, data, line):
     """Issue 21 part 5: `n_trial` read as "`n_trials`: required key is missing"."""

@@ -18,6 +18,9 @@ from sweep.trial import container, engine, lineage
 from sweep.trial.folders import TrialPaths
 from sweep.trial.launch_plan import LaunchPlan
 
+# podman's image store and container names are the machine's: one worker runs these in turn
+pytestmark = pytest.mark.xdist_group("podman")
+
 OUT = Path("/s/out")
 IMAGE = container.Image("reg/train:1.2", "sha256:" + "a" * 64, "sha256:" + "b" * 64)
 

@@ -1,4 +1,7 @@
-"""The driver end to end on a simulated pool, with the probe trainer started by plain python."""
+"""The driver end to end on a simulated pool, with the probe trainer started by plain python:
+what real processes show (faults as a trainer makes them, process trees, the CLI). The loop's
+rules (retries, out of memory not retried, failure streaks, timeouts) are test_loop's, on
+fakes."""
 
 from __future__ import annotations
 
@@ -175,40 +178,7 @@ def test_timeout_stops_the_whole_tree_even_a_stubborn_or_detached_one(write_stud
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_a_crash_among_good_trials_is_told_fail_and_the_budget_is_still_met(write_study,
-                                                                            fake_gpus, tmp_path):
-    marker = tmp_path / "failed-once"
-    study = write_study(study={"n_trials": 3},
-                        trainer={"args": ["--fail_first", str(marker), "--sleep", "0.1"]})
-    assert run_cli("run", str(study)) == 0
-    states = [t.state.name for t in load_trials(study)]
-    assert states.count("FAIL") == 1 and states.count("COMPLETE") == 3
-
-
-def test_max_retries_reruns_a_failed_trial_with_the_same_params(write_study, fake_gpus,
-                                                                tmp_path):
-    fake_gpus(1)
-    marker = tmp_path / "failed-once"
-    study = write_study(study={"n_trials": 2},
-                        trainer={"max_retries": 1, "args": ["--fail_first", str(marker)]})
-    assert run_cli("run", str(study)) == 0
-    first, retry, *_ = load_trials(study)
-    assert first.state.name == "FAIL" and retry.state.name == "COMPLETE"
-    assert retry.params == first.params
-    assert retry.user_attrs["retry_of"] == first.number
-    assert retry.user_attrs["attempt"] == 1
-
-
-def test_out_of_memory_is_not_retried_unless_asked(write_study, fake_gpus):
-    fake_gpus(1)
-    study = write_study(study={"n_trials": 1, "max_consecutive_failures": 2},
-                        trainer={"max_retries": 3, "args": ["--mode", "oom", "--sleep", "0"]})
-    assert run_cli("run", str(study)) == 1
-    trials = load_trials(study)
-    # two fresh trials (new params), never a retry of the first
-    assert len(trials) == 2 and all("retry_of" not in t.user_attrs for t in trials)
-
-
+@pytest.mark.slow
 def test_median_pruner_stops_bad_trials_early_and_frees_their_gpu(write_study, fake_gpus):
     fake_gpus(1)
     study = write_study(

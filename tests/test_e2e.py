@@ -136,6 +136,7 @@ def test_a_param_where_accelerate_reaches_accelerate_and_not_the_script(write_st
         assert record["params"] == {} and "--mixed_precision" not in record["argv"]
 
 
+@pytest.mark.xdist_group("rendezvous")
 def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_study,
                                                                           tmp_path):
     """A real `accelerate launch --multi_gpu` with two processes per trial (gloo on CPU), two
@@ -174,7 +175,8 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     (tmp_path / "team.yaml").write_text(MULTI_GPU_DEFAULT + "debug: true\n")
     seen: dict[str, list[dict]] = {}
     parents: dict[str, list[list[list[str]]]] = {}
-    for launcher in ("accelerate", "direct", "warm"):
+    runs = {}
+    for launcher in ("accelerate", "direct", "warm"):  # at once, each on devices of its own
         study = write_study(
             study={"name": launcher, "n_trials": 2,
                    "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
@@ -183,8 +185,10 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
             params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
                                         "where": "accelerate"}},
             name=f"{launcher}.yaml")
-        run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-        _, err = run.communicate(timeout=180)
+        runs[launcher] = spawn_cli("run", str(study), env={
+            "SWEEP_FAKE_GPUS": "2", "SWEEP_LOCK_DIR": str(tmp_path / f"locks-{launcher}")})
+    for launcher, run in runs.items():
+        _, err = run.communicate(timeout=240)
         assert run.returncode == 0, err
         trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
         seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
@@ -256,14 +260,17 @@ def test_a_result_written_after_the_command_exited_never_counts_under_any_launch
         "if sys.argv[1:] == ['--now', 'true']:\n"
         "    json.dump({'score': 2}, open(result, 'w'))\n")
     verdicts = {}
-    for launcher in ("accelerate", "direct", "warm", "python"):
+    runs = {}
+    for launcher in ("accelerate", "direct", "warm", "python"):  # at once, a device each
         study = write_study(
             study={"name": launcher, "n_trials": 1, "max_consecutive_failures": 3,
                    "enqueue": [{"now": False}, {"now": True}]},
             trainer={"script": str(script), "launcher": launcher, "grace_period": 5.0},
             params={"now": {"type": "bool"}}, name=f"{launcher}.yaml")
-        run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
-        _, err = run.communicate(timeout=180)
+        runs[launcher] = spawn_cli("run", str(study), env={
+            "SWEEP_FAKE_GPUS": "1", "SWEEP_LOCK_DIR": str(tmp_path / f"locks-{launcher}")})
+    for launcher, run in runs.items():
+        _, err = run.communicate(timeout=240)
         assert run.returncode == 0, err  # the second trial spends the budget of 1
         trials = optuna.load_study(study_name=launcher,
                                    storage=f"sqlite:///{tmp_path / (launcher + '.db')}").trials

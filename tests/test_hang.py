@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import load_trials, run_cli, spawn_cli
-from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.nvml import GpuReading
 from sweep.spec import config
 from sweep.testing.fakes import FakeProcess, Script
+from sweep.testing.harness import Sweep
 from sweep.trial import folders, hang, stacks
 
 # ---- the rule -----------------------------------------------------------------------------
@@ -299,6 +299,7 @@ write_result({"score": 1.0})
 """
 
 
+@pytest.mark.slow
 def test_a_real_hung_trainer_is_failed_with_its_stack_and_its_device_takes_the_next(
         write_study, tmp_path, fake_gpus):
     fake_gpus(1)
@@ -333,6 +334,8 @@ rank_waits_forever(acc.process_index)
 """
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("rendezvous")
 def test_every_rank_of_a_hung_two_process_trial_is_dumped(write_study, tmp_path):
     trainer = tmp_path / "ddp_hang.py"
     trainer.write_text(DDP_HANG)
@@ -367,6 +370,7 @@ def test_a_chatty_real_trainer_is_not_hung(write_study, tmp_path, fake_gpus):
     assert not (tmp_path / "probe" / "trials" / "0" / "stack.txt").exists()
 
 
+@pytest.mark.slow
 def test_status_shows_how_long_a_running_trial_has_been_silent(write_study, tmp_path, capsys,
                                                                fake_gpus):
     trainer = tmp_path / "sleeper.py"

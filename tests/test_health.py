@@ -10,7 +10,6 @@ import time
 
 import pytest
 from conftest import load_trials, run_cli
-from test_loop import Sweep
 
 from sweep.gpus import health, sicklist
 from sweep.gpus.health import FailingDevices, Kind, Sick
@@ -20,6 +19,7 @@ from sweep.study.ownership import host_name
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 
 CUDA_CRASH = ("Traceback (most recent call last):\n  File \"train.py\", line 9\n"
               "RuntimeError: CUDA error: an illegal memory access was encountered\n")
@@ -264,6 +264,7 @@ def test_a_pool_that_loses_every_device_stops_the_run_in_one_line(tmp_path, monk
                               "1/3 trials finished")
 
 
+@pytest.mark.slow
 def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
         monkeypatch, write_study, tmp_path):
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)

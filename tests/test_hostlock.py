@@ -73,6 +73,7 @@ def test_the_slots_of_a_killed_driver_free_within_a_second(tmp_path):
     assert time.monotonic() - killed < 1.0
 
 
+@pytest.mark.slow
 def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path):
     """Issue 11: two sweeps started together put pairs of trials on the same device."""
     env = {"SWEEP_FAKE_GPUS": "2"}
@@ -96,6 +97,7 @@ def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path):
     assert {name for *_, name in runs} == {"a", "b"}
 
 
+@pytest.mark.slow
 def test_a_killed_drivers_slot_is_held_until_its_trial_is_gone(write_study, own_lock_dir):
     """The guard keeps the device's slot: no other sweep gets a GPU whose memory a stopping
     trainer of a dead driver still holds."""

@@ -213,6 +213,7 @@ def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_pat
     assert len(calls) == 4
 
 
+@pytest.mark.slow
 def test_options_accelerate_refuses_are_one_line(tmp_path):
     from sweep._core.errors import SweepError
     from sweep.trial.accelenv import AccelerateEnv

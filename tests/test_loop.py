@@ -3,75 +3,19 @@ pruning, grid exhaustion, timeouts, signals and leftovers, each in milliseconds.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
-import yaml
-from conftest import study_dict
 
-from sweep.gpus.monitor import Monitor, NoReader
+from sweep.gpus.monitor import NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.runner.driver import Driver
-from sweep.spec import config, searchspace
-from sweep.study.attrs import Owner
-from sweep.study.store import Store
-from sweep.testing.fakes import FakeClock, FakeSpawn, Script, lease
+from sweep.testing.fakes import FakeSpawn, Script, lease
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial.lineage import Lineage
 from sweep.trial.process import GUARD_MARGIN
 from sweep.trial.running import MOVES, Phase, PhaseError, RunningTrial, Stop
-
-TrialScript = Callable[[dict[str, Any]], Script]
-
-
-class Sweep:
-    """A driver on fakes, and what it did."""
-
-    def __init__(self, tmp_path: Path, script: TrialScript, gpus: int = 2,
-                 reader: Any = None, **sections: Any) -> None:
-        path = tmp_path / "study.yaml"
-        path.write_text(yaml.safe_dump(study_dict(**sections), sort_keys=False))
-        self.spec = config.load(path)
-        storage = optuna.storages.InMemoryStorage()
-        study = optuna.create_study(
-            storage=storage,
-            sampler=searchspace.build_sampler(self.spec.study.sampler, self.spec.searched),
-            pruner=searchspace.build_pruner(self.spec.study.pruner),
-            directions=self.spec.study.objective_directions,
-        )
-        self.store = Store(study, storage, Owner("test-host", os.getpid(), 0.0),
-                           self.spec.study.reclaim_seconds,
-                           grid=self.spec.study.sampler.type == "grid")
-        self.clock = FakeClock()
-        self.spawn = FakeSpawn(self.clock, script)
-        self.pool = Pool(fake_devices(str(gpus)), self.spec.gpus.trials_per_gpu,
-                         width=self.spec.trainer.gpus_per_trial)
-        monitor = None
-        if reader is not None:
-            monitor = Monitor(reader, self.pool, tmp_path / "samples.csv", 3600)
-        self.driver = Driver(self.spec, self.store, self.pool, monitor,
-                             spawn=self.spawn, clock=self.clock)
-
-    def run(self) -> int:
-        return self.driver.run().exit_code
-
-    @property
-    def trials(self) -> list[optuna.trial.FrozenTrial]:
-        return self.store.study.get_trials(deepcopy=False)
-
-    def states(self) -> list[str]:
-        return [t.state.name for t in self.trials]
-
-
-def capture_messages(s: Sweep) -> list[str]:
-    """The messages the driver gives the user, as it gives them."""
-    said: list[str] = []
-    s.driver.events.message = said.append  # type: ignore[method-assign]
-    return said
 
 
 def ok(params: dict[str, Any]) -> Script:

@@ -18,7 +18,9 @@ from sweep.spec.storageurl import StorageUrl
 from sweep.study import optuna_compat, proxy
 from sweep.study.storage import close_storage, open_storage
 
-KINDS = ["sqlite", "journal", "grpc", pytest.param("postgresql", marks=pytest.mark.slow)]
+KINDS = ["sqlite", "journal", "grpc",
+         pytest.param("postgresql",
+                      marks=[pytest.mark.slow, pytest.mark.xdist_group("postgres")])]
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from conftest import load_trials, run_cli, wait_until
-from test_loop import Sweep
 
 from sweep.gpus import placement
 from sweep.gpus.monitor import Monitor, NoReader, NvmlProbe
@@ -22,6 +21,7 @@ from sweep.gpus.pool import Device, Lease, Pool, Rules
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 from sweep.testing.fakes import Script, lease
+from sweep.testing.harness import Sweep
 
 GB = 1024.0
 
@@ -433,22 +433,29 @@ def test_after_an_out_of_memory_the_device_waits_for_memory_before_another_trial
     assert s.trials[1].user_attrs["fail_reason"].startswith("out of memory")
 
 
-def test_a_card_freed_during_the_sweep_joins_it(write_study, nvml_gpus, capsys):
+@pytest.mark.slow
+def test_a_card_freed_during_the_sweep_joins_it(write_study, nvml_gpus, capsys, tmp_path):
+    """The colleague leaves GPU 0 once the sweep's first trial has started (a timer from the
+    test's start let a slow start-up find the card free already)."""
     import threading
 
     colleague = subprocess.Popen(["sleep", "60"])
     nvml_gpus[0].processes = [(colleague.pid, 2**30)]
+    over = threading.Event()
 
-    def colleague_done() -> None:
+    def colleague_done_once_a_trial_runs() -> None:
+        first = tmp_path / "probe" / "trials" / "0" / "probe_start.json"
+        while not first.exists():
+            if over.wait(0.05):
+                return
         nvml_gpus[0].processes = []
 
-    timer = threading.Timer(1.5, colleague_done)
-    timer.start()
+    threading.Thread(target=colleague_done_once_a_trial_runs, daemon=True).start()
     try:
         study = write_study(study={"n_trials": 8}, trainer={"args": ["--sleep", "0.5"]})
         assert run_cli("run", str(study)) == 0
     finally:
-        timer.cancel()
+        over.set()
         colleague.kill()
         colleague.wait()
     gpus = [t.user_attrs["gpu"] for t in load_trials(study)]
@@ -457,6 +464,7 @@ def test_a_card_freed_during_the_sweep_joins_it(write_study, nvml_gpus, capsys):
     assert "GPU 0 left out: in use by others" in err and "GPU 0 is free again" in err
 
 
+@pytest.mark.slow
 def test_memory_promised_to_trials_caps_how_many_share_a_card(write_study, monkeypatch):
     """60 GB per trial on one 141 GB card: two at a time, never three."""
     monkeypatch.delenv("SWEEP_FAKE_GPUS", raising=False)

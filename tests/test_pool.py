@@ -171,3 +171,14 @@ def test_whether_a_refusal_is_permanent_is_its_kind():
     assert {w for w in Why if w.permanent} == {Why.TOO_SMALL, Why.MIG_ALONE, Why.NEVER}
     assert {w for w in Why if w.ends_run} == {Why.NEVER, Why.GIVE_UP}
     assert Refusal(Why.TOO_SMALL, "x").permanent and not Refusal(Why.BLOCKED, "x").permanent
+
+
+def test_a_simulated_pool_is_bounded():
+    """SWEEP_FAKE_GPUS=100000 held `sweep gpus` for minutes (a lock file per device)."""
+    from sweep._core.errors import UsageError
+    from sweep.gpus.pool import MAX_FAKE, fake_devices
+
+    assert len(fake_devices(str(MAX_FAKE))) == MAX_FAKE
+    for bad in ("100000", "-1", "two"):
+        with pytest.raises(UsageError, match=rf"from 0 to {MAX_FAKE} \(got '{bad}'\)"):
+            fake_devices(bad)

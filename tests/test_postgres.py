@@ -9,7 +9,8 @@ import optuna
 import pytest
 from conftest import spawn_cli, study_dict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.xdist_group("postgres")]  # one server for them all (conftest)
 
 
 def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):

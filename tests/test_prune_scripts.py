@@ -34,6 +34,7 @@ def steps_printed(trial_dir: Path, pattern: str) -> dict[int, float]:
     return {int(m["step"]): float(m["value"]) for m in re.finditer(pattern, text)}
 
 
+@pytest.mark.slow
 def test_epoch_lines_on_stdout_are_reported_and_a_bad_trial_is_pruned(write_study, fake_gpus):
     fake_gpus(1)
     line = r"epoch (?P<step>\d+) .* valid loss (?P<value>" + NUMBER + ")"
@@ -56,6 +57,7 @@ def test_epoch_lines_on_stdout_are_reported_and_a_bad_trial_is_pruned(write_stud
     assert trials[2].value == trials[2].intermediate_values[max(trials[2].intermediate_values)]
 
 
+@pytest.mark.slow
 def test_word_language_model_output_with_exponents_is_reported_as_printed(
         write_study, fake_gpus):
     fake_gpus(1)
@@ -76,6 +78,7 @@ def test_word_language_model_output_with_exponents_is_reported_as_printed(
     assert f"valid loss {first[1]:.3g} " in out and "e-06 " in f"{first[1]:.3g} "
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_are_reported_with_their_steps_and_prune(write_study, fake_gpus):
     fake_gpus(1)
     study = pruned_study(
@@ -108,6 +111,7 @@ def test_a_nan_after_a_number_fails_the_trial(write_study, fake_gpus):
     assert trial.user_attrs["fail_reason"] == "metric 'loss' matched in stdout but diverged: 'nan'"
 
 
+@pytest.mark.slow
 def test_a_timm_style_script_logging_to_stderr_has_its_result_read_there(
         write_study, fake_gpus, capsys):
     best = r"\*\*\* Best metric: (?P<top1>" + NUMBER + ")"

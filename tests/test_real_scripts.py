@@ -41,6 +41,7 @@ def test_the_example_scripts_know_nothing_of_sweep():
         assert "SWEEP_" not in code, script
 
 
+@pytest.mark.slow
 def test_a_script_that_only_prints_its_metrics(copied, fake_gpus):
     for t in swept(copied, "print_metrics.yaml", "print-metrics"):
         out = (copied / "print-metrics" / "trials" / str(t.number) / "stdout.log").read_text()
@@ -51,6 +52,7 @@ def test_a_script_that_only_prints_its_metrics(copied, fake_gpus):
         assert f"--batch-size {t.params['batch-size']}" in command
 
 
+@pytest.mark.slow
 def test_a_script_that_writes_all_results_json_into_its_output_dir(copied, fake_gpus):
     for t in swept(copied, "hf_style.yaml", "hf-style"):
         out = copied / "hf-style" / "trials" / str(t.number) / "hf_out" / "all_results.json"

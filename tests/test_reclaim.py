@@ -16,11 +16,11 @@ import pytest
 from conftest import wait_until
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
-from test_loop import Sweep, capture_messages
 
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.runner.reclaim import Next, decide
 from sweep.testing.fakes import FakeClock, Script
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial import lineage_lock, process
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
 
@@ -161,6 +161,27 @@ def queued_continuation(s: Sweep, **attrs: Any) -> Path:
     return folder
 
 
+def test_an_orphan_whose_driver_beats_again_while_its_lock_is_held_is_not_told(tmp_path):
+    """A driver frozen past reclaim_after, its trainer still writing the lineage's folder:
+    it thaws before the lock frees, so its trial is left to it (told FAIL at the lock's
+    release, its result would be thrown away and trained again)."""
+    import psutil
+
+    from sweep.study.optuna_compat import trial_id
+
+    s, sent = with_orphan(tmp_path, locked_until=7.0)
+    said = capture_messages(s)
+    key = trial_id(s.trials[0])
+    back = {"host": "test-host", "pid": os.getpid(), "started": psutil.Process().create_time(),
+            "gpu": 0, "dir": str(s.spec.output_dir / "trials" / "0")}
+    s.clock.at(3.0, lambda: s.store.storage.set_trial_user_attr(key, "owner", back))
+    assert s.run() == 0
+    assert sent == [] and s.spawn.processes == []  # the budget is its driver's to spend
+    assert [(t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials] == [
+        ("RUNNING", None)]
+    assert "trial 0: its driver is back (or it was told): not reclaimed" in said
+
+
 def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):
     """The lineage's folder is held by another process (an earlier attempt's guard still
     ending): the asked attempt is parked, leased and untouched (a clean retry would empty the
@@ -197,6 +218,23 @@ def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     assert told(s) == [("FAIL", "interrupted", None), ("FAIL", "interrupted", 0),
                        ("WAITING", None, 0)]
     assert s.trials[2].user_attrs["continues"] == 1
+
+
+def test_a_parked_attempt_is_not_started_after_a_stop_while_another_trial_ends(tmp_path):
+    """Ctrl-C while a trainer beside it sits in its grace period: the lock freed meanwhile
+    does not start the parked attempt (the run is ending): it is told interrupted and
+    continued, as at the run's end."""
+    s = Sweep(tmp_path, lambda p: Script(runs=20.0, ignores_term=True), gpus=2,
+              study={"n_trials": 3}, trainer={"grace_period": 10.0})
+    queued_continuation(s)
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    s.clock.at(2.0, lambda: s.driver._on_signal(signal.SIGINT, None))
+    s.clock.at(4.0, lambda: os.close(held))  # type: ignore[arg-type]
+    assert s.run() == 130
+    assert [p.started for p in s.spawn.processes] == [0.0]  # the trial beside it only
+    assert [t.state.name for t in s.trials] == ["FAIL", "FAIL", "FAIL", "WAITING", "WAITING"]
+    assert s.trials[1].user_attrs["fail_reason"] == "interrupted"
+    assert [t.user_attrs["continues"] for t in s.trials[3:]] == [1, 2]
 
 
 def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp_path):

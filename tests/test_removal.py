@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +24,13 @@ import yaml
 from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
-from test_loop import Sweep
 
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
 from sweep.runner.scheduling import Scheduling
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import checkpoint_disk, folders, lineage
 from sweep.trial.lineage import Lineage
 
@@ -158,6 +159,14 @@ def spec_at(tmp_path: Path, name: str, output_dir: Path) -> schema.Spec:
         "name": name, "output_dir": str(output_dir),
         "storage": f"sqlite:///{tmp_path}/{name}.db"}), sort_keys=False))
     return config.load(path)
+
+
+def test_the_file_systems_root_as_output_dir_is_refused():
+    """Run as root, `output_dir: /` wrote /trials, /checkpoints, /drivers and /study.json."""
+    with pytest.raises(UsageError) as refused:
+        folders.check_not_nested(Path("/"), Path("s.yaml"))
+    assert str(refused.value) == ("s.yaml: study.output_dir: / is the file system's root: give "
+                                  "the study a folder of its own")
 
 
 def test_an_output_dir_inside_another_studys_is_refused_before_anything_is_written(tmp_path):
@@ -323,3 +332,36 @@ def test_no_dead_lineages_folder_is_removed_through_a_checkpoints_link(tmp_path)
     assert said == []  # nothing measured through it (a trial's start refuses it, saying so)
     with pytest.raises(UnsafePath, match="is a symbolic link"):
         checkpoint_disk.remove(out, 0)
+
+
+def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_study, tmp_path,
+                                                                          capsys):
+    """`sweep report -o` and `sweep summary --csv` write a new file that takes the name:
+    over a device, a FIFO, a link or a folder it would take theirs (`-o /dev/full` became
+    an HTML file). Refused in one line; what was there stays as it was."""
+    from conftest import run_cli
+
+    study_file = write_study()
+    study = optuna.create_study(study_name="probe",
+                                storage=f"sqlite:///{study_file.parent / 'probe.db'}")
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=0.5, params={"x": 0.5},
+        distributions={"x": FloatDistribution(0.0, 1.0)}))
+    fifo, folder, target = tmp_path / "fifo", tmp_path / "folder", tmp_path / "mine.txt"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    target.write_text("mine")
+    (tmp_path / "link").symlink_to(target)
+    for name in ("fifo", "folder", "link"):
+        for verb, flag in (("report", "-o"), ("summary", "--csv")):
+            capsys.readouterr()
+            assert run_cli(verb, str(study_file), flag, str(tmp_path / name)) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{tmp_path / name}" in err, err
+            assert ".report-" not in err and "give the name of a new or plain file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and folder.is_dir() and not any(folder.iterdir())
+    assert (tmp_path / "link").is_symlink() and target.read_text() == "mine"
+    page = tmp_path / "page.html"
+    assert run_cli("report", str(study_file), "-o", str(page)) == 0
+    assert run_cli("report", str(study_file), "-o", str(page)) == 0  # a plain file: replaced
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -33,6 +33,7 @@ def in_browser(page: Path, shots: Path) -> tuple[str, list[str]]:
     copy.write_text(page.read_text().replace("<head>", "<head>" + ERROR_SINK, 1))
     done = subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={shots / 'chromium-profile'}",  # its own, beside parallel tests
          "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
          "--window-size=1300,3600", f"--screenshot={shots / (page.stem + '.png')}",
@@ -60,6 +61,7 @@ def big_study(tmp_path_factory) -> Path:
     return fake_study(tmp_path_factory.mktemp("big"), "finished", n=10_000, gpus=8)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
 @pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000",
                                   "simulated", "asha", "pbt"])
@@ -207,6 +209,7 @@ def test_report_of_a_study_not_run_yet_is_one_line_and_writes_nothing(write_stud
     assert "no study named 'probe'" in err[0] and not (study.parent / "probe").exists()
 
 
+@pytest.mark.slow
 def test_run_with_report_refreshes_the_report_at_the_end(write_study, fake_gpus, capsys):
     study = write_study(study={"n_trials": 2})
     assert run_cli("run", str(study), "--report") == 0

@@ -184,9 +184,8 @@ def test_a_stream_report_makes_python_write_each_line_at_once(write_study):
 def test_a_report_source_in_the_checkpoint_folder_is_followed(tmp_path):
     """{checkpoint_dir} passed the study file's check but the driver filled a source's path
     without it: the trial's start raised KeyError (its trainer already spawned)."""
-    from test_loop import Sweep
-
     from sweep.testing.fakes import Script
+    from sweep.testing.harness import Sweep
 
     s = Sweep(tmp_path, lambda p: Script(runs=1.0), gpus=1, study={"n_trials": 1},
               trainer={"report": {"file": "{checkpoint_dir}/metrics.jsonl"}})

@@ -449,6 +449,7 @@ def test_the_imports_of_the_scripts_folder_less_the_standard_library_and_its_own
 # ---- end to end --------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("rendezvous")
 @pytest.mark.slow
 def test_a_two_process_trial_gets_the_teams_config_and_sweeps_devices(tmp_path):
     """Acceptance: a trial of two processes (gloo on CPU) launched with the committed config

@@ -53,7 +53,7 @@ def test_each_scheduler_loads_from_the_study_file(tmp_path):
     ({"type": "asha", "min_steps": 18, "max_steps": 18}, {}, "study.scheduler",
      "min_steps (18) must be below max_steps (18)"),
     ({"type": "asha", "min_steps": 2, "max_steps": 18, "reduction_factor": 1}, {},
-     "study.scheduler.asha.reduction_factor", "greater than or equal to 2"),
+     "study.scheduler.reduction_factor", "greater than or equal to 2"),
     ({"type": "asha", "min_steps": 2, "max_steps": 18},
      {"pruner": {"type": "median"}}, "study.scheduler", "study.scheduler or study.pruner"),
     ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50}, {"n_trials": 3},
@@ -61,7 +61,7 @@ def test_each_scheduler_loads_from_the_study_file(tmp_path):
     ({"type": "pbt", "population": 4, "interval": 50, "max_steps": 50}, {"n_trials": 8},
      "study.scheduler", "interval (50) must be below max_steps (50)"),
     ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50, "quantile": 0.7},
-     {"n_trials": 8}, "study.scheduler.pbt.quantile", "less than or equal to 0.5"),
+     {"n_trials": 8}, "study.scheduler.quantile", "less than or equal to 0.5"),
     ({"type": "median"}, {}, "study.scheduler", "asha"),
 ])
 def test_a_bad_scheduler_is_one_line_naming_its_key(tmp_path, scheduler, extra, key, text):
@@ -172,6 +172,30 @@ def test_a_paused_lineage_now_in_the_top_of_its_rung_is_promoted_top_rung_first(
     # promoted (its continuation queued or running): no longer promotable
     ts.append(trial(8, {}, TrialState.WAITING, retry_of=5, attempt=1, continues=5))
     assert h.promotable(lineages.read(ts)) == []
+
+
+def test_once_no_configuration_can_come_a_rung_that_cannot_grow_promotes_its_best():
+    """A finite study: lineage 0 is alone at rung 1 (step 6), where floor(1/3) = 0 places
+    are at the top; once n_trials is reached (`closed`) and nothing can still reach rung 1,
+    its best continues, else the run would end with no lineage trained to max_steps."""
+    h = halving()
+    ts = [paused(0, {2: 1.0, 6: 5.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0})]
+    assert h.promotable(lineages.read(ts)) == []
+    assert h.promotable(lineages.read(ts), closed=True) == [Promote(0, 1)]
+    assert h.final(lineages.read(ts), 0, 1) and h.final(lineages.read(ts), 0, 0)
+    # a lineage still running below step 6 may reach rung 1: it is not final yet
+    running = [*ts, trial(3, {0: 0.5, 1: 0.5})]
+    assert h.promotable(lineages.read(running), closed=True) == []
+    # one that has passed it (a promoted lineage on its way to max_steps) does not hold it
+    beyond = [*ts, trial(3, {2: 0.1, 6: 0.2, 7: 0.2})]
+    assert h.promotable(lineages.read(beyond), closed=True) == []  # 3 is rung 1's top now
+    # a paused lineage in the top of rung 0 goes first and will reach rung 1: only it
+    better = [paused(0, {2: 1.0, 6: 5.0}), paused(1, {2: 0.5}), paused(2, {2: 3.0})]
+    assert h.promotable(lineages.read(better), closed=True) == [Promote(1, 0)]
+    # two at a final rung, none at the top by floor(2/3): the better one continues
+    two = [paused(0, {2: 1.0, 6: 5.0}), paused(1, {2: 2.0, 6: 4.0}), paused(2, {2: 3.0}),
+           paused(3, {2: 0.9, 6: 9.0}), *[paused(n, {2: 8.0}) for n in range(4, 7)]]
+    assert h.promotable(lineages.read(two), closed=True) == [Promote(1, 1)]
 
 
 def test_maximize_ranks_the_other_way():

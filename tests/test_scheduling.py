@@ -19,7 +19,6 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from rich.console import Console
-from test_loop import Sweep, capture_messages
 
 from sweep.analysis import summary
 from sweep.runner.schedulers import Promote
@@ -28,6 +27,7 @@ from sweep.study import lineages
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial import checkpoint_disk, exploit, lineage, lineage_lock
 from sweep.trial.lineage import CHECKPOINT_ENV
 
@@ -169,6 +169,28 @@ def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
     assert s.trials[3].user_attrs["paused_at"] == 6  # first at rung 1: paused there
 
 
+def test_a_study_of_fewer_configurations_than_its_rungs_need_trains_its_best_to_the_end(
+        tmp_path):
+    """4 configurations, rungs at steps 2 and 6 (rf 3): rung 0's top third is 1 lineage,
+    alone at rung 1 (floor(1/3) = 0 places at its top). With n_trials reached and nothing
+    left to reach rung 1, it is promoted from there and trained to max_steps, where Li et
+    al.'s endless ASHA would leave it paused and end the run with none trained to the end."""
+    box: list[Sweep] = []
+    trainer = Trainer(box)
+    s = Sweep(tmp_path, trainer, gpus=2, study={"n_trials": 4, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    result = s.driver.run()
+    assert result.message == "4/4 configurations: 1 trained to the end, 3 paused"
+    lines = lineages.read(s.trials)
+    best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
+    assert best.latest.state.name == "COMPLETE" and best.last_step == 17
+    # it went on at rung 0 (the top third of 4), paused alone at rung 1, then continued once
+    assert s.trials[best.origin].user_attrs["paused_at"] == 6
+    assert [t.user_attrs["continues"] for t in s.trials if "continues" in t.user_attrs] == [
+        best.origin]
+
+
 def test_configurations_of_study_enqueue_do_not_go_before_a_promotion(tmp_path):
     """Optuna asks queued trials first: a scheduler queues study.enqueue's configurations one
     at a time, as new configurations, so a promotion still comes first."""
@@ -192,8 +214,13 @@ def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):
         assert t.user_attrs["resumed_at"] == 0
         assert t.user_attrs["steps_repeated"] == before.user_attrs["paused_at"] + 1
     fixes = [m for m in said if "steps repeated" in m]
-    assert len(fixes) == 1 and "$SWEEP_CHECKPOINT_DIR" in fixes[0] \
-        and "trainer.resume_args" in fixes[0]
+    first = min(flagged, key=lambda t: t.number)
+    before = s.trials[first.user_attrs["continues"]].user_attrs["paused_at"]
+    assert fixes == [  # resume_args is set: it is not the fix
+        f"trial {first.number} continues lineage {first.user_attrs['retry_of']} but reported "
+        f"step 0 first, not a step after {before}: {before + 1} steps repeated; the script "
+        "did not resume from what trainer.resume_args names (--resume); have it load its "
+        "state from there"]
     frame = summary.trials_frame(s.store.study, s.spec)
     shown = frame[frame["steps_repeated"].notna()]
     assert list(shown["number"]) == [t.number for t in flagged]
@@ -774,3 +801,209 @@ def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monke
     finally:
         store.close()
         other.close()
+
+
+def attempt(x: float, state: TrialState, steps: range, **attrs: Any) -> Any:
+    """One stored attempt of a lineage at `x` that reported `steps`."""
+    values = {step: curve(x, step) for step in steps}
+    return optuna.trial.create_trial(
+        state=state, params={"x": x}, distributions=DIST, intermediate_values=values,
+        value=values[max(steps)] if state is TrialState.COMPLETE else None,
+        user_attrs=attrs)
+
+
+def carries(origin: int, number: int, n: int) -> dict[str, Any]:
+    """The user attributes of attempt `n` of lineage `origin`, carrying on trial `number`."""
+    return {"retry_of": origin, "attempt": n, "continues": number, "retries": 0}
+
+
+def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
+                 scheduler: dict[str, Any] = ASHA, **trainer: Any) -> tuple[Sweep, Trainer]:
+    """An asha sweep on fakes over the study file's own storage (SQLite), holding `stored`
+    first: what `app.spent` and `app.dry_run` read is what the driver runs."""
+    from sweep.runner.driver import Driver
+    from sweep.study.connect import connect
+
+    box: list[Sweep] = []
+    fake = Trainer(box, **trainer)
+    s = Sweep(tmp_path, fake, gpus=2, study={"n_trials": n_trials, "scheduler": scheduler},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    s.store = connect(s.spec, Owner("test-host", 1, 0.0))
+    for t in stored:
+        s.store.study.add_trial(t)
+    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    return s, fake
+
+
+def lineage_left_waiting() -> list[Any]:
+    """term2: 9 configurations, 9 finished attempts (lineage 0 paused, then promoted to the
+    end), and lineage 9 interrupted twice, its continuation (trial 11) queued."""
+    done = TrialState.COMPLETE
+    return [attempt(0.9, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            *(attempt(0.5 + i / 20, done, range(18)) for i in range(1, 8)),
+            attempt(0.9, done, range(3, 18), **carries(0, 0, 1)),
+            attempt(0.3, TrialState.FAIL, range(2), fail_reason="interrupted"),
+            attempt(0.3, TrialState.FAIL, range(2, 4), fail_reason="interrupted",
+                    **carries(9, 9, 1)),
+            optuna.trial.create_trial(state=TrialState.WAITING,
+                                      system_attrs={"fixed_params": {"x": 0.3}},
+                                      user_attrs=carries(9, 10, 2))]
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_a_continuation_left_queued_runs_when_the_configurations_are_all_started(tmp_path):
+    """n_trials counts configurations: a lineage carried on is none, so its queued
+    continuation runs though 9 of 9 configurations (and 9 attempts) are finished."""
+    from sweep import app
+
+    s, _ = stored_sweep(tmp_path, 9, lineage_left_waiting())
+    try:
+        assert app.spent(s.spec) is None
+        result = s.driver.run()
+        assert result.exit_code == 0
+        assert result.message == "9/9 configurations: 9 trained to the end, 0 paused"
+        assert len(s.trials) == 12  # no new configuration
+        assert s.trials[11].state is TrialState.COMPLETE
+        assert app.spent(s.spec) == app.RunResult(0, (
+            "the budget is spent (9/9 configurations): nothing to run; raise study.n_trials "
+            "(or --n-trials) to run more"))
+    finally:
+        s.store.close()
+
+
+def promoted_to_the_end() -> list[Any]:
+    """asha2: 9 configurations, 11 finished attempts (lineages 0 and 1 paused, then promoted
+    to the end)."""
+    done = TrialState.COMPLETE
+    return [attempt(0.9, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            attempt(0.8, TrialState.PRUNED, range(3), paused_at=2, rung=0),
+            *(attempt(0.4 + i / 20, done, range(18)) for i in range(2, 9)),
+            attempt(0.9, done, range(3, 18), **carries(0, 0, 1)),
+            attempt(0.8, done, range(3, 18), **carries(1, 1, 1))]
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
+    """`--n-trials 10` on 9 configurations of 11 finished attempts: one more configuration,
+    said so by the dry run and run by the run."""
+    from sweep import app
+    from sweep.gpus.pool import fake_devices
+
+    s, trainer = stored_sweep(tmp_path, 10, promoted_to_the_end())
+    try:
+        assert app.spent(s.spec) is None
+        dry = app.dry_run(s.spec, fake_devices("2"))
+        assert dry[0] == ("# dry run: the next 1 trials (9/10 configurations in storage; "
+                          "queued continuations first; params sampled in memory)")
+        assert s.driver.run().exit_code == 0
+        assert [name for name, _ in trainer.starts] == ["11"]
+        assert "retry_of" not in s.trials[11].user_attrs
+        assert len(lineages.read(s.trials)) == 10
+    finally:
+        s.store.close()
+
+
+def test_a_promotion_whose_checkpoint_folder_is_gone_is_flagged_as_a_start_over(tmp_path):
+    """asha3: lineage 0's folder was removed ("they can never continue") before a raised
+    n_trials made it promotable: its continuation starts from scratch and is flagged."""
+    s, trainer = asha_sweep(tmp_path, gpus=1)
+    stored_rung(s)  # lineage 0 paused at step 2, promotable; no checkpoint folder is left
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert trainer.starts[0] == ("3", 0)
+    promoted = s.trials[3]
+    assert promoted.user_attrs["continues"] == 0
+    assert (promoted.user_attrs["resumed_at"], promoted.user_attrs["steps_repeated"]) == (0, 3)
+    assert "trial 3 continues trial 0 (attempt 1 of trial 0) from scratch" in said
+    assert [m for m in said if "steps repeated" in m] == [  # once a run
+        "trial 3 continues lineage 0 but reported step 0 first, not a step after 2: 3 steps "
+        "repeated; its checkpoint folder held nothing (never written, or removed) to resume "
+        "from; have the script save its state in $SWEEP_CHECKPOINT_DIR, and keep it "
+        "(study.scheduler.keep_checkpoints) while its lineage may continue"]
+
+
+PBT = {"type": "pbt", "population": 4, "interval": 4, "max_steps": 8, "quantile": 0.25,
+       "seed": 0, "perturb": [0.8, 1.25]}
+SHORT = ("pbt starts its population (4, all started) and adds a configuration only by an "
+         "exploit while lineages train, and none trains now: raise "
+         "study.scheduler.population to start more, or start a new study")
+
+
+@pytest.mark.slow  # the run on SQLite
+def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
+    """pbt adds configurations by exploits only: once its population has trained to the end
+    it can make no more, and the run's last line says why it ended short of n_trials."""
+    from sweep import app
+
+    s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
+    try:
+        result = s.driver.run()
+        made = len(lineages.read(s.trials))
+        assert result.exit_code == 0 and made < 12
+        done = sum(v.latest.state is TrialState.COMPLETE
+                   for v in lineages.read(s.trials).values())
+        assert result.message == (f"{made}/12 configurations: {done} trained to the end, 0 "
+                                  f"paused; {SHORT}")
+        assert app.spent(s.spec) == app.RunResult(
+            0, f"nothing to run ({made}/12 configurations): {SHORT}")
+    finally:
+        s.store.close()
+
+
+def test_a_changed_scheduler_is_said_in_one_line_when_the_study_is_opened(tmp_path):
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study.connect import connect
+
+    def opened(scheduler: dict[str, Any]) -> list[str]:
+        path = tmp_path / "study.yaml"
+        path.write_text(yaml.safe_dump(study_dict(study={"n_trials": 9,
+                                                         "scheduler": scheduler}),
+                                       sort_keys=False))
+        notes: list[str] = []
+        connect(config.load(path), Owner("test-host", 1, 0.0), notes=notes).close()
+        return [n for n in notes if n.startswith("study.scheduler")]
+
+    tail = ("): what it decides from now on follows the new settings; earlier pauses, "
+            "promotions and exploits stand, and n_trials still counts every configuration "
+            "so far")
+    assert opened(ASHA) == []
+    assert opened(ASHA) == []
+    assert opened({**ASHA, "reduction_factor": 2, "min_steps": 1}) == [
+        "study.scheduler changed since the study's last run (min_steps 2 -> 1, "
+        f"reduction_factor 3 -> 2{tail}"]
+    assert opened(PBT) == [f"study.scheduler changed since the study's last run (asha -> "
+                           f"pbt{tail}"]
+
+
+def test_an_asha_study_too_small_for_its_rungs_trains_its_best_to_the_end_unwarned(tmp_path):
+    """3 configurations for 2 rungs of reduction factor 3: at rung 1 the one promoted lineage
+    is alone, outside floor(1/3) = 0 places, but the rung can no longer grow: it promotes its
+    best, which reaches max_steps; nothing is said of n_trials being small."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box), gpus=2, study={"n_trials": 3, "scheduler": ASHA},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    said = capture_messages(s)
+    result = s.driver.run()
+    assert not [m for m in said if "is below 9" in m]
+    assert (result.exit_code, result.message) == (
+        0, "3/3 configurations: 1 trained to the end, 2 paused")
+
+
+def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_path):
+    """Not an empty table of failures: the paused trials, the best by their last value."""
+    s = Sweep(tmp_path, lambda p: Script(), gpus=1, study={"n_trials": 3, "scheduler": ASHA})
+    for x, v in ((0.1, 3.0), (0.2, 1.0)):
+        s.store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.PRUNED, value=v, params={"x": x}, distributions=DIST,
+            intermediate_values={2: v}, user_attrs={"paused_at": 2, "rung": 0}))
+    console = Console(record=True, width=200)
+    console.print(summary.render(summary.Summary(s.spec, summary.trials_frame(
+        s.store.study, s.spec), pd.DataFrame(), pd.DataFrame())))
+    text = " ".join(console.export_text().split())  # the title wraps at the table's width
+    assert "no COMPLETE trial yet, and none failed: 2 stopped early (pruned, or paused at a " \
+           "rung); the best by their last value" in text
+    assert "failures" not in text

@@ -124,7 +124,10 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
     fresh, bounded = mode == "fresh", mode == "bounded"
     flags = {"fresh": ["--fresh"], "restores_x": ["--restore-x"],
              "bounded": ["--weights", "100000"]}.get(mode, [])
-    args = ["--steps", "20", "--sleep", "0.1", *flags]
+    # 0.4 s a step: the driver must read a lineage's report at a multiple of `interval` while
+    # it runs; at 0.1 s (2 s a trial) a driver slowed by a busy machine read them only after
+    # the trainers had ended, and no exploit was due (every run under load failed)
+    args = ["--steps", "20", "--sleep", "0.4", *flags]
     study = write_study(study_dict(
         study={"n_trials": 6, "heartbeat_interval": 1,
                "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],

@@ -106,6 +106,7 @@ def test_pruning_multi_objective_is_refused(write_study):
         config.load(write_study(data))
 
 
+@pytest.mark.slow
 def test_an_end_to_end_run_with_qmc(write_study, fake_gpus):
     study = write_study(study={"n_trials": 4, "sampler": {"type": "qmc", "seed": 3}},
                         params={"x": {"type": "float", "low": 0.0, "high": 1.0},

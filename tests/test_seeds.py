@@ -8,6 +8,7 @@ from conftest import load_trials, run_cli, study_dict
 from sweep.spec import searchspace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
 def test_a_rerun_of_a_seeded_study_never_repeats_and_two_fresh_runs_agree(
     write_study, fake_gpus, tmp_path, sampler

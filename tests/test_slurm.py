@@ -20,10 +20,12 @@ from sweep.testing import slurm
 CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
 STEPS, N_TRIALS = 40, 4
 
-pytestmark = pytest.mark.skipif(shutil.which("slurmctld", path=os.environ.get("PATH", "") +
-                                             ":/usr/sbin") is None,
-                                reason="slurmctld is not on PATH (apt-get install slurm-wlm "
-                                "munge; CI installs them)")
+pytestmark = [
+    pytest.mark.xdist_group("slurm"),  # one throwaway cluster at a time on the 2-CPU node
+    pytest.mark.skipif(shutil.which("slurmctld", path=os.environ.get("PATH", "") + ":/usr/sbin")
+                       is None, reason="slurmctld is not on PATH (apt-get install slurm-wlm "
+                       "munge; CI installs them)"),
+]
 
 
 def starts(study: Path) -> list[tuple[int, int, int]]:

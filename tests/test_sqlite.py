@@ -203,6 +203,7 @@ NO_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fow
                "--inh-caps", "-dac_override,-dac_read_search,-fowner"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["a folder of mode 555", "an immutable folder"])
 def test_a_study_in_a_folder_the_reader_cannot_write_is_read_as_last_folded(
         write_study, fake_gpus, tmp_path, how):

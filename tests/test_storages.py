@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import optuna
 import psutil
@@ -207,24 +208,26 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     study = write_study(study_dict(
         study={"n_trials": 8, "name": "killed", "storage": url, "heartbeat_interval": 1,
                "reclaim_after": 3},
-        trainer={"args": ["--sleep", "3"]}))
-    # the victim alone would take 24 s for the budget: time for the survivor to start beside it
-    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": "h0"})
+        trainer={"args": ["--sleep", "2"]}))
 
-    def victim_runs() -> bool:
-        try:
-            trials = trials_of(url, "killed")
-        except Exception:
-            return False
-        return any(t.state.name == "RUNNING" and t.user_attrs.get("owner", {}).get("host")
-                   == "h0" for t in trials)
+    def runs_on(host: str) -> Callable[[], bool]:
+        def runs() -> bool:
+            try:
+                trials = trials_of(url, "killed")
+            except Exception:
+                return False
+            return any(t.state.name == "RUNNING" and t.user_attrs.get("owner", {}).get("host")
+                       == host for t in trials)
+        return runs
 
-    # the survivor starts once the victim runs a trial: on a busy machine, two drivers started
-    # together may leave the victim none (the survivor's start-up the faster)
-    assert wait_until(victim_runs, 60)
+    # the window forced: the victim holds trials, frozen (SIGSTOP), while the survivor starts
+    # up and runs its own; only then is the victim killed (a survivor that started first could
+    # spend the whole budget before a slow victim ran any)
+    victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
+    assert wait_until(runs_on("h0"), 120)
+    victim.send_signal(signal.SIGSTOP)
     survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
-    assert wait_until(lambda: any(t.user_attrs.get("owner", {}).get("host") == "h1"
-                                  for t in trials_of(url, "killed")), 60)
+    assert wait_until(runs_on("h1"), 120)
     victim.kill()
     victim.wait()
     _, err = survivor.communicate(timeout=180)

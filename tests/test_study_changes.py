@@ -256,3 +256,38 @@ def test_every_stored_study_mismatch_is_said_at_once(write_study, fake_gpus, tmp
         assert "the file says int" in lines[2] and "the file says float (log)" in lines[3]
     assert snapshot(tmp_path) == before
     assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
+
+
+def test_an_output_dir_changed_in_the_file_but_not_moved_is_refused_and_a_moved_one_runs(
+        write_study, fake_gpus, tmp_path, capsys):
+    """Changed by hand, a study's lineages would start over without their checkpoints (they
+    stay in the old folder): refused in one line, nothing written. Moved there, it runs."""
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState
+
+    from sweep.spec import config
+    from sweep.study.attrs import Owner, OwnerRecord
+    from sweep.study.ownership import host_name
+    from sweep.trial import folders
+
+    old, new, url = tmp_path / "old", tmp_path / "new", f"sqlite:///{tmp_path}/s.db"
+    first = config.load(write_study(study={"output_dir": str(old), "storage": url,
+                                           "n_trials": 1}, trainer=QUICK))
+    folders.claim_output_dir(old, folders.owner_of(first), first.source)
+    study = optuna.create_study(study_name="probe", storage=url)
+    record = OwnerRecord(Owner(host_name(), 1, 0.0), 0, str(old / "trials" / "0"))
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"owner": record.to_attr(), "fail_reason": "interrupted"}))
+    path = write_study(study={"output_dir": str(new), "storage": url, "n_trials": 1},
+                       trainer=QUICK)
+    capsys.readouterr()
+    assert run_cli("run", str(path)) == 2
+    err = capsys.readouterr().err
+    assert err == (f"sweep: error: {path}: study.output_dir: {new} is not where this study's "
+                   f"trials ran ({old}, which still holds their folders and checkpoints): set it "
+                   f"back, or move {old} to {new}, then run again\n")
+    assert len(study.get_trials()) == 1
+    os.rename(old, new)
+    assert run_cli("run", str(path)) == 0
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "COMPLETE"]

@@ -27,6 +27,8 @@ CASES = [
     ("kill_own_group", "exit code 137"),
     ("kill_guard", "its guard process was killed (by the trainer?)"),
     ("report_fifo", "the report file is not a regular file"),
+    ("result_link", "no result: the result file "),
+    ("report_link", "the report file is a symbolic link, not a regular file"),
 ]
 
 

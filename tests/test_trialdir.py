@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import yaml
 from conftest import study_dict
-from test_loop import Sweep
 
 from sweep import app
 from sweep._core.errors import UsageError
@@ -26,6 +25,7 @@ from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
 from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep
 from sweep.trial import command_script, folders, launch_plan
 from sweep.trial.folders import TrialFileError, TrialPaths
 

@@ -14,6 +14,7 @@ import os
 import pwd
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -158,6 +159,37 @@ def write_file(path: Path, text: str, mode: int = 0o600) -> None:
         raise _named(e, path) from e
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """`path` holds `text`, written whole to a new file beside it that then takes its name
+    (a reader never sees half of it); an existing `path` is replaced only if it is a plain
+    file (never a link, a folder, a device or a FIFO: UnsafePath). An OSError names `path`."""
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _named(e, path) from e
+    if st is not None:
+        problem = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else file_problem(st))
+        if problem:
+            raise UnsafePath(path, f"{problem}: give the name of a new or plain file")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    except OSError as e:
+        raise _named(e, path) from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _named(e, path) from e
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 MARKER = "study.json"  # what marks a folder as a study's output_dir (see sweep.trial.folders)

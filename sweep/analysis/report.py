@@ -8,12 +8,11 @@ through Optuna and the drivers' GPU samples, as `sweep summary` does; writing th
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.analysis import figures, lineage_figures
 from sweep.analysis.summary import Summary, gpu_table, read_samples, trials_frame
@@ -184,19 +183,12 @@ def _failure_table(frame: Any) -> str:
 
 
 def write(s: Summary, study: Any, path: Path | None = None) -> Path:
-    """Write the report (default `<output_dir>/report.html`) atomically; its path."""
+    """Write the report (default `<output_dir>/report.html`) atomically, never over what is
+    not a plain file (`safefs.replace_file`); its path."""
     path = path or s.spec.output_dir / REPORT_NAME
     text = render(s, study)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    safefs.replace_file(path, text)
     return path
 
 

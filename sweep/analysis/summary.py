@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
@@ -53,10 +54,10 @@ class Summary:
     samples: pd.DataFrame
 
     def save(self, path: Path | None = None) -> Path:
-        """Write the trials table as CSV (default `<output_dir>/summary.csv`)."""
+        """Write the trials table as CSV (default `<output_dir>/summary.csv`): replace_file."""
         path = path or self.spec.output_dir / "summary.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.trials.to_csv(path, index=False)
+        safefs.replace_file(path, self.trials.to_csv(index=False))
         return path
 
 
@@ -320,6 +321,20 @@ def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:
     return done.sort_values("value", ascending=ascending).head(top)
 
 
+def _stopped_early(summary: Summary, t: Any, top: int) -> Any:
+    """The table of a study whose trials were all stopped early (PRUNED: pruned, or paused at
+    a rung and never promoted to the end), the best by their last value first."""
+    pruned = t[t["state"] == "PRUNED"]
+    if "value" in pruned:
+        minimize = summary.spec.study.objective_directions[0] == "minimize"
+        pruned = pruned.sort_values("value", ascending=minimize)
+    cols = [c for c in ("number", "value", lineages.PAUSED_AT, "gpu", "duration_s")
+            if c in pruned and pruned[c].notna().any()]
+    return _table(pruned[cols].head(top),
+                  f"no COMPLETE trial yet, and none failed: {len(pruned)} stopped early "
+                  "(pruned, or paused at a rung); the best by their last value")
+
+
 def render(summary: Summary, top: int = 5) -> Any:
     """The terminal view: state counts, the best trials (or the Pareto front), the GPUs."""
     from rich.console import Group
@@ -335,6 +350,8 @@ def render(summary: Summary, top: int = 5) -> Any:
         failed = t[t["state"] == "FAIL"].tail(top)
         shown = _table(failed[["number", "gpu", "duration_s", "fail_reason"]],
                        f"no COMPLETE trial yet; the last {len(failed)} failures")
+        if failed.empty and (t["state"] == "PRUNED").any():  # pruned, or paused at a rung
+            shown = _stopped_early(summary, t, top)
         return Group(head, shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
     show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]

@@ -21,6 +21,7 @@ from sweep.gpus.nvml import GpuInfo, Nvml, NvmlUnavailable
 from sweep.gpus.placement import DeviceLook, Held, Refusal, Why
 
 FAKE_ENV = "SWEEP_FAKE_GPUS"
+MAX_FAKE = 1024  # simulated devices (more than any host has; 100,000 took minutes to lock)
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ def fake_devices(count: str) -> list[Device]:
         n = int(count)
     except ValueError:
         n = -1
-    if n < 0:
-        raise UsageError(f"{FAKE_ENV} must be a whole number of devices (got {count!r})")
+    if not 0 <= n <= MAX_FAKE:
+        raise UsageError(f"{FAKE_ENV} must be a whole number of devices from 0 to {MAX_FAKE} "
+                         f"(got {count!r})")
     return [Device(i, "simulated GPU", simulated=True) for i in range(n)]
 
 

@@ -36,7 +36,7 @@ from sweep.study.heartbeat import Heartbeat
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
 from sweep.trial import exploit, folders, launchers, process, provenance
-from sweep.trial.lineage import Lineage
+from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
@@ -84,13 +84,20 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note, lambda asked, st:
-                               self.scheduling.on_start(asked, st) if self.scheduling else st,
+                               self.clock.wake, self.record, self.store.note, self._on_start,
                                say=lambda text: self.events.message(text))
         try:
             return self._run()
         finally:
             self.launcher.close()
+
+    def _on_start(self, asked: Asked, start: Start) -> Start:
+        """Where `asked` starts from: the scheduler's word (a PBT exploit's copy), then what
+        its first step must come after (the resume check)."""
+        if self.scheduling is not None:
+            start = self.scheduling.on_start(asked, start)
+        self.follow.resume.started(asked, start)
+        return start
 
     def _run(self) -> RunResult:
         assert self.launcher is not None
@@ -113,7 +120,9 @@ class Driver:
             if self._own_clock:
                 self.clock.close()
         result = self.policy.result(self.store.counts())
-        return self.scheduling.result(result) if self.scheduling is not None else result
+        if self.scheduling is None:
+            return result
+        return self.scheduling.result(result, stopped=self.policy.stop_reason is not None)
 
     def _loop(self) -> None:
         while True:
@@ -190,6 +199,8 @@ class Driver:
     def _start_trials(self) -> None:
         """Start trials while the budget has room and the pool gives devices; a refusal that
         ends the run gives up. Parked trials are tried first."""
+        if self.policy.stop_reason is not None:  # a signal, the timeout, a give-up
+            self._drop_parked()
         for asked, lease, port in list(self.parked.values()):
             if not self._stopping():
                 self._launch(asked, lease, port, again=True)
@@ -425,9 +436,9 @@ class Driver:
 
     # ---- the end ------------------------------------------------------------------------
 
-    def _abandon(self) -> None:
-        """On the way out with trials still running (a driver error): stop and tell them.
-        Parked ones never started: told FAIL `interrupted`, continued as interrupted ones."""
+    def _drop_parked(self) -> None:
+        """Parked trials never started: told FAIL `interrupted`, continued as interrupted
+        ones, their devices given back."""
         for asked, lease, _ in self.parked.values():
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
@@ -436,6 +447,11 @@ class Driver:
             self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, lease.device,
                                    asked.attempt)
         self.parked.clear()
+
+    def _abandon(self) -> None:
+        """On the way out with trials still running (a driver error): stop and tell them,
+        and the parked ones (`_drop_parked`)."""
+        self._drop_parked()
         runs = list(self.running.values())
         stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:

@@ -1,6 +1,7 @@
 """Following a running trial between its start and its judging: its intermediate values, to
-the pruner, the scheduler and storage; its output and devices, for `trainer.hang_after`; and
-the one note that a pruner or a scheduler will get no values from this study's trials.
+the pruner, the scheduler and storage; whether a continuation resumed (`ResumeCheck`); its
+output and devices, for `trainer.hang_after`; and the one note that a pruner or a scheduler
+will get no values from this study's trials.
 
 The decisions are `hang`'s, the pruner's and the scheduler's; this module reads and acts. A
 stop it decides is a `Stop` given to the trial (`RunningTrial.stop`), never a signal.
@@ -8,17 +9,107 @@ stop it decides is a `Stop` given to the trial (`RunningTrial.stop`), never a si
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep.gpus.monitor import Monitor
 from sweep.runner import scheduling
 from sweep.runner.events import Events
 from sweep.spec.schema import Spec
-from sweep.study.store import Store, Taken
-from sweep.trial import hang, stacks
+from sweep.study import lineages
+from sweep.study.store import Asked, Store, Taken
+from sweep.trial import hang, lineage, stacks
+from sweep.trial.lineage import Start
 from sweep.trial.running import Phase, RunningTrial, Stop
+
+
+class ResumeCheck:
+    """Whether each continuation resumed: an attempt that carries its lineage on (after a
+    pause, an interruption, a dead driver, a failure; a PBT exploit from its donor's folder)
+    must report first a step after the one its lineage had reached. One that reports that
+    step or an earlier one first started over, whatever its checkpoint folder held (a folder
+    removed, or never written, is a start over too): its trial is flagged (`RESUMED_AT`,
+    `STEPS_REPEATED`), and the run says once how to fix it. Counted steps are not judged:
+    they go on from the lineage's last step whatever the trainer did."""
+
+    def __init__(self, spec: Spec, store: Store, say: Callable[[str], None]) -> None:
+        self.spec, self.store, self.say = spec, store, say
+        self._expect: dict[int, tuple[int, bool]] = {}  # trial -> (step to pass, resumed)
+        self._said = False
+
+    def started(self, asked: Asked, start: Start) -> None:
+        """`asked` starts from `start`: what its first reported step must come after."""
+        attrs = asked.trial.user_attrs
+        if lineages.EXPLOIT_OF in attrs and asked.attempt == 0:
+            self._expect[asked.number] = (int(attrs.get(lineages.EXPLOIT_STEP, 0)),
+                                          start.resume)
+            return
+        if not asked.lineage.resumes:
+            return
+        reached = _reached(self.store.study.get_trials(deepcopy=False), asked.origin,
+                           asked.number)
+        if reached is not None:
+            self._expect[asked.number] = (_saved_step(start, reached), start.resume)
+
+    def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> None:
+        """The first steps `run` reported: flagged if the first is not after the one its
+        lineage had reached."""
+        if not steps or run.number not in self._expect:
+            return
+        expect, resumed = self._expect.pop(run.number)
+        if steps[0] > expect or (run.reports is not None and run.reports.counted):
+            return
+        first, repeated = steps[0], expect - steps[0] + 1
+        self.store.note(run.trial, {lineages.RESUMED_AT: first,
+                                    lineages.STEPS_REPEATED: repeated})
+        if self._said:
+            return
+        self._said = True
+        self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
+                 f"first, not a step after {expect}: {repeated} steps repeated; "
+                 + self._fix(resumed, first))
+
+    def forget(self, number: int) -> None:
+        self._expect.pop(number, None)
+
+    def _fix(self, resumed: bool, first: int) -> str:
+        """Why it started over (or went back to `first`), and what to do."""
+        if resumed and first > 0:
+            return ("it resumed from a state older than the step its lineage reached; have "
+                    "the script save its state more often, or when it is stopped (SIGTERM: "
+                    "sweep.protocol.should_stop())")
+        if not resumed:
+            return ("its checkpoint folder held nothing (never written, or removed) to "
+                    "resume from; have the script save its state in $SWEEP_CHECKPOINT_DIR, "
+                    "and keep it (study.scheduler.keep_checkpoints) while its lineage may "
+                    "continue")
+        if self.spec.trainer.resume_args:
+            return ("the script did not resume from what trainer.resume_args names "
+                    f"({' '.join(self.spec.trainer.resume_args)}); have it load its state "
+                    "from there")
+        return ("it did not resume from its checkpoint; have the script load its state from "
+                "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
+                "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
+
+
+def _reached(trials: Sequence[FrozenTrial], origin: int, number: int) -> int | None:
+    """The last step lineage `origin`'s attempts other than `number` reported (None: none)."""
+    steps = [step for t in trials if t.number != number
+             and int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == origin
+             for step in t.intermediate_values]
+    return max(steps, default=None)
+
+
+def _saved_step(start: Start, reached: int) -> int:
+    """The step a resumed attempt's first report must come after: that of its newest HF
+    `checkpoint-N` folder (N steps done), which may be older than the step its lineage had
+    reported; else the step the lineage had reached (a script that keeps its own state)."""
+    if start.last_checkpoint is not None:
+        found = lineage.HF_CHECKPOINT.match(start.last_checkpoint.name)
+        if found:
+            return int(found.group(1))
+    return reached
 
 
 class Follower:
@@ -29,6 +120,7 @@ class Follower:
         self.spec, self.store, self.monitor, self.now = spec, store, monitor, now
         self.events = events  # what the user is told goes there
         self.scheduling: scheduling.Scheduling | None = None
+        self.resume = ResumeCheck(spec, store, lambda text: events.message(text))
         self.prunes = spec.study.pruner.type != "none"
         self.dump_stacks = stacks.dump  # (processes, path, why) -> text; a fake in tests
         self.python_pids = stacks.python_pids
@@ -54,9 +146,10 @@ class Follower:
             except Taken:  # this driver was taken for dead (frozen): the trial is not ours
                 run.stop(Stop.TAKEN, now)
                 return
+        self.resume.on_reports(run, [step for step, _ in fresh])
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
-        if self.scheduling is not None:  # the resume check also on values read after exit
+        if self.scheduling is not None:  # also on values read after exit
             decided = self.scheduling.on_reports(run, stored, decide=running)
             if decided is not None:
                 run.stop(decided, now)
@@ -83,6 +176,7 @@ class Follower:
     def ended(self, run: RunningTrial, state: TrialState) -> None:
         """A pruner that will never prune: say so once, when the first trial that reported
         or completed is one that completed without reporting a value."""
+        self.resume.forget(run.number)
         if not self._first_end:
             return
         if run.last_report is not None or state is TrialState.PRUNED:

@@ -83,6 +83,7 @@ class Reclaimer:
         self.wait: float | None = None
         self.ending: dict[int, Ending] = {}
         self._next = math.inf  # when the endings are looked at again
+        self._mine: set[int] = set()  # this driver's own trials, as of the last look
 
     @property
     def waits(self) -> bool:
@@ -98,6 +99,7 @@ class Reclaimer:
         """Reclaim the trials of drivers that are gone (`mine`: this driver's own trials'
         numbers): each is told FAIL, and queued again, at once if nothing of it is left, else
         once it ended (`follow`). True if any was told (the counts changed)."""
+        self._mine = mine
         orphans, self.wait = self.store.orphans(mine | set(self.ending))
         told = False
         for orphan in orphans:
@@ -120,9 +122,20 @@ class Reclaimer:
         if not self.ending or now < self._next:
             return False
         told = False
+        still: set[int] | None = None  # the endings still orphans: looked at before a tell
         for ending in list(self.ending.values()):
             trial_dir = ending.orphan.trial_dir
-            told |= self._step(ending, now, self.find(trial_dir) if trial_dir else [])
+            procs = self.find(trial_dir) if trial_dir else []
+            if decide(bool(procs), self.locked(self.output_dir, ending.origin), now,
+                      ending.kill_at, ending.killed) is Next.TELL:
+                if still is None:  # a driver frozen past reclaim_after may beat again
+                    still = {o.trial.number for o in self.store.orphans(self._mine)[0]}
+                if ending.orphan.trial.number not in still:
+                    del self.ending[ending.orphan.trial.number]
+                    self.events.message(f"trial {ending.orphan.trial.number}: its driver is "
+                                        "back (or it was told): not reclaimed")
+                    continue
+            told |= self._step(ending, now, procs)
         self._next = now + POLL_SECONDS if self.ending else math.inf
         return told
 

@@ -145,9 +145,16 @@ class Halving:
         reached = [k for k, r in enumerate(own) if last is not None and last >= r]
         return reached[-1] if reached else None
 
-    def promotable(self, lineages: Mapping[int, LineageView]) -> list[Promote]:
+    def promotable(self, lineages: Mapping[int, LineageView],
+                   closed: bool = False) -> list[Promote]:
         """The paused lineages now in the top 1/rf of the rung they reached, from the top
-        rung down, and best first within a rung (Li et al.'s get_job order)."""
+        rung down, and best first within a rung (Li et al.'s get_job order).
+
+        `closed`: no new configuration will start (n_trials reached). Li et al.'s ASHA has no
+        end, so a rung that holds fewer than rf lineages promotes none; in a finite study such
+        a rung, once it can no longer grow (`final`), would leave its best lineage paused for
+        good and the run would end with no configuration trained to max_steps. A final rung
+        promotes its best max(1, floor(n/rf)), as successive halving keeps at least one."""
         found: list[tuple[int, float, int, Promote]] = []
         for o, line in lineages.items():
             if line.standing is not Standing.PAUSED:
@@ -157,10 +164,32 @@ class Halving:
                 continue
             own = self.rungs_of(line.bracket)
             values = self._rung_values(lineages, line.bracket, own[k])
-            if o in top(values, 1 / self.reduction_factor, self.minimize):
+            if o in self._top_of(lineages, line.bracket, k, closed):
                 value = values[o] if self.minimize else -values[o]
                 found.append((-own[k], value, o, Promote(o, line.bracket + k)))
         return [p for *_, p in sorted(found, key=lambda f: f[:3])]
+
+    def _top_of(self, lineages: Mapping[int, LineageView], bracket: int, k: int,
+                closed: bool) -> list[int]:
+        """The lineages at the top of rung `k` of `bracket`: floor(n/rf), or the best one of
+        a final rung of a closed study that has fewer than rf."""
+        values = self._rung_values(lineages, bracket, self.rungs_of(bracket)[k])
+        chosen = top(values, 1 / self.reduction_factor, self.minimize)
+        if not chosen and closed and self.final(lineages, bracket, k):
+            chosen = top(values, 1.0, self.minimize)[:1]
+        return chosen
+
+    def final(self, lineages: Mapping[int, LineageView], bracket: int, k: int) -> bool:
+        """With no new configuration to come: whether rung `k` of `bracket` can no longer
+        grow, i.e. no lineage of the bracket runs or waits below it, and none paused at a
+        lower rung is in the top of that rung (so none will be promoted into it)."""
+        own = self.rungs_of(bracket)
+        members = [v for v in lineages.values() if v.bracket == bracket]
+        if any(v.standing in (Standing.RUNNING, Standing.QUEUED)
+               and (v.last_step is None or v.last_step < own[k]) for v in members):
+            return False
+        return not any(lineages[o].standing is Standing.PAUSED and self.rung_of(lineages[o]) == j
+                       for j in range(k) for o in self._top_of(lineages, bracket, j, True))
 
     def bracket_for(self, lineages: Mapping[int, LineageView]) -> int:
         """The bracket of a new configuration: the one furthest below its Hyperband share

@@ -2,10 +2,10 @@
 study and the trials. The driver calls it at five points: how many jobs may start (`room`),
 under the budget lock just before an ask (`before_ask`: a promotion is queued, a bracket
 chosen, a PBT donor paused for a copy continued), when a trial starts (`on_start`: a PBT
-exploit's consistent copy of its donor's state, `exploit.choose`; what its first step must
-come after), with each batch of a trial's reports (`on_reports`: the resume check, the explore
-check of `trainer.logged_params`, then go on, pause (at a rung, or a PBT donor an exploit waits
-on) or replace), and when a
+exploit's consistent copy of its donor's state, `exploit.choose`), with each batch of a trial's
+reports (`on_reports`: the explore check of `trainer.logged_params`, then go on, pause (at a
+rung, or a PBT donor an exploit waits on) or replace; the resume check of every study is
+`follow.ResumeCheck`'s), and when a
 trial's processes are gone (`ended`: the checkpoint folders of lineages that can never
 continue removed, under the budget lock, as `retention` decides).
 
@@ -26,15 +26,15 @@ import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep._core.safefs import UnsafePath
-from sweep.runner import explored, retention
+from sweep.runner import explored, retention, schedulers
 from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import (
     GoOn,
@@ -83,13 +83,8 @@ class Scheduling:
         assert spec.study.scheduler is not None
         self.spec, self.store, self.say = spec, store, say
         self.minimize = spec.study.objective_directions[0] == "minimize"
-        self.decide: Halving | Pbt = (
-            Pbt(spec.study.scheduler, self.minimize)
-            if spec.study.scheduler.type == "pbt"
-            else Halving.of(spec.study.scheduler, self.minimize))
+        self.decide: Halving | Pbt = decisions(spec)
         self._last: dict[int, int | None] = {}  # trial -> the last step of its lineage seen
-        self._expect: dict[int, int] = {}  # trial -> the step its first report must pass
-        self._flagged = False
         self._said_over = False
         # trainer.logged_params, in a pbt study: each trial's readers, its latest values and
         # its notes by boundary; the exploits whose explore is not checked yet (their donor)
@@ -102,6 +97,9 @@ class Scheduling:
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
+        # said only if the run ends with none trained to the end (a rung that can no longer
+        # grow promotes its best: a finite study trains it to max_steps, however small)
+        self._too_few = too_few(self.decide, spec.study.n_trials)
 
     def lineages(self) -> dict[int, LineageView]:
         return lineages.read(self.store.study.get_trials(deepcopy=False))
@@ -110,28 +108,31 @@ class Scheduling:
         return len(lines)
 
     def room(self) -> int:
-        """How many jobs may start now: queued attempts, promotable lineages, and new
-        configurations while `n_trials` (configurations, not attempts) allows."""
-        lines = self.lineages()
-        queued = sum(1 for t in self.store.study.get_trials(
-            deepcopy=False, states=(TrialState.WAITING,)))
-        n = self.spec.study.n_trials
-        if isinstance(self.decide, Pbt):
-            first = sum(1 for v in lines.values() if v.exploit_of is None)
-            return (queued + len(self.decide.continuable(lines))
-                    + max(0, min(n, self.decide.spec.population) - first))
-        new = max(0, n - self._configurations(lines))
-        return queued + len(self.decide.promotable(lines)) + new
+        """How many jobs may start now (`jobs`)."""
+        return jobs(self.decide, self.spec.study.n_trials,
+                    self.store.study.get_trials(deepcopy=False), self.spec.output_dir)
 
-    def result(self, result: RunResult) -> RunResult:
-        """The run's last line in configurations: `n_trials` counts them, not attempts."""
+    def _promotable(self, lines: dict[int, LineageView], closed: bool) -> list[Promote]:
+        """`promotable`: see there."""
+        assert isinstance(self.decide, Halving)
+        return promotable(self.decide, lines, closed, self.spec.output_dir)
+
+    def result(self, result: RunResult, stopped: bool = False) -> RunResult:
+        """The run's last line in configurations: `n_trials` counts them, not attempts; a run
+        not `stopped` (by study.timeout, a signal, a give-up) that ends short of them says
+        why (`short_of`)."""
         lines = self.lineages()
         done = sum(v.latest.state is TrialState.COMPLETE for v in lines.values())
         paused = sum(v.standing is Standing.PAUSED for v in lines.values())
         counted = re.sub(r"\d+/\d+ trials finished",
                          f"{len(lines)}/{self.spec.study.n_trials} configurations: {done} "
                          f"trained to the end, {paused} paused", result.message, count=1)
-        return dataclasses.replace(result, message=counted)
+        trials = self.store.study.get_trials(deepcopy=False)
+        running = any(t.state is TrialState.RUNNING for t in trials)
+        why = None if stopped or result.exit_code or running else short_of(
+            self.decide, self.spec.study.n_trials, trials) or (
+            self._too_few if not done and lines else None)
+        return dataclasses.replace(result, message=counted + (f"; {why}" if why else ""))
 
     def before_ask(self) -> Promote | NewConfiguration | None:
         """Under the budget lock (the caller holds it), before an ask: with nothing queued,
@@ -150,7 +151,8 @@ class Scheduling:
                 return Promote(origin, 0)
             self.store.enqueue_next(self.spec.study.enqueue)
             return NewConfiguration()
-        found = self.decide.promotable(lines)
+        found = self._promotable(
+            lines, closed=self._configurations(lines) >= self.spec.study.n_trials)
         if found:
             job = found[0]
             if self._queue_next(lines[job.origin]):
@@ -178,7 +180,7 @@ class Scheduling:
 
     def on_start(self, asked: Asked, start: Start) -> Start:
         """A trial starts: a PBT exploit's first attempt gets its donor's checkpoint folder
-        copied into its own; what its first reported step must come after is noted."""
+        copied into its own; the last step of its lineage it carries on is noted."""
         attrs = asked.trial.user_attrs
         line = self.lineages().get(asked.origin)
         before = None
@@ -191,8 +193,6 @@ class Scheduling:
         self._starts[asked.number] = start
         if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
             self._explores[asked.number] = int(donor)
-        if before is not None and (start.resume or donor is not None):
-            self._expect[asked.number] = _saved_step(start, before)
         return start
 
     def _copy_donor(self, asked: Asked, donor: int, start: Start) -> tuple[Start, int]:
@@ -274,17 +274,11 @@ class Scheduling:
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int],
                    decide: bool = True) -> Stop | None:
-        """New steps stored for `run`: the resume check on its first (not on counted steps:
-        they go on from the lineage's last step whatever the trainer did, so they cannot
-        tell a resume from a start over), then, with `decide`
-        (the trial still runs: not being stopped, its command not exited), the scheduler's
-        decision at the last (a Stop to give the trial, or None: it goes on)."""
+        """New steps stored for `run` (the resume check is `follow.ResumeCheck`'s): with
+        `decide` (the trial still runs: not being stopped, its command not exited), the
+        scheduler's decision at the last (a Stop to give the trial, or None: it goes on)."""
         if not steps:
             return None
-        expect = self._expect.pop(run.number, None)
-        counted = run.reports is not None and run.reports.counted
-        if expect is not None and steps[0] <= expect and not counted:
-            self._flag(run, steps[0], expect)  # counted steps go on from the lineage's
         before = self._last.get(run.number)
         step = max(steps)
         self._last[run.number] = step if before is None else max(before, step)
@@ -396,19 +390,6 @@ class Scheduling:
                  "it is given after it loads the checkpoint (e.g. each optimizer param "
                  "group's lr, and a scheduler's base_lrs)")
 
-    def _flag(self, run: RunningTrial, first: int, expect: int) -> None:
-        repeated = expect - first + 1
-        self.store.note(run.trial, {lineages.RESUMED_AT: first,
-                                    lineages.STEPS_REPEATED: repeated})
-        if self._flagged:
-            return
-        self._flagged = True
-        self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
-                 f"first, not a step after {expect}: {repeated} steps repeated (it did not "
-                 "resume from its checkpoint); have the script load its state from "
-                 "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
-                 "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
-
     def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
         """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
         disk is tidied (`tidy`; `abort` true gives up waiting for the budget lock)."""
@@ -462,15 +443,70 @@ class Scheduling:
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
 
 
-def _saved_step(start: Start, reached: int) -> int:
-    """The step a resumed attempt's first report must come after: that of its newest HF
-    `checkpoint-N` folder (N steps done), which may be older than the step its lineage had
-    reported; else the step the lineage had reached (a script that keeps its own state)."""
-    if start.last_checkpoint is not None:
-        found = lineage.HF_CHECKPOINT.match(start.last_checkpoint.name)
-        if found:
-            return int(found.group(1))
-    return reached
+def decisions(spec: Spec) -> Halving | Pbt:
+    """The decisions of `spec.study.scheduler` (which it must have)."""
+    assert spec.study.scheduler is not None
+    return schedulers.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
+
+
+def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
+         output_dir: Path | None = None) -> int:
+    """How many jobs a scheduler's study (`trials`, all of them) may start now: every queued
+    attempt (a continuation after an interruption or a dead driver, a promotion, an exploit:
+    a lineage carried on is no new configuration, so it runs whatever the budget), every
+    promotable lineage, and new configurations while `n_trials` (configurations, not
+    attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
+    lines = lineages.read(trials)
+    queued = sum(1 for t in trials if t.state is TrialState.WAITING)
+    if isinstance(decide, Pbt):  # and its donors paused for a copy that may go on
+        first = sum(1 for v in lines.values() if v.exploit_of is None)
+        return (queued + len(decide.continuable(lines))
+                + max(0, min(n_trials, decide.spec.population) - first))
+    new = max(0, n_trials - len(lines))
+    return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
+
+
+def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,
+               output_dir: Path | None) -> list[Promote]:
+    """`Halving.promotable` (`closed`: no configuration can come), less the lineages whose
+    checkpoint folder in `output_dir` was removed: they were judged never to continue, and a
+    later run of more configurations keeps to that."""
+    return [j for j in decide.promotable(lines, closed=closed)
+            if output_dir is None or not checkpoint_disk.removed(output_dir, j.origin)]
+
+
+def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> str | None:
+    """Why a scheduler's study (`trials`, all of them) that has nothing left to run (no job,
+    none running) has fewer configurations than `n_trials`; None if it has them all. Only
+    PBT can: it starts its population, then adds a configuration by each exploit of a
+    lineage still training."""
+    made = configurations(trials)
+    if made >= n_trials or not isinstance(decide, Pbt):
+        return None
+    return (f"pbt starts its population ({decide.spec.population}, all started) and adds a "
+            "configuration only by an exploit while lineages train, and none trains now: "
+            "raise study.scheduler.population to start more, or start a new study")
+
+
+def too_few(decide: Halving | Pbt, n_trials: int) -> str | None:
+    """The warning of an asha study whose `n_trials` is below rf**k (k rungs): a lineage
+    passes a rung only in the top 1/rf of it, so fewer configurations may train none to
+    max_steps. None otherwise (Hyperband's last bracket has no rung; pbt has none)."""
+    if not isinstance(decide, Halving) or decide.brackets > 1 or not decide.rungs:
+        return None
+    rf, k = decide.reduction_factor, len(decide.rungs)
+    needed = rf ** k
+    if n_trials >= needed:
+        return None
+    return (f"study.n_trials ({n_trials}) is below {needed} (reduction_factor {rf} to the "
+            f"power of the {k} rungs): asha may train no trial to max_steps, as a lineage "
+            f"goes past a rung only in the top 1/{rf} of it; raise n_trials to {needed}, or "
+            "have fewer rungs (a larger min_steps or reduction_factor)")
+
+
+def configurations(trials: Sequence[FrozenTrial]) -> int:
+    """The study's configurations (lineages): what `n_trials` counts under a scheduler."""
+    return len(lineages.read(trials))
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:

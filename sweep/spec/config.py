@@ -24,6 +24,7 @@ from pydantic import (
 from sweep._core import yamlfile
 from sweep._core.errors import ConfigError, Problem, short
 from sweep.spec import container as containerspec
+from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.checks import resolve
 from sweep.spec.schema import (
     AccelerateSettings,
@@ -160,6 +161,10 @@ def _fields(section: str, data: Mapping[str, Any]) -> list[str]:
     }
     model = models.get(section)
     parts = section.split(".")
+    if section == "study.scheduler":
+        given = (data.get("study") or {}).get("scheduler")
+        kind = given.get("type") if isinstance(given, dict) else None
+        model = SCHEDULER_MODELS.get(kind) if isinstance(kind, str) else None
     if model is None and len(parts) == 2 and parts[0] == "params":
         param = (data.get("params") or {}).get(parts[1])
         kind = param.get("type") if isinstance(param, dict) else None
@@ -173,6 +178,10 @@ def _fields(section: str, data: Mapping[str, Any]) -> list[str]:
     return [str(n) for n in dict.fromkeys(names) if n not in NOT_IN_FILES]
 
 
+SCHEDULER_MODELS: dict[str, type[BaseModel]] = {
+    "asha": scheduler_spec.AshaScheduler, "hyperband": scheduler_spec.HyperbandScheduler,
+    "pbt": scheduler_spec.PbtScheduler,
+}
 PARAM_MODELS: dict[str, type[BaseModel]] = {
     "float": FloatParam, "int": IntParam, "categorical": CategoricalParam, "bool": BoolParam,
     "fixed": FixedParam,
@@ -205,6 +214,8 @@ def _location(loc: tuple[int | str, ...]) -> tuple[str, str]:
         # params.<name>.<type tag>.<key>: the tag is the discriminator pydantic adds, not a key
         if i == 2 and loc[0] == "params" and part in PARAM_TYPES:
             continue
+        if i == 2 and loc[:2] == ("study", "scheduler") and part in SCHEDULER_MODELS:
+            continue  # study.scheduler.<type tag>.<key>: the same
         # a union's branch: `str`, `list[...]`... (deeper than any key a user names so)
         if isinstance(part, str) and (part.startswith(_TAGS) or (i >= 3 and part in _TYPE_TAGS)):
             root = root if root is not None else ".".join(str(p) for p in keep)

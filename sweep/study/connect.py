@@ -4,14 +4,17 @@ driver works through."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import optuna
+
+from sweep._core.errors import UsageError
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
-from sweep.study.attrs import (
-    Owner,
-)
+from sweep.study.attrs import Owner, OwnerRecord
 from sweep.study.budget import target_of
 from sweep.study.opening import open_study
 from sweep.study.storage import (
@@ -22,6 +25,7 @@ from sweep.study.storage import (
     unreachable,
 )
 from sweep.study.store import Store
+from sweep.trial import folders
 
 
 def connect(
@@ -50,3 +54,23 @@ def connect(
                      spec.study.sampler, spec.searched, str(spec.source), number))
                  if searchspace.reseeds(spec.study.sampler) else None,
                  clock=clock, lock=target_of(spec.storage, storage), identity=identity)
+
+
+def check_not_moved(spec: Spec, trials: Sequence[optuna.trial.FrozenTrial], host: str) -> None:
+    """UsageError if this host last ran the study's trials in another `output_dir` that still
+    holds them (its `study.json` names the study): changed in the study file, not moved, its
+    lineages would start over without their checkpoints. A folder moved (the old one gone)
+    is fine."""
+    for t in sorted(trials, key=lambda t: -t.number):
+        record = OwnerRecord.of(t.user_attrs)
+        if record is None or record.dir is None or record.owner.host != host:
+            continue
+        old = Path(record.dir).parent.parent  # <output_dir>/trials/<n>
+        found = folders.read_marker(old)
+        if (os.path.realpath(old) != os.path.realpath(spec.output_dir) and found is not None
+                and found.study == spec.study.name):
+            raise UsageError(
+                f"{spec.source}: study.output_dir: {spec.output_dir} is not where this study's "
+                f"trials ran ({old}, which still holds their folders and checkpoints): set it "
+                f"back, or move {old} to {spec.output_dir}, then run again")
+        return

@@ -22,6 +22,7 @@ from sweep.spec.schema import Spec
 from sweep.spec.searchspace import FloatParam, IntParam, Searched
 
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
+SCHEDULER = "scheduler"  # a study attribute: study.scheduler's settings in its last run
 
 
 def open_study(
@@ -45,11 +46,33 @@ def open_study(
     stored_metrics = study.user_attrs.get(METRICS)
     if stored_metrics is None:
         study.set_user_attr(METRICS, metrics)
+    scheduler = None if spec.study.scheduler is None else \
+        spec.study.scheduler.model_dump(mode="json")
+    recorded, then = SCHEDULER in study.user_attrs, study.user_attrs.get(SCHEDULER)
+    if recorded and then != scheduler and notes is not None:
+        notes.append(scheduler_changed(then, scheduler))
+    if (recorded and then != scheduler) or (not recorded and scheduler is not None):
+        study.set_user_attr(SCHEDULER, scheduler)
     if study.metric_names is None:  # optuna-dashboard's names for the objectives
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(metrics)
     return study
+
+
+def scheduler_changed(then: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> str:
+    """The line that says `study.scheduler` changed since the study's last run."""
+    def shown(settings: Mapping[str, Any] | None) -> str:
+        return "none" if settings is None else str(settings.get("type"))
+
+    if then is None or now is None or then.get("type") != now.get("type"):
+        what = f"{shown(then)} -> {shown(now)}"
+    else:
+        what = ", ".join(f"{k} {then.get(k)!r} -> {now.get(k)!r}" for k in sorted(
+            set(then) | set(now)) if then.get(k) != now.get(k))
+    return (f"study.scheduler changed since the study's last run ({what}): what it decides "
+            "from now on follows the new settings; earlier pauses, promotions and exploits "
+            "stand, and n_trials still counts every configuration so far")
 
 
 def _kind(dist: BaseDistribution) -> str:

@@ -52,6 +52,13 @@ def sizes(output_dir: Path, origins: Iterable[int]) -> dict[int, int]:
     return out
 
 
+def removed(output_dir: Path, origin: int) -> bool:
+    """Whether lineage `origin`'s folder was made by sweep (its marker is there) and is gone:
+    removed as one that can never continue (or by hand)."""
+    return (lineage.made_marker(output_dir, origin).is_file()
+            and not os.path.lexists(lineage.checkpoint_dir(output_dir, origin)))
+
+
 def remove(output_dir: Path, origin: int) -> None:
     """Remove lineage `origin`'s checkpoint folder with all that is in it. UnsafePath, with
     nothing removed, if `checkpoints/` is not this user's real folder, or the folder is not one

@@ -157,11 +157,14 @@ SWEEPS_OWN = ("trials", "checkpoints", "drivers")  # what sweep makes in an outp
 
 
 def check_not_nested(output_dir: Path, source: Path) -> None:
-    """UsageError if `output_dir` is inside a folder sweep makes in another study's output_dir
-    (`trials/`, `checkpoints/`, `drivers/` of a folder holding a study.json that names a
-    study): it would be removed with that study's trial or lineage. Beside them (a study in
-    `runs/ablation` next to one in `runs`) is fine."""
+    """UsageError if `output_dir` is the file system's root, or inside a folder sweep makes in
+    another study's output_dir (`trials/`, `checkpoints/`, `drivers/` of a folder holding a
+    study.json that names a study): it would be removed with that study's trial or lineage.
+    Beside them (a study in `runs/ablation` next to one in `runs`) is fine."""
     real = Path(os.path.realpath(output_dir))
+    if real == Path(real.anchor):
+        raise UsageError(f"{source}: study.output_dir: {output_dir} is the file system's root: "
+                         "give the study a folder of its own")
     for above in real.parents:
         found = read_marker(above)
         if found is None or found.study == "<unreadable>":

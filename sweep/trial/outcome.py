@@ -178,7 +178,7 @@ def judge_files(
                       "left running?)")
             hint = ""
         elif os.path.lexists(result) and result_text is None:
-            where = f"the result file {result} is not a regular file (a FIFO? a folder?)"
+            where = f"the result file {result} is not a regular file (a link? a FIFO? a folder?)"
             hint = ""  # the trainer knows where its result goes
     verdict = judge(exit_code, read_text(stderr, tail_bytes=64_000) or "", result_text,
                     metrics, **how)
@@ -282,10 +282,11 @@ def read_text(path: Path, tail_bytes: int | None = None,
               limit: int = MAX_RESULT + 1) -> str | None:
     """A regular file's text (its last `tail_bytes`, else at most `limit` bytes), or None.
 
-    Never blocks: a FIFO, a device or a directory in the file's place reads as None.
+    Never blocks, never follows a link: a link, a FIFO, a device or a directory in the file's
+    place reads as None.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return None
     info = os.fstat(fd)

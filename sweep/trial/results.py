@@ -4,6 +4,7 @@ one-line reasons for what cannot be used."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -118,11 +119,12 @@ class FollowedFile:
     def chunk(self, size: int = CHUNK) -> bytes | None:
         """At most `size` bytes from `offset` (None: no file yet, or `error`)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         except OSError as e:
-            self.error = f"cannot read {self.what} ({e.strerror})"
+            self.error = (f"{self.what} is a symbolic link, not a regular file"
+                          if e.errno == errno.ELOOP else f"cannot read {self.what} ({e.strerror})")
             return None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

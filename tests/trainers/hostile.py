@@ -57,6 +57,12 @@ def main() -> int:
         os.mkfifo(result)
     elif case == "result_dir":
         result.mkdir()
+    elif case == "result_link":  # a good result, elsewhere: a link is not followed
+        (result.parent / "elsewhere.json").write_text(json.dumps({"score": 0.123}))
+        result.symlink_to(result.parent / "elsewhere.json")
+    elif case == "report_link":  # a file the trainer does not own the content of
+        reports.symlink_to("/etc/passwd")
+        time.sleep(30)
     elif case == "report_dir":
         reports.mkdir()
         time.sleep(30)
