@@ -259,6 +259,39 @@ def test_a_replaced_lineage_is_out_of_the_ranking():
     assert Pbt(PBT, True).on_report(got, 0, 4, 5, SEARCHED, True) == GoOn()  # alone now
 
 
+def test_a_donor_at_its_last_step_is_never_chosen():
+    """max_steps 10: a lineage at step 9 has no step left to train from its state."""
+    spec = PbtScheduler(type="pbt", population=4, interval=5, max_steps=10, seed=1)
+    ts = [trial(0, {9: 1.0}), trial(1, {5: 2.0}), trial(2, {5: 3.0}), trial(3, {5: 9.0})]
+    assert Pbt(spec, True).on_report(lineages.read(ts), 3, 4, 5, SEARCHED, True) == GoOn()
+    ts[0] = trial(0, {8: 1.0})
+    decision = Pbt(spec, True).on_report(lineages.read(ts), 3, 4, 5, SEARCHED, True)
+    assert isinstance(decision, Replace) and decision.donor == 0
+
+
+def test_a_donor_paused_for_a_copy_ranks_and_continues_once_no_exploit_waits_on_it():
+    ts = [paused(0, {5: 1.0, 6: 1.0}), trial(1, {5: 2.0}), trial(2, {5: 3.0}),
+          trial(3, {5: 9.0}, TrialState.PRUNED),
+          trial(4, {}, TrialState.RUNNING, exploit_of=0, replaces=3)]  # not copied yet
+    got = lineages.read(ts)
+    assert got[4].awaits_copy and not got[0].awaits_copy
+    p = Pbt(PBT, True)
+    assert p.continuable(got) == []
+    # ranked while paused: lineage 2 is the bottom of 0, 1, 2
+    decision = p.on_report(got, 2, 4, 5, SEARCHED, True)
+    assert isinstance(decision, Replace) and decision.donor == 0
+    ts[4] = trial(4, {}, TrialState.RUNNING, exploit_of=0, replaces=3, exploit_step=6)
+    assert not lineages.read(ts)[4].awaits_copy
+    assert p.continuable(lineages.read(ts)) == [0]
+    ts[4] = trial(4, {}, TrialState.WAITING, exploit_of=0, replaces=3, exploit_step=5)
+    assert lineages.read(ts)[4].awaits_copy  # queued (by an earlier sweep): not copied yet
+    assert p.continuable(lineages.read(ts)) == []
+    ts[4] = trial(4, {}, TrialState.FAIL, exploit_of=0, replaces=3)  # called off
+    assert p.continuable(lineages.read(ts)) == [0]
+    ts.append(trial(5, {}, TrialState.WAITING, retry_of=0, attempt=1, continues=0))
+    assert p.continuable(lineages.read(ts)) == []  # continued: queued
+
+
 def test_explore_scales_numbers_within_range_and_resamples_categoricals():
     searched = {"lr": FloatParam(type="float", low=1e-4, high=1e-2, log=True),
                 "n": IntParam(type="int", low=1, high=10),

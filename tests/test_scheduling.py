@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep, capture_messages
-from sweep.trial import checkpoint_disk
+from sweep.trial import checkpoint_disk, exploit, lineage, lineage_lock
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -289,7 +290,7 @@ def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineag
     said = capture_messages(s)
     assert s.run() == 0
     replaced = [t.user_attrs["replaces"] for t in s.trials if "replaces" in t.user_attrs]
-    assert len(replaced) == 4
+    assert len(replaced) == 3  # the donor pauses for each copy (1 s each)
     assert max(trainer.disk) <= 5500 < 8 * 1000
     best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
@@ -310,6 +311,158 @@ def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
     assert not any("steps_repeated" in t.user_attrs for t in s.trials)
     best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+
+
+class TwoFileTrainer:
+    """A fake trainer of 1 s steps that saves each step in two files of
+    $SWEEP_CHECKPOINT_DIR, model.txt at 0.3 s and optim.txt at 0.9 s, and reports the step at
+    1 s; it resumes from them, and exits 3 at once if they disagree (a torn copy). `hf`:
+    instead, every 2nd step into `checkpoint-<step>/`, model.bin at 0.3 s and
+    trainer_state.json (last, as a HF Trainer) at 0.9 s, resumed from `{last_checkpoint}`.
+    Lineages with x >= 0.5 stop only when killed (after the grace period, 1.3 s), so the
+    exploits that replace them start between a donor's two writes."""
+
+    def __init__(self, s_box: list[Sweep], steps: int = 20, hf: bool = False) -> None:
+        self.box, self.steps, self.hf = s_box, steps, hf
+        self.starts: list[tuple[int, int | None, int | None]] = []  # (trial, model, optim)
+
+    def __call__(self, params: dict[str, Any]) -> Script:
+        s = self.box[0]
+        plan = s.spawn.plan
+        folder = Path(plan.env[CHECKPOINT_ENV])
+        number = int(plan.paths.dir.name.split("_")[-1])
+        if self.hf:
+            given = plan.argv[plan.argv.index("--resume") + 1] if "--resume" in plan.argv else None
+            files = ((Path(given) / "model.bin", Path(given) / "trainer_state.json") if given
+                     else (folder / "none", folder / "none"))
+        else:
+            files = (folder / "model.txt", folder / "optim.txt")
+        got = tuple(int(f.read_text()) if f.exists() else None for f in files)
+        self.starts.append((number, got[0], got[1]))
+        if got[0] != got[1]:
+            return Script(runs=0.1, code=3, result=None, stderr="torn checkpoint")
+        first = 0 if got[0] is None else got[0] + 1
+        index, t0 = len(s.spawn.processes), s.clock.t
+
+        def write(name: str, step: int) -> None:
+            if s.spawn.processes[index].command_exited:
+                return
+            where = folder / f"checkpoint-{step}" if self.hf else folder
+            where.mkdir(exist_ok=True)
+            (where / name).write_text(str(step))
+
+        reports = []
+        names = ("model.bin", "trainer_state.json") if self.hf else ("model.txt", "optim.txt")
+        for i, step in enumerate(range(first, self.steps)):
+            if not self.hf or step % 2:
+                s.clock.at(t0 + i + 0.3, lambda step=step: write(names[0], step))
+                s.clock.at(t0 + i + 0.9, lambda step=step: write(names[1], step))
+            reports.append((i + 1.0, step, curve(params["x"], step)))
+        return Script(runs=self.steps - first + 0.5, reports=reports,
+                      result={"score": curve(params["x"], self.steps - 1)},
+                      ignores_term=params["x"] >= 0.5)
+
+
+def two_file_pbt(tmp_path: Path, hf: bool = False) -> tuple[Sweep, TwoFileTrainer]:
+    box: list[Sweep] = []
+    trainer = TwoFileTrainer(box, hf=hf)
+    s = Sweep(tmp_path, trainer, gpus=4,
+              study={"n_trials": 8, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+              trainer={"grace_period": 1.3,
+                       "resume_args": ["--resume", "{last_checkpoint}" if hf else "x"]})
+    box.append(s)
+    return s, trainer
+
+
+def test_no_exploit_starts_from_a_torn_copy_of_a_donor_that_writes_two_files(tmp_path):
+    """The donor's plain folder is copied only once it is paused at its next report (it
+    writes no file then), then it continues; exploit_step is the state copied."""
+    s, trainer = two_file_pbt(tmp_path)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert [start for start in trainer.starts if start[1] != start[2]] == []  # none torn
+    starts = {number: model for number, model, _ in trainer.starts}
+    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
+    assert [t.user_attrs["exploit_step"] for t in exploits] == [6, 10, 15]
+    for t in exploits:
+        at = t.user_attrs["exploit_step"]
+        assert starts[t.number] == at  # the state copied is the step recorded
+        assert min(t.intermediate_values) == at + 1 and "steps_repeated" not in t.user_attrs
+        donor = t.user_attrs["exploit_of"]
+        assert [a.user_attrs["paused_at"] for a in s.trials  # it paused there, to be copied
+                if a.user_attrs.get("retry_of", a.number) == donor
+                and a.user_attrs.get("paused_at") == at] == [at]
+        assert f"trial {t.number} exploits trial {donor} at step {at}: its checkpoint " \
+               "folder copied" in " ".join(said)
+    # every donor paused for a copy continued, and every lineage ended
+    lines = lineages.read(s.trials)
+    assert [o for o, v in lines.items() if v.standing is not lineages.Standing.DONE] == []
+    assert sum(t.state.name == "COMPLETE" for t in s.trials) == 4
+
+
+def test_an_exploit_of_a_hf_donor_copies_its_newest_complete_checkpoint_and_never_pauses_it(
+        tmp_path):
+    s, trainer = two_file_pbt(tmp_path, hf=True)
+    assert s.run() == 0
+    assert [start for start in trainer.starts if start[1] != start[2]] == []  # none torn
+    assert not any("paused_at" in t.user_attrs for t in s.trials)
+    starts = {number: model for number, model, _ in trainer.starts}
+    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
+    assert exploits and all(t.user_attrs["exploit_step"] % 2 == 1 for t in exploits)
+    for t in exploits:
+        at = t.user_attrs["exploit_step"]
+        assert starts[t.number] == at
+        folder = s.spec.output_dir / "checkpoints" / str(t.number)
+        if folder.exists():  # still kept: it holds its copy and what it saved after
+            assert f"checkpoint-{at}" in {p.name for p in folder.iterdir()}
+
+
+def pair_pbt(tmp_path: Path, gpus: int) -> tuple[Sweep, Trainer]:
+    """A pbt population of 2 over 20 steps, n_trials 3, for a study a test stores."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=20)
+    s = Sweep(tmp_path, trainer, gpus=gpus,
+              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
+                                                  "interval": 5, "max_steps": 20}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    return s, trainer
+
+
+def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(tmp_path):
+    """The study says the donor is paused, but a process (another driver's trainer, still
+    ending) holds its lineage's lock until t=3: the exploit waits, copies after, and the donor
+    continues only once the copy is made."""
+    s, trainer = pair_pbt(tmp_path, gpus=2)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor: paused at step 6 for a copy
+        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
+        intermediate_values={st: curve(0.3, st) for st in range(7)},
+        user_attrs={"paused_at": 6}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    donor = s.spec.output_dir / "checkpoints" / "0"
+    donor.mkdir(parents=True)
+    (donor / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    assert held is not None
+    s.clock.at(3.0, lambda: os.close(held))
+    said = capture_messages(s)
+    assert s.run() == 0
+    exploit, continued = s.trials[2], s.trials[3]
+    assert [m for m in said if m.startswith("trial 2 waits to start")] == [
+        "trial 2 waits to start: its donor trial 0 is running: the copy waits until it is "
+        "paused at its next report, its folder copied, and it continues"]
+    started = spans(s)
+    assert started[2][0][0] >= 3.0  # not before the lock was let go
+    assert exploit.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["2"] == 7
+    assert continued.user_attrs["retry_of"] == 0 and started[0][0][0] >= started[2][0][0]
+    assert dict(trainer.starts)["3"] == 7
+    assert exploit.state.name == continued.state.name == "COMPLETE"
 
 
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
@@ -376,11 +529,12 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
 
 def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
     """Interval 8 of 20 steps: the exploit copied at step 16 runs 17..19, past no boundary
-    (nothing of it noted): its explore is still checked, on its first logged value."""
+    (nothing of it noted): its explore is still checked, on its first logged value. (The
+    first is decided at step 8; its donor pauses at its next report, 9, and is copied there.)"""
     s = logging_pbt(tmp_path, interval=8, restores=True)
     assert s.run() == 0
     exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
-    assert sorted(exploits) == [8, 16]
+    assert sorted(exploits) == [9, 16]
     assert "logged_params" not in exploits[16].user_attrs  # it passed no boundary
     for copied_at, t in exploits.items():  # what each logged first: the donor's rate
         donor = s.trials[t.user_attrs["exploit_of"]]
@@ -510,13 +664,7 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     """A driver killed between queueing an exploit and stopping the lineage it replaces: the
     reclaimer queued that lineage's continuation (as for any orphan). It must not train on
     beside its replacement: it is stopped at its first report and told PRUNED."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=20)
-    s = Sweep(tmp_path, trainer, gpus=1,
-              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
-                                                  "interval": 5, "max_steps": 20}},
-              trainer={"resume_args": ["--resume"]})
-    box.append(s)
+    s, trainer = pair_pbt(tmp_path, gpus=1)
     add = s.store.study.add_trial
     add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
@@ -527,13 +675,53 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
         intermediate_values={st: curve(0.3, st) for st in range(20)}))
     s.store.study.enqueue_trial({"x": 0.9}, user_attrs={"retry_of": 0, "attempt": 1,
                                                         "continues": 0})
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 1, "exploit_step": 5,
-                                                         "replaces": 0})
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 1, "replaces": 0})
+    said = capture_messages(s)
     assert s.run() == 0
     continuation, exploit = s.trials[2], s.trials[3]
     assert continuation.state.name == "PRUNED"
     assert sorted(continuation.intermediate_values)[-1] == 6  # one step, then stopped
-    assert exploit.state.name == "COMPLETE"
+    # its donor trained to the end meanwhile: its final state leaves no step to train
+    assert exploit.state.name == "FAIL" and not exploit.intermediate_values
+    why = ("its donor trial 1 trained to the end before a state of it could be copied: its "
+           "final state leaves the exploit no step to train")
+    assert exploit.user_attrs["fail_reason"] == f"exploit called off: {why}; trial 0 goes " \
+        "on in its place"
+    assert f"trial 3 is called off: {why}; trial 0 goes on in its place" in said
+    assert exploit.user_attrs["called_off"] is True and "exploit_step" not in exploit.user_attrs
+    # so lineage 0 is not replaced after all: it goes on from its folder, to the end
+    goes_on = s.trials[4]
+    assert (goes_on.user_attrs["retry_of"], goes_on.user_attrs["attempt"]) == (0, 2)
+    assert dict(trainer.starts)["4"] == 7 and goes_on.state.name == "COMPLETE"
+    assert len(s.trials) == 5
+
+
+def test_an_exploit_called_off_while_the_lineage_it_replaces_still_stops_lets_it_go_on(
+        tmp_path):
+    """The replaced lineage's attempt is still RUNNING (stopping) when its exploit is called
+    off: it is marked paused, so once told PRUNED it is continued like a paused donor."""
+    s, _ = pair_pbt(tmp_path, gpus=1)
+    study = s.store.study
+    study.add_trial(optuna.trial.create_trial(  # lineage 0, the donor: trained to the end
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(20)}))
+    replaced = study.ask({"x": FloatDistribution(0.0, 1.0)})  # lineage 1, stopping
+    for st in range(6):
+        replaced.report(curve(0.9, st), st)
+    study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    asked = s.store.ask(s.spec.searched, 0, lambda n: str(tmp_path / str(n)))
+    s.spec.output_dir.mkdir(parents=True)
+    sched = Scheduling(s.spec, s.store, lambda _: None)
+    start = sched.on_start  # the exploit's start finds its donor finished
+    with pytest.raises(exploit.CalledOff, match="trial 1 goes on in its place"):
+        start(asked, lineage.Start(s.spec.output_dir / "checkpoints" / str(asked.number)))
+    assert study.trials[1].user_attrs["paused_at"] == 5
+    study.tell(replaced, state=TrialState.PRUNED)
+    lines = sched.lineages()
+    assert not lines[1].replaced and lines[1].standing is lineages.Standing.PAUSED
+    assert sched.room() == 1 and sched.before_ask() == Promote(1, 0)
+    assert [t.user_attrs.get("retry_of") for t in study.get_trials(
+        states=(TrialState.WAITING,))] == [1]
 
 
 class CountingTrainer(Trainer):

@@ -34,7 +34,7 @@ from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
-from sweep.trial import folders, launchers, process, provenance
+from sweep.trial import exploit, folders, launchers, process, provenance
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
@@ -279,6 +279,13 @@ class Driver:
             if not again:
                 self.heartbeat.add(asked.trial)
                 self.events.message(f"trial {asked.number} waits to start: {e}")
+            return
+        except exploit.CalledOff as e:  # a PBT exploit whose donor trained to the end first
+            self.pool.release(lease)
+            self.heartbeat.discard(asked.number)
+            self.store.tell_failed(asked.trial, f"exploit called off: {e}")
+            self.tally.add(running=-1)
+            self.events.message(f"trial {asked.number} is called off: {e}")
             return
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)

@@ -8,7 +8,9 @@ A rung is full when no other lineage can ever reach it: every configuration of `
 started, and each lineage of its bracket has reached the rung or can never continue. Its top
 `1/reduction_factor` is then final, and a lineage paused there outside it is never promoted.
 A donor's folder stays while a lineage that exploits it has not reported a step (its copy may
-not be made yet).
+not be made yet). So does the folder of a lineage an exploit replaces until the exploit has
+copied its donor (`spared`: it goes on if the exploit is called off), unless the study sets
+`max_checkpoint_gb` (the copy to come needs the room).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Literal
 from optuna.trial import TrialState
 
 from sweep.runner.schedulers import Halving, Pbt, top
-from sweep.study.lineages import LineageView, Standing
+from sweep.study.lineages import REPLACES, LineageView, Standing
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 
@@ -31,9 +33,10 @@ def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
     """The origins of the lineages that can never continue: done (finished, replaced and
     stopped; not one that failed: a device taken out runs its failed trials again, and its
     folder is what a user debugs), or, under successive halving, paused below the cut of a
-    full rung; never a donor whose exploit has not reported yet, nor a lineage promotable
-    now that no configuration can come. A lineage whose folder was removed is never
-    promoted after (`Scheduling`), even in a later run of more configurations."""
+    full rung; never a donor whose exploit has not reported yet, nor a lineage `spared`, nor
+    a lineage promotable now that no configuration can come. A lineage whose folder was
+    removed is never promoted after (`Scheduling`), even in a later run of more
+    configurations."""
     dead = {o for o, line in lines.items() if line.standing is Standing.DONE
             and line.latest.state is not TrialState.FAIL}
     if isinstance(decide, Halving) and len(lines) >= n_trials:
@@ -42,7 +45,14 @@ def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
     for line in lines.values():
         if line.exploit_of is not None and line.standing is not Standing.DONE and not line.curve:
             dead.discard(line.exploit_of)
-    return frozenset(dead)
+    return frozenset(dead - spared(lines))
+
+
+def spared(lines: Mapping[int, LineageView]) -> frozenset[int]:
+    """The lineages replaced by an exploit that has not copied its donor yet: each goes on
+    if its exploit is called off (its folder is removed only under `max_checkpoint_gb`)."""
+    return frozenset(int(line.first[REPLACES]) for line in lines.values()
+                     if line.awaits_copy and REPLACES in line.first)
 
 
 def _below_full_cuts(lines: Mapping[int, LineageView], decide: Halving,
@@ -79,10 +89,12 @@ class Removal:
 
 
 def plan(lines: Mapping[int, LineageView], dead: frozenset[int], sizes: Mapping[int, int],
-         keep: int | Literal["all"], bound_gb: float | None, minimize: bool) -> Removal:
+         keep: int | Literal["all"], bound_gb: float | None, minimize: bool,
+         spare: frozenset[int] = frozenset()) -> Removal:
     """The folders to remove, given the lineages that can never continue (`dead`) and the
     bytes in each lineage folder there is (`sizes`, by origin): every dead one but the
-    `keep` best finished (COMPLETE; `all`: every dead one kept); then, while over
+    `keep` best finished (COMPLETE; `all`: every dead one kept), and with a bound the `spare`
+    ones (`spared`, by origin: the exploit's copy to come needs the room); then, while over
     `bound_gb`, the kept ones too: those not finished first (by origin), then the finished
     from the worst up, never the best."""
     finished = sorted(
@@ -99,6 +111,10 @@ def plan(lines: Mapping[int, LineageView], dead: frozenset[int], sizes: Mapping[
         remove = [o for o in there if o not in finished[:keep]]
     held = sum(sizes.values()) - sum(sizes[o] for o in remove)
     bound = None if bound_gb is None else bound_gb * GB
+    if bound is not None:  # `spared` folders go at once under a bound (a copy may follow)
+        gone = [o for o in sorted(spare) if o in sizes and o not in remove]
+        remove += gone
+        held -= sum(sizes[o] for o in gone)
     for o in kept:
         if bound is None or held <= bound:
             break

@@ -1,6 +1,7 @@
 """What a scheduler decides, with no side effects: whether a trial that just reported goes on,
 pauses at a rung, or is replaced (PBT); which job a free device gets (a promotion before a new
-configuration); a Hyperband lineage's bracket; a PBT exploit's donor and perturbed params.
+configuration); a Hyperband lineage's bracket; a PBT exploit's donor and perturbed params, and
+the donors paused for a copy that may continue.
 
 Everything is decided from the study's lineages (`study.lineages.read`) and the step a trial
 reached, so every driver of a study decides the same, and it is tested in microseconds.
@@ -26,6 +27,7 @@ from sweep.spec.scheduler import (
 )
 from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
 from sweep.study.lineages import LineageView, Standing
+from sweep.trial.exploit import has_steps_left
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,8 @@ class Pbt:
         if not room or not passed or step >= self.spec.max_steps:
             return GoOn()
         live = {o: line.last_value for o, line in lineages.items()
-                if line.standing in (Standing.RUNNING, Standing.QUEUED) and not line.replaced
+                if line.standing in (Standing.RUNNING, Standing.QUEUED, Standing.PAUSED)
+                and not line.replaced
                 and line.last_value is not None and line.last_value == line.last_value}
         if origin not in live or len(live) < 2:
             return GoOn()
@@ -234,11 +237,28 @@ class Pbt:
         best = top(values, 1.0, self.minimize)
         if origin not in best[n - cut:] or origin in best[:cut]:
             return GoOn()
+        donors = [o for o in best[:cut] if _steps_left(lineages[o], self.spec.max_steps)]
+        if not donors:  # the top is at its last step: no state with steps left to copy
+            return GoOn()
         rng = random.Random(f"{self.spec.seed}-{origin}-{step}")
-        donor = rng.choice(best[:cut])
+        donor = rng.choice(donors)
         return Replace(donor, step, explore(dict(lineages[donor].params), searched,
                                             self.spec.perturb,
                                             self.spec.resample_probability, rng))
+
+
+    def continuable(self, lineages: Mapping[int, LineageView]) -> list[int]:
+        """The lineages paused for an exploit's copy (a donor with a plain folder) that no
+        exploit waits on any more: they continue, lowest origin first."""
+        waited = {line.exploit_of for line in lineages.values() if line.awaits_copy}
+        return sorted(o for o, line in lineages.items()
+                      if line.standing is Standing.PAUSED and not line.replaced
+                      and o not in waited)
+
+
+def _steps_left(line: LineageView, max_steps: int) -> bool:
+    """Whether a lineage's latest state leaves a step to train below `max_steps`."""
+    return line.last_step is not None and has_steps_left(line.last_step, max_steps)
 
 
 def explore(params: dict[str, Any], searched: Mapping[str, Searched],

@@ -1,16 +1,20 @@
 """`study.scheduler` carried out: the one place a scheduler's decisions (`schedulers`) touch the
 study and the trials. The driver calls it at five points: how many jobs may start (`room`),
 under the budget lock just before an ask (`before_ask`: a promotion is queued, a bracket
-chosen), when a trial starts (`on_start`: a PBT exploit's checkpoint copied), with each batch
-of a trial's reports (`on_reports`: the explore check of `trainer.logged_params`, then go on,
-pause or replace; the resume check of every study is `follow.ResumeCheck`'s), and when a
+chosen, a PBT donor paused for a copy continued), when a trial starts (`on_start`: a PBT
+exploit's consistent copy of its donor's state, `exploit.choose`), with each batch of a trial's
+reports (`on_reports`: the explore check of `trainer.logged_params`, then go on, pause (at a
+rung, or a PBT donor an exploit waits on) or replace; the resume check of every study is
+`follow.ResumeCheck`'s), and when a
 trial's processes are gone (`ended`: the checkpoint folders of lineages that can never
 continue removed, under the budget lock, as `retention` decides).
 
 Every decision is recorded in the study before it is acted on, under the budget lock where two
 drivers could take it both: a promotion is its lineage's next attempt queued once
 (`Store.requeue`), an exploit a new lineage queued once per replaced lineage (`REPLACES`), a
-pause the `PAUSED_AT` attribute set on the running attempt before it is stopped. A driver
+pause the `PAUSED_AT` attribute set on the running attempt before it is stopped. A donor's
+folder is copied whole only under its lineage lock (no attempt of it runs or starts meanwhile),
+and the donor continues only once no exploit waits on it (`EXPLOIT_STEP` set on each). A driver
 killed in between leaves the study as after the decision, or as before it: a promotion queued
 is asked by whichever driver asks next; a paused attempt left RUNNING is reclaimed, and its
 lineage continued, as any orphan's.
@@ -20,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweep._core.safefs import UnsafePath
@@ -39,12 +45,13 @@ from sweep.runner.schedulers import (
     Promote,
     Replace,
 )
+from sweep.runner.starter import LineageBusy
 from sweep.spec.schema import Spec
 from sweep.study import lineages
 from sweep.study.budget import LockAbandoned
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage
+from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage, lineage_lock
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import RunningTrial, Stop
 
@@ -52,6 +59,20 @@ NO_RESUME_ARGS = (
     "study.scheduler pauses trials and continues them later: without trainer.resume_args, a "
     "paused trial can only continue if the script resumes from $SWEEP_CHECKPOINT_DIR itself "
     "(else it starts over, and sweep flags it: steps_repeated)")
+
+
+class DonorRunning(LineageBusy):
+    """A PBT exploit not started yet: its donor runs, with no complete state to copy (`pause`:
+    it is paused at its next report; else its next `checkpoint-N` is awaited)."""
+
+    def __init__(self, number: int, donor: int, pause: bool, path: Path) -> None:
+        super().__init__(donor, path)
+        self.number, self.donor, self.pause = number, donor, pause
+
+    def __str__(self) -> str:
+        wait = ("it is paused at its next report, its folder copied, and it continues"
+                if self.pause else "it saves a complete checkpoint-N")
+        return f"its donor trial {self.donor} is running: the copy waits until {wait}"
 
 
 class Scheduling:
@@ -123,24 +144,33 @@ class Scheduling:
             return None
         lines = self.lineages()
         if isinstance(self.decide, Pbt):
+            for origin in self.decide.continuable(lines)[:1]:
+                if self._queue_next(lines[origin]):
+                    self.say(f"trial {origin} continues: its state was copied for the "
+                             "exploits that waited on it")
+                return Promote(origin, 0)
             self.store.enqueue_next(self.spec.study.enqueue)
             return NewConfiguration()
         found = self._promotable(
             lines, closed=self._configurations(lines) >= self.spec.study.n_trials)
         if found:
             job = found[0]
-            latest = lines[job.origin].latest
-            line = Lineage.of(latest.user_attrs, latest.number)
-            searched = {k: v for k, v in lines[job.origin].params.items()
-                        if k in self.spec.searched}
-            if self.store.requeue_held(searched, line.origin, line.attempt + 1,
-                                       line.next_attrs(latest.number, retry=False)):
+            if self._queue_next(lines[job.origin]):
                 self.say(f"trial {job.origin} promoted from rung {job.rung} (step "
                          f"{self.decide.rungs[job.rung]}): queued to continue from its "
                          "checkpoint folder")
             return job
         self.store.enqueue_next(self.spec.study.enqueue)
         return NewConfiguration(self.decide.bracket_for(lines))
+
+    def _queue_next(self, view: LineageView) -> bool:
+        """Queue the next attempt of a paused lineage (the caller holds the budget lock); True
+        if this call queued it."""
+        latest = view.latest
+        line = Lineage.of(latest.user_attrs, latest.number)
+        searched = {k: v for k, v in view.params.items() if k in self.spec.searched}
+        return self.store.requeue_held(searched, line.origin, line.attempt + 1,
+                                       line.next_attrs(latest.number, retry=False))
 
     def after_ask(self, asked: Asked, job: Promote | NewConfiguration | None) -> None:
         """A new configuration of a Hyperband study records its bracket."""
@@ -158,16 +188,89 @@ class Scheduling:
             before = line.last_step
         donor = attrs.get(lineages.EXPLOIT_OF)
         if donor is not None and asked.attempt == 0:
-            start = exploit.start_from_donor(self.spec.output_dir, int(donor), start)
-            before = int(attrs.get(lineages.EXPLOIT_STEP, 0))
-            self.say(f"trial {asked.number} exploits trial {donor} at step {before}: its "
-                     "checkpoint folder copied, params perturbed "
-                     f"({_shown(asked.params, self.spec.searched)})")
+            start, before = self._copy_donor(asked, int(donor), start)
         self._last[asked.number] = before
         self._starts[asked.number] = start
         if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
             self._explores[asked.number] = int(donor)
         return start
+
+    def _copy_donor(self, asked: Asked, donor: int, start: Start) -> tuple[Start, int]:
+        """An exploit's first attempt: a consistent state of lineage `donor` copied into its
+        folder (`exploit.choose`), under the donor's lineage lock where it is free (no attempt
+        of the donor runs or starts during the copy), and the step copied recorded
+        (`EXPLOIT_STEP`). DonorRunning (the exploit waits, parked) or exploit.CalledOff."""
+        assert isinstance(self.decide, Pbt)
+        out = self.spec.output_dir
+        lock = lineage_lock.lock_path(out, donor)
+        try:
+            fd = lineage_lock.take(out, donor)
+        except lineage_lock.Unsupported:
+            fd = -1  # no lock on this file system: the study's states alone say it runs
+        try:
+            line = self.lineages().get(donor)
+            found = exploit.Donor(
+                fd is None or (line is not None and line.standing is Standing.RUNNING),
+                line is not None and line.latest.state is TrialState.COMPLETE,
+                None if line is None else line.last_step)
+            choice = exploit.choose(exploit.listing(lineage.checkpoint_dir(out, donor)), found,
+                                    self.decide.spec.max_steps)
+            if isinstance(choice, exploit.Wait):
+                raise DonorRunning(asked.number, donor, choice.pause, lock)
+            if isinstance(choice, exploit.NoStepsLeft):
+                raise self._call_off(asked, donor)
+            if not isinstance(choice, exploit.Nothing):
+                try:
+                    start = exploit.start_from_donor(out, donor, start, choice)
+                except exploit.Torn:  # rotated while copied: the next pass takes the newest
+                    raise DonorRunning(asked.number, donor, False, lock) from None
+            self.store.note(asked.trial, {lineages.EXPLOIT_STEP: choice.step})
+        finally:
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        what = (f"its {choice.name} copied" if isinstance(choice, exploit.CopyCheckpoint)
+                else "its checkpoint folder copied" if isinstance(choice, exploit.CopyFolder)
+                else "its checkpoint folder is empty, nothing copied")
+        self.say(f"trial {asked.number} exploits trial {donor} at step {choice.step}: {what}, "
+                 f"params perturbed ({_shown(asked.params, self.spec.searched)})")
+        return start, choice.step
+
+    def _call_off(self, asked: Asked, donor: int) -> exploit.CalledOff:
+        """An exploit whose donor has no state with a step left: recorded as called off, and
+        the lineage it was to replace queued to go on from its own folder (under the budget
+        lock, once), before the driver tells it FAIL."""
+        replaces = asked.trial.user_attrs.get(lineages.REPLACES)
+        with self.store.budget_lock():
+            self.store.note(asked.trial, {lineages.CALLED_OFF: True})
+            line = self.lineages().get(int(replaces)) if replaces is not None else None
+            if line is not None and line.latest.state is TrialState.RUNNING:
+                try:  # still stopping: told PRUNED paused, it is continued (`continuable`)
+                    storage, latest = self.store.storage, line.latest
+                    storage.set_trial_user_attr(
+                        storage.get_trial_id_from_study_id_trial_number(
+                            self.store.study_id, latest.number),
+                        lineages.PAUSED_AT, line.last_step or 0)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    line = self.lineages().get(line.origin)
+            if line is not None and line.latest.state is TrialState.PRUNED:
+                self._queue_next(line)
+        return exploit.CalledOff(asked.number, donor, None if line is None else line.origin)
+
+    def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
+        """Whether lineage `run.origin` (at `step`) is a donor an exploit waits on whose plain
+        folder is copied only once it stops: then it is paused (`PAUSED_AT` set first)."""
+        assert isinstance(self.decide, Pbt)
+        if not any(v.awaits_copy and v.exploit_of == run.origin for v in lines.values()):
+            return False
+        choice = exploit.choose(
+            exploit.listing(lineage.checkpoint_dir(self.spec.output_dir, run.origin)),
+            exploit.Donor(True, False, step), self.decide.spec.max_steps)
+        if not (isinstance(choice, exploit.Wait) and choice.pause):
+            return False
+        self.store.note(run.trial, {lineages.PAUSED_AT: step})
+        self.say(f"trial {run.number} paused at step {step}: an exploit copies its checkpoint "
+                 "folder, then it continues")
+        return True
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int],
                    decide: bool = True) -> Stop | None:
@@ -189,6 +292,8 @@ class Scheduling:
         if lines[run.origin].replaced:  # an exploit took its place; a reclaimer queued it on
             return Stop.REPLACED
         if isinstance(self.decide, Pbt):
+            if self._awaited(run, lines, step):
+                return Stop.PAUSED
             return self._pbt(run, lines, before, step)
         decision = self.decide.on_report(lines, run.origin, before, step)
         if isinstance(decision, Pause):
@@ -216,7 +321,6 @@ class Scheduling:
             self.store.study.enqueue_trial(
                 decision.params, skip_if_exists=False,
                 user_attrs={lineages.EXPLOIT_OF: decision.donor,
-                            lineages.EXPLOIT_STEP: decision.step,
                             lineages.REPLACES: run.origin})
         self.say(f"trial {run.number} is in the bottom of the population at step {step}: "
                  f"replaced by an exploit of trial {decision.donor}")
@@ -311,7 +415,8 @@ class Scheduling:
             measured = lines if sched.max_checkpoint_gb is not None else dead
             sizes = checkpoint_disk.sizes(out, measured)
             chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
-                                    sched.max_checkpoint_gb, self.minimize)
+                                    sched.max_checkpoint_gb, self.minimize,
+                                    retention.spared(lines))
             removed, freed = [], 0
             for origin in chosen.remove:
                 if origin in self._refused:
@@ -353,9 +458,10 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
     attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
     lines = lineages.read(trials)
     queued = sum(1 for t in trials if t.state is TrialState.WAITING)
-    if isinstance(decide, Pbt):
+    if isinstance(decide, Pbt):  # and its donors paused for a copy that may go on
         first = sum(1 for v in lines.values() if v.exploit_of is None)
-        return queued + max(0, min(n_trials, decide.spec.population) - first)
+        return (queued + len(decide.continuable(lines))
+                + max(0, min(n_trials, decide.spec.population) - first))
     new = max(0, n_trials - len(lines))
     return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
 

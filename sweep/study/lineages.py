@@ -5,7 +5,9 @@ done), read from the trials' states and user attributes (pure: trials in, views 
 A scheduler's decisions are recorded in user attributes, so every driver of the study reads
 the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set before it is
 told), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`, `EXPLOIT_STEP` and `REPLACES`
-(a PBT lineage copied from a donor's checkpoint folder at a step, in place of a lineage), and
+(a PBT lineage copied from a donor's checkpoint folder, in place of a lineage; `EXPLOIT_STEP`,
+the step of the state copied, is set once the copy is made; `CALLED_OFF`, an exploit that never
+started, whose donor had no state with a step left: the lineage it was to replace goes on), and
 `RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
 lineage had reached), `LOGGED` (the values a PBT trial's script logged for its
 `trainer.logged_params`, at each `interval` boundary) and `RESTORED_PARAMS` (an exploit whose
@@ -26,6 +28,7 @@ from sweep.trial import lineage
 PAUSED_AT, RUNG = "paused_at", "rung"
 BRACKET = "bracket"
 EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
+CALLED_OFF = "called_off"  # an exploit never started: the lineage it was to replace goes on
 RESUMED_AT, STEPS_REPEATED = "resumed_at", "steps_repeated"
 LOGGED, RESTORED_PARAMS = "logged_params", "restored_params"
 
@@ -65,6 +68,16 @@ class LineageView:
         return self.curve[min(later)] if later else None
 
     @property
+    def awaits_copy(self) -> bool:
+        """A PBT exploit whose first attempt is queued, or starting with its donor's state not
+        copied yet (no `EXPLOIT_STEP`: it is set as the copy is made; one queued by an
+        earlier sweep, which set it then, is waiting all the same)."""
+        if self.exploit_of is None or self.latest.number != self.origin:
+            return False
+        return self.latest.state is TrialState.WAITING or (
+            self.latest.state is TrialState.RUNNING and EXPLOIT_STEP not in self.first)
+
+    @property
     def last_value(self) -> float | None:
         last = self.last_step
         return None if last is None else self.curve[last]
@@ -87,7 +100,7 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
         origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
         by_origin.setdefault(origin, []).append(t)
     replaced = {int(t.user_attrs[REPLACES]) for ts in by_origin.values() for t in ts
-                if REPLACES in t.user_attrs}
+                if REPLACES in t.user_attrs and not t.user_attrs.get(CALLED_OFF)}
     out: dict[int, LineageView] = {}
     for origin, attempts in by_origin.items():
         attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
