@@ -24,7 +24,7 @@ from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Sampl
 from sweep.gpus.nvml import Nvml, NvmlUnavailable
 from sweep.gpus.placement import Refusal
 from sweep.gpus.pool import Device, Pool, Rules
-from sweep.runner import scheduling
+from sweep.runner import schedule_budget
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
@@ -134,22 +134,22 @@ def spent(spec: Spec) -> RunResult | None:
 
 def _room(spec: Spec, trials: Sequence[Any]) -> int:
     """How many trials may start on the stored `trials`, as the driver counts them: under a
-    scheduler, its jobs (`scheduling.jobs`: a lineage carried on runs whatever the budget,
+    scheduler, its jobs (`schedule_budget.jobs`: a lineage carried on runs whatever the budget,
     and `n_trials` counts configurations); else the budget less the finished trials."""
     if spec.study.scheduler is not None:
-        return scheduling.jobs(scheduling.decisions(spec), spec.study.n_trials, trials,
+        return schedule_budget.jobs(schedule_budget.decisions(spec), spec.study.n_trials, trials,
                                spec.output_dir)
     return spec.study.n_trials - sum(t.state in FINISHED for t in trials)
 
 
 def _spent(spec: Spec, trials: Sequence[Any]) -> RunResult:
     n = spec.study.n_trials
-    why = None if spec.study.scheduler is None else scheduling.short_of(
-        scheduling.decisions(spec), n, trials)
+    why = None if spec.study.scheduler is None else schedule_budget.short_of(
+        schedule_budget.decisions(spec), n, trials)
     if why is not None:  # pbt: configurations come from exploits only, and none can come
-        return RunResult(EXIT_OK, f"nothing to run ({scheduling.configurations(trials)}/{n} "
+        return RunResult(EXIT_OK, f"nothing to run ({schedule_budget.configurations(trials)}/{n} "
                                   f"configurations): {why}")
-    counted = (f"{scheduling.configurations(trials)}/{n} configurations"
+    counted = (f"{schedule_budget.configurations(trials)}/{n} configurations"
                if spec.study.scheduler is not None else
                f"{sum(t.state in FINISHED for t in trials)}/{n} trials finished")
     return RunResult(EXIT_OK, f"the budget is spent ({counted}): nothing to run; raise "
@@ -312,9 +312,9 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
 def _scheduled_dry(spec: Spec, trials: Sequence[Any], slots: int) -> tuple[int, str]:
     """How many trials a scheduler's dry run shows (queued attempts, then new configurations:
     a promotion is decided by the run, so it is counted, not shown), and its first line."""
-    decide = scheduling.decisions(spec)
-    configs = scheduling.configurations(trials)
-    jobs = scheduling.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
+    decide = schedule_budget.decisions(spec)
+    configs = schedule_budget.configurations(trials)
+    jobs = schedule_budget.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
     promotable = 0 if isinstance(decide, Pbt) else len(decide.promotable(lineages.read(trials)))
     n = max(0, min(slots, jobs - promotable))
     return n, (f"# dry run: the next {n} trials ({configs}/{spec.study.n_trials} "

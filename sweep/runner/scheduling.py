@@ -26,16 +26,17 @@ import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from sweep._core.safefs import UnsafePath
-from sweep.runner import explored, retention, schedulers
+from sweep.runner import explored, retention
 from sweep.runner.policy import RunResult
+from sweep.runner.schedule_budget import decisions, jobs, promotable, short_of, too_few
 from sweep.runner.schedulers import (
     GoOn,
     Halving,
@@ -441,72 +442,6 @@ class Scheduling:
                      f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
                      "belongs to lineages that may still continue (or the best finished one): "
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
-
-
-def decisions(spec: Spec) -> Halving | Pbt:
-    """The decisions of `spec.study.scheduler` (which it must have)."""
-    assert spec.study.scheduler is not None
-    return schedulers.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
-
-
-def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
-         output_dir: Path | None = None) -> int:
-    """How many jobs a scheduler's study (`trials`, all of them) may start now: every queued
-    attempt (a continuation after an interruption or a dead driver, a promotion, an exploit:
-    a lineage carried on is no new configuration, so it runs whatever the budget), every
-    promotable lineage, and new configurations while `n_trials` (configurations, not
-    attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
-    lines = lineages.read(trials)
-    queued = sum(1 for t in trials if t.state is TrialState.WAITING)
-    if isinstance(decide, Pbt):  # and its donors paused for a copy that may go on
-        first = sum(1 for v in lines.values() if v.exploit_of is None)
-        return (queued + len(decide.continuable(lines))
-                + max(0, min(n_trials, decide.spec.population) - first))
-    new = max(0, n_trials - len(lines))
-    return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
-
-
-def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,
-               output_dir: Path | None) -> list[Promote]:
-    """`Halving.promotable` (`closed`: no configuration can come), less the lineages whose
-    checkpoint folder in `output_dir` was removed: they were judged never to continue, and a
-    later run of more configurations keeps to that."""
-    return [j for j in decide.promotable(lines, closed=closed)
-            if output_dir is None or not checkpoint_disk.removed(output_dir, j.origin)]
-
-
-def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> str | None:
-    """Why a scheduler's study (`trials`, all of them) that has nothing left to run (no job,
-    none running) has fewer configurations than `n_trials`; None if it has them all. Only
-    PBT can: it starts its population, then adds a configuration by each exploit of a
-    lineage still training."""
-    made = configurations(trials)
-    if made >= n_trials or not isinstance(decide, Pbt):
-        return None
-    return (f"pbt starts its population ({decide.spec.population}, all started) and adds a "
-            "configuration only by an exploit while lineages train, and none trains now: "
-            "raise study.scheduler.population to start more, or start a new study")
-
-
-def too_few(decide: Halving | Pbt, n_trials: int) -> str | None:
-    """The warning of an asha study whose `n_trials` is below rf**k (k rungs): a lineage
-    passes a rung only in the top 1/rf of it, so fewer configurations may train none to
-    max_steps. None otherwise (Hyperband's last bracket has no rung; pbt has none)."""
-    if not isinstance(decide, Halving) or decide.brackets > 1 or not decide.rungs:
-        return None
-    rf, k = decide.reduction_factor, len(decide.rungs)
-    needed = rf ** k
-    if n_trials >= needed:
-        return None
-    return (f"study.n_trials ({n_trials}) is below {needed} (reduction_factor {rf} to the "
-            f"power of the {k} rungs): asha may train no trial to max_steps, as a lineage "
-            f"goes past a rung only in the top 1/{rf} of it; raise n_trials to {needed}, or "
-            "have fewer rungs (a larger min_steps or reduction_factor)")
-
-
-def configurations(trials: Sequence[FrozenTrial]) -> int:
-    """The study's configurations (lineages): what `n_trials` counts under a scheduler."""
-    return len(lineages.read(trials))
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:
