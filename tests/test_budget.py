@@ -119,23 +119,28 @@ def test_drivers_starting_together_run_each_enqueued_trial_and_grid_point_once(w
 
 
 def test_drivers_queueing_the_same_baseline_at_once_queue_it_once(write_study, monkeypatch):
-    """The window between Optuna's "already queued?" and the queueing, forced open."""
+    """The window between "is it in the study yet?" and the queueing, forced open: each
+    driver queues `study.enqueue`'s next entry under the budget lock, as before its ask."""
     import threading
     import time
 
     import optuna
 
-    real = optuna.Study._should_skip_enqueue
+    real = optuna.Study.enqueue_trial
 
-    def slow(self, params):
-        skip = real(self, params)
+    def slow(self, *args, **kwargs):
         time.sleep(0.2)
-        return skip
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(optuna.Study, "_should_skip_enqueue", slow)
+    monkeypatch.setattr(optuna.Study, "enqueue_trial", slow)
     spec = config.load(write_study())
     stores = [connect(spec, Owner(h, 1, 0), 60) for h in "abc"]
-    threads = [threading.Thread(target=s.enqueue, args=([{"x": 0.25}],)) for s in stores]
+
+    def queue(store) -> None:
+        with store.budget_lock():
+            store.enqueue_next([{"x": 0.25}])
+
+    threads = [threading.Thread(target=queue, args=(s,)) for s in stores]
     for t in threads:
         t.start()
     for t in threads:
