@@ -313,6 +313,9 @@ def misspelt(section, right, wrong):
      "pruner, scheduler, enqueue, max_consecutive_failures, heartbeat_interval, reclaim_after, "
      "grace_period, report)"),
     ({**study_dict(), "source": "x.yaml"}, "source: unknown key `source`"),
+    (bad(trainer={"stop_grace": 5, "grace_period": 5}),
+     "trainer.grace_period: `grace_period` is another name of `stop_grace`, given too: keep "
+     "one"),
     (bad(study={"scheduler": {"type": "asha", "min_steps": 1, "max_steps": 9, "colour": 1}}),
      "study.scheduler.colour: unknown key `colour` (study.scheduler takes keep_checkpoints, "
      "max_checkpoint_gb, min_steps, max_steps, reduction_factor, type)"),

@@ -137,7 +137,11 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
             section, _, name = key.rpartition(".")
             fields = _fields(section, data)
             close = difflib.get_close_matches(name, fields, n=1)
-            if close:
+            if close and close[0] == name:  # a field's second name, both given
+                other = _other_names(section, name)
+                msg = (f"`{name}` is another name of `{other}`, given too: keep one"
+                       if other else f"`{name}` is given twice: keep one")
+            elif close:
                 meant.add(f"{section}.{close[0]}" if section else close[0])
                 msg = f"unknown key `{short(name, 40)}` (did you mean `{close[0]}`?)"
             else:
@@ -182,6 +186,17 @@ SCHEDULER_MODELS: dict[str, type[BaseModel]] = {
     "asha": scheduler_spec.AshaScheduler, "hyperband": scheduler_spec.HyperbandScheduler,
     "pbt": scheduler_spec.PbtScheduler,
 }
+def _other_names(section: str, name: str) -> str | None:
+    """The names, but `name`, of the field of `section` that `name` also names."""
+    models: dict[str, type[BaseModel]] = {"study": StudySection, "trainer": TrainerSection}
+    model = models.get(section)
+    for field in (model.model_fields.values() if model is not None else []):
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and name in alias.choices:
+            return " / ".join(str(n) for n in alias.choices if n != name)
+    return None
+
+
 PARAM_MODELS: dict[str, type[BaseModel]] = {
     "float": FloatParam, "int": IntParam, "categorical": CategoricalParam, "bool": BoolParam,
     "fixed": FixedParam,
