@@ -423,6 +423,12 @@ class Scheduling:
                 if origin in self._refused:
                     continue
                 try:
+                    lock_fd = lineage_lock.take(out, origin)  # none may write it meanwhile
+                except (OSError, lineage_lock.Unsupported):
+                    lock_fd = -1  # a file system that cannot lock: the trial states decide
+                if lock_fd is None:  # a straggler of it still ends: another time
+                    continue
+                try:
                     checkpoint_disk.remove(out, origin)
                 except UnsafePath as e:
                     self._refused.add(origin)
@@ -430,6 +436,9 @@ class Scheduling:
                     continue
                 except OSError:  # a straggler still writes in it: another time
                     continue
+                finally:
+                    if lock_fd >= 0:
+                        os.close(lock_fd)
                 removed.append(origin)
                 freed += sizes[origin]
         if removed:
