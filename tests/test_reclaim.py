@@ -62,12 +62,13 @@ class Leftover:
 
 
 def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None = None,
-                locked_until: float = 0.0, **sections: Any) -> tuple[Sweep, list[Any]]:
+                locked_until: float = 0.0, n_trials: int = 1,
+                **sections: Any) -> tuple[Sweep, list[Any]]:
     """A sweep whose study holds trial 0, RUNNING, of a dead driver of this host, whose
     processes are `live(clock)` (`guard`: the pid of the one that is its guard); its
     lineage's lock is held until `locked_until`. Returns it and the signals the reclaimer
     sent."""
-    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1}, **sections)
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": n_trials}, **sections)
     folder = str(s.spec.output_dir / "trials" / "0")
     s.store.study.add_trial(optuna.trial.create_trial(
         state=TrialState.RUNNING, params={"x": 0.5},
@@ -180,6 +181,23 @@ def test_an_orphan_whose_driver_beats_again_while_its_lock_is_held_is_not_told(t
     assert [(t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials] == [
         ("RUNNING", None)]
     assert "trial 0: its driver is back (or it was told): not reclaimed" in said
+
+
+def test_an_orphan_is_told_though_this_drivers_own_continuation_holds_its_lineage_lock(
+        tmp_path):
+    """Its dead driver queued its continuation before it could tell it; this driver runs
+    that continuation, whose guard holds the lineage's lock: the lock says nothing of the
+    orphan any more, which is told at once, not once its continuation ends."""
+    s, sent = with_orphan(tmp_path, locked_until=1e9, n_trials=2)
+    s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
+        "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0})
+    s.spawn.script = lambda p: Script(runs=5.0)
+    seen: list[str] = []
+    s.clock.at(1.0, lambda: seen.append(s.trials[0].state.name))
+    assert s.run() == 0
+    assert seen == ["FAIL"] and sent == []
+    assert [t.state.name for t in s.trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert s.trials[0].user_attrs["fail_reason"].startswith("driver died")
 
 
 def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):

@@ -70,6 +70,8 @@ class Driver:
         self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
         self.follow = Follower(spec, store, monitor, self.clock.now, self.events)
         self.reclaim = Reclaimer(spec, store, self.events)
+        self.reclaim.runs_lineage = lambda origin: any(
+            run.lineage.origin == origin for run in self.running.values())
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake

@@ -84,6 +84,9 @@ class Reclaimer:
         self.ending: dict[int, Ending] = {}
         self._next = math.inf  # when the endings are looked at again
         self._mine: set[int] = set()  # this driver's own trials, as of the last look
+        # whether this driver runs an attempt of a lineage (set by the driver): its guard
+        # holds the lineage's lock, which then says nothing of the orphan's processes
+        self.runs_lineage: Callable[[int], bool] = lambda origin: False
 
     @property
     def waits(self) -> bool:
@@ -126,7 +129,7 @@ class Reclaimer:
         for ending in list(self.ending.values()):
             trial_dir = ending.orphan.trial_dir
             procs = self.find(trial_dir) if trial_dir else []
-            if decide(bool(procs), self.locked(self.output_dir, ending.origin), now,
+            if decide(bool(procs), self._held(ending.origin), now,
                       ending.kill_at, ending.killed) is Next.TELL:
                 if still is None:  # a driver frozen past reclaim_after may beat again
                     still = {o.trial.number for o in self.store.orphans(self._mine)[0]}
@@ -139,9 +142,14 @@ class Reclaimer:
         self._next = now + POLL_SECONDS if self.ending else math.inf
         return told
 
+    def _held(self, origin: int) -> bool:
+        """Whether lineage `origin`'s lock is held by another than this driver's own attempt
+        of it (a continuation this driver started once the orphan's guard had ended)."""
+        return self.locked(self.output_dir, origin) and not self.runs_lineage(origin)
+
     def _step(self, ending: Ending, now: float, procs: list[psutil.Process]) -> bool:
         orphan = ending.orphan
-        locked = self.locked(self.output_dir, ending.origin)
+        locked = self._held(ending.origin)
         step = decide(bool(procs), locked, now, ending.kill_at, ending.killed)
         if step is Next.KILL:
             self.send(procs, signal.SIGKILL)
