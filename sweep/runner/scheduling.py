@@ -424,8 +424,10 @@ class Scheduling:
                     continue
                 try:
                     lock_fd = lineage_lock.take(out, origin)  # none may write it meanwhile
-                except (OSError, lineage_lock.Unsupported):
+                except lineage_lock.Unsupported:
                     lock_fd = -1  # a file system that cannot lock: the trial states decide
+                except OSError:  # the lock file cannot be had now: another time
+                    continue
                 if lock_fd is None:  # a straggler of it still ends: another time
                     continue
                 try:
