@@ -241,8 +241,8 @@ class Scheduling:
         the lineage it was to replace queued to go on from its own folder (under the budget
         lock, once), before the driver tells it FAIL."""
         replaces = asked.trial.user_attrs.get(lineages.REPLACES)
-        with self.store.budget_lock():
-            self.store.note(asked.trial, {lineages.CALLED_OFF: True})
+        with self.store.budget_lock():  # its continuation queued first: a kill between the
+            # two leaves it queued (idempotent), never the lineage neither replaced nor queued
             line = self.lineages().get(int(replaces)) if replaces is not None else None
             if line is not None and line.latest.state is TrialState.RUNNING:
                 try:  # still stopping: told PRUNED paused, it is continued (`continuable`)
@@ -255,6 +255,7 @@ class Scheduling:
                     line = self.lineages().get(line.origin)
             if line is not None and line.latest.state is TrialState.PRUNED:
                 self._queue_next(line)
+            self.store.note(asked.trial, {lineages.CALLED_OFF: True})
         return exploit.CalledOff(asked.number, donor, None if line is None else line.origin)
 
     def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
