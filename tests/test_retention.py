@@ -85,13 +85,16 @@ def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for
           trial(2, {}, TrialState.WAITING, exploit_of=0, exploit_step=5, replaces=1),
           trial(3, {5: 2.0})]
     # 1 is replaced and 0 finished, but the exploit has not copied 0's folder yet, and it may
-    # be called off (1 then goes on): 1's folder goes only under a bound (the copy needs room)
+    # be called off (1 then goes on): 1's folder goes only while over a bound (first then:
+    # the copy needs room), never under one
     got = lineages.read(ts)
     assert retention.never_continue(got, pbt, n_trials=4) == frozenset()
     assert retention.spared(got) == {1}
     sizes = {0: 100, 1: 100, 2: 0, 3: 100}
     assert retention.plan(got, frozenset(), sizes, 1, None, True, frozenset({1})).remove == ()
     assert retention.plan(got, frozenset(), sizes, 1, 1.0, True,
+                          frozenset({1})) == retention.Removal((), 300, False)
+    assert retention.plan(got, frozenset(), sizes, 1, 250e-9, True,
                           frozenset({1})) == retention.Removal((1,), 200, False)
     ts[2] = trial(2, {}, exploit_of=0, exploit_step=5, replaces=1)  # copied, no report yet
     assert retention.never_continue(lineages.read(ts), pbt, n_trials=4) == {1}

@@ -93,10 +93,10 @@ def plan(lines: Mapping[int, LineageView], dead: frozenset[int], sizes: Mapping[
          spare: frozenset[int] = frozenset()) -> Removal:
     """The folders to remove, given the lineages that can never continue (`dead`) and the
     bytes in each lineage folder there is (`sizes`, by origin): every dead one but the
-    `keep` best finished (COMPLETE; `all`: every dead one kept), and with a bound the `spare`
-    ones (`spared`, by origin: the exploit's copy to come needs the room); then, while over
-    `bound_gb`, the kept ones too: those not finished first (by origin), then the finished
-    from the worst up, never the best."""
+    `keep` best finished (COMPLETE; `all`: every dead one kept); then, while over `bound_gb`,
+    the kept ones too: the `spare` ones first (by origin: lineages an exploit is replacing,
+    whose copy to come needs the room), then those not finished (by origin), then the
+    finished from the worst up, never the best."""
     finished = sorted(
         (o for o in dead if lines[o].latest.state is TrialState.COMPLETE
          and _finite(lines[o].latest.value)),
@@ -111,10 +111,9 @@ def plan(lines: Mapping[int, LineageView], dead: frozenset[int], sizes: Mapping[
         remove = [o for o in there if o not in finished[:keep]]
     held = sum(sizes.values()) - sum(sizes[o] for o in remove)
     bound = None if bound_gb is None else bound_gb * GB
-    if bound is not None:  # `spared` folders go at once under a bound (a copy may follow)
-        gone = [o for o in sorted(spare) if o in sizes and o not in remove]
-        remove += gone
-        held -= sum(sizes[o] for o in gone)
+    # `spared` folders go first while over a bound (a copy may follow), never under it: a
+    # called-off exploit gives its lineage back, to go on from its own folder
+    kept = [o for o in sorted(spare) if o in sizes and o not in remove] + kept
     for o in kept:
         if bound is None or held <= bound:
             break
