@@ -286,8 +286,7 @@ def test_a_step_a_continuation_reports_again_keeps_its_earlier_value(tmp_path):
      "[--resume_from_checkpoint, \"{last_checkpoint}\"])"),
     (False, ["--resume", "{checkpoint_dir}"], "its checkpoint folder held nothing (never "
      "written, or removed) to resume from; have the script save its state in "
-     "$SWEEP_CHECKPOINT_DIR, and keep it (study.scheduler.keep_checkpoints) while its "
-     "lineage may continue"),
+     "$SWEEP_CHECKPOINT_DIR"),  # no scheduler: no keep_checkpoints to name
     (True, ["--resume", "{checkpoint_dir}"], "it resumed from a state older than the step its "
      "lineage reached; have the script save its state more often, or when it is stopped "
      "(SIGTERM: sweep.protocol.should_stop())")])
@@ -320,3 +319,31 @@ def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
         f"{3 - first} steps repeated; {fix}"]
     frame = summary.trials_frame(s.store.study, s.spec)
     assert frame["steps_repeated"].tolist()[1] == 3 - first
+
+
+def test_after_a_crash_a_continuation_from_its_last_save_is_not_flagged_a_start_over_is(
+        tmp_path):
+    """A driver killed (-9) gave its trainer no time to save: resuming from the last save
+    (an older step) is what a correct script does; only reporting the lineage's first step
+    again is flagged."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from sweep.testing.harness import capture_messages
+
+    for first, flagged in ((1, False), (0, True)):
+        (tmp_path / str(first)).mkdir()
+        s = Sweep(tmp_path / str(first), scripted(Script(runs=1, result={"score": 0.6},
+                                                         reports=[(0.1, first, 0.9)])),
+                  gpus=1, study={"n_trials": 1})
+        dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+        s.store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.FAIL, params={"x": 0.5}, distributions=dist,
+            intermediate_values={0: 0.9, 1: 0.8, 2: 0.7},
+            user_attrs={"attempt": 0, "fail_reason": "driver died (pid 1 on h)"}))
+        s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
+            "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0})
+        said = capture_messages(s)
+        assert s.run() == 0
+        assert ("steps_repeated" in s.trials[1].user_attrs) is flagged
+        assert bool([m for m in said if "steps repeated" in m]) is flagged

@@ -47,10 +47,16 @@ class ResumeCheck:
             return
         if not asked.lineage.resumes:
             return
-        reached = _reached(self.store.study.get_trials(deepcopy=False), asked.origin,
-                           asked.number)
-        if reached is not None:
+        trials = self.store.study.get_trials(deepcopy=False)
+        reached = _reached(trials, asked.origin, asked.number)
+        if reached is None:
+            return
+        if _gentle(trials, asked.lineage.continues):
             self._expect[asked.number] = (_saved_step(start, reached), start.resume)
+        else:  # after a crash or a kill -9 a script resumes from its last save: only a start
+            # over (its lineage's first step again) is flagged
+            self._expect[asked.number] = (_first(trials, asked.origin, asked.number),
+                                          start.resume)
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> None:
         """The first steps `run` reported: flagged if the first is not after the one its
@@ -80,10 +86,11 @@ class ResumeCheck:
                     "the script save its state more often, or when it is stopped (SIGTERM: "
                     "sweep.protocol.should_stop())")
         if not resumed:
+            keep = (", and keep it (study.scheduler.keep_checkpoints) while its lineage may "
+                    "continue") if self.spec.study.scheduler is not None else ""
             return ("its checkpoint folder held nothing (never written, or removed) to "
-                    "resume from; have the script save its state in $SWEEP_CHECKPOINT_DIR, "
-                    "and keep it (study.scheduler.keep_checkpoints) while its lineage may "
-                    "continue")
+                    "resume from; have the script save its state in $SWEEP_CHECKPOINT_DIR"
+                    + keep)
         if self.spec.trainer.resume_args:
             return ("the script did not resume from what trainer.resume_args names "
                     f"({' '.join(self.spec.trainer.resume_args)}); have it load its state "
@@ -91,6 +98,23 @@ class ResumeCheck:
         return ("it did not resume from its checkpoint; have the script load its state from "
                 "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
                 "[--resume_from_checkpoint, \"{last_checkpoint}\"])")
+
+
+def _gentle(trials: Sequence[FrozenTrial], continued: int | None) -> bool:
+    """Whether attempt `continued` ended gently, with the time to save its state: paused
+    (PRUNED), or stopped by a signal (`interrupted`)."""
+    for t in trials:
+        if t.number == continued:
+            return (t.state is TrialState.PRUNED
+                    or t.user_attrs.get("fail_reason") == Stop.INTERRUPTED.value)
+    return False
+
+
+def _first(trials: Sequence[FrozenTrial], origin: int, number: int) -> int:
+    """The first step lineage `origin`'s attempts other than `number` reported."""
+    return min((step for t in trials if t.number != number
+                and int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == origin
+                for step in t.intermediate_values), default=0)
 
 
 def _reached(trials: Sequence[FrozenTrial], origin: int, number: int) -> int | None:
