@@ -283,6 +283,30 @@ def pbt_sweep(tmp_path: Path, **scheduler: Any) -> tuple[Sweep, Trainer]:
     return s, trainer
 
 
+def test_an_exploit_whose_copy_fails_is_called_off_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A full disk while the donor's state is copied: not a driver error that stops every
+    trial; the exploit is called off, the lineage it was to replace goes on."""
+    import errno
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exploit, "start_from_donor", full)
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20), gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "quantile": 0.25, "seed": 0}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    assert s.run() == 0
+    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
+    assert exploits and all(t.user_attrs.get("called_off") is True for t in exploits)
+    assert all("could not be copied: [Errno 28] No space left on device"
+               in t.user_attrs["fail_reason"] for t in exploits)
+    assert "RUNNING" not in [t.state.name for t in s.trials]
+
+
 def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineages(tmp_path):
     """Four lineages of about 1 kB each run at once; a bound of 5.5 kB holds while lineages
     are replaced (their folders go as their trials end), where keeping them all would not."""

@@ -208,6 +208,8 @@ class Scheduling:
             fd = lineage_lock.take(out, donor)
         except lineage_lock.Unsupported:
             fd = -1  # no lock on this file system: the study's states alone say it runs
+        except OSError as e:
+            raise self._call_off(asked, donor, f"its donor trial {donor}'s lock: {e}") from None
         try:
             line = self.lineages().get(donor)
             found = exploit.Donor(
@@ -225,6 +227,9 @@ class Scheduling:
                     start = exploit.start_from_donor(out, donor, start, choice)
                 except exploit.Torn:  # rotated while copied: the next pass takes the newest
                     raise DonorRunning(asked.number, donor, False, lock) from None
+                except OSError as e:  # a full disk: the lineage it replaces goes on
+                    raise self._call_off(asked, donor, f"its donor trial {donor}'s state "
+                                         f"could not be copied: {e}") from None
             self.store.note(asked.trial, {lineages.EXPLOIT_STEP: choice.step})
         finally:
             if fd is not None and fd >= 0:
@@ -236,7 +241,8 @@ class Scheduling:
                  f"params perturbed ({_shown(asked.params, self.spec.searched)})")
         return start, choice.step
 
-    def _call_off(self, asked: Asked, donor: int) -> exploit.CalledOff:
+    def _call_off(self, asked: Asked, donor: int,
+                  why: str | None = None) -> exploit.CalledOff:
         """An exploit whose donor has no state with a step left: recorded as called off, and
         the lineage it was to replace queued to go on from its own folder (under the budget
         lock, once), before the driver tells it FAIL."""
@@ -256,7 +262,8 @@ class Scheduling:
             if line is not None and line.latest.state is TrialState.PRUNED:
                 self._queue_next(line)
             self.store.note(asked.trial, {lineages.CALLED_OFF: True})
-        return exploit.CalledOff(asked.number, donor, None if line is None else line.origin)
+        return exploit.CalledOff(asked.number, donor, None if line is None else line.origin,
+                                 why)
 
     def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
         """Whether lineage `run.origin` (at `step`) is a donor an exploit waits on whose plain
