@@ -431,24 +431,12 @@ class Scheduling:
                 if origin in self._refused:
                     continue
                 try:
-                    lock_fd = lineage_lock.take(out, origin)  # none may write it meanwhile
-                except lineage_lock.Unsupported:
-                    lock_fd = -1  # a file system that cannot lock: the trial states decide
-                except OSError:  # the lock file cannot be had now: another time
-                    continue
-                if lock_fd is None:  # a straggler of it still ends: another time
-                    continue
-                try:
-                    checkpoint_disk.remove(out, origin)
+                    if not checkpoint_disk.remove_unheld(out, origin):
+                        continue  # a straggler of it still ends: another time
                 except UnsafePath as e:
                     self._refused.add(origin)
                     self.say(f"the checkpoint folder of trial {origin} is kept: {e}")
                     continue
-                except OSError:  # a straggler still writes in it: another time
-                    continue
-                finally:
-                    if lock_fd >= 0:
-                        os.close(lock_fd)
                 removed.append(origin)
                 freed += sizes[origin]
         if removed:

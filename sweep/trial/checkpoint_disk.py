@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sweep._core.safefs import UnsafePath, own_folder_problem, remove_tree
-from sweep.trial import lineage
+from sweep.trial import lineage, lineage_lock
 
 
 def folder_bytes(folder: Path) -> int:
@@ -71,3 +71,30 @@ def remove(output_dir: Path, origin: int) -> None:
     marker = lineage.made_marker(output_dir, origin)
     made = marker.is_file() and not marker.is_symlink()
     remove_tree(lineage.checkpoint_dir(output_dir, origin), made)
+
+
+def remove_unheld(output_dir: Path, origin: int) -> bool:
+    """`remove` lineage `origin`'s folder holding its lineage lock, so that no process writes
+    it meanwhile; False, with nothing removed, if another process holds the lock, the lock
+    cannot be had now, or a straggler writes in it while it goes (another time). UnsafePath
+    as `remove`."""
+    try:
+        fd = lineage_lock.take(output_dir, origin)
+    except lineage_lock.Unsupported:
+        fd = -1  # a file system that cannot lock: the trial states decide
+    except UnsafePath:
+        raise
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    try:
+        remove(output_dir, origin)
+    except UnsafePath:
+        raise
+    except OSError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return True
