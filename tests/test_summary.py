@@ -27,15 +27,19 @@ def finished_study(tmp_path_factory):
 
     path = tmp / "study.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    old = os.environ.get("SWEEP_FAKE_GPUS")
-    os.environ["SWEEP_FAKE_GPUS"] = "2"
+    # set here, not by the tests' own fixtures (they come after a module's): the devices
+    # leased in a lock folder of its own, not the machine's (other workers' sweeps)
+    env = {"SWEEP_FAKE_GPUS": "2", "SWEEP_LOCK_DIR": str(tmp / "locks")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         assert run_cli("run", str(path)) == 0
     finally:
-        if old is None:
-            del os.environ["SWEEP_FAKE_GPUS"]
-        else:
-            os.environ["SWEEP_FAKE_GPUS"] = old
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     return path
 
 
