@@ -36,6 +36,7 @@ from sweep.trial.results import (
     FollowedFile,
     ReportError,
     ReportReader,
+    drain,
     lookup,
 )
 
@@ -200,13 +201,7 @@ class OutputReader:
 
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new value left (up to `limit` bytes), for a trial whose command exited."""
-        fresh: list[tuple[int, float]] = []
-        start = self._file.offset
-        while self._file.offset - start < limit:
-            fresh += self.read()
-            if not self.more:
-                break
-        return fresh
+        return drain(self, self._file, limit)
 
 
 class KeyedLinesReader(ReportReader):

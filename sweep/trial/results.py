@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sweep._core.patterns import clip, finite_number
 
@@ -135,6 +135,26 @@ class FollowedFile:
             return f.read(size)
 
 
+class Draining(Protocol):
+    """A reader of a followed file that reads a bounded batch a call."""
+
+    more: bool
+
+    def read(self) -> list[tuple[int, float]]: ...
+
+
+def drain(reader: Draining, file: FollowedFile, limit: int) -> list[tuple[int, float]]:
+    """Every new step `reader` has left in `file`, a batch at a time, up to `limit` bytes
+    (a trial whose command exited: nothing more comes)."""
+    fresh: list[tuple[int, float]] = []
+    start = file.offset
+    while file.offset - start < limit:
+        fresh += reader.read()
+        if not reader.more:
+            break
+    return fresh
+
+
 class ReportReader:
     """Follows one trial's report file: each `read()` returns new steps, at most `batch` lines.
 
@@ -212,13 +232,7 @@ class ReportReader:
 
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new step left (up to `limit` bytes), for a trial whose command exited."""
-        fresh: list[tuple[int, float]] = []
-        start = self._file.offset
-        while self._file.offset - start < limit:
-            fresh += self.read()
-            if not self.more:
-                break
-        return fresh
+        return drain(self, self._file, limit)
 
     def _chunk(self, size: int) -> bytes | None:
         chunk = self._file.chunk(size)
