@@ -786,28 +786,42 @@ def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume
         assert sorted(line.curve) == list(range(1, max(line.curve) + 1))
 
 
-def test_a_folder_whose_lineage_lock_is_held_is_not_removed_until_it_is_free(tmp_path):
-    """A dead lineage's folder that a process still writes (a straggler of its last attempt
-    saving as it ends, holding the lineage's lock) stays; the next trial's end removes it."""
+def asha_spec_keeping_none(tmp_path: Path) -> Any:
+    """An asha study of one configuration that keeps no checkpoint folder."""
     from conftest import study_dict
 
     from sweep.spec import config
-    from sweep.study.connect import connect
-    from sweep.trial import lineage, lineage_lock
-    from sweep.trial.lineage import Lineage
 
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study_dict(study={
         "n_trials": 1, "scheduler": {**ASHA, "keep_checkpoints": 0}},
         trainer={"resume_args": ["--resume"]}), sort_keys=False))
-    spec = config.load(path)
+    return config.load(path)
+
+
+def finished_lineage(spec: Any, store: Any) -> Path:
+    """Lineage 0 trained to the end, stored, with its checkpoint folder made: the folder."""
+    from sweep.trial import lineage
+    from sweep.trial.lineage import Lineage
+
+    store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions=DIST,
+        intermediate_values={17: 1.0}))
+    spec.output_dir.mkdir(exist_ok=True)
+    return lineage.prepare(spec.output_dir, Lineage(0)).checkpoint_dir
+
+
+def test_a_folder_whose_lineage_lock_is_held_is_not_removed_until_it_is_free(tmp_path):
+    """A dead lineage's folder that a process still writes (a straggler of its last attempt
+    saving as it ends, holding the lineage's lock) stays; the next trial's end removes it."""
+
+    from sweep.study.connect import connect
+    from sweep.trial import lineage_lock
+
+    spec = asha_spec_keeping_none(tmp_path)
     store = connect(spec, Owner("mine", 1, 0.0))
     try:
-        store.study.add_trial(optuna.trial.create_trial(
-            state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions=DIST,
-            intermediate_values={17: 1.0}))
-        spec.output_dir.mkdir(exist_ok=True)
-        folder = lineage.prepare(spec.output_dir, Lineage(0)).checkpoint_dir
+        folder = finished_lineage(spec, store)
         mine = Scheduling(spec, store, lambda m: None)
         held = lineage_lock.take(spec.output_dir, 0)
         assert held is not None
@@ -824,26 +838,14 @@ def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monke
     """Removal is decided under the budget lock; a trial's end that finds another driver
     holding it waits, but a signal (the driver's `_stopping`) ends the wait with nothing
     removed, and a later end removes it."""
-    from conftest import study_dict
 
-    from sweep.spec import config
     from sweep.study import budget
     from sweep.study.connect import connect
-    from sweep.trial import lineage
-    from sweep.trial.lineage import Lineage
 
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study_dict(study={
-        "n_trials": 1, "scheduler": {**ASHA, "keep_checkpoints": 0}},
-        trainer={"resume_args": ["--resume"]}), sort_keys=False))
-    spec = config.load(path)
+    spec = asha_spec_keeping_none(tmp_path)
     store, other = (connect(spec, Owner(host, 1, 0.0)) for host in ("mine", "theirs"))
     try:
-        store.study.add_trial(optuna.trial.create_trial(
-            state=TrialState.COMPLETE, value=1.0, params={"x": 0.5}, distributions=DIST,
-            intermediate_values={17: 1.0}))
-        spec.output_dir.mkdir(exist_ok=True)
-        folder = lineage.prepare(spec.output_dir, Lineage(0)).checkpoint_dir
+        folder = finished_lineage(spec, store)
         mine = Scheduling(spec, store, lambda m: None)
 
         def waited(seconds: float) -> None:
