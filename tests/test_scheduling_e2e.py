@@ -166,12 +166,15 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
         said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
         step = int(said.split()[3])
-        ran = donor.params["x"] if mode == "restores_x" else t.params["x"]
+        root = donor  # restoring x, a donor that is itself an exploit ran with its own donor's
+        while mode == "restores_x" and "exploit_of" in root.user_attrs:
+            root = trials[root.user_attrs["exploit_of"]]
+        ran = root.params["x"] if mode == "restores_x" else t.params["x"]
         assert said == f"starting at step {step} with x={ran}"
         # (an exploit that reported no step, its donor at the end when it was copied under a
         # loaded machine, is not judged)
         assert t.user_attrs.get("restored_params") == (
-            {"x": donor.params["x"]} if mode == "restores_x" and t.intermediate_values
+            {"x": root.params["x"]} if mode == "restores_x" and t.intermediate_values
             else None)
         # the donor's own record came with the copy: its start, and the steps it had made
         copied = folder / "checkpoints" / str(t.number) / "starts.log"
