@@ -20,11 +20,48 @@ subprocess.CalledProcessError: Command '['/venv/bin/python3', '/tmp/t.py', '--lr
 """
 
 
-def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered():
-    stderr, code = split_launcher_traceback(ACCELERATE_TAIL)
+# accelerate 1.16: the launcher tees the child's stderr, and raises CalledProcessError from a
+# RuntimeError holding the tail of it (verbatim, from tests/test_e2e.py's probe)
+ACCELERATE_116_TAIL = """Traceback (most recent call last):
+  File "/tmp/probe.py", line 9, in <module>
+    raise ValueError("boom")
+ValueError: boom
+RuntimeError: p/probe.py", line 9, in <module>
+    raise ValueError("boom")
+ValueError: boom
+
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/accelerate/commands/launch.py", line 1049, in _run_subprocess
+    raise subprocess.CalledProcessError(
+subprocess.CalledProcessError: Command '['/venv/bin/python', '/tmp/probe.py']' returned non-zero exit status 3.
+"""
+
+
+@pytest.mark.parametrize("tail", [ACCELERATE_TAIL, ACCELERATE_116_TAIL])
+def test_the_launchers_traceback_is_removed_and_the_child_exit_code_recovered(tail):
+    stderr, code = split_launcher_traceback(tail)
     assert code == 3
     assert stderr.splitlines()[-1] == "ValueError: boom"
+    assert "RuntimeError" not in stderr and "direct cause" not in stderr
+    assert judge(1, tail, None, ["m"]).fail_reason == "exit code 3: ValueError: boom"
     assert split_launcher_traceback("plain error\n") == ("plain error\n", None)
+
+
+def test_a_trainers_own_chained_runtime_error_before_the_launchers_is_kept():
+    """Only a RuntimeError that repeats the end of what precedes it is accelerate's copy: a
+    trainer's own "direct cause" chain (not a copy) is the trainer's stderr."""
+    own = ("RuntimeError: data loader died\n\n"
+           "The above exception was the direct cause of the following exception:\n")
+    tail = ACCELERATE_TAIL.replace("ValueError: boom\nTraceback", own + "Traceback")
+    stderr, code = split_launcher_traceback(tail)
+    assert code == 3 and stderr.rstrip().endswith("following exception:")
+    # a child that wrote no stderr: accelerate's copy is empty too
+    bare = "RuntimeError: \n\n\n" + ACCELERATE_116_TAIL.split("\n\n\n", 1)[1]
+    assert split_launcher_traceback(bare) == ("", 3)
 
 
 @pytest.mark.parametrize(("end", "code"), [

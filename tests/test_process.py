@@ -180,3 +180,80 @@ def test_no_file_in_a_trial_folder_decides_what_is_killed(tmp_path):
         ours.kill()
         bystander.wait()
         ours.wait()
+
+
+# A launcher as `accelerate launch` 1.16 is: it runs the trainer script as its child, and
+# answers SIGTERM by terminating that child and SIGKILLing it `fuse` s later (accelerate: 5 s).
+LAUNCHER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, sys.argv[1]])
+    def term(*_):
+        child.terminate()
+        try:
+            child.wait(float(sys.argv[2]))
+        except subprocess.TimeoutExpired:
+            child.kill()
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, term)
+    sys.exit(child.wait())
+""")
+# A trainer that takes 1.5 s to save its state when stopped, then exits 0.
+SLOW_SAVER = textwrap.dedent("""
+    import os, signal, sys, time
+    def term(*_):
+        time.sleep(1.5)
+        open(os.path.join(os.path.dirname(__file__), "saved"), "w").write("ok")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    open(os.path.join(os.path.dirname(__file__), "ready"), "w").write("ok")
+    time.sleep(120)
+""")
+
+
+@pytest.mark.parametrize("grace", [4.0, 0.5])
+def test_a_launchers_trainer_gets_the_whole_grace_whatever_the_launcher_does_on_sigterm(
+        tmp_path, grace):
+    """accelerate 1.16 SIGKILLs its child 5 s after its own SIGTERM: a trainer given
+    stop_grace to save lost its save. The guard stops the trainer and spares its launcher,
+    which ends with it; past the grace, both are killed."""
+    paths = TrialPaths(tmp_path / "trial")
+    paths.dir.mkdir()
+    trainer = tmp_path / "saver.py"
+    trainer.write_text(SLOW_SAVER)
+    plan = LaunchPlan([sys.executable, "-c", LAUNCHER, str(trainer), "0.2"],
+                      {TRIAL_DIR_ENV: str(paths.dir)}, paths, paths.result, trainer=str(trainer))
+    proc = TrialProcess(plan, grace)
+    assert wait_until(lambda: (tmp_path / "ready").exists(), 20)
+    time.sleep(0.2)  # the launcher's handler is set once its child runs
+    proc.stop()
+    assert proc.wait(10)
+    if grace > 1.5:
+        assert (tmp_path / "saved").exists() and proc.exit_code == 0
+    else:  # the grace ran out first: the trainer and its launcher were killed
+        assert not (tmp_path / "saved").exists() and proc.exit_code == 128 + 9
+    proc.close()
+
+
+@pytest.mark.slow
+def test_a_trainer_under_real_accelerate_launch_saves_for_longer_than_its_5_s_fuse(tmp_path):
+    """The contract behind the test above, on the real launcher: accelerate 1.16 kills its
+    child 5 s after a SIGTERM of its own; a trainer stopped through its guard with a grace of
+    20 s takes 6 s to save and still saves (issue 31: a pause is such a stop)."""
+    paths = TrialPaths(tmp_path / "trial")
+    paths.dir.mkdir()
+    trainer = tmp_path / "saver.py"
+    trainer.write_text(SLOW_SAVER.replace("time.sleep(1.5)", "time.sleep(6)"))
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes",
+            "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(trainer)]
+    plan = LaunchPlan(argv, {TRIAL_DIR_ENV: str(paths.dir)}, paths, paths.result,
+                      trainer=str(trainer))
+    proc = TrialProcess(plan, 20.0)
+    assert wait_until(lambda: (tmp_path / "ready").exists(), 60), paths.stderr.read_text()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.stop()
+    assert proc.wait(30)
+    assert (tmp_path / "saved").exists(), paths.stderr.read_text()
+    assert proc.exit_code == 0 and time.monotonic() - t0 >= 6
+    proc.close()

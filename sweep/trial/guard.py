@@ -7,7 +7,9 @@ session; the command runs in a process group of its own inside it. The guard
   found and stopped;
 - reads CONTROL, a pipe only the driver writes: `T` stops the tree (SIGTERM to every
   descendant, GRACE s, then SIGKILL), `K` kills it at once, end of file (the driver is gone,
-  even by SIGKILL) stops it as `T` does;
+  even by SIGKILL) stops it as `T` does. A launcher whose trainer runs gets no SIGTERM: the
+  trainer does, and the launcher ends with it (`accelerate launch` 1.16 answers SIGTERM by
+  killing its child 5 s later, torchrun 30 s later, whatever GRACE is);
 - writes `ended NS` to STATUS when the trainer ended (`time.time_ns()`), then `exit N` as soon
   as the command exits, so the driver judges the trial then; whatever the command left running
   is stopped as by `T`. The trainer is the command itself, or, with TRAINER not `-` (the
@@ -100,18 +102,30 @@ class Tree:
     def __init__(self, grace: float) -> None:
         self.grace = grace
         self.gone = threading.Event()  # set by the main loop once no child is left
+        self.launcher: tuple[int, str] | None = None  # (the command's pid, its trainer's name)
         self._lock = threading.Lock()
         self._stopping = False
 
-    def signal_all(self, sig: int) -> None:
+    def signal_all(self, sig: int, spare: int | None = None) -> None:
         for pid in descendants(os.getpid()):
+            if pid == spare:
+                continue
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
 
+    def _spared(self) -> int | None:
+        """The launcher to leave out of the SIGTERM: the command, while a child of it runs the
+        trainer (a launcher with no trainer yet, or none left, is stopped as the rest)."""
+        if self.launcher is None:
+            return None
+        command, trainer = self.launcher
+        return command if _trainer_child(command, trainer) is not None else None
+
     def stop(self, grace: float) -> None:
-        """SIGTERM every descendant, wait `grace` s for them to go, then SIGKILL what is left.
+        """SIGTERM every descendant (a launcher whose trainer runs: every other one), wait
+        `grace` s for them to go, then SIGKILL what is left.
 
         A second stop while one is under way only shortens it (a kill, grace 0, goes through).
         """
@@ -120,7 +134,7 @@ class Tree:
                 return
             self._stopping = True
         if grace > 0:
-            self.signal_all(signal.SIGTERM)
+            self.signal_all(signal.SIGTERM, self._spared())
             if self.gone.wait(grace):
                 return
         while not self.gone.is_set():
@@ -235,8 +249,10 @@ def supervise(start: Callable[[], int], control: int, status: int, grace: float,
         print(f"sweep guard: cannot start the command: {e}", file=sys.stderr)
         _report(status, 127)
         return 127
-    threading.Thread(target=_follow_control, args=(control, tree), daemon=True).start()
     command_done = threading.Event()
+    if trainer is not None:
+        tree.launcher = (child, trainer)
+    threading.Thread(target=_follow_control, args=(control, tree), daemon=True).start()
     if trainer is not None:
         threading.Thread(target=_watch_trainer, args=(child, trainer, status, command_done),
                          daemon=True).start()

@@ -62,6 +62,10 @@ class Outcome:
 def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     """Remove `accelerate launch`'s own CalledProcessError traceback from the end of stderr.
 
+    Since accelerate 1.16 the launcher raises it `from RuntimeError(<the tail of the child's
+    stderr>)`, so the child's stderr is followed by a copy of its tail and "The above exception
+    was the direct cause ..." before the traceback: the copy goes too (`_launcher_cause`).
+
     Returns (the trainer's stderr, the trainer's exit code if the launcher reported it; 128 + N
     for a trainer killed by signal N, as the other launchers report it).
     """
@@ -74,8 +78,29 @@ def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     code = int(match.group(1)) if match.group(1) is not None else 128 + int(match.group(2))
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Traceback (most recent call last):"):
-            return "\n".join(lines[:i]), code
+            return _launcher_cause("\n".join(lines[:i])), code
     return "\n".join(lines[:-1]), code
+
+
+_CAUSED = "The above exception was the direct cause of the following exception:"
+_CAUSE = "RuntimeError: "
+
+
+def _launcher_cause(text: str) -> str:
+    """`text` (stderr before the launcher's traceback) without accelerate 1.16's chained cause:
+    `RuntimeError: ` + a tail of the child's stderr (so a suffix of what precedes it), then
+    the "direct cause" line. `text` as it is when it does not end so."""
+    body = text.rstrip()
+    if not body.endswith(_CAUSED):
+        return text
+    body = body[: -len(_CAUSED)].rstrip("\n")
+    at = len(body)
+    while (at := body.rfind(_CAUSE, 0, at)) >= 0:
+        if at == 0 or body[at - 1] == "\n":
+            before, tail = body[:at], body[at + len(_CAUSE):]
+            if before.rstrip("\n").endswith(tail.rstrip("\n")):
+                return before.rstrip("\n")
+    return text
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
