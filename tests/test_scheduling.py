@@ -489,6 +489,44 @@ def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(t
     assert exploit.state.name == continued.state.name == "COMPLETE"
 
 
+def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tmp_path):
+    """Review of issue 31: an exploit's first attempt interrupted while it waited for its
+    donor (Ctrl-C, a dead driver) was continued from its own empty folder, unflagged: the
+    copy was decided by the attempt (the first only), not by the lineage. Its continuation
+    copies the donor's state (over what a cut copy left), records the step, and resumes."""
+    s, trainer = pair_pbt(tmp_path, gpus=2)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor: paused at step 6 for a copy
+        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
+        intermediate_values={st: curve(0.3, st) for st in range(7)},
+        user_attrs={"paused_at": 6}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    add(optuna.trial.create_trial(  # the exploit's first attempt, cut while it waited
+        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
+        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
+                    "fail_reason": "interrupted"}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
+        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+    out = s.spec.output_dir / "checkpoints"
+    (out / "0").mkdir(parents=True)
+    (out / "0" / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
+    (out / "2").mkdir()  # a copy cut half-way
+    (out / "2" / "state.json").write_text(json.dumps({"next": 3, "x": 0.3}))
+    (out / ".2.sweep").write_text("2\n")
+    said = capture_messages(s)
+    assert s.run() == 0
+    continued = s.trials[3]
+    assert continued.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["3"] == 7
+    assert "steps_repeated" not in continued.user_attrs
+    assert continued.state.name == "COMPLETE"
+    assert "trial 3 exploits trial 0 at step 6: its checkpoint folder copied" in "\n".join(said)
+    # the donor went on once the copy was made
+    donor_next = [t for t in s.trials if t.user_attrs.get("retry_of") == 0]
+    assert [dict(trainer.starts)[str(t.number)] for t in donor_next] == [7]
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""

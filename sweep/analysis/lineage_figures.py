@@ -41,11 +41,9 @@ def tree(s: Summary, study: Any) -> pd.DataFrame:
         attempts.setdefault(int(t.user_attrs.get("retry_of", t.number)), []).append(t)
     rows = []
     for origin, line in sorted(lines.items()):
-        copied = line.first.get(lineages.EXPLOIT_STEP)
         done = line.latest.state.name == "COMPLETE"
         rows.append({
-            "origin": origin, "donor": line.exploit_of,
-            "copied_at": None if copied is None else int(copied),
+            "origin": origin, "donor": line.exploit_of, "copied_at": line.exploit_step,
             "params": ", ".join(f"{k}={_shown(v)}" for k, v in line.params.items()
                                 if k in s.spec.searched),
             "first_step": min(line.curve) if line.curve else None,

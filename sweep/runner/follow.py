@@ -41,15 +41,18 @@ class ResumeCheck:
     def started(self, asked: Asked, start: Start) -> None:
         """`asked` starts from `start`: what its first reported step must come after."""
         attrs = asked.trial.user_attrs
-        if lineages.EXPLOIT_OF in attrs and asked.attempt == 0:
-            self._expect[asked.number] = (int(attrs.get(lineages.EXPLOIT_STEP, 0)),
-                                          start.resume)
+        if lineages.EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
+            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start.resume)
             return
         if not asked.lineage.resumes:
             return
         trials = self.store.study.get_trials(deepcopy=False)
         reached = _reached(trials, asked.origin, asked.number)
-        if reached is None:
+        if reached is None:  # an exploit cut after its copy, before its first report
+            copied = lineages.read(trials)[asked.origin].exploit_step
+            if copied is None:
+                return
+            self._expect[asked.number] = (copied, start.resume)
             return
         if _gentle(trials, asked.lineage.continues):
             self._expect[asked.number] = (_saved_step(start, reached), start.resume)

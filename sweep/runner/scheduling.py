@@ -52,7 +52,15 @@ from sweep.study import lineages
 from sweep.study.budget import LockAbandoned
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import checkpoint_disk, exploit, intermediate, launch_plan, lineage, lineage_lock
+from sweep.trial import (
+    checkpoint_disk,
+    exploit,
+    folders,
+    intermediate,
+    launch_plan,
+    lineage,
+    lineage_lock,
+)
 from sweep.trial.lineage import Lineage, Start
 from sweep.trial.running import RunningTrial, Stop
 
@@ -180,20 +188,24 @@ class Scheduling:
             self.store.note(asked.trial, {lineages.BRACKET: job.bracket})
 
     def on_start(self, asked: Asked, start: Start) -> Start:
-        """A trial starts: a PBT exploit's first attempt gets its donor's checkpoint folder
-        copied into its own; the last step of its lineage it carries on is noted."""
-        attrs = asked.trial.user_attrs
+        """A trial starts (its lineage's lock held): a PBT exploit whose donor's state is not
+        copied yet (its first attempt, or a continuation of one cut before its copy) gets it
+        copied into its folder; the last step of its lineage it carries on is noted."""
         line = self.lineages().get(asked.origin)
         before = None
         if line is not None and line.curve and asked.attempt > 0:
             before = line.last_step
-        donor = attrs.get(lineages.EXPLOIT_OF)
-        if donor is not None and asked.attempt == 0:
-            start, before = self._copy_donor(asked, int(donor), start)
+        donor = None if line is None or (asked.attempt > 0 and line.exploit_step is not None) \
+            else line.exploit_of
+        if donor is not None:
+            if asked.attempt > 0:  # a cut attempt's folder holds at most a part of a copy
+                start = folders.prepare_checkpoint_dir(
+                    self.spec.output_dir, dataclasses.replace(asked.lineage, continues=None))
+            start, before = self._copy_donor(asked, donor, start)
         self._last[asked.number] = before
         self._starts[asked.number] = start
-        if donor is not None and asked.attempt == 0 and self.spec.trainer.logged_params:
-            self._explores[asked.number] = int(donor)
+        if donor is not None and self.spec.trainer.logged_params:
+            self._explores[asked.number] = donor
         return start
 
     def _copy_donor(self, asked: Asked, donor: int, start: Start) -> tuple[Start, int]:

@@ -57,6 +57,9 @@ class LineageView:
     exploit_of: int | None = None
     replaced: bool = False  # a PBT lineage took its place
     first: Mapping[str, Any] = field(default_factory=dict)  # its first attempt's user attrs
+    # a PBT exploit: the step of its donor's state copied into its folder (`EXPLOIT_STEP`, set
+    # by the attempt that made the copy, the first or, if that one was cut before, a later one)
+    exploit_step: int | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -69,13 +72,17 @@ class LineageView:
 
     @property
     def awaits_copy(self) -> bool:
-        """A PBT exploit whose first attempt is queued, or starting with its donor's state not
-        copied yet (no `EXPLOIT_STEP`: it is set as the copy is made; one queued by an
-        earlier sweep, which set it then, is waiting all the same)."""
-        if self.exploit_of is None or self.latest.number != self.origin:
+        """A PBT exploit whose donor's state is not copied yet (no attempt set `EXPLOIT_STEP`:
+        it is set as the copy is made) and whose latest attempt is queued or starting: its
+        first, or the continuation of a first cut before its copy (a signal while it waited,
+        a dead driver). A first attempt queued by an earlier sweep, which set it then, is
+        waiting all the same."""
+        if self.exploit_of is None:
             return False
-        return self.latest.state is TrialState.WAITING or (
-            self.latest.state is TrialState.RUNNING and EXPLOIT_STEP not in self.first)
+        if self.latest.state is TrialState.WAITING and self.latest.number == self.origin:
+            return True
+        return (self.latest.state in (TrialState.WAITING, TrialState.RUNNING)
+                and self.exploit_step is None)
 
     @property
     def last_value(self) -> float | None:
@@ -113,8 +120,10 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
         if standing is Standing.DONE and latest.state is TrialState.RUNNING:
             standing = Standing.RUNNING  # replaced, still winding down
         exploit = first.user_attrs.get(EXPLOIT_OF)
+        copied = [t.user_attrs[EXPLOIT_STEP] for t in attempts
+                  if EXPLOIT_STEP in t.user_attrs and t.state is not TrialState.WAITING]
         out[origin] = LineageView(
             origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
-            dict(first.user_attrs))
+            dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None)
     return out
