@@ -331,7 +331,7 @@ def test_no_dead_lineages_folder_is_removed_through_a_checkpoints_link(tmp_path)
     assert intact(victim / "0") and intact(victim / "1")
     assert said == []  # nothing measured through it (a trial's start refuses it, saying so)
     with pytest.raises(UnsafePath, match="is a symbolic link"):
-        checkpoint_disk.remove(out, 0)
+        checkpoint_disk.retire(out, 0)
 
 
 def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_study, tmp_path,

@@ -901,6 +901,70 @@ def test_a_tidy_waiting_for_the_budget_lock_gives_up_on_a_signal(tmp_path, monke
         other.close()
 
 
+def test_a_large_folder_is_removed_with_the_budget_lock_free(tmp_path, monkeypatch):
+    """Review of issue 31: a dead lineage's folder was measured and removed under the budget
+    lock, in the loop; a large one held the lock past LOCK_PATIENCE, and other drivers went
+    around it. Under the lock the folder is only renamed out of its place (promotion sees it
+    gone at once); its removal, here a slow one, runs with the lock free for other drivers."""
+    from sweep.study.connect import connect
+    from sweep.trial import lineage
+
+    spec = asha_spec_keeping_none(tmp_path)
+    store, other = (connect(spec, Owner(host, 1, 0.0)) for host in ("mine", "theirs"))
+    try:
+        folder = finished_lineage(spec, store)
+        (folder / "model.pt").write_text("weights")
+        free_while_removing: list[bool] = []
+        remove_tree = checkpoint_disk.remove_tree
+
+        def slow_remove(path: Path, made: Any) -> None:
+            assert not folder.exists()  # out of its place already
+            assert checkpoint_disk.removed(spec.output_dir, 0)  # never promoted from now
+            with other.budget_lock(abort=lambda: True) as held:  # another driver's ask
+                free_while_removing.append(held)
+            remove_tree(path, made)
+
+        monkeypatch.setattr(checkpoint_disk, "remove_tree", slow_remove)
+        said: list[str] = []
+        Scheduling(spec, store, said.append).ended(0)
+        assert free_while_removing == [True]
+        assert not folder.exists() and lineage.made_marker(spec.output_dir, 0).is_file()
+        assert [p.name for p in (spec.output_dir / "checkpoints").iterdir()
+                if p.is_dir()] == []
+        assert said == ["checkpoint folders removed (0.00 GB) of trials 0: they can never "
+                        "continue"]
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_the_next(
+        tmp_path):
+    """A driver killed between the rename and the removal leaves the trash folder: whichever
+    driver tidies next removes it (under its lineage's lock); one without its lineage's
+    marker beside it is not sweep's, and stays."""
+    from sweep.study.connect import connect
+
+    spec = asha_spec_keeping_none(tmp_path)
+    store = connect(spec, Owner("mine", 1, 0.0))
+    try:
+        folder = finished_lineage(spec, store)
+        (folder / "model.pt").write_text("weights")
+        trash = checkpoint_disk.retire(spec.output_dir, 0)
+        assert trash is not None and trash.parent == folder.parent and not folder.exists()
+        stranger = folder.parent / ".7.removing-0123abcd"  # no .7.sweep beside it
+        stranger.mkdir()
+        (stranger / "theirs.txt").write_text("not sweep's")
+        said: list[str] = []
+        Scheduling(spec, store, said.append).tidy()
+        assert not trash.exists() and (stranger / "theirs.txt").read_text() == "not sweep's"
+        assert said == [f"a retired checkpoint folder is kept: {stranger} holds files sweep "
+                        "did not put there: move or remove it, or give the study another "
+                        "output_dir"]
+    finally:
+        store.close()
+
+
 def attempt(x: float, state: TrialState, steps: range, **attrs: Any) -> Any:
     """One stored attempt of a lineage at `x` that reported `steps`."""
     values = {step: curve(x, step) for step in steps}

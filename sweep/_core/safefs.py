@@ -198,16 +198,27 @@ MARKER = "study.json"  # what marks a folder as a study's output_dir (see sweep.
 def remove_tree(path: Path, made: bool | str) -> None:
     """Remove `path`, a folder sweep made, with all that is in it; nothing if it is not there.
 
-    It is removed only if it is this user's real folder (not a symbolic link, not a file)
-    that sweep made: `made` True (the caller knows), or the name of a file sweep put in it
-    (a regular file there), or False (then only an empty folder is removed); and only if no
-    folder inside it is on another file system (a mount point) or holds a `study.json`
-    (another study's output_dir). Links inside are removed, never followed. Otherwise
-    UnsafePath, naming the path and why, and nothing is removed."""
+    It is removed only if `removable` says so; else UnsafePath, naming the path and why, and
+    nothing is removed. Links inside are removed, never followed."""
+    if not removable(path, made):
+        return
+    try:
+        shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
+    except OSError as e:
+        raise _named(e, path) from e
+
+
+def removable(path: Path, made: bool | str) -> bool:
+    """Whether `path` may be removed whole: False if it is not there; True if it is this
+    user's real folder (not a symbolic link, not a file) that sweep made (`made` True: the
+    caller knows; or the name of a file sweep put in it, a regular file there; or False: only
+    an empty folder) and no folder inside it is on another file system (a mount point, nor
+    `path` itself) or holds a `study.json` (another study's output_dir); else UnsafePath,
+    naming the path and why."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     except OSError as e:
         raise _named(e, path) from e
     problem = own_folder_problem(st)
@@ -226,9 +237,9 @@ def remove_tree(path: Path, made: bool | str) -> None:
             if MARKER in files and _names_a_study(MARKER, fd):
                 raise UnsafePath(path, f"holds {Path(folder) / MARKER}, another study's "
                                  "output_dir")
-        shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
     except OSError as e:
         raise _named(e, path) from e
+    return True
 
 
 def _names_a_study(name: str, fd: int) -> bool:

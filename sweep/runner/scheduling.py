@@ -104,6 +104,8 @@ class Scheduling:
         self._explores: dict[int, int] = {}
         self._said_restored = False
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
+        self._refused_trash: set[str] = set()  # retired folders it would not purge, likewise
+        self._dead_sizes: dict[int, int] = {}  # the bytes of folders that can never change
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
         # said only if the run ends with none trained to the end (a rung that can no longer
@@ -420,40 +422,44 @@ class Scheduling:
             self.tidy(abort)
 
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
-        """Remove the checkpoint folders of lineages that can never continue, as
-        `retention` decides, under the budget lock (where every promotion and exploit is
-        decided); over `max_checkpoint_gb` with nothing left to remove, say so once."""
+        """Remove the checkpoint folders of lineages that can never continue, as `retention`
+        decides: measured before the budget lock, decided and taken out of their place
+        (`checkpoint_disk.retire`, a rename) under it, where every promotion and exploit is
+        decided, and their contents removed after it (`checkpoint_disk.purge`), so a large
+        folder never holds the lock; over `max_checkpoint_gb` with nothing left to remove,
+        say so once."""
         sched = self.spec.study.scheduler
         assert sched is not None
         if sched.keep_checkpoints == "all" and sched.max_checkpoint_gb is None:
             return
         out = self.spec.output_dir
+        sizes = self._measure(self.lineages(), sched.max_checkpoint_gb is not None)
+        retired = []
         with self.store.budget_lock(abort) as held:
             if not held:  # another driver holds it too long: decide another time
                 return
             lines = self.lineages()
             dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
-            measured = lines if sched.max_checkpoint_gb is not None else dead
-            sizes = checkpoint_disk.sizes(out, measured)
             chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
                                     sched.max_checkpoint_gb, self.minimize,
                                     retention.spared(lines))
-            removed, freed = [], 0
             for origin in chosen.remove:
                 if origin in self._refused:
                     continue
                 try:
-                    if not checkpoint_disk.remove_unheld(out, origin):
+                    if checkpoint_disk.retire(out, origin) is None:
                         continue  # a straggler of it still ends: another time
                 except UnsafePath as e:
                     self._refused.add(origin)
                     self.say(f"the checkpoint folder of trial {origin} is kept: {e}")
                     continue
-                removed.append(origin)
-                freed += sizes[origin]
-        if removed:
+                retired.append(origin)
+                self._dead_sizes.pop(origin, None)
+        self._purge()
+        if retired:
+            freed = sum(sizes[o] for o in retired)
             self.say(f"checkpoint folders removed ({freed / retention.GB:.2f} GB) of trials "
-                     f"{', '.join(map(str, removed))}: they can never continue")
+                     f"{', '.join(map(str, retired))}: they can never continue")
         if chosen.over and not self._said_over:
             self._said_over = True
             self.say(f"the checkpoint folders in {out / lineage.CHECKPOINTS} hold "
@@ -461,6 +467,27 @@ class Scheduling:
                      f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
                      "belongs to lineages that may still continue (or the best finished one): "
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
+
+    def _measure(self, lines: dict[int, LineageView], bounded: bool) -> dict[int, int]:
+        """The bytes in the folders `retention.plan` weighs: every lineage's under a bound,
+        else those that can never continue. A folder of a lineage that can never continue
+        no longer changes: it is measured once."""
+        dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
+        wanted = set(lines) if bounded else set(dead)
+        known = {o: n for o, n in self._dead_sizes.items() if o in dead and o in wanted}
+        fresh = checkpoint_disk.sizes(self.spec.output_dir, sorted(wanted - set(known)))
+        self._dead_sizes.update({o: n for o, n in fresh.items() if o in dead})
+        return {**known, **fresh}
+
+    def _purge(self) -> None:
+        """The retired folders' contents removed (`checkpoint_disk.purge`); one refused is
+        said once."""
+        try:
+            checkpoint_disk.purge(self.spec.output_dir)
+        except UnsafePath as e:
+            if e.path not in self._refused_trash:
+                self._refused_trash.add(e.path)
+                self.say(f"a retired checkpoint folder is kept: {e}")
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:

@@ -3,17 +3,28 @@ and the removal of one of them: only a folder sweep made (its `made_marker` besi
 inside sweep's own real `checkpoints/` folder, never through a link, and nothing outside the
 lineage's own folder (its marker files beside it stay). What to remove is decided elsewhere
 (`sweep.runner.retention`).
+
+A removal is two steps, so that the decision is quick where it must be (under the study's
+budget lock): `retire` checks the folder and renames it, in one step, to a trash name beside
+it (`.<origin>.removing-<token>`), holding the lineage's lock (no process writes it
+meanwhile); from then on the lineage's folder is gone (`removed`). `purge` removes the trash
+folders' contents later, each under its lineage's lock (one remover at a time), including
+those a driver killed between the two steps left.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sweep._core.safefs import UnsafePath, own_folder_problem, remove_tree
+from sweep._core.safefs import UnsafePath, own_folder_problem, removable, remove_tree
 from sweep.trial import lineage, lineage_lock
+
+TRASH = re.compile(r"^\.(\d+)\.removing-[0-9a-f]{8}$")  # a retired folder, not purged yet
 
 
 def folder_bytes(folder: Path) -> int:
@@ -59,25 +70,25 @@ def removed(output_dir: Path, origin: int) -> bool:
             and not os.path.lexists(lineage.checkpoint_dir(output_dir, origin)))
 
 
-def remove(output_dir: Path, origin: int) -> None:
-    """Remove lineage `origin`'s checkpoint folder with all that is in it. UnsafePath, with
-    nothing removed, if `checkpoints/` is not this user's real folder, or the folder is not one
-    sweep made (no marker beside it: then only an empty one goes), or `safefs.remove_tree`
-    refuses it (a link, a mount point, another study's output_dir inside)."""
+def _made(output_dir: Path, origin: int) -> bool:
+    """Whether sweep made lineage `origin`'s folder (its marker beside it, a regular file);
+    UnsafePath if `checkpoints/` is not this user's real folder."""
     parent = output_dir / lineage.CHECKPOINTS
     problem = own_folder_problem(os.lstat(parent))
     if problem:
         raise UnsafePath(parent, problem)
     marker = lineage.made_marker(output_dir, origin)
-    made = marker.is_file() and not marker.is_symlink()
-    remove_tree(lineage.checkpoint_dir(output_dir, origin), made)
+    return marker.is_file() and not marker.is_symlink()
 
 
-def remove_unheld(output_dir: Path, origin: int) -> bool:
-    """`remove` lineage `origin`'s folder holding its lineage lock, so that no process writes
-    it meanwhile; False, with nothing removed, if another process holds the lock, the lock
-    cannot be had now, or a straggler writes in it while it goes (another time). UnsafePath
-    as `remove`."""
+def retire(output_dir: Path, origin: int) -> Path | None:
+    """Take lineage `origin`'s folder out of its place, holding its lineage lock (no process
+    writes it meanwhile), renamed to a trash name beside it, for `purge`. The trash folder;
+    None, with nothing done, if the folder is not there, another process holds the lock, or
+    the lock cannot be had now (another time). UnsafePath, with nothing done, if
+    `checkpoints/` is not this user's real folder, or the folder is not one sweep made (no
+    marker beside it: then only an empty one goes), or `safefs.removable` refuses it (a
+    link, a mount point, another study's output_dir inside)."""
     try:
         fd = lineage_lock.take(output_dir, origin)
     except lineage_lock.Unsupported:
@@ -85,16 +96,61 @@ def remove_unheld(output_dir: Path, origin: int) -> bool:
     except UnsafePath:
         raise
     except OSError:
-        return False
+        return None
     if fd is None:
-        return False
+        return None
+    folder = lineage.checkpoint_dir(output_dir, origin)
     try:
-        remove(output_dir, origin)
+        if not removable(folder, _made(output_dir, origin)):
+            return None
+        trash = folder.parent / f".{origin}.removing-{secrets.token_hex(4)}"
+        os.rename(folder, trash)
+        return trash
     except UnsafePath:
         raise
     except OSError:
-        return False
+        return None
     finally:
         if fd >= 0:
             os.close(fd)
-    return True
+
+
+def purge(output_dir: Path) -> list[Path]:
+    """Remove the trash folders `retire` left in `checkpoints/` (this driver's, or a killed
+    driver's), each holding its lineage's lock (a trash folder another driver is removing is
+    left to it); the ones removed. UnsafePath for one that `safefs.remove_tree` refuses (a
+    file system mounted in it since), with the others removed first."""
+    parent = output_dir / lineage.CHECKPOINTS
+    try:
+        if own_folder_problem(os.lstat(parent)):
+            return []
+        entries = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    done: list[Path] = []
+    refused: UnsafePath | None = None
+    for name in entries:
+        found = TRASH.match(name)
+        if not found:
+            continue
+        try:
+            fd = lineage_lock.take(output_dir, int(found.group(1)))
+        except lineage_lock.Unsupported:
+            fd = -1
+        except OSError:
+            continue
+        if fd is None:
+            continue
+        try:  # as `retire`: only with its lineage's marker beside it
+            remove_tree(parent / name, _made(output_dir, int(found.group(1))))
+            done.append(parent / name)
+        except UnsafePath as e:
+            refused = refused or e
+        except OSError:
+            continue  # another time
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    if refused is not None:
+        raise refused
+    return done
