@@ -202,8 +202,8 @@ def test_an_orphan_is_told_though_this_drivers_own_continuation_holds_its_lineag
 
 def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):
     """The lineage's folder is held by another process (an earlier attempt's guard still
-    ending): the asked attempt is parked, leased and untouched (a clean retry would empty the
-    folder), and starts once the lock is free."""
+    ending): the asked attempt is parked, untouched (a clean retry would empty the folder),
+    its device free for other trials meanwhile, and starts once the lock is free."""
     s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1}, trainer={"retry_from": "clean"})
     folder = queued_continuation(s, retries=1, clean=True)
     held = lineage_lock.take(s.spec.output_dir, 0)
@@ -249,10 +249,12 @@ def test_a_parked_attempt_is_not_started_after_a_stop_while_another_trial_ends(t
     s.clock.at(2.0, lambda: s.driver._on_signal(signal.SIGINT, None))
     s.clock.at(4.0, lambda: os.close(held))  # type: ignore[arg-type]
     assert s.run() == 130
-    assert [p.started for p in s.spawn.processes] == [0.0]  # the trial beside it only
-    assert [t.state.name for t in s.trials] == ["FAIL", "FAIL", "FAIL", "WAITING", "WAITING"]
+    # the trials beside it only: the parked one gave its device back, a new trial took it
+    assert [(p.plan.paths.dir.name, p.started) for p in s.spawn.processes] == [
+        ("2", 0.0), ("3", 0.0)]
+    assert [t.state.name for t in s.trials] == ["FAIL"] * 4 + ["WAITING"] * 3
     assert s.trials[1].user_attrs["fail_reason"] == "interrupted"
-    assert [t.user_attrs["continues"] for t in s.trials[3:]] == [1, 2]
+    assert sorted(t.user_attrs["continues"] for t in s.trials[4:]) == [1, 2, 3]
 
 
 def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp_path):

@@ -527,6 +527,32 @@ def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tm
     assert [dict(trainer.starts)[str(t.number)] for t in donor_next] == [7]
 
 
+def test_a_parked_exploit_gives_its_device_to_another_trial_while_it_waits(tmp_path):
+    """Review of issue 31: an exploit waiting for its donor's next report held the device it
+    was asked on, idle. A population of 3 on 2 devices: trial 1 is replaced at step 5 and
+    ends at t=6; the exploit (trial 2), asked on its device, waits for its donor (trial 0,
+    paused at its next report, t=7), and the population's third member (trial 3) takes that
+    device at once; the exploit starts on the donor's device when it is free, and its owner
+    record says so."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20), gpus=2,
+              study={"n_trials": 4, "enqueue": [{"x": x} for x in (0.3, 0.9, 0.5)],
+                     "scheduler": {"type": "pbt", "population": 3, "interval": 5,
+                                   "max_steps": 20, "quantile": 0.34, "seed": 0}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    said = capture_messages(s)
+    assert s.run() == 0
+    started = [(p.plan.paths.dir.name, p.started, p.plan.env["CUDA_VISIBLE_DEVICES"])
+               for p in s.spawn.processes]
+    assert started == [("0", 0.0, "0"), ("1", 0.0, "1"), ("3", 6.0, "1"), ("2", 7.0, "0"),
+                       ("4", 20.5, "0")]
+    assert "trial 2 waits to start: its donor trial 0 is running" in "\n".join(said)
+    exploit = s.trials[2]
+    assert exploit.user_attrs["exploit_of"] == 0 and exploit.user_attrs["owner"]["gpu"] == 0
+    assert s.trials[4].user_attrs["retry_of"] == 0  # the donor went on after the copy
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""

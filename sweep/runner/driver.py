@@ -59,8 +59,9 @@ class Driver:
         self.launcher: launchers.Launcher | None = None  # made when the run starts
         self.starter: Starter  # made with it
         self.running: dict[int, RunningTrial] = {}
-        # asked and leased, not started: their lineage's folder is still in use (LineageBusy)
-        self.parked: dict[int, tuple[Asked, Lease, int | None]] = {}
+        # asked, not started: their lineage's folder is still in use, or a PBT exploit's donor
+        # has no state to copy yet (LineageBusy); they hold no device while they wait
+        self.parked: dict[int, Asked] = {}
         self._signals = 0
         self.tally = Tally(store.counts, grid=store.grid)  # the study's counts, as last read
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
@@ -202,9 +203,15 @@ class Driver:
         ends the run gives up. Parked trials are tried first."""
         if self.policy.stop_reason is not None:  # a signal, the timeout, a give-up
             self._drop_parked()
-        for asked, lease, port in list(self.parked.values()):
-            if not self._stopping():
-                self._launch(asked, lease, port, again=True)
+        for asked in list(self.parked.values()):
+            if self._stopping():
+                break
+            got = self.pool.acquire()
+            if isinstance(got, Refusal):
+                self._refused(got)
+                break
+            got.bind(asked.number)
+            self._launch(asked, got, None, again=True)
         while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
@@ -270,14 +277,19 @@ class Driver:
 
     def _launch(self, asked: Asked, lease: Lease, port: int | None, again: bool = False) -> None:
         """Start `asked` on `lease` (bound to it). One whose lineage's folder another process
-        still holds is parked, leased and beating, and tried again each pass (`again`)."""
+        still holds, or a PBT exploit whose donor has no state to copy yet, is parked: beating,
+        its devices given back to the pool meanwhile, and tried again each pass on the devices
+        free then (`again`)."""
         self.parked.pop(asked.number, None)
         try:
             if port is None and len(lease.devices) > 1:
                 port = self.pool.hold_port(lease, self.store.owner.host)
+            if again:  # on other devices, maybe, than it was asked on
+                self.store.moved(asked.trial, lease.device, lease.devices)
             run = self.starter.start(asked, lease, port)
         except LineageBusy as e:
-            self.parked[asked.number] = (asked, lease, port)
+            self.pool.release(lease)
+            self.parked[asked.number] = asked
             if not again:
                 self.heartbeat.add(asked.trial)
                 self.events.message(f"trial {asked.number} waits to start: {e}")
@@ -429,13 +441,11 @@ class Driver:
     def _drop_parked(self) -> None:
         """Parked trials never started: told FAIL `interrupted`, continued as interrupted
         ones, their devices given back."""
-        for asked, lease, _ in self.parked.values():
-            self.pool.release(lease)
+        for asked in self.parked.values():
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
                 self._carry_on(asked.params, asked.number, asked.lineage, False, True)
-            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, lease.device,
-                                   asked.attempt)
+            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, None, asked.attempt)
         self.parked.clear()
 
     def _abandon(self) -> None:

@@ -324,6 +324,15 @@ class Store:
             if key not in held or held[key] != value:
                 trial.set_user_attr(key, value)
 
+    def moved(self, trial: optuna.Trial, gpu: int, gpus: Sequence[int]) -> None:
+        """A trial asked for some devices starts on others (it was parked, without them): its
+        owner record names these."""
+        record = OwnerRecord.of(trial.user_attrs)
+        if record is None:
+            return
+        shown = ",".join(map(str, gpus)) if len(gpus) > 1 else None
+        self.note(trial, {OWNER: dataclasses.replace(record, gpu=gpu, gpus=shown).to_attr()})
+
     def tell_verdict(
         self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
         usage: Mapping[str, float], gpus: Sequence[int] = (),
@@ -346,7 +355,9 @@ class Store:
         at all into a study file replaced meanwhile)."""
         attrs: dict[str, Any] = {FAIL_REASON: reason, HOST: self.owner.host}
         if gpu is not None:
-            attrs.update({GPU: gpu, ATTEMPT: attempt or 0})
+            attrs[GPU] = gpu
+        if gpu is not None or attempt is not None:
+            attrs[ATTEMPT] = attempt or 0
         try:
             self.tell(trial, TrialState.FAIL, None, attrs)
         except StudyFileReplaced:
