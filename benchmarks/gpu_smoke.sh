@@ -14,10 +14,18 @@
 #   - a hang (benchmarks/gpu_hang.py: 1 GiB on the GPU, then a sleep): FAIL `hung: ...` with
 #     the GPU's utilisation known, its stack (py-spy) naming the function it waits in, nothing
 #     left on the GPU;
+#   - asha on one card (benchmarks/gpu_asha.yaml: 9 learning rates of a small real model,
+#     benchmarks/gpu_asha_trainer.py, 3 trials packed): pauses and promotions, every promoted
+#     lineage continued from its checkpoint (no step repeated), the best trained to max_steps,
+#     trials packed, nothing left RUNNING or on the GPU; the cost of a pause ("PAUSE" line: the
+#     trainer's timed torch.save on SIGTERM and torch.load at start), wall time and steps
+#     trained against every configuration to max_steps ("ASHA" line);
 #   - containers (trainer.container, podman + the toolkit's CDI spec; SKIP without them): each
 #     trial in the image sees exactly its leased device, by UUID, as cuda:0; the image ID is in
 #     env.json; no container left.
 # Prints PASS/FAIL lines and exits non-zero on any FAIL; copies the evidence to $OUT if set.
+# `bash benchmarks/gpu_smoke.sh asha` runs the asha case alone; with SWEEP_FAKE_GPUS=1 it runs
+# it on the CPU (a simulated card), its NVML checks skipped.
 #
 # The device image has torch, accelerate, pandas, psutil, rich, nvidia-ml-py but not optuna and
 # its needs. Carry them as wheels (see the device tool's README), here in the repo root:
@@ -36,11 +44,143 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy's program too
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
+fake=${SWEEP_FAKE_GPUS:-}  # kept only for the asha case alone (a check of it without a GPU)
 unset SWEEP_FAKE_GPUS
 work=$(mktemp -d)
 cp benchmarks/gpu_smoke.yaml benchmarks/gpu_burn.py "$work/"
 fail=0
 check() { if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fail=1; fi; }
+finish() {
+  if [ -n "${OUT:-}" ]; then
+    cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/launch_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
+  fi
+  [ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
+  exit $fail
+}
+
+# ASHA on one card (issue 31): 9 learning rates of a small real model, rungs at steps 30 and 90
+# of 270, 3 trials packed on the first GPU. Checks pauses and promotions, each continuation's
+# first step right after its lineage's last (its state loaded: nothing repeated), the best
+# trained to max_steps, packing, nothing left; prints the cost of a pause from the trainer's
+# timing lines (torch.save on SIGTERM, torch.load at start), and the steps trained against
+# every configuration to max_steps. About a minute on a GPU.
+asha_case() {
+  local start end rc simulated=0
+  [ -n "${SWEEP_FAKE_GPUS:-}" ] && simulated=1
+  cp benchmarks/gpu_asha.yaml benchmarks/gpu_asha_trainer.py "$work/"
+  start=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m sweep run "$work/gpu_asha.yaml" > "$work/asha.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  check "ASHA: the run exits 0 ($rc; see asha.log)" "[ $rc = 0 ]"
+  sleep 1
+  check "ASHA: no trainer left" "! pgrep -f gpu_asha_trainer > /dev/null"
+  if [ $simulated = 1 ]; then
+    echo "SKIP ASHA: nothing left on the GPU (simulated card)"
+  else
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tee "$work/asha_apps.txt"
+    check "ASHA: nothing left on the GPU" "[ ! -s $work/asha_apps.txt ]"
+  fi
+  python3 - "$work" "$start" "$end" "$simulated" <<'PY' || fail=1
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+import optuna
+import yaml
+work, start, end = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+simulated = sys.argv[4] == "1"
+spec = yaml.safe_load((work / "gpu_asha.yaml").read_text())
+n, top, per_gpu = (spec["study"]["n_trials"], spec["study"]["scheduler"]["max_steps"],
+                   spec["gpus"]["trials_per_gpu"])
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+trials = optuna.load_study(study_name="gpu_asha", storage=f"sqlite:///{work}/gpu_asha.db").trials
+by_number = {t.number: t for t in trials}
+def lines(number, name):
+    path = work / "gpu_asha" / "trials" / str(number) / name
+    return [json.loads(s) for s in path.read_text().splitlines()] if path.exists() else []
+steps = {t.number: [r["step"] for r in lines(t.number, "reports.jsonl")] for t in trials}
+timing = {t.number: lines(t.number, "timing.jsonl") for t in trials}
+events = [e for ts in timing.values() for e in ts]
+ok = True
+def check(name, cond):
+    global ok
+    print(("PASS " if cond else "FAIL ") + name)
+    ok &= bool(cond)
+states = [t.state.name for t in trials]
+check(f"ASHA: nothing left RUNNING or queued ({len(trials)} attempts: "
+      f"{', '.join(f'{states.count(s)} {s}' for s in sorted(set(states)))})",
+      set(states) <= {"COMPLETE", "PRUNED"})
+paused = [t for t in trials if "paused_at" in t.user_attrs]
+resumed = [t for t in trials if "retry_of" in t.user_attrs]
+before = {t.number: by_number[int(t.user_attrs.get("continues", t.user_attrs["retry_of"]))]
+          for t in resumed}  # the attempt each continues
+check(f"ASHA: {len(paused)} pauses, {len(resumed)} promotions (each continues a paused attempt)",
+      paused and resumed and all("paused_at" in b.user_attrs for b in before.values()))
+check("ASHA: no trial has steps_repeated",
+      not [t.number for t in trials if "steps_repeated" in t.user_attrs])
+saves = [e for e in events if e["event"] == "save" and e["stop"]]
+check(f"ASHA: every paused trial saved its state when stopped ({len(saves)} of {len(paused)})",
+      sorted(e["step"] for e in saves) == sorted(max(steps[t.number]) for t in paused))
+for t in resumed:
+    prev = before[t.number]
+    loaded = [e["step"] for e in timing[t.number] if e["event"] == "load"]
+    first, last = min(steps[t.number], default=None), max(steps[prev.number], default=None)
+    check(f"ASHA: trial {t.number} continues trial {prev.number} (paused at step "
+          f"{prev.user_attrs.get('paused_at')}, saved at {last}) from its checkpoint: "
+          f"loaded step {loaded}, first step {first}",
+          first is not None and last is not None and loaded == [last] and first == last + 1
+          and first > prev.user_attrs.get("paused_at", top))
+done = [t for t in trials if t.state.name == "COMPLETE"]
+best = min(done, key=lambda t: t.value) if done else None
+check(f"ASHA: the best lineage trained to step {top}" + (
+      f" (trial {best.number}, lr {best.params['lr']:.3g}, loss {best.value:.4f})" if best else ""),
+      best is not None and max(steps[best.number]) == top and max(best.intermediate_values) == top)
+edges = sorted([(t.datetime_start, 1) for t in trials]
+               + [(t.datetime_complete, -1) for t in trials])
+most = now = 0
+for _, d in edges:
+    now += d
+    most = max(most, now)
+rows = [r for f in (work / "gpu_asha" / "drivers").glob("*/gpu_samples.csv")
+        for r in csv.DictReader(f.open())]
+sampled = max((len(r["trials"].split(";")) for r in rows if r["trials"]), default=0)
+cards = {t.user_attrs.get("gpu") for t in trials}
+check(f"ASHA: trials packed on one card ({cards}): at most {most} at once by their times, "
+      f"{sampled} in one GPU sample (trials_per_gpu {per_gpu})",
+      len(cards) == 1 and 1 < most <= per_gpu and 1 < sampled <= per_gpu)
+starts = [e for e in events if e["event"] == "start"]
+if simulated:
+    print("SKIP ASHA: every attempt on CUDA (simulated card)")
+else:
+    peak = max((t.user_attrs.get("gpu_mem_peak_mb") or 0 for t in trials), default=0)
+    check(f"ASHA: every attempt trained on CUDA (peak memory of a trial {peak:.0f} MB)",
+          len(starts) == len(trials) and all(e["device"] == "cuda" for e in starts))
+loads = [e for e in events if e["event"] == "load"]
+def med(key, of):
+    return statistics.median(e[key] for e in of) if of else float("nan")
+print(f"PAUSE cost per trial: save median {med('seconds', saves):.3f} s, load median "
+      f"{med('seconds', loads):.3f} s ({len(saves)} pauses, {len(loads)} loads, state "
+      f"{med('bytes', saves + loads) / 1e6:.0f} MB); start-up to the first step (interpreter, "
+      f"torch, CUDA, data, load) median {med('startup', [e for e in starts if e['step']]):.2f} s "
+      f"for a continuation, {med('startup', [e for e in starts if not e['step']]):.2f} s for a "
+      "first attempt")
+with open(work / "asha_timing.txt", "w") as f:
+    f.writelines(json.dumps({"trial": k, **e}) + "\n" for k, ts in timing.items() for e in ts)
+total = sum(len(s) for s in steps.values())
+busy = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials)
+print(f"ASHA: wall {end - start:.1f} s, {len(trials)} attempts of {n} configurations, {total} "
+      f"steps trained against {n * top} to train each to {top} ({total / (n * top):.0%}); the "
+      f"attempts' time on the card {busy:.1f} s")
+sys.exit(0 if ok else 1)
+PY
+}
+if [ "${1:-}" = asha ]; then  # this case alone
+  [ -n "$fake" ] && export SWEEP_FAKE_GPUS=$fake
+  asha_case
+  finish
+fi
 
 nvidia-smi -L || true
 python3 -m sweep gpus | tee "$work/gpus.txt"
@@ -222,6 +362,8 @@ print(f"HANG: told {(t.datetime_complete - t.datetime_start).total_seconds():.1f
 sys.exit(0 if ok and named else 1)
 PY
 
+asha_case
+
 # Containers (issue 33): a trial in a container image sees exactly its device. Needs podman and
 # the NVIDIA container toolkit (nvidia-ctk) on the machine; SKIP otherwise. No registry: the
 # image is a marker file and the root's links, imported with `podman import`; the machine's own
@@ -307,8 +449,4 @@ else
   echo "SKIP CONTAINER: needs podman and nvidia-ctk (the NVIDIA container toolkit) on this machine"
 fi
 
-if [ -n "${OUT:-}" ]; then
-  cp "$work"/*.txt "$work"/*.log "$work"/pack_*.yaml "$work"/launch_*.yaml "$work"/gpu_smoke/drivers/*/gpu_samples.csv "$work/gpu_smoke/summary.csv" "$OUT/" 2>/dev/null
-fi
-[ "$fail" = 0 ] && echo "GPU SMOKE: PASS" || echo "GPU SMOKE: FAIL"
-exit $fail
+finish
