@@ -223,6 +223,25 @@ def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_
                        "ending)")
 
 
+def test_a_parked_attempt_gives_its_device_back_and_starts_on_the_next_one_free(tmp_path):
+    """Review of issue 31: an attempt waiting for its lineage's lock (held by another process,
+    for as long as that process lives) held the device it was asked on, idle. It gives it
+    back: trial 2 runs there meanwhile; the attempt starts, once the lock is free, on the
+    first device free, and its owner record names that device, not the one it was asked on."""
+    s = Sweep(tmp_path, lambda p: Script(runs=10.0, result={"score": p["x"]}), gpus=2,
+              study={"n_trials": 2})
+    queued_continuation(s)
+    held = lineage_lock.take(s.spec.output_dir, 0)
+    assert held is not None
+    s.clock.at(2.0, lambda: os.close(held))
+    assert s.run() == 0
+    started = [(p.plan.paths.dir.name, p.started, p.plan.env["CUDA_VISIBLE_DEVICES"])
+               for p in s.spawn.processes]
+    assert started == [("2", 0.0, "0"), ("1", 2.0, "1")]  # GPU 0, given back, took trial 2
+    parked = s.trials[1]
+    assert parked.user_attrs["owner"]["gpu"] == parked.user_attrs["gpu"] == 1
+
+
 def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1})
     queued_continuation(s)

@@ -60,8 +60,8 @@ class Driver:
         self.starter: Starter  # made with it
         self.running: dict[int, RunningTrial] = {}
         # asked, not started: their lineage's folder is still in use, or a PBT exploit's donor
-        # has no state to copy yet (LineageBusy); they hold no device while they wait
-        self.parked: dict[int, Asked] = {}
+        # has no state to copy yet (LineageBusy), with their lease if they wait on it
+        self.parked: dict[int, tuple[Asked, Lease | None, int | None]] = {}
         self._signals = 0
         self.tally = Tally(store.counts, grid=store.grid)  # the study's counts, as last read
         self._next_look = -math.inf  # when storage is read again for orphans and the budget
@@ -203,15 +203,17 @@ class Driver:
         ends the run gives up. Parked trials are tried first."""
         if self.policy.stop_reason is not None:  # a signal, the timeout, a give-up
             self._drop_parked()
-        for asked in list(self.parked.values()):
+        for asked, lease, port in list(self.parked.values()):
             if self._stopping():
                 break
-            got = self.pool.acquire()
-            if isinstance(got, Refusal):
-                self._refused(got)
-                break
-            got.bind(asked.number)
-            self._launch(asked, got, None, again=True)
+            if lease is None:  # it gave its devices back: the next free ones
+                got = self.pool.acquire()
+                if isinstance(got, Refusal):
+                    self._refused(got)
+                    continue
+                got.bind(asked.number)
+                lease = got
+            self._launch(asked, lease, port, again=True)
         while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
@@ -277,9 +279,10 @@ class Driver:
 
     def _launch(self, asked: Asked, lease: Lease, port: int | None, again: bool = False) -> None:
         """Start `asked` on `lease` (bound to it). One whose lineage's folder another process
-        still holds, or a PBT exploit whose donor has no state to copy yet, is parked: beating,
-        its devices given back to the pool meanwhile, and tried again each pass on the devices
-        free then (`again`)."""
+        still holds, or a PBT exploit whose donor has no state to copy yet, is parked, beating,
+        and tried again each pass (`again`): on its lease (`LineageBusy.keeps_device`), or,
+        its devices given back to the pool meanwhile, on the devices free then, before any
+        other trial starts."""
         self.parked.pop(asked.number, None)
         try:
             if port is None and len(lease.devices) > 1:
@@ -288,8 +291,11 @@ class Driver:
                 self.store.moved(asked.trial, lease.device, lease.devices)
             run = self.starter.start(asked, lease, port)
         except LineageBusy as e:
-            self.pool.release(lease)
-            self.parked[asked.number] = asked
+            if e.keeps_device:
+                self.parked[asked.number] = (asked, lease, port)
+            else:
+                self.pool.release(lease)
+                self.parked[asked.number] = (asked, None, None)
             if not again:
                 self.heartbeat.add(asked.trial)
                 self.events.message(f"trial {asked.number} waits to start: {e}")
@@ -441,11 +447,14 @@ class Driver:
     def _drop_parked(self) -> None:
         """Parked trials never started: told FAIL `interrupted`, continued as interrupted
         ones, their devices given back."""
-        for asked in self.parked.values():
+        for asked, lease, _ in self.parked.values():
+            if lease is not None:
+                self.pool.release(lease)
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
                 self._carry_on(asked.params, asked.number, asked.lineage, False, True)
-            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value, None, asked.attempt)
+            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value,
+                                   None if lease is None else lease.device, asked.attempt)
         self.parked.clear()
 
     def _abandon(self) -> None:

@@ -72,7 +72,12 @@ NO_RESUME_ARGS = (
 
 class DonorRunning(LineageBusy):
     """A PBT exploit not started yet: its donor runs, with no complete state to copy (`pause`:
-    it is paused at its next report; else its next `checkpoint-N` is awaited)."""
+    it is paused at its next report; else its next `checkpoint-N` is awaited). It keeps its
+    device: the wait is short (the donor is paused for it, or saves a first checkpoint), and
+    a trial started there meanwhile would hold it while the donor, the population's best,
+    waits for a device to continue."""
+
+    keeps_device = True
 
     def __init__(self, number: int, donor: int, pause: bool, path: Path) -> None:
         super().__init__(donor, path)

@@ -43,7 +43,11 @@ POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its outp
 
 class LineageBusy(Exception):
     """An attempt not started: another process holds its lineage's lock (an earlier attempt's
-    guard, still ending; a frozen driver's trainer, on this host or another)."""
+    guard, still ending; a frozen driver's trainer, on this host or another). `keeps_device`:
+    whether it waits on its devices (a wait the run itself ends soon) or gives them back (a
+    wait on another process, however long)."""
+
+    keeps_device = False
 
     def __init__(self, origin: int, path: Path) -> None:
         super().__init__(origin, path)
