@@ -570,6 +570,23 @@ def test_a_parked_exploit_keeps_its_device_for_the_short_wait_on_its_donor(tmp_p
     assert exploit.user_attrs["owner"]["gpu"] == exploit.user_attrs["gpu"] == 0
 
 
+def test_exploits_never_take_the_places_of_population_members_not_started(tmp_path):
+    """n_trials counts the population's first configurations and every exploit. A
+    population of 4 on 2 devices with n_trials 4: an exploit at step 5, with 2 members not
+    started yet, made 5 configurations of 4. None is made: the members keep their places."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, Trainer(box, steps=20), gpus=2,
+              study={"n_trials": 4, "enqueue": [{"x": x} for x in (0.3, 0.9, 0.5, 0.7)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "quantile": 0.5}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    assert s.run() == 0
+    assert len(lineages.read(s.trials)) == 4
+    assert [t.state.name for t in s.trials] == ["COMPLETE"] * 4
+    assert not any("exploit_of" in t.user_attrs for t in s.trials)
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""

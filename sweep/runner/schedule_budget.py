@@ -36,12 +36,17 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
     attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
     lines = lineages.read(trials)
     queued = sum(1 for t in trials if t.state is TrialState.WAITING)
-    if isinstance(decide, Pbt):  # and its donors paused for a copy that may go on
-        first = sum(1 for v in lines.values() if v.exploit_of is None)
-        return (queued + len(decide.continuable(lines))
-                + max(0, min(n_trials, decide.spec.population) - first))
+    if isinstance(decide, Pbt):  # and its lineages paused that may go on
+        return queued + len(decide.continuable(lines)) + unstarted(decide, n_trials, lines)
     new = max(0, n_trials - len(lines))
     return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
+
+
+def unstarted(decide: Pbt, n_trials: int, lines: Mapping[int, LineageView]) -> int:
+    """How many of a PBT population's first configurations have not started yet (up to
+    `n_trials`; its exploits are configurations too, but none of the population)."""
+    first = sum(1 for v in lines.values() if v.exploit_of is None)
+    return max(0, min(n_trials, decide.spec.population) - first)
 
 
 def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,

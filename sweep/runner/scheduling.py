@@ -36,9 +36,15 @@ from optuna.trial import TrialState
 from sweep._core.safefs import UnsafePath
 from sweep.runner import explored, retention
 from sweep.runner.policy import RunResult
-from sweep.runner.schedule_budget import decisions, jobs, promotable, short_of, too_few
+from sweep.runner.schedule_budget import (
+    decisions,
+    jobs,
+    promotable,
+    short_of,
+    too_few,
+    unstarted,
+)
 from sweep.runner.schedulers import (
-    GoOn,
     Halving,
     NewConfiguration,
     Pause,
@@ -336,10 +342,12 @@ class Scheduling:
     def _pbt(self, run: RunningTrial, lines: dict[int, LineageView], before: int | None,
              step: int) -> Stop | None:
         assert isinstance(self.decide, Pbt)
-        room = self._configurations(lines) < self.spec.study.n_trials
+        # the population's first configurations not started yet keep their places in n_trials
+        room = (self._configurations(lines) + unstarted(self.decide, self.spec.study.n_trials,
+                                                          lines) < self.spec.study.n_trials)
         decision = self.decide.on_report(lines, run.origin, before, step, self.spec.searched,
                                          room)
-        if isinstance(decision, GoOn) or not isinstance(decision, Replace):
+        if not isinstance(decision, Replace):
             return None
         with self.store.budget_lock():
             fresh = self.lineages()
