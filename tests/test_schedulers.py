@@ -292,24 +292,36 @@ def test_a_donor_paused_for_a_copy_ranks_and_continues_once_no_exploit_waits_on_
     assert p.continuable(lineages.read(ts)) == []  # continued: queued
 
 
-def test_explore_scales_numbers_within_range_and_resamples_categoricals():
-    searched = {"lr": FloatParam(type="float", low=1e-4, high=1e-2, log=True),
-                "n": IntParam(type="int", low=1, high=10),
-                "s": FloatParam(type="float", low=0.0, high=1.0, step=0.25),
-                "opt": CategoricalParam(type="categorical", choices=["adam", "sgd"])}
-    start = {"lr": 9e-3, "n": 9, "s": 0.5, "opt": "adam", "fixed": 3}
+SPACE = {"lr": FloatParam(type="float", low=1e-4, high=1e-2, log=True),
+         "n": IntParam(type="int", low=1, high=10),
+         "s": FloatParam(type="float", low=0.0, high=1.0, step=0.25),
+         "opt": CategoricalParam(type="categorical", choices=["adam", "sgd"])}
+START = {"lr": 9e-3, "n": 9, "s": 0.5, "opt": "adam", "fixed": 3}
+
+
+def test_explore_scales_numbers_within_range_and_keeps_categoricals_without_resampling():
     rng = random.Random(0)
-    seen_opt = set()
     for _ in range(50):
-        out = schedulers.explore(start, searched, [0.5, 2.0], 0.5, rng)
+        out = schedulers.explore(START, SPACE, [0.5, 2.0], 0.0, rng)
         assert out["lr"] in (pytest.approx(4.5e-3), 1e-2)  # 1.8e-2 kept in range
         assert out["n"] in (4, 10) and isinstance(out["n"], int)  # 4.5 -> 4, 18 -> 10
         assert out["s"] in (0.25, 1.0)
-        assert out["fixed"] == 3
-        seen_opt.add(out["opt"])
-    assert seen_opt == {"adam", "sgd"}
-    never = schedulers.explore(start, searched, [1.0], 0.0, rng)
-    assert never == start
+        assert out["opt"] == "adam" and out["fixed"] == 3
+    assert schedulers.explore(START, SPACE, [1.0], 0.0, rng) == START
+
+
+def test_explore_redraws_every_param_from_its_range_with_the_resample_probability():
+    """As Jaderberg et al.'s and Ray Tune's PBT: with `resample_probability`, a param is
+    redrawn from its range (a log one on a log scale), numbers too; never outside it."""
+    rng = random.Random(0)
+    outs = [schedulers.explore(START, SPACE, [1.0], 0.5, rng) for _ in range(400)]
+    lrs = [o["lr"] for o in outs if o["lr"] != START["lr"]]
+    assert 150 < len(lrs) < 250 and all(1e-4 <= v <= 1e-2 for v in lrs)
+    assert 0.4 < sum(v < 1e-3 for v in lrs) / len(lrs) < 0.6  # log-uniform: half below 1e-3
+    assert {o["n"] for o in outs} <= set(range(1, 11)) and len({o["n"] for o in outs}) > 5
+    assert {o["s"] for o in outs} == {0.0, 0.25, 0.5, 0.75, 1.0}
+    assert {o["opt"] for o in outs} == {"adam", "sgd"}
+    assert all(o["fixed"] == 3 for o in outs)
 
 
 def test_of_picks_the_decisions_of_the_study_file():

@@ -245,7 +245,8 @@ def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path
               study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                      "scheduler": {"type": "pbt", "population": 4, "interval": 5,
                                    "max_steps": 20, "quantile": 0.25, "seed": 0,
-                                   "perturb": [0.8, 1.25]}},
+                                   "perturb": [0.8, 1.25],
+                                   "resample_probability": 0}},
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     said = capture_messages(s)
@@ -393,7 +394,8 @@ def two_file_pbt(tmp_path: Path, hf: bool = False) -> tuple[Sweep, TwoFileTraine
     s = Sweep(tmp_path, trainer, gpus=4,
               study={"n_trials": 8, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                      "scheduler": {"type": "pbt", "population": 4, "interval": 5,
-                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25],
+                                   "resample_probability": 0}},
               trainer={"grace_period": 1.3,
                        "resume_args": ["--resume", "{last_checkpoint}" if hf else "x"]})
     box.append(s)
@@ -594,7 +596,8 @@ def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=restores), gpus=4,
               study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                      "scheduler": {"type": "pbt", "population": 4, "interval": interval,
-                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25]}},
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25],
+                                   "resample_probability": 0}},
               trainer={"resume_args": ["--resume"],
                        "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
     box.append(s)

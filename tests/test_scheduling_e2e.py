@@ -132,7 +132,7 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         study={"n_trials": 6, "heartbeat_interval": 1,
                "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                "scheduler": {"type": "pbt", "population": 4, "interval": 5, "max_steps": 20,
-                             "perturb": [0.8, 1.25], "seed": 0,
+                             "perturb": [0.8, 1.25], "resample_probability": 0, "seed": 0,
                              **({"max_checkpoint_gb": 0.00055} if bounded
                                 else {"keep_checkpoints": "all"})}},
         trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"],

@@ -263,19 +263,28 @@ def _steps_left(line: LineageView, max_steps: int) -> bool:
 
 def explore(params: dict[str, Any], searched: Mapping[str, Searched],
             factors: Sequence[float], resample: float, rng: random.Random) -> dict[str, Any]:
-    """The donor's `params`, perturbed: each number scaled by one of `factors` and kept in
-    its range (an int rounded, a stepped value on its step); each categorical or bool
-    resampled from its choices with probability `resample`. Params not searched are kept."""
+    """The donor's `params`, explored as Jaderberg et al.'s PBT (and Ray Tune's) does: each
+    param redrawn from its range with probability `resample` (a number uniformly, on a log
+    scale for a `log` one; a categorical or bool among its choices), else a number scaled by
+    one of `factors` and a categorical kept; a number kept in its range (an int rounded, a
+    stepped value on its step). Params not searched are kept."""
     out = dict(params)
     for name, dim in searched.items():
         if name not in out:
             continue
+        chosen = isinstance(dim, (CategoricalParam, BoolParam))
+        redraw = (chosen or resample > 0) and rng.random() < resample
         if isinstance(dim, (CategoricalParam, BoolParam)):
-            if rng.random() < resample:
+            if redraw:
                 out[name] = rng.choice(list(dim.choices))
             continue
         assert isinstance(dim, (FloatParam, IntParam))
-        value = float(out[name]) * rng.choice(list(factors))
+        if redraw and dim.log:
+            value = math.exp(rng.uniform(math.log(dim.low), math.log(dim.high)))
+        elif redraw:
+            value = rng.uniform(dim.low, dim.high)
+        else:
+            value = float(out[name]) * rng.choice(list(factors))
         if dim.step is not None and not (isinstance(dim, IntParam) and dim.step == 1):
             value = dim.low + round((value - dim.low) / dim.step) * dim.step
         value = min(max(value, dim.low), dim.high)

@@ -73,8 +73,8 @@ class HyperbandScheduler(_Halving):
 class PbtScheduler(_Disk):
     """Population-based training: `population` lineages trained to `max_steps`; every
     `interval` steps one in the bottom `quantile` is replaced by a copy of one in the top
-    `quantile` (its checkpoint folder), with its numbers scaled by one of `perturb` (kept in
-    range) and each categorical resampled with `resample_probability`."""
+    `quantile` (its checkpoint folder), with each param redrawn from its range with
+    `resample_probability`, else a number scaled by one of `perturb` (kept in range)."""
 
     type: Literal["pbt"]
     population: Annotated[int, Field(ge=2)]
