@@ -277,31 +277,37 @@ def test_a_step_a_continuation_reports_again_keeps_its_earlier_value(tmp_path):
     assert lineages.read(s.trials)[0].curve == {1: 0.9, 2: 0.8, 3: 0.7}
 
 
-@pytest.mark.parametrize(("saves", "resume_args", "fix"), [
-    (True, ["--resume", "{checkpoint_dir}"], "the script did not resume from what "
+@pytest.mark.parametrize(("saves", "resume_args", "base", "fix"), [
+    (True, ["--resume", "{checkpoint_dir}"], 0, "the script did not resume from what "
      "trainer.resume_args names (--resume {checkpoint_dir}); have it load its state from "
      "there"),
-    (True, [], "it did not resume from its checkpoint; have the script load its state from "
-     "$SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
+    # a script counting from 1 (a HF Trainer) that started over is no older state resumed
+    (True, ["--resume", "{checkpoint_dir}"], 1, "the script did not resume from what "
+     "trainer.resume_args names (--resume {checkpoint_dir}); have it load its state from "
+     "there"),
+    (True, [], 0, "it did not resume from its checkpoint; have the script load its state "
+     "from $SWEEP_CHECKPOINT_DIR, or pass it with trainer.resume_args (e.g. "
      "[--resume_from_checkpoint, \"{last_checkpoint}\"])"),
-    (False, ["--resume", "{checkpoint_dir}"], "its checkpoint folder held nothing (never "
+    (False, ["--resume", "{checkpoint_dir}"], 0, "its checkpoint folder held nothing (never "
      "written, or removed) to resume from; have the script save its state in "
      "$SWEEP_CHECKPOINT_DIR"),  # no scheduler: no keep_checkpoints to name
-    (True, ["--resume", "{checkpoint_dir}"], "it resumed from a state older than the step its "
-     "lineage reached; have the script save its state more often, or when it is stopped "
+    (True, ["--resume", "{checkpoint_dir}"], 0, "it resumed from a state older than the step "
+     "its lineage reached; have the script save its state more often, or when it is stopped "
      "(SIGTERM: sweep.protocol.should_stop())")])
 def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
-        tmp_path, saves, resume_args, fix):
-    """An interrupted trial's continuation that reports step 0 again (it ignored its resume
-    args, or found nothing to resume from) is flagged as under a scheduler, told once the
-    fix that applies (never resume_args when they are set)."""
+        tmp_path, saves, resume_args, base, fix):
+    """An interrupted trial's continuation that reports its lineage's first step (`base`)
+    again (it ignored its resume args, or found nothing to resume from) is flagged as under
+    a scheduler, told once the fix that applies (never resume_args when they are set)."""
     from sweep.testing.harness import capture_messages
 
-    again = [(0.1, 0, 0.95), (0.2, 1, 0.85), (0.3, 2, 0.75)]
-    first = 1 if fix.startswith("it resumed from a state older") else 0
+    again = [(0.1, base, 0.95), (0.2, base + 1, 0.85), (0.3, base + 2, 0.75)]
+    older = 1 if fix.startswith("it resumed from a state older") else 0
+    first = base + older
     s = Sweep(tmp_path, scripted(
-        Script(runs=100, reports=[(0.1, 0, 0.9), (0.2, 1, 0.8), (0.3, 2, 0.7)]),
-        Script(runs=1, reports=[*again[first:]], result={"score": 0.6})),
+        Script(runs=100, reports=[(0.1, base, 0.9), (0.2, base + 1, 0.8),
+                                  (0.3, base + 2, 0.7)]),
+        Script(runs=1, reports=[*again[older:]], result={"score": 0.6})),
         gpus=1, study={"n_trials": 1}, trainer={"resume_args": resume_args})
     if saves:
         saved = s.spec.output_dir / "checkpoints" / "0" / "state.json"
@@ -312,13 +318,13 @@ def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
     said = capture_messages(s)
     assert s.run() == 0
     assert (s.trials[1].user_attrs["resumed_at"], s.trials[1].user_attrs["steps_repeated"]) \
-        == (first, 3 - first)
+        == (first, 3 - older)
     assert "steps_repeated" not in s.trials[0].user_attrs
     assert [m for m in said if "steps repeated" in m] == [
-        f"trial 1 continues lineage 0 but reported step {first} first, not a step after 2: "
-        f"{3 - first} steps repeated; {fix}"]
+        f"trial 1 continues lineage 0 but reported step {first} first, not a step after "
+        f"{base + 2}: {3 - older} steps repeated; {fix}"]
     frame = summary.trials_frame(s.store.study, s.spec)
-    assert frame["steps_repeated"].tolist()[1] == 3 - first
+    assert frame["steps_repeated"].tolist()[1] == 3 - older
 
 
 def test_after_a_crash_a_continuation_from_its_last_save_is_not_flagged_a_start_over_is(

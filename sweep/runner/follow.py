@@ -35,38 +35,41 @@ class ResumeCheck:
 
     def __init__(self, spec: Spec, store: Store, say: Callable[[str], None]) -> None:
         self.spec, self.store, self.say = spec, store, say
-        self._expect: dict[int, tuple[int, bool]] = {}  # trial -> (step to pass, resumed)
+        # trial -> (the step its first must pass, whether it resumed from something, the
+        # first step its lineage (or, an exploit, its donor's) reported: where it starts over)
+        self._expect: dict[int, tuple[int, bool, int]] = {}
         self._said = False
 
     def started(self, asked: Asked, start: Start) -> None:
         """`asked` starts from `start`: what its first reported step must come after."""
         attrs = asked.trial.user_attrs
-        if lineages.EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
-            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start.resume)
-            return
-        if not asked.lineage.resumes:
+        if not (lineages.EXPLOIT_STEP in attrs or asked.lineage.resumes):
             return
         trials = self.store.study.get_trials(deepcopy=False)
+        line = lineages.read(trials)[asked.origin]
+        fresh = _first(trials, asked.origin if line.exploit_of is None else line.exploit_of,
+                       asked.number)
+        if lineages.EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
+            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start.resume,
+                                          fresh)
+            return
         reached = _reached(trials, asked.origin, asked.number)
         if reached is None:  # an exploit cut after its copy, before its first report
-            copied = lineages.read(trials)[asked.origin].exploit_step
-            if copied is None:
-                return
-            self._expect[asked.number] = (copied, start.resume)
+            if line.exploit_step is not None:
+                self._expect[asked.number] = (line.exploit_step, start.resume, fresh)
             return
         if _gentle(trials, asked.lineage.continues):
-            self._expect[asked.number] = (_saved_step(start, reached), start.resume)
+            self._expect[asked.number] = (_saved_step(start, reached), start.resume, fresh)
         else:  # after a crash or a kill -9 a script resumes from its last save: only a start
             # over (its lineage's first step again) is flagged
-            self._expect[asked.number] = (_first(trials, asked.origin, asked.number),
-                                          start.resume)
+            self._expect[asked.number] = (fresh, start.resume, fresh)
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> None:
         """The first steps `run` reported: flagged if the first is not after the one its
         lineage had reached."""
         if not steps or run.number not in self._expect:
             return
-        expect, resumed = self._expect.pop(run.number)
+        expect, resumed, fresh = self._expect.pop(run.number)
         if steps[0] > expect or (run.reports is not None and run.reports.counted):
             return
         first, repeated = steps[0], expect - steps[0] + 1
@@ -77,14 +80,15 @@ class ResumeCheck:
         self._said = True
         self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
                  f"first, not a step after {expect}: {repeated} steps repeated; "
-                 + self._fix(resumed, first))
+                 + self._fix(resumed, first > fresh))
 
     def forget(self, number: int) -> None:
         self._expect.pop(number, None)
 
-    def _fix(self, resumed: bool, first: int) -> str:
-        """Why it started over (or went back to `first`), and what to do."""
-        if resumed and first > 0:
+    def _fix(self, resumed: bool, older: bool) -> str:
+        """Why it started over (or, `older`, went back to a step after its lineage's first),
+        and what to do."""
+        if resumed and older:
             return ("it resumed from a state older than the step its lineage reached; have "
                     "the script save its state more often, or when it is stopped (SIGTERM: "
                     "sweep.protocol.should_stop())")
