@@ -43,6 +43,17 @@ def test_without_a_step_group_the_match_count_is_the_step_and_the_metric_names_t
     assert reader.read() == [(1, 0.5), (2, 0.25), (3, 0.125)]
 
 
+def test_a_report_section_says_whether_sweep_counts_its_steps():
+    """What `schedulers` and `exploit.choose` need to know before any value is read: a
+    pattern with no `step` group gives counts (no step of the trainer's)."""
+    section = schema.ReportSection
+    assert section(stdout=r"loss=(?P<value>\S+)").counts_steps
+    assert section(stdout=[r"step (?P<step>\d+) loss=(?P<value>\S+)",
+                           r"eval=(?P<value>\S+)"]).counts_steps
+    assert not section(stdout=r"step (?P<step>\d+) loss=(?P<value>\S+)").counts_steps
+    assert not section(file="{trial_dir}/log.jsonl").counts_steps
+
+
 @pytest.mark.parametrize(("text", "error"), [
     ("epoch 1 | valid loss 0.5\nepoch 2 | valid loss nan\n",
      "stdout line 2: the value diverged (nan)"),

@@ -114,6 +114,8 @@ class Scheduling:
         self._notes: dict[int, dict[str, dict[str, float]]] = {}
         self._explores: dict[int, int] = {}
         self._said_restored = False
+        # sweep counts the reported steps: a HF checkpoint-N's N is the trainer's, not one
+        self._counted = spec.trainer.report is not None and spec.trainer.report.counts_steps
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         self._refused_trash: set[str] = set()  # retired folders it would not purge, likewise
         self._dead_sizes: dict[int, int] = {}  # the bytes of folders that can never change
@@ -242,7 +244,7 @@ class Scheduling:
                 line is not None and line.latest.state is TrialState.COMPLETE,
                 None if line is None else line.last_step)
             choice = exploit.choose(exploit.listing(lineage.checkpoint_dir(out, donor)), found,
-                                    self.decide.spec.max_steps)
+                                    self.decide.spec.max_steps, self._counted)
             if isinstance(choice, exploit.Wait):
                 raise DonorRunning(asked.number, donor, choice.pause, lock)
             if isinstance(choice, exploit.NoStepsLeft):
@@ -298,7 +300,7 @@ class Scheduling:
             return False
         choice = exploit.choose(
             exploit.listing(lineage.checkpoint_dir(self.spec.output_dir, run.origin)),
-            exploit.Donor(True, False, step), self.decide.spec.max_steps)
+            exploit.Donor(True, False, step), self.decide.spec.max_steps, self._counted)
         if not (isinstance(choice, exploit.Wait) and choice.pause):
             return False
         self.store.note(run.trial, {lineages.PAUSED_AT: step})

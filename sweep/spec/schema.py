@@ -209,6 +209,12 @@ class ReportSection(_Section):
         return _patterns(self.stdout, self.stderr)
 
     @property
+    def counts_steps(self) -> bool:
+        """Whether sweep counts the values (a pattern with no `step` group): their steps are
+        no step of the trainer's, such as the N of a HF `checkpoint-N`."""
+        return any("step" not in compile_pattern(p).groupindex for p in self.patterns)
+
+    @property
     def stream(self) -> Literal["stdout", "stderr"] | None:
         """The output the patterns search; None for the other sources."""
         return "stdout" if self.stdout is not None else (
