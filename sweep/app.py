@@ -405,11 +405,17 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     # the budget once every trial that is running or queued (this one too) has run
     needed = 1 + sum(1 for t in trials
                      if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))
-    budget = spec.study.n_trials  # under a scheduler, a queued trial runs whatever it says
-    note = ("it runs at the next `sweep run`, before new trials"
-            if needed <= budget or spec.study.scheduler is not None else
-            f"the budget of {budget} leaves no room for it: `sweep run {path} --n-trials "
-            f"{needed}` runs it (and what is running or queued before it)")
+    budget = spec.study.n_trials
+    if spec.study.scheduler is not None:  # a queued trial runs whatever n_trials says
+        made = schedule_budget.configurations(trials) + 1
+        note = "it runs at the next `sweep run`, before new configurations" + (
+            "" if made <= budget else f", one more than study.n_trials ({made} "
+            f"configurations of {budget}: a queued trial runs whatever the budget says)")
+    elif needed <= budget:
+        note = "it runs at the next `sweep run`, before new trials"
+    else:
+        note = (f"the budget of {budget} leaves no room for it: `sweep run {path} "
+                f"--n-trials {needed}` runs it (and what is running or queued before it)")
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
     record = OwnerRecord.of(old.user_attrs)
     then = provenance.recorded(old.user_attrs, record.dir if record else None)

@@ -1176,6 +1176,30 @@ def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
         s.store.close()
 
 
+@pytest.mark.slow  # the run on SQLite
+def test_a_rerun_under_a_scheduler_says_it_makes_one_configuration_more(tmp_path):
+    """Hostile pass of issue 31: `sweep rerun` of a study of 9/9 configurations queued one
+    more, silently past n_trials (a queued trial runs whatever the budget says). It still
+    runs, before new configurations, and `rerun` says it makes 10 of 9."""
+    from sweep import app
+
+    done = [attempt(0.5 + i / 20, TrialState.COMPLETE, range(18)) for i in range(9)]
+    s, _ = stored_sweep(tmp_path, 9, done)
+    try:
+        told = app.rerun(s.spec.source, 3)
+        assert told == ("queued trial 3's params again; it runs at the next `sweep run`, "
+                        "before new configurations, one more than study.n_trials (10 "
+                        "configurations of 9: a queued trial runs whatever the budget says)")
+        result = s.driver.run()
+        assert result.exit_code == 0
+        again = s.trials[9]  # it ran, and was paused at a rung as any lineage would be
+        assert again.user_attrs["rerun_of"] == 3 and again.user_attrs["paused_at"] >= 2
+        assert len(lineages.read(s.trials)) == 10  # and no other configuration
+        assert result.message.startswith("10/9 configurations: 9 trained to the end, 1 paused")
+    finally:
+        s.store.close()
+
+
 def test_a_changed_scheduler_is_said_in_one_line_when_the_study_is_opened(tmp_path):
     from conftest import study_dict
 
