@@ -242,6 +242,26 @@ def test_a_parked_attempt_gives_its_device_back_and_starts_on_the_next_one_free(
     assert parked.user_attrs["owner"]["gpu"] == parked.user_attrs["gpu"] == 1
 
 
+def test_a_continuation_runs_its_lineages_params_only_not_one_added_since(tmp_path):
+    """Hostile pass of issue 31: a param added to the file between runs was sampled for a
+    lineage carried on, so it continued its checkpoint with a configuration it never had. It
+    runs its lineage's params only; a new trial samples the new one."""
+    seen: list[dict[str, Any]] = []
+
+    def script(params: dict[str, Any]) -> Script:
+        seen.append(dict(params))
+        return Script(runs=1.0, result={"score": params["x"]})
+
+    s = Sweep(tmp_path, script, gpus=1, study={"n_trials": 2},
+              params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                      "y": {"type": "float", "low": 0.0, "high": 0.1}})
+    queued_continuation(s)
+    assert s.run() == 0
+    assert seen[0] == {"x": 0.5}  # the continuation of lineage 0, started without y
+    assert s.trials[1].params == {"x": 0.5}
+    assert set(seen[1]) == {"x", "y"} and set(s.trials[2].params) == {"x", "y"}
+
+
 def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1})
     queued_continuation(s)

@@ -127,7 +127,8 @@ def check_params(
         old = stored.get(name)
         if old is None:
             if stored:
-                notes.append(f"params.{name}: new in this run (earlier trials did not have it)")
+                notes.append(f"params.{name}: new in this run (earlier trials did not have "
+                             "it; a lineage they started continues without it)")
             continue
         if _kind(old) != _kind(dist):
             found.append(Problem(

@@ -189,7 +189,8 @@ class Store:
             self.beat(trial)
             line = self._carry_lineage(trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
-            params = sample(self.study, trial, searched, self.sampler_for)
+            params = sample(self.study, trial, self._lineage_params(trial, line, searched),
+                            self.sampler_for)
             reached = self._carry_curve(trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
@@ -206,6 +207,18 @@ class Store:
             trial.set_user_attr(lineage.RUN_ID, run_id)
             line = dataclasses.replace(line, run_id=run_id)
         return line
+
+    def _lineage_params(self, trial: optuna.Trial, line: lineage.Lineage,
+                        searched: Mapping[str, Searched]) -> Mapping[str, Searched]:
+        """What a trial just asked samples: every searched param; an attempt that carries a
+        lineage on, only those its lineage runs (queued with it): a param the file added
+        since is not sampled for it (its script's default, as in its earlier attempts)."""
+        if line.continues is None:
+            return searched
+        queued = self.storage.get_trial(trial_id(trial)).system_attrs.get("fixed_params")
+        if not queued:  # queued with no params (by hand): it samples, as a new trial
+            return searched
+        return {name: p for name, p in searched.items() if name in queued}
 
     def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> int:
         """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
