@@ -457,19 +457,26 @@ def pair_pbt(tmp_path: Path, gpus: int) -> tuple[Sweep, Trainer]:
     return s, trainer
 
 
+def donor_paused_for_a_copy(s: Sweep) -> Any:
+    """Lineage 0, the donor, paused at step 6 for a copy, and lineage 1, replaced, stored in
+    `s`'s study: `add_trial` for the rest."""
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(
+        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
+        intermediate_values={st: curve(0.3, st) for st in range(7)},
+        user_attrs={"paused_at": 6}))
+    add(optuna.trial.create_trial(
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    return add
+
+
 def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(tmp_path):
     """The study says the donor is paused, but a process (another driver's trainer, still
     ending) holds its lineage's lock until t=3: the exploit waits, copies after, and the donor
     continues only once the copy is made."""
     s, trainer = pair_pbt(tmp_path, gpus=2)
-    add = s.store.study.add_trial
-    add(optuna.trial.create_trial(  # lineage 0, the donor: paused at step 6 for a copy
-        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
-        intermediate_values={st: curve(0.3, st) for st in range(7)},
-        user_attrs={"paused_at": 6}))
-    add(optuna.trial.create_trial(  # lineage 1, replaced
-        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
-        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    donor_paused_for_a_copy(s)
     s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
     donor = s.spec.output_dir / "checkpoints" / "0"
     donor.mkdir(parents=True)
@@ -497,14 +504,7 @@ def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tm
     copy was decided by the attempt (the first only), not by the lineage. Its continuation
     copies the donor's state (over what a cut copy left), records the step, and resumes."""
     s, trainer = pair_pbt(tmp_path, gpus=2)
-    add = s.store.study.add_trial
-    add(optuna.trial.create_trial(  # lineage 0, the donor: paused at step 6 for a copy
-        state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
-        intermediate_values={st: curve(0.3, st) for st in range(7)},
-        user_attrs={"paused_at": 6}))
-    add(optuna.trial.create_trial(  # lineage 1, replaced
-        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
-        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    add = donor_paused_for_a_copy(s)
     add(optuna.trial.create_trial(  # the exploit's first attempt, cut while it waited
         state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
         user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
