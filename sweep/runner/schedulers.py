@@ -272,13 +272,12 @@ def explore(params: dict[str, Any], searched: Mapping[str, Searched],
     for name, dim in searched.items():
         if name not in out:
             continue
-        chosen = isinstance(dim, (CategoricalParam, BoolParam))
-        redraw = (chosen or resample > 0) and rng.random() < resample
         if isinstance(dim, (CategoricalParam, BoolParam)):
-            if redraw:
+            if rng.random() < resample:
                 out[name] = rng.choice(list(dim.choices))
             continue
         assert isinstance(dim, (FloatParam, IntParam))
+        redraw = resample > 0 and rng.random() < resample  # no draw for none: the same stream
         if redraw and dim.log:
             value = math.exp(rng.uniform(math.log(dim.low), math.log(dim.high)))
         elif redraw:
