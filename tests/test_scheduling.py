@@ -1003,9 +1003,10 @@ def test_a_large_folder_is_removed_with_the_budget_lock_free(tmp_path, monkeypat
 
 def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_the_next(
         tmp_path):
-    """A driver killed between the rename and the removal leaves the trash folder: whichever
-    driver tidies next removes it (under its lineage's lock); one without its lineage's
-    marker beside it is not sweep's, and stays."""
+    """A driver killed between the rename and the removal leaves the trash folder, its mark
+    beside it: whichever driver tidies next removes both (under its lineage's lock). A folder
+    of a trash name without sweep's mark is a user's, though its lineage is sweep's (hostile
+    pass: a trainer's `.0.removing-0123abcd/mine.txt` was removed): left alone, unsaid."""
     from sweep.study.connect import connect
 
     spec = asha_spec_keeping_none(tmp_path)
@@ -1015,15 +1016,17 @@ def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_th
         (folder / "model.pt").write_text("weights")
         trash = checkpoint_disk.retire(spec.output_dir, 0)
         assert trash is not None and trash.parent == folder.parent and not folder.exists()
-        stranger = folder.parent / ".7.removing-0123abcd"  # no .7.sweep beside it
-        stranger.mkdir()
-        (stranger / "theirs.txt").write_text("not sweep's")
+        mark = trash.with_name(trash.name + ".sweep")
+        assert mark.is_file()
+        users = [folder.parent / ".0.removing-0123abcd", folder.parent / ".7.removing-89abcdef"]
+        for user in users:
+            user.mkdir()
+            (user / "mine.txt").write_text("not sweep's")
         said: list[str] = []
         Scheduling(spec, store, said.append).tidy()
-        assert not trash.exists() and (stranger / "theirs.txt").read_text() == "not sweep's"
-        assert said == [f"a retired checkpoint folder is kept: {stranger} holds files sweep "
-                        "did not put there: move or remove it, or give the study another "
-                        "output_dir"]
+        assert not trash.exists() and not mark.exists()
+        assert all((user / "mine.txt").read_text() == "not sweep's" for user in users)
+        assert said == []
     finally:
         store.close()
 

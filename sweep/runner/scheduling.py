@@ -495,11 +495,9 @@ class Scheduling:
         return {**known, **fresh}
 
     def _purge(self) -> None:
-        """The retired folders' contents removed (`checkpoint_disk.purge`); one refused is
+        """The retired folders' contents removed (`checkpoint_disk.purge`); each refused is
         said once."""
-        try:
-            checkpoint_disk.purge(self.spec.output_dir)
-        except UnsafePath as e:
+        for e in checkpoint_disk.purge(self.spec.output_dir)[1]:
             if e.path not in self._refused_trash:
                 self._refused_trash.add(e.path)
                 self.say(f"a retired checkpoint folder is kept: {e}")

@@ -5,11 +5,13 @@ lineage's own folder (its marker files beside it stay). What to remove is decide
 (`sweep.runner.retention`).
 
 A removal is two steps, so that the decision is quick where it must be (under the study's
-budget lock): `retire` checks the folder and renames it, in one step, to a trash name beside
-it (`.<origin>.removing-<token>`), holding the lineage's lock (no process writes it
-meanwhile); from then on the lineage's folder is gone (`removed`). `purge` removes the trash
-folders' contents later, each under its lineage's lock (one remover at a time), including
-those a driver killed between the two steps left.
+budget lock): `retire` checks the folder and renames it to a trash name beside it
+(`.<origin>.removing-<token>`, with `.<origin>.removing-<token>.sweep` written beside it first:
+the proof that sweep made it), holding the lineage's lock (no process writes it meanwhile);
+from then on the lineage's folder is gone (`removed`). `purge` removes the trash folders'
+contents later, each under its lineage's lock (one remover at a time), including those a
+driver killed between the two steps left; a folder of that name without its mark beside it is
+not sweep's, and is left alone.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sweep._core.safefs import UnsafePath, own_folder_problem, removable, remove_tree
+from sweep._core.safefs import UnsafePath, own_folder_problem, removable, remove_tree, write_file
 from sweep.trial import lineage, lineage_lock
 
 TRASH = re.compile(r"^\.(\d+)\.removing-[0-9a-f]{8}$")  # a retired folder, not purged yet
+TRASH_MARK = ".sweep"  # beside a trash folder, its name + this: sweep retired it
 
 
 def folder_bytes(folder: Path) -> int:
@@ -104,7 +107,13 @@ def retire(output_dir: Path, origin: int) -> Path | None:
         if not removable(folder, _made(output_dir, origin)):
             return None
         trash = folder.parent / f".{origin}.removing-{secrets.token_hex(4)}"
-        os.rename(folder, trash)
+        mark = _mark(trash)
+        write_file(mark, f"{origin}\n", 0o600)
+        try:
+            os.rename(folder, trash)
+        except OSError:
+            os.unlink(mark)  # the file just written: nothing was retired
+            raise
         return trash
     except UnsafePath:
         raise
@@ -115,23 +124,36 @@ def retire(output_dir: Path, origin: int) -> Path | None:
             os.close(fd)
 
 
-def purge(output_dir: Path) -> list[Path]:
+def _mark(trash: Path) -> Path:
+    return trash.with_name(trash.name + TRASH_MARK)
+
+
+def _marked(trash: Path) -> bool:
+    """Whether `trash` has sweep's mark beside it (a regular file, not a link)."""
+    try:
+        return stat.S_ISREG(os.lstat(_mark(trash)).st_mode)
+    except OSError:
+        return False
+
+
+def purge(output_dir: Path) -> tuple[list[Path], list[UnsafePath]]:
     """Remove the trash folders `retire` left in `checkpoints/` (this driver's, or a killed
-    driver's), each holding its lineage's lock (a trash folder another driver is removing is
-    left to it); the ones removed. UnsafePath for one that `safefs.remove_tree` refuses (a
-    file system mounted in it since), with the others removed first."""
+    driver's: each with its mark beside it, which goes last), each holding its lineage's lock
+    (a trash folder another driver is removing is left to it). A folder of a trash name
+    without its mark is not sweep's: left alone, unsaid. Returns the folders removed, and an
+    UnsafePath for each that `safefs.remove_tree` refused (a file system mounted in it since)."""
     parent = output_dir / lineage.CHECKPOINTS
     try:
         if own_folder_problem(os.lstat(parent)):
-            return []
+            return [], []
         entries = sorted(os.listdir(parent))
     except OSError:
-        return []
+        return [], []
     done: list[Path] = []
-    refused: UnsafePath | None = None
+    refused: list[UnsafePath] = []
     for name in entries:
         found = TRASH.match(name)
-        if not found:
+        if not found or not _marked(parent / name):
             continue
         try:
             fd = lineage_lock.take(output_dir, int(found.group(1)))
@@ -141,16 +163,15 @@ def purge(output_dir: Path) -> list[Path]:
             continue
         if fd is None:
             continue
-        try:  # as `retire`: only with its lineage's marker beside it
-            remove_tree(parent / name, _made(output_dir, int(found.group(1))))
+        try:
+            remove_tree(parent / name, True)  # checked as retired, and marked so
+            os.unlink(_mark(parent / name))
             done.append(parent / name)
         except UnsafePath as e:
-            refused = refused or e
+            refused.append(e)
         except OSError:
             continue  # another time
         finally:
             if fd >= 0:
                 os.close(fd)
-    if refused is not None:
-        raise refused
-    return done
+    return done, refused
