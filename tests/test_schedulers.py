@@ -198,6 +198,45 @@ def test_once_no_configuration_can_come_a_rung_that_cannot_grow_promotes_its_bes
     assert h.promotable(lineages.read(two), closed=True) == [Promote(1, 1)]
 
 
+def test_a_lineage_that_failed_for_good_takes_no_place_at_the_top_of_a_rung():
+    """Hostile pass: the best lineage at rung 0 then diverged (NaN: FAIL). It kept the only
+    top place of the rung, so no paused lineage was ever promoted, their folders were
+    removed, and nothing trained to the end. Its place goes to the best that may continue."""
+    h = Halving.of(ASHA, minimize=True)
+    ts = [trial(0, {2: 1.0, 3: 0.9}, TrialState.FAIL), paused(1, {2: 2.0}),
+          paused(2, {2: 3.0})]
+    got = lineages.read(ts)
+    assert h.rung_top(got, 0, 0) == [1] and h.promotable(got) == [Promote(1, 0)]
+    # a failed lineage whose trial runs again (queued: a device taken out) may continue
+    again = [*ts, trial(3, {}, TrialState.WAITING, retry_of=0, attempt=1, continues=0)]
+    assert h.rung_top(lineages.read(again), 0, 0) == [0]
+    # a lineage reporting at the rung ranks against the others, the failed one aside
+    assert h.on_report(lineages.read([*ts, trial(3, {2: 1.5})]), 3, 1, 2) == GoOn()
+
+
+def test_the_steps_a_paused_trainer_made_while_it_stopped_count_at_no_higher_rung():
+    """Hostile pass: a trainer that ignores SIGTERM went on to step 23 after its pause at
+    rung 0 (step 2); those values put it in rungs 1 (step 6) and 2 (step 18), where it was
+    promoted from though it never passed rung 0's cut. A lineage paused at a rung stands at
+    that rung; once promoted, its first report is judged at the rungs above it."""
+    h = Halving.of(AshaScheduler(type="asha", min_steps=2, max_steps=54,
+                                 reduction_factor=3), minimize=True)
+    assert h.rungs == (2, 6, 18)
+    overran = trial(0, {st: 0.1 for st in range(24)}, TrialState.PRUNED, paused_at=2,
+                    rung=0)
+    others = [paused(n, {2: 1.0 + n, 6: 1.0 + n}, rung=1) for n in (1, 2, 3)]
+    got = lineages.read([overran, *others])
+    assert h.reach(got[0]) == 2 and h.rung_of(got[0]) == 0
+    assert 0 not in h.rung_values(got, 0, 1) and 0 not in h.rung_values(got, 0, 2)
+    assert h.promotable(got) == [Promote(1, 1), Promote(0, 0)]  # rung 1's best, then rung 0's
+    # promoted from rung 0: it stands at step 2, so its first report (step 24) is judged at
+    # rung 2 (step 18), where it is alone: paused there
+    going = [overran, trial(4, {24: 0.1}, retry_of=0, attempt=1, continues=0), *others]
+    running = lineages.read(going)
+    assert h.reach(running[0]) == 24
+    assert h.on_report(running, 0, before=2, step=24) == Pause(2, 24)
+
+
 def test_maximize_ranks_the_other_way():
     h = Halving.of(ASHA, minimize=False)
     ts = [paused(0, {2: 1.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0})]

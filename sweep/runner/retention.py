@@ -22,7 +22,7 @@ from typing import Literal
 
 from optuna.trial import TrialState
 
-from sweep.runner.schedulers import Halving, Pbt, top
+from sweep.runner.schedulers import Halving, Pbt
 from sweep.study.lineages import REPLACES, LineageView, Standing
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
@@ -62,15 +62,11 @@ def _below_full_cuts(lines: Mapping[int, LineageView], decide: Halving,
     out = set(done)
     for bracket in range(decide.brackets):
         members = [o for o, line in lines.items() if line.bracket == bracket]
-        for k, step in enumerate(decide.rungs_of(bracket)):
-            values = {}
-            for o in members:
-                value = lines[o].value_at(step)
-                if value is not None and value == value:
-                    values[o] = value
+        for k in range(len(decide.rungs_of(bracket))):
+            values = decide.rung_values(lines, bracket, k)
             if any(o not in values and o not in out for o in members):
                 break  # a lineage may still reach this rung: it is not full
-            best = set(top(values, 1 / decide.reduction_factor, decide.minimize))
+            best = set(decide.rung_top(lines, bracket, k))
             out |= {o for o in values if o not in best
                     and lines[o].standing is Standing.PAUSED
                     and decide.rung_of(lines[o]) == k}

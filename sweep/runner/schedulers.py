@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from optuna.trial import TrialState
+
 from sweep.spec.scheduler import (
     AshaScheduler,
     HyperbandScheduler,
@@ -26,7 +28,7 @@ from sweep.spec.scheduler import (
     Scheduler,
 )
 from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
-from sweep.study.lineages import LineageView, Standing
+from sweep.study.lineages import RUNG, LineageView, Standing
 from sweep.trial.exploit import has_steps_left
 
 
@@ -112,43 +114,73 @@ class Halving:
     def rungs_of(self, bracket: int) -> tuple[int, ...]:
         return self.rungs[bracket:]
 
-    def _rung_values(self, lineages: Mapping[int, LineageView], bracket: int,
-                     step: int) -> dict[int, float]:
+    def reach(self, line: LineageView) -> int | None:
+        """The step a lineage stands at for its rungs: its last reported one, but for one
+        paused at a rung (`RUNG`), at most that rung's step: what its trainer did while it
+        stopped counts at no higher rung (it was judged there; it gets there by promotion)."""
+        last = line.last_step
+        rung = line.latest.user_attrs.get(RUNG) if line.standing is Standing.PAUSED else None
+        if last is None or rung is None or not 0 <= int(rung) < len(self.rungs):
+            return last
+        return min(last, self.rungs[int(rung)])
+
+    def rung_values(self, lineages: Mapping[int, LineageView], bracket: int,
+                    k: int) -> dict[int, float]:
+        """The values at rung `k` of `bracket` of the bracket's lineages that reached it
+        (`reach`): each one's at the first step it reported at or after the rung's."""
+        step = self.rungs_of(bracket)[k]
         out = {}
         for o, line in lineages.items():
-            if line.bracket == bracket:
+            reach = self.reach(line)
+            if line.bracket == bracket and reach is not None and reach >= step:
                 value = line.value_at(step)
                 if value is not None and value == value:
                     out[o] = value
         return out
 
+    def rung_top(self, lineages: Mapping[int, LineageView], bracket: int, k: int,
+                 closed: bool = False) -> list[int]:
+        """The lineages at the top of rung `k` of `bracket`, best first: floor(n/rf) places
+        of the n that reached it, taken by the best of those that may still continue (one
+        that failed for good keeps none: it can never be promoted), or, `closed` and the
+        rung `final` with no place, its best one."""
+        values = self.rung_values(lineages, bracket, k)
+        able = {o: v for o, v in values.items() if not failed(lineages[o])}
+        places = math.floor(len(values) / self.reduction_factor + 1e-9)
+        chosen = top(able, 1.0, self.minimize)[:places]
+        if not chosen and closed and self.final(lineages, bracket, k):
+            chosen = top(able, 1.0, self.minimize)[:1]
+        return chosen
+
     def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
                   step: int) -> OnReport:
         """Lineage `origin` has reported up to `step` (`before`: the last step it had
-        reported, None: none): at the highest rung it has just passed, it goes on if it is in
-        the top 1/rf of that rung (counting itself), else it pauses."""
+        reported, or, continued, the step it stood at for its rungs; None: none): at the
+        highest rung it has just passed, it goes on if it is in the top of that rung
+        (`rung_top`, counting itself), else it pauses."""
         own = self.rungs_of(lineages[origin].bracket)
         passed = [k for k, r in enumerate(own) if (before is None or before < r) and r <= step]
         if not passed:
             return GoOn()
         k = passed[-1]
-        values = self._rung_values(lineages, lineages[origin].bracket, own[k])
-        if origin not in values or origin in top(values, 1 / self.reduction_factor,
-                                                 self.minimize):
+        bracket = lineages[origin].bracket
+        if (origin not in self.rung_values(lineages, bracket, k)
+                or origin in self.rung_top(lineages, bracket, k)):
             return GoOn()
-        return Pause(lineages[origin].bracket + k, step)
+        return Pause(bracket + k, step)
 
     def rung_of(self, line: LineageView) -> int | None:
-        """The index in its bracket's rungs of the highest rung a lineage has reached."""
-        last = line.last_step
+        """The index in its bracket's rungs of the highest rung a lineage has reached
+        (`reach`)."""
+        last = self.reach(line)
         own = self.rungs_of(line.bracket)
         reached = [k for k, r in enumerate(own) if last is not None and last >= r]
         return reached[-1] if reached else None
 
     def promotable(self, lineages: Mapping[int, LineageView],
                    closed: bool = False) -> list[Promote]:
-        """The paused lineages now in the top 1/rf of the rung they reached, from the top
-        rung down, and best first within a rung (Li et al.'s get_job order).
+        """The paused lineages now in the top of the rung they reached (`rung_top`), from
+        the top rung down, and best first within a rung (Li et al.'s get_job order).
 
         `closed`: no new configuration will start (n_trials reached). Li et al.'s ASHA has no
         end, so a rung that holds fewer than rf lineages promotes none; in a finite study such
@@ -163,21 +195,11 @@ class Halving:
             if k is None:
                 continue
             own = self.rungs_of(line.bracket)
-            values = self._rung_values(lineages, line.bracket, own[k])
-            if o in self._top_of(lineages, line.bracket, k, closed):
+            values = self.rung_values(lineages, line.bracket, k)
+            if o in self.rung_top(lineages, line.bracket, k, closed):
                 value = values[o] if self.minimize else -values[o]
                 found.append((-own[k], value, o, Promote(o, line.bracket + k)))
         return [p for *_, p in sorted(found, key=lambda f: f[:3])]
-
-    def _top_of(self, lineages: Mapping[int, LineageView], bracket: int, k: int,
-                closed: bool) -> list[int]:
-        """The lineages at the top of rung `k` of `bracket`: floor(n/rf), or the best one of
-        a final rung of a closed study that has fewer than rf."""
-        values = self._rung_values(lineages, bracket, self.rungs_of(bracket)[k])
-        chosen = top(values, 1 / self.reduction_factor, self.minimize)
-        if not chosen and closed and self.final(lineages, bracket, k):
-            chosen = top(values, 1.0, self.minimize)[:1]
-        return chosen
 
     def final(self, lineages: Mapping[int, LineageView], bracket: int, k: int) -> bool:
         """With no new configuration to come: whether rung `k` of `bracket` can no longer
@@ -189,7 +211,7 @@ class Halving:
                and (v.last_step is None or v.last_step < own[k]) for v in members):
             return False
         return not any(lineages[o].standing is Standing.PAUSED and self.rung_of(lineages[o]) == j
-                       for j in range(k) for o in self._top_of(lineages, bracket, j, True))
+                       for j in range(k) for o in self.rung_top(lineages, bracket, j, True))
 
     def bracket_for(self, lineages: Mapping[int, LineageView]) -> int:
         """The bracket of a new configuration: the one furthest below its Hyperband share
@@ -254,6 +276,11 @@ class Pbt:
         return sorted(o for o, line in lineages.items()
                       if line.standing is Standing.PAUSED and not line.replaced
                       and o not in waited)
+
+
+def failed(line: LineageView) -> bool:
+    """Whether a lineage failed for good (its latest attempt FAIL, nothing queued)."""
+    return line.standing is Standing.DONE and line.latest.state is TrialState.FAIL
 
 
 def _steps_left(line: LineageView, max_steps: int) -> bool:

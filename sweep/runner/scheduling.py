@@ -208,8 +208,9 @@ class Scheduling:
         copied into its folder; the last step of its lineage it carries on is noted."""
         line = self.lineages().get(asked.origin)
         before = None
-        if line is not None and line.curve and asked.attempt > 0:
-            before = line.last_step
+        if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
+            before = self.decide.reach(line) if isinstance(self.decide, Halving) \
+                else line.last_step
         donor = None if line is None or (asked.attempt > 0 and line.exploit_step is not None) \
             else line.exploit_of
         if donor is not None:
