@@ -589,6 +589,38 @@ def test_exploits_never_take_the_places_of_population_members_not_started(tmp_pa
     assert not any("exploit_of" in t.user_attrs for t in s.trials)
 
 
+def test_an_exploit_continued_and_then_called_off_gives_the_lineage_it_replaced_back(
+        tmp_path):
+    """Review: an exploit's continuation (its first attempt cut before its copy) whose donor
+    has trained to the end meanwhile is called off; the lineage it was to replace was left
+    replaced for good (its REPLACES and CALLED_OFF on two attempts), not continued."""
+    s, _ = pair_pbt(tmp_path, gpus=1)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor: trained to the end meanwhile
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(20)}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced (stopped, told PRUNED)
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)}))
+    add(optuna.trial.create_trial(  # the exploit's first attempt, cut while it waited
+        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
+        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
+                    "fail_reason": "interrupted"}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
+        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+    out = s.spec.output_dir / "checkpoints"
+    (out / "1").mkdir(parents=True)
+    (out / "1" / "state.json").write_text(json.dumps({"next": 6, "x": 0.9}))
+    (out / ".1.sweep").write_text("1\n")
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert s.trials[3].user_attrs["called_off"] is True
+    assert "trial 1 goes on in its place" in "\n".join(said)
+    assert not lineages.read(s.trials)[1].replaced
+    went_on = [t for t in s.trials if t.user_attrs.get("retry_of") == 1]
+    assert [t.state.name for t in went_on] == ["COMPLETE"]
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""
@@ -1027,6 +1059,48 @@ def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_th
         assert not trash.exists() and not mark.exists()
         assert all((user / "mine.txt").read_text() == "not sweep's" for user in users)
         assert said == []
+    finally:
+        store.close()
+
+
+def test_a_folder_removed_since_the_last_tidy_is_not_counted_against_the_bound(tmp_path):
+    """Review: a dead lineage's size was measured once and kept; a folder removed since (by
+    hand, or by another driver) still counted, so a kept finished folder was removed to get
+    under a bound the disk was already under."""
+    import shutil
+
+    from conftest import study_dict
+
+    from sweep.spec import config
+    from sweep.study.connect import connect
+    from sweep.trial import lineage
+    from sweep.trial.lineage import Lineage
+
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study_dict(study={
+        "n_trials": 4, "scheduler": {**ASHA, "keep_checkpoints": "all",
+                                     "max_checkpoint_gb": 3.5e-6}},
+        trainer={"resume_args": ["--resume"]}), sort_keys=False))
+    spec = config.load(path)
+    store = connect(spec, Owner("mine", 1, 0.0))
+
+    def finished(number: int, value: float) -> Path:
+        store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.COMPLETE, value=value, params={"x": 0.5}, distributions=DIST,
+            intermediate_values={17: value}))
+        spec.output_dir.mkdir(exist_ok=True)
+        folder = lineage.prepare(spec.output_dir, Lineage(number)).checkpoint_dir
+        (folder / "w.bin").write_bytes(b"w" * 1000)
+        return folder
+
+    try:
+        mine = Scheduling(spec, store, lambda m: None)
+        kept = [finished(n, v) for n, v in ((0, 0.1), (1, 0.2), (2, 0.3))]
+        mine.tidy()  # 3000 B, under 3500 B: nothing goes
+        shutil.rmtree(kept[1])
+        kept.append(finished(3, 0.4))
+        mine.tidy()  # 3000 B again
+        assert [f.is_dir() for f in kept] == [True, False, True, True]
     finally:
         store.close()
 

@@ -118,7 +118,6 @@ class Scheduling:
         self._counted = spec.trainer.report is not None and spec.trainer.report.counts_steps
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         self._refused_trash: set[str] = set()  # retired folders it would not purge, likewise
-        self._dead_sizes: dict[int, int] = {}  # the bytes of folders that can never change
         if not spec.trainer.resume_args:
             say(NO_RESUME_ARGS)
         # said only if the run ends with none trained to the end (a rung that can no longer
@@ -274,7 +273,9 @@ class Scheduling:
         """An exploit whose donor has no state with a step left: recorded as called off, and
         the lineage it was to replace queued to go on from its own folder (under the budget
         lock, once), before the driver tells it FAIL."""
-        replaces = asked.trial.user_attrs.get(lineages.REPLACES)
+        own = self.lineages().get(asked.origin)  # a continuation carries no REPLACES itself
+        replaces = (own.first if own is not None else asked.trial.user_attrs).get(
+            lineages.REPLACES)
         with self.store.budget_lock():  # its continuation queued first: a kill between the
             # two leaves it queued (idempotent), never the lineage neither replaced nor queued
             line = self.lineages().get(int(replaces)) if replaces is not None else None
@@ -470,7 +471,6 @@ class Scheduling:
                     self.say(f"the checkpoint folder of trial {origin} is kept: {e}")
                     continue
                 retired.append(origin)
-                self._dead_sizes.pop(origin, None)
         self._purge()
         if retired:
             freed = sum(sizes[o] for o in retired)
@@ -485,15 +485,12 @@ class Scheduling:
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
 
     def _measure(self, lines: dict[int, LineageView], bounded: bool) -> dict[int, int]:
-        """The bytes in the folders `retention.plan` weighs: every lineage's under a bound,
-        else those that can never continue. A folder of a lineage that can never continue
-        no longer changes: it is measured once."""
-        dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
-        wanted = set(lines) if bounded else set(dead)
-        known = {o: n for o, n in self._dead_sizes.items() if o in dead and o in wanted}
-        fresh = checkpoint_disk.sizes(self.spec.output_dir, sorted(wanted - set(known)))
-        self._dead_sizes.update({o: n for o, n in fresh.items() if o in dead})
-        return {**known, **fresh}
+        """The bytes in the folders `retention.plan` weighs, as they are now (another driver
+        or the user may have removed some): every lineage's under a bound, else those that
+        can never continue."""
+        wanted = lines if bounded else retention.never_continue(
+            lines, self.decide, self.spec.study.n_trials)
+        return checkpoint_disk.sizes(self.spec.output_dir, sorted(wanted))
 
     def _purge(self) -> None:
         """The retired folders' contents removed (`checkpoint_disk.purge`); each refused is

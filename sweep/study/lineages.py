@@ -107,7 +107,8 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
         origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
         by_origin.setdefault(origin, []).append(t)
     replaced = {int(t.user_attrs[REPLACES]) for ts in by_origin.values() for t in ts
-                if REPLACES in t.user_attrs and not t.user_attrs.get(CALLED_OFF)}
+                if REPLACES in t.user_attrs
+                and not any(a.user_attrs.get(CALLED_OFF) for a in ts)}  # any attempt of it
     out: dict[int, LineageView] = {}
     for origin, attempts in by_origin.items():
         attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
