@@ -621,6 +621,36 @@ def test_an_exploit_continued_and_then_called_off_gives_the_lineage_it_replaced_
     assert [t.state.name for t in went_on] == ["COMPLETE"]
 
 
+def test_a_continuation_of_a_replaced_lineage_does_not_start(tmp_path):
+    """Hostile pass: a driver killed after it had queued an exploit to replace lineage 1,
+    before it stopped lineage 1's trial: the reclaim queued lineage 1's continuation, which
+    ran from scratch (its folder removed as replaced) beside its exploit. It does not start:
+    told PRUNED, paused where its lineage stood (if the exploit is called off, it goes on)."""
+    s, trainer = pair_pbt(tmp_path, gpus=2)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor, trained to the end
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(20)}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced at step 5; its driver died then
+        state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(6)},
+        user_attrs={"fail_reason": "driver died (no heartbeat)"}))
+    add(optuna.trial.create_trial(  # the exploit that replaces it, trained to the end
+        state=TrialState.COMPLETE, params={"x": 0.36}, distributions=DIST, value=0.05,
+        intermediate_values={st: curve(0.36, st) for st in range(6, 20)},
+        user_attrs={"exploit_of": 0, "replaces": 1, "exploit_step": 5}))
+    s.store.study.enqueue_trial({"x": 0.9}, user_attrs={  # the reclaim's continuation
+        "retry_of": 1, "attempt": 1, "continues": 1, "retries": 0})
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert s.spawn.processes == []
+    went = s.trials[3]
+    assert went.state.name == "PRUNED" and went.user_attrs["paused_at"] == 5
+    assert ("trial 3 does not start: its lineage, trial 1, is replaced by a PBT exploit"
+            in said)
+    assert lineages.read(s.trials)[1].standing is lineages.Standing.DONE
+
+
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""

@@ -307,6 +307,13 @@ class Driver:
             self.tally.add(running=-1)
             self.events.message(f"trial {asked.number} is called off: {e}")
             return
+        except scheduling.Replaced as e:  # its lineage gave way to an exploit meanwhile
+            self.pool.release(lease)
+            self.heartbeat.discard(asked.number)
+            self.store.tell(asked.trial, TrialState.PRUNED, None, {})
+            self.tally.forget()
+            self.events.message(f"trial {asked.number} does not start: {e}")
+            return
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)  # a parked one's

@@ -95,6 +95,20 @@ class DonorRunning(LineageBusy):
         return f"its donor trial {self.donor} is running: the copy waits until {wait}"
 
 
+class Replaced(Exception):
+    """An attempt not started: it carries on a lineage a PBT exploit replaces (queued by a
+    reclaim, or an interruption, before the replacement was seen). It is told PRUNED, paused
+    where its lineage stands (`PAUSED_AT` set first), so that an exploit called off later
+    gives the lineage back, to go on from its folder."""
+
+    def __init__(self, number: int, origin: int) -> None:
+        super().__init__(number, origin)
+        self.number, self.origin = number, origin
+
+    def __str__(self) -> str:
+        return f"its lineage, trial {self.origin}, is replaced by a PBT exploit"
+
+
 class Scheduling:
     """The decisions of `spec.study.scheduler` for one driver on `store`; `say` gives the user
     one line."""
@@ -204,8 +218,12 @@ class Scheduling:
     def on_start(self, asked: Asked, start: Start) -> Start:
         """A trial starts (its lineage's lock held): a PBT exploit whose donor's state is not
         copied yet (its first attempt, or a continuation of one cut before its copy) gets it
-        copied into its folder; the last step of its lineage it carries on is noted."""
+        copied into its folder; the last step of its lineage it carries on is noted.
+        Replaced: it carries on a lineage an exploit replaces (it does not start)."""
         line = self.lineages().get(asked.origin)
+        if line is not None and line.replaced and asked.attempt > 0:
+            self.store.note(asked.trial, {lineages.PAUSED_AT: line.last_step or 0})
+            raise Replaced(asked.number, asked.origin)
         before = None
         if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
             before = self.decide.reach(line) if isinstance(self.decide, Halving) \
