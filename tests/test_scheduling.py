@@ -626,7 +626,7 @@ def test_a_continuation_of_a_replaced_lineage_does_not_start(tmp_path):
     before it stopped lineage 1's trial: the reclaim queued lineage 1's continuation, which
     ran from scratch (its folder removed as replaced) beside its exploit. It does not start:
     told PRUNED, paused where its lineage stood (if the exploit is called off, it goes on)."""
-    s, trainer = pair_pbt(tmp_path, gpus=2)
+    s, _ = pair_pbt(tmp_path, gpus=2)
     add = s.store.study.add_trial
     add(optuna.trial.create_trial(  # lineage 0, the donor, trained to the end
         state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
@@ -649,6 +649,47 @@ def test_a_continuation_of_a_replaced_lineage_does_not_start(tmp_path):
     assert ("trial 3 does not start: its lineage, trial 1, is replaced by a PBT exploit"
             in said)
     assert lineages.read(s.trials)[1].standing is lineages.Standing.DONE
+
+
+class HfCounting(Trainer):
+    """A HF Trainer-like fake: it saves `checkpoint-<100 * step>` (complete) before each
+    report, and prints its value with no step (trainer.report counts the values)."""
+
+    def __call__(self, params: dict[str, Any]) -> Script:
+        script = super().__call__(params)
+        s = self.box[0]
+        folder, t0, index = Path(s.spawn.plan.env[CHECKPOINT_ENV]), s.clock.t, \
+            len(s.spawn.processes)
+
+        def save(step: int) -> None:
+            if not s.spawn.processes[index].command_exited:
+                done = folder / f"checkpoint-{100 * (step + 1)}"
+                done.mkdir(exist_ok=True)
+                (done / "trainer_state.json").write_text("{}")
+
+        for when, step, _ in script.reports:
+            s.clock.at(t0 + when - 0.01, lambda step=step: save(step))
+        output = [(when, f"acc {value}") for when, _, value in script.reports]
+        return dataclasses.replace(script, reports=[], output=output)
+
+
+def test_an_exploit_counts_its_steps_on_from_the_state_it_copied(tmp_path):
+    """Review: with counted steps, an exploit copied its donor's checkpoint-N as of the
+    donor's counted step S (exploit_step S), but counted its own values from 1 again: its
+    curve began below the state it copied, its interval boundaries and ranking were off."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, HfCounting(box, steps=20), gpus=4,
+              study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
+                     "scheduler": {"type": "pbt", "population": 4, "interval": 5,
+                                   "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25],
+                                   "resample_probability": 0}},
+              trainer={"resume_args": ["--resume", "{last_checkpoint}"],
+                       "report": {"stdout": r"acc (?P<value>\S+)"}})
+    box.append(s)
+    assert s.run() == 0
+    copied = [v for v in lineages.read(s.trials).values() if v.exploit_of is not None]
+    assert copied and all(v.exploit_step is not None for v in copied)
+    assert [min(v.curve) for v in copied] == [v.exploit_step + 1 for v in copied]
 
 
 def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:

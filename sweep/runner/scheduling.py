@@ -228,6 +228,9 @@ class Scheduling:
         if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
             before = self.decide.reach(line) if isinstance(self.decide, Halving) \
                 else line.last_step
+        elif line is not None and line.exploit_step is not None and asked.attempt > 0:
+            before = line.exploit_step  # an exploit cut after its copy, before its first report
+            start = dataclasses.replace(start, after=before)
         donor = None if line is None or (asked.attempt > 0 and line.exploit_step is not None) \
             else line.exploit_of
         if donor is not None:
@@ -276,6 +279,8 @@ class Scheduling:
                     raise self._call_off(asked, donor, f"its donor trial {donor}'s state "
                                          f"could not be copied: {e}") from None
             self.store.note(asked.trial, {lineages.EXPLOIT_STEP: choice.step})
+            if start.resume:  # counted steps go on from the state copied
+                start = dataclasses.replace(start, after=choice.step)
         finally:
             if fd is not None and fd >= 0:
                 os.close(fd)

@@ -126,7 +126,8 @@ class Starter:
             spec.trainer.report, plan.paths, spec.study.objective_metrics[0],
             {**launch_plan.spec_places(spec), "trial_dir": str(plan.paths.dir),
              "trial_number": str(asked.number), **lineage.places(start)},
-            plan.cwd, asked.reached if start.resume else 0) if single else None
+            plan.cwd, start.after if start.after is not None
+            else asked.reached if start.resume else 0) if single else None
         spawn: Spawn = Unspawned if self.dry else self.launcher.spawn
         proc = spawn(plan, spec.trainer.stop_grace, self.wake, (*lease.fds(), *hold))
         try:  # nothing may run that no record follows: a failure from here kills it

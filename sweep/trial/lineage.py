@@ -121,6 +121,9 @@ class Start:
     resume: bool = False
     last_checkpoint: Path | None = None
     run_id: str | None = None
+    # the step of the state it resumes from, where its lineage's curve does not say it (a PBT
+    # exploit's copy of its donor's): where counted steps go on from
+    after: int | None = None
 
 
 def made_marker(output_dir: Path, origin: int) -> Path:
