@@ -891,8 +891,12 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
         tmp_path):
     """A driver killed between queueing an exploit and stopping the lineage it replaces: the
     reclaimer queued that lineage's continuation (as for any orphan). It must not train on
-    beside its replacement: it is stopped at its first report and told PRUNED."""
+    beside its replacement: it does not start, told PRUNED paused where it stood."""
     s, trainer = pair_pbt(tmp_path, gpus=1)
+    folder = s.spec.output_dir / "checkpoints" / "0"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"next": 6, "x": 0.9}))
+    (folder.parent / ".0.sweep").write_text("0\n")
     add = s.store.study.add_trial
     add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
@@ -907,8 +911,8 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     said = capture_messages(s)
     assert s.run() == 0
     continuation, exploit = s.trials[2], s.trials[3]
-    assert continuation.state.name == "PRUNED"
-    assert sorted(continuation.intermediate_values)[-1] == 6  # one step, then stopped
+    assert continuation.state.name == "PRUNED" and continuation.user_attrs["paused_at"] == 5
+    assert "2" not in dict(trainer.starts)  # never started
     # its donor trained to the end meanwhile: its final state leaves no step to train
     assert exploit.state.name == "FAIL" and not exploit.intermediate_values
     why = ("its donor trial 1 trained to the end before a state of it could be copied: its "
@@ -920,7 +924,8 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     # so lineage 0 is not replaced after all: it goes on from its folder, to the end
     goes_on = s.trials[4]
     assert (goes_on.user_attrs["retry_of"], goes_on.user_attrs["attempt"]) == (0, 2)
-    assert dict(trainer.starts)["4"] == 7 and goes_on.state.name == "COMPLETE"
+    assert dict(trainer.starts)["4"] == 6 and goes_on.state.name == "COMPLETE"
+    assert "steps_repeated" not in goes_on.user_attrs
     assert len(s.trials) == 5
 
 
