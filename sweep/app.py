@@ -409,8 +409,9 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     if spec.study.scheduler is not None:  # a queued trial runs whatever n_trials says
         made = schedule_budget.configurations(trials) + 1
         note = "it runs at the next `sweep run`, before new configurations" + (
-            "" if made <= budget else f", one more than study.n_trials ({made} "
-            f"configurations of {budget}: a queued trial runs whatever the budget says)")
+            "" if made <= budget else f", {made - budget} more than study.n_trials "
+            f"({made} configurations of {budget}: a queued trial runs whatever the budget "
+            "says)")
     elif needed <= budget:
         note = "it runs at the next `sweep run`, before new trials"
     else:

@@ -37,7 +37,8 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
     lines = lineages.read(trials)
     queued = sum(1 for t in trials if t.state is TrialState.WAITING)
     if isinstance(decide, Pbt):  # and its lineages paused that may go on
-        return queued + len(decide.continuable(lines)) + unstarted(decide, n_trials, lines)
+        return (queued + len(continuable(decide, lines, output_dir))
+                + unstarted(decide, n_trials, lines))
     new = max(0, n_trials - len(lines))
     return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
 
@@ -47,6 +48,14 @@ def unstarted(decide: Pbt, n_trials: int, lines: Mapping[int, LineageView]) -> i
     `n_trials`; its exploits are configurations too, but none of the population)."""
     first = sum(1 for v in lines.values() if v.exploit_of is None)
     return max(0, min(n_trials, decide.spec.population) - first)
+
+
+def continuable(decide: Pbt, lines: Mapping[int, LineageView],
+                output_dir: Path | None) -> list[int]:
+    """`Pbt.continuable`, less the lineages whose checkpoint folder in `output_dir` was
+    removed (paused under another scheduler whose rungs it could never pass again)."""
+    return [o for o in decide.continuable(lines)
+            if output_dir is None or not checkpoint_disk.removed(output_dir, o)]
 
 
 def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,

@@ -307,6 +307,8 @@ def explore(params: dict[str, Any], searched: Mapping[str, Searched],
         redraw = resample > 0 and rng.random() < resample  # no draw for none: the same stream
         if redraw and dim.log:
             value = math.exp(rng.uniform(math.log(dim.low), math.log(dim.high)))
+        elif redraw and isinstance(dim, IntParam):
+            value = rng.randint(dim.low, dim.high)  # each value alike, the ends too
         elif redraw:
             value = rng.uniform(dim.low, dim.high)
         else:

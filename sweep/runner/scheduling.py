@@ -37,6 +37,7 @@ from sweep._core.safefs import UnsafePath
 from sweep.runner import explored, retention
 from sweep.runner.policy import RunResult
 from sweep.runner.schedule_budget import (
+    continuable,
     decisions,
     jobs,
     promotable,
@@ -79,17 +80,22 @@ NO_RESUME_ARGS = (
 class DonorRunning(LineageBusy):
     """A PBT exploit not started yet: its donor runs, with no complete state to copy (`pause`:
     it is paused at its next report; else its next `checkpoint-N` is awaited). It keeps its
-    device: the wait is short (the donor is paused for it, or saves a first checkpoint), and
-    a trial started there meanwhile would hold it while the donor, the population's best,
-    waits for a device to continue."""
+    device (`keeps_device`) where the donor runs in the study: the wait is short (the donor
+    is paused for it, or saves a first checkpoint), and a trial started there meanwhile would
+    hold it while the donor, the population's best, waits for a device to continue. A donor
+    folder held by another process (a straggler, a frozen driver's trainer) is a wait of
+    unknown length: the device goes back."""
 
-    keeps_device = True
-
-    def __init__(self, number: int, donor: int, pause: bool, path: Path) -> None:
+    def __init__(self, number: int, donor: int, pause: bool, path: Path,
+                 keeps_device: bool = True) -> None:
         super().__init__(donor, path)
         self.number, self.donor, self.pause = number, donor, pause
+        self.keeps_device = keeps_device
 
     def __str__(self) -> str:
+        if not self.keeps_device:
+            return (f"its donor trial {self.donor}'s checkpoint folder is in use by another "
+                    f"process (the lock {self.path} is held): the copy waits until it is free")
         wait = ("it is paused at its next report, its folder copied, and it continues"
                 if self.pause else "it saves a complete checkpoint-N")
         return f"its donor trial {self.donor} is running: the copy waits until {wait}"
@@ -181,7 +187,7 @@ class Scheduling:
             return None
         lines = self.lineages()
         if isinstance(self.decide, Pbt):
-            for origin in self.decide.continuable(lines)[:1]:
+            for origin in continuable(self.decide, lines, self.spec.output_dir)[:1]:
                 if self._queue_next(lines[origin]):
                     self.say(f"trial {origin} continues: its state was copied for the "
                              "exploits that waited on it")
@@ -233,6 +239,10 @@ class Scheduling:
             start = dataclasses.replace(start, after=before)
         donor = None if line is None or (asked.attempt > 0 and line.exploit_step is not None) \
             else line.exploit_of
+        if donor is not None and line is not None and line.called_off:  # its driver was
+            # stopped between calling it off and telling it: the lineage it replaced goes on
+            raise exploit.CalledOff(asked.number, donor, None, "it had been called off "
+                                    "already (its driver was stopped before it told it)")
         if donor is not None:
             if asked.attempt > 0:  # a cut attempt's folder holds at most a part of a copy
                 start = folders.prepare_checkpoint_dir(
@@ -260,14 +270,14 @@ class Scheduling:
             raise self._call_off(asked, donor, f"its donor trial {donor}'s lock: {e}") from None
         try:
             line = self.lineages().get(donor)
+            runs = line is not None and line.standing is Standing.RUNNING
             found = exploit.Donor(
-                fd is None or (line is not None and line.standing is Standing.RUNNING),
-                line is not None and line.latest.state is TrialState.COMPLETE,
+                fd is None or runs, line is not None and line.latest.state is TrialState.COMPLETE,
                 None if line is None else line.last_step)
             choice = exploit.choose(exploit.listing(lineage.checkpoint_dir(out, donor)), found,
                                     self.decide.spec.max_steps, self._counted)
             if isinstance(choice, exploit.Wait):
-                raise DonorRunning(asked.number, donor, choice.pause, lock)
+                raise DonorRunning(asked.number, donor, choice.pause, lock, keeps_device=runs)
             if isinstance(choice, exploit.NoStepsLeft):
                 raise self._call_off(asked, donor)
             if not isinstance(choice, exploit.Nothing):
@@ -369,11 +379,8 @@ class Scheduling:
     def _pbt(self, run: RunningTrial, lines: dict[int, LineageView], before: int | None,
              step: int) -> Stop | None:
         assert isinstance(self.decide, Pbt)
-        # the population's first configurations not started yet keep their places in n_trials
-        room = (self._configurations(lines) + unstarted(self.decide, self.spec.study.n_trials,
-                                                          lines) < self.spec.study.n_trials)
         decision = self.decide.on_report(lines, run.origin, before, step, self.spec.searched,
-                                         room)
+                                         self._room_for_exploit(lines))
         if not isinstance(decision, Replace):
             return None
         with self.store.budget_lock():
@@ -381,6 +388,8 @@ class Scheduling:
             if any(int(v.first.get(lineages.REPLACES, -1)) == run.origin
                    for v in fresh.values()):
                 return Stop.REPLACED  # another driver decided it first
+            if not self._room_for_exploit(fresh):  # another driver took the last place
+                return None
             self.store.study.enqueue_trial(
                 decision.params, skip_if_exists=False,
                 user_attrs={lineages.EXPLOIT_OF: decision.donor,
@@ -388,6 +397,13 @@ class Scheduling:
         self.say(f"trial {run.number} is in the bottom of the population at step {step}: "
                  f"replaced by an exploit of trial {decision.donor}")
         return Stop.REPLACED
+
+    def _room_for_exploit(self, lines: dict[int, LineageView]) -> bool:
+        """Whether n_trials leaves a configuration for an exploit: the population's first
+        configurations not started yet keep their places."""
+        assert isinstance(self.decide, Pbt)
+        return (self._configurations(lines) + unstarted(self.decide, self.spec.study.n_trials,
+                                                         lines) < self.spec.study.n_trials)
 
     def _follow_params(self, run: RunningTrial, before: int | None, step: int) -> None:
         """`trainer.logged_params`: the values the script logged so far read; an exploit's

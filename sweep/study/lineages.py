@@ -60,6 +60,7 @@ class LineageView:
     # a PBT exploit: the step of its donor's state copied into its folder (`EXPLOIT_STEP`, set
     # by the attempt that made the copy, the first or, if that one was cut before, a later one)
     exploit_step: int | None = None
+    called_off: bool = False  # a PBT exploit called off (`CALLED_OFF` on an attempt of it)
 
     @property
     def last_step(self) -> int | None:
@@ -126,5 +127,6 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
         out[origin] = LineageView(
             origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
-            dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None)
+            dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None,
+            any(t.user_attrs.get(CALLED_OFF) for t in attempts))
     return out
