@@ -262,6 +262,33 @@ def test_a_continuation_runs_its_lineages_params_only_not_one_added_since(tmp_pa
     assert set(seen[1]) == {"x", "y"} and set(s.trials[2].params) == {"x", "y"}
 
 
+def test_a_continuation_of_an_attempt_cut_while_it_sampled_samples_what_it_lacks(tmp_path):
+    """Review: a driver killed between sampling x and y left an attempt with x only; its
+    continuation (queued with x) was then sampled x only, so y was never sampled, though
+    every trial before it had y. A param the study had before the lineage began is
+    sampled; only one the file added after it (no trial up to its first had it) is not."""
+    seen: list[dict[str, Any]] = []
+
+    def script(params: dict[str, Any]) -> Script:
+        seen.append(dict(params))
+        return Script(runs=1.0, result={"score": params["x"]})
+
+    both = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 0.1)}
+    s = Sweep(tmp_path, script, gpus=1, study={"n_trials": 2},
+              params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                      "y": {"type": "float", "low": 0.0, "high": 0.1}})
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=0.3, params={"x": 0.3, "y": 0.05},
+        distributions=both))
+    s.store.study.add_trial(optuna.trial.create_trial(  # cut after x, by a dead driver
+        state=TrialState.FAIL, params={"x": 0.5},
+        distributions={"x": both["x"]}, user_attrs={"fail_reason": "driver died"}))
+    s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
+        "retry_of": 1, "attempt": 1, "continues": 1, "retries": 0})
+    assert s.run() == 0
+    assert seen[0]["x"] == 0.5 and set(seen[0]) == {"x", "y"}
+
+
 def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1})
     queued_continuation(s)

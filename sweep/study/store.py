@@ -211,14 +211,18 @@ class Store:
     def _lineage_params(self, trial: optuna.Trial, line: lineage.Lineage,
                         searched: Mapping[str, Searched]) -> Mapping[str, Searched]:
         """What a trial just asked samples: every searched param; an attempt that carries a
-        lineage on, only those its lineage runs (queued with it): a param the file added
-        since is not sampled for it (its script's default, as in its earlier attempts)."""
+        lineage on, none the file added after its lineage began (no trial up to its first
+        had it): its script's default, as in its earlier attempts. A param its lineage
+        should have had but was not queued with (a driver killed while it sampled the first
+        attempt) is sampled."""
         if line.continues is None:
             return searched
         queued = self.storage.get_trial(trial_id(trial)).system_attrs.get("fixed_params")
         if not queued:  # queued with no params (by hand): it samples, as a new trial
             return searched
-        return {name: p for name, p in searched.items() if name in queued}
+        known = {name for t in self.study.get_trials(deepcopy=False)
+                 if t.number <= line.origin for name in t.distributions}
+        return {name: p for name, p in searched.items() if name in queued or name in known}
 
     def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> int:
         """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
