@@ -90,14 +90,16 @@ def test_nothing_planted_where_sweep_removes_is_removed(tmp_path, place, kind):
     s = sweep_of(tmp_path)
     assert s.run() == 1
     assert survived(at, kind, victim)
-    [trial] = s.trials
+    trial = s.trials[0]
     assert trial.state.name == "FAIL"
     reason = trial.user_attrs["fail_reason"]
     if (place, kind) == ("checkpoints", "folder"):  # the user's own folder: sweep adds to it
         assert reason.startswith("no result: nothing at")
         assert (at / "0").is_dir() and (at / ".0.sweep").is_file()
-    else:
+        assert len(s.trials) == 1
+    else:  # nothing ran: its continuation waits for the next run (the path fixed)
         assert reason.startswith(f"could not prepare the trial: {at} ")
+        assert [t.state.name for t in s.trials[1:]] == ["WAITING"]
 
 
 @pytest.mark.parametrize("kind", ["link", "folder", "file"])

@@ -293,8 +293,12 @@ def test_a_trial_that_cannot_be_prepared_fails_alone_and_the_run_stops_starting(
     assert s.run() == 1
     states = {t.number: (t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials}
     reason = f"cannot write {full}: No space left on device"
+    # nothing of trial 2 ran: its continuation is queued for the next run (hostile pass: a
+    # promotion whose folder could not be prepared was lost for good)
     assert states == {0: ("COMPLETE", None), 1: ("COMPLETE", None),
-                      2: ("FAIL", f"could not prepare the trial: {reason}")}
+                      2: ("FAIL", f"could not prepare the trial: {reason}"),
+                      3: ("WAITING", None)}
+    assert s.trials[3].user_attrs["continues"] == 2 and s.trials[3].user_attrs["retries"] == 0
     assert s.driver.policy.stop_reason == f"trial 2 could not be prepared: {reason}"
     assert s.driver.policy.result(s.store.counts()).message.startswith(
         f"trial 2 could not be prepared: {reason}; 2/6 trials finished")
@@ -331,7 +335,7 @@ def test_an_output_dir_another_study_took_meanwhile_fails_the_trial_and_stops(tm
 
     s.driver.events.finished = taken  # type: ignore[method-assign]
     assert s.run() == 1
-    assert s.states() == ["COMPLETE", "FAIL"]
+    assert s.states() == ["COMPLETE", "FAIL", "WAITING"]  # its continuation, for a next run
     assert s.trials[1].user_attrs["fail_reason"] == (
         f"could not prepare the trial: {s.spec.output_dir} was removed during the run and "
         "now holds the trials of study 'other' (storage sqlite:///other.db)")

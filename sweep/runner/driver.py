@@ -317,6 +317,10 @@ class Driver:
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)  # a parked one's
+            # nothing ran: its continuation runs in the next run, once the folder is fixed
+            # (no retry spent; a promotion is not lost)
+            self._carry_on(asked.params, asked.number, asked.lineage, False, True,
+                           "could not be prepared")
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
             self.tally.add(running=-1)
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
