@@ -1489,3 +1489,14 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
     assert "no COMPLETE trial yet, and none failed: 2 stopped early (pruned, or paused at a " \
            "rung); the best by their last value" in text
     assert "failures" not in text
+    # with a failure too (hostile pass: the paused trials were not shown at all), both
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"x": 0.3}, distributions=DIST,
+        user_attrs={"fail_reason": "interrupted"}))
+    console = Console(record=True, width=200)
+    console.print(summary.render(summary.Summary(s.spec, summary.trials_frame(
+        s.store.study, s.spec), pd.DataFrame(), pd.DataFrame())))
+    text = " ".join(console.export_text().split())
+    assert "no COMPLETE trial yet (1 failed, below): 2 stopped early (pruned, or paused at a " \
+           "rung); the best by their last value" in text
+    assert "the last 1 failures" in text and "interrupted" in text

@@ -266,17 +266,19 @@ def best_rows(summary: Summary, top: int = 5) -> pd.DataFrame:
     return done.sort_values("value", ascending=ascending).head(top)
 
 
-def _stopped_early(summary: Summary, t: Any, top: int) -> Any:
-    """The table of a study whose trials were all stopped early (PRUNED: pruned, or paused at
-    a rung and never promoted to the end), the best by their last value first."""
+def _stopped_early(summary: Summary, t: Any, top: int, failed: int) -> Any:
+    """The table of a study none of whose trials completed, of those stopped early (PRUNED:
+    pruned, or paused at a rung and never promoted to the end), the best by their last value
+    first; `failed`: how many others failed."""
     pruned = t[t["state"] == "PRUNED"]
     if "value" in pruned:
         minimize = summary.spec.study.objective_directions[0] == "minimize"
         pruned = pruned.sort_values("value", ascending=minimize)
     cols = [c for c in ("number", "value", lineages.PAUSED_AT, "gpu", "duration_s")
             if c in pruned and pruned[c].notna().any()]
+    none = ", and none failed" if not failed else f" ({failed} failed, below)"
     return _table(pruned[cols].head(top),
-                  f"no COMPLETE trial yet, and none failed: {len(pruned)} stopped early "
+                  f"no COMPLETE trial yet{none}: {len(pruned)} stopped early "
                   "(pruned, or paused at a rung); the best by their last value")
 
 
@@ -291,13 +293,17 @@ def render(summary: Summary, top: int = 5) -> Any:
         ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials yet"
     )
     best = best_rows(summary, top)
-    if best.empty and not t.empty:  # nothing finished well: say why the trials failed
-        failed = t[t["state"] == "FAIL"].tail(top)
-        shown = _table(failed[["number", "gpu", "duration_s", "fail_reason"]],
-                       f"no COMPLETE trial yet; the last {len(failed)} failures")
-        if failed.empty and (t["state"] == "PRUNED").any():  # pruned, or paused at a rung
-            shown = _stopped_early(summary, t, top)
-        return Group(head, shown, _table(summary.gpus, "GPUs"))
+    if best.empty and not t.empty:  # nothing finished well: the best stopped, why others failed
+        failed = t[t["state"] == "FAIL"]
+        shown = []
+        if (t["state"] == "PRUNED").any():  # pruned, or paused at a rung
+            shown.append(_stopped_early(summary, t, top, len(failed)))
+        if not failed.empty:
+            last = failed.tail(top)
+            shown.append(_table(last[["number", "gpu", "duration_s", "fail_reason"]],
+                                f"{'the' if shown else 'no COMPLETE trial yet; the'} last "
+                                f"{len(last)} failures"))
+        return Group(head, *shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
     show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
     extras = [c for c in best.columns if c.startswith(attrs.METRIC_PREFIX)
