@@ -327,6 +327,33 @@ def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
     assert frame["steps_repeated"].tolist()[1] == 3 - older
 
 
+def test_a_continuation_whose_folder_was_removed_is_told_so_not_blamed_on_the_script(
+        tmp_path):
+    """Hostile pass: a lineage whose folder sweep removed (max_checkpoint_gb) started over
+    when it continued, and the run told the user to have the script save its state. The
+    folder sweep made for it was gone: that is said."""
+    import shutil
+
+    from sweep.testing.harness import capture_messages
+
+    s = Sweep(tmp_path, scripted(
+        Script(runs=100, reports=[(0.1, 0, 0.9), (0.2, 1, 0.8), (0.3, 2, 0.7)]),
+        Script(runs=1, reports=[(0.1, 0, 0.95)], result={"score": 0.6})),
+        gpus=1, study={"n_trials": 1}, trainer={"resume_args": ["--resume"]})
+    folder = s.spec.output_dir / "checkpoints" / "0"
+    s.clock.at(0.5, lambda: (folder / "state.json").write_text("{}"))
+    s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
+    assert s.run() == 130
+    shutil.rmtree(folder)  # its marker, .0.sweep, stays
+    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert [m for m in said if "steps repeated" in m] == [
+        "trial 1 continues lineage 0 but reported step 0 first, not a step after 2: 3 steps "
+        "repeated; its checkpoint folder was gone (removed by hand?) before it continued, so "
+        "it started over"]
+
+
 def test_after_a_crash_a_continuation_from_its_last_save_is_not_flagged_a_start_over_is(
         tmp_path):
     """A driver killed (-9) gave its trainer no time to save: resuming from the last save

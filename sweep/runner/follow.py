@@ -35,9 +35,9 @@ class ResumeCheck:
 
     def __init__(self, spec: Spec, store: Store, say: Callable[[str], None]) -> None:
         self.spec, self.store, self.say = spec, store, say
-        # trial -> (the step its first must pass, whether it resumed from something, the
-        # first step its lineage (or, an exploit, its donor's) reported: where it starts over)
-        self._expect: dict[int, tuple[int, bool, int]] = {}
+        # trial -> (the step its first must pass, its start, the first step its lineage (or,
+        # an exploit, its donor's) reported: where it starts over)
+        self._expect: dict[int, tuple[int, Start, int]] = {}
         self._said = False
 
     def started(self, asked: Asked, start: Start) -> None:
@@ -50,26 +50,26 @@ class ResumeCheck:
         fresh = _first(trials, asked.origin if line.exploit_of is None else line.exploit_of,
                        asked.number)
         if lineages.EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
-            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start.resume,
+            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start,
                                           fresh)
             return
         reached = _reached(trials, asked.origin, asked.number)
         if reached is None:  # an exploit cut after its copy, before its first report
             if line.exploit_step is not None:
-                self._expect[asked.number] = (line.exploit_step, start.resume, fresh)
+                self._expect[asked.number] = (line.exploit_step, start, fresh)
             return
         if _gentle(trials, asked.lineage.continues):
-            self._expect[asked.number] = (_saved_step(start, reached), start.resume, fresh)
+            self._expect[asked.number] = (_saved_step(start, reached), start, fresh)
         else:  # after a crash or a kill -9 a script resumes from its last save: only a start
             # over (its lineage's first step again) is flagged
-            self._expect[asked.number] = (fresh, start.resume, fresh)
+            self._expect[asked.number] = (fresh, start, fresh)
 
     def on_reports(self, run: RunningTrial, steps: Sequence[int]) -> None:
         """The first steps `run` reported: flagged if the first is not after the one its
         lineage had reached."""
         if not steps or run.number not in self._expect:
             return
-        expect, resumed, fresh = self._expect.pop(run.number)
+        expect, start, fresh = self._expect.pop(run.number)
         if steps[0] > expect or (run.reports is not None and run.reports.counted):
             return
         first, repeated = steps[0], expect - steps[0] + 1
@@ -80,14 +80,21 @@ class ResumeCheck:
         self._said = True
         self.say(f"trial {run.number} continues lineage {run.origin} but reported step {first} "
                  f"first, not a step after {expect}: {repeated} steps repeated; "
-                 + self._fix(resumed, first > fresh))
+                 + self._fix(start, first > fresh))
 
     def forget(self, number: int) -> None:
         self._expect.pop(number, None)
 
-    def _fix(self, resumed: bool, older: bool) -> str:
+    def _fix(self, start: Start, older: bool) -> str:
         """Why it started over (or, `older`, went back to a step after its lineage's first),
         and what to do."""
+        resumed = start.resume
+        if start.gone:
+            return ("its checkpoint folder was gone (removed by sweep under "
+                    "study.scheduler.max_checkpoint_gb, or by hand) before it continued, so it "
+                    "started over" if self.spec.study.scheduler is not None else
+                    "its checkpoint folder was gone (removed by hand?) before it continued, "
+                    "so it started over")
         if resumed and older:
             return ("it resumed from a state older than the step its lineage reached; have "
                     "the script save its state more often, or when it is stopped (SIGTERM: "

@@ -11,6 +11,8 @@ against neither `trainer.max_retries` nor `study.max_consecutive_failures`.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -124,6 +126,7 @@ class Start:
     # the step of the state it resumes from, where its lineage's curve does not say it (a PBT
     # exploit's copy of its donor's): where counted steps go on from
     after: int | None = None
+    gone: bool = False  # it carries its lineage on, but the folder sweep made for it was gone
 
 
 def made_marker(output_dir: Path, origin: int) -> Path:
@@ -159,12 +162,13 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     folder = checkpoint_dir(output_dir, lineage.origin)
     make_checkpoints(output_dir)
     marker = made_marker(output_dir, lineage.origin)
+    gone = lineage.resumes and _is_file(marker) and not os.path.lexists(folder)
     if not lineage.resumes:
         remove_tree(folder, lineage.continues is not None or _is_file(marker))
     make_own_folder(folder, 0o700)
     if not _is_file(marker):
         write_file(marker, f"{lineage.origin}\n", 0o600)
-    return planned(output_dir, lineage)
+    return dataclasses.replace(planned(output_dir, lineage), gone=gone)
 
 
 def planned(output_dir: Path, lineage: Lineage) -> Start:
