@@ -62,14 +62,31 @@ def test_each_scheduler_loads_from_the_study_file(tmp_path):
      "study.scheduler", "interval (50) must be below max_steps (50)"),
     ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50, "quantile": 0.7},
      {"n_trials": 8}, "study.scheduler.quantile", "less than or equal to 0.5"),
-    ({"type": "median"}, {}, "study.scheduler", "asha"),
+    ({"type": "median"}, {}, "study.scheduler.type", "one of asha, hyperband, pbt, not "
+     "'median'"),
+    # hostile pass: pydantic's words ("Input tag ... found using 'type' does not match"), the
+    # whole input echoed, a third line "Tuple should have at least 1 item after validation"
+    ({"type": "asha" + "x" * 3000}, {}, "study.scheduler.type", "'ashaxxxxxx"),
+    ({}, {}, "study.scheduler.type", "required key is missing"),
+    ("asha", {}, "study.scheduler", "must be a mapping of keys, not 'asha'"),
+    ({"type": "pbt", "population": 4, "interval": 5, "max_steps": 50, "perturb": []},
+     {"n_trials": 8}, "study.scheduler.perturb", "give at least 1 (got [])"),
 ])
 def test_a_bad_scheduler_is_one_line_naming_its_key(tmp_path, scheduler, extra, key, text):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, study={"scheduler": scheduler, **extra})
     [problem] = e.value.problems
     assert problem.key.startswith(key), problem
-    assert text in problem.message, problem
+    assert text in problem.message and len(problem.message) < 200, problem
+
+
+def test_each_bad_item_of_a_list_is_one_line_and_no_more(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, study={"n_trials": 8, "scheduler": {
+            "type": "pbt", "population": 4, "interval": 5, "max_steps": 50,
+            "perturb": [0, -1]}})
+    assert [p.key for p in e.value.problems] == ["study.scheduler.perturb.0",
+                                                 "study.scheduler.perturb.1"]
 
 
 def test_a_scheduler_needs_one_objective(tmp_path):

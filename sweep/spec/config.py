@@ -121,7 +121,11 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
     one, its deepest; a misspelt key says which it may have meant, and a required key it
     stands for is not reported missing as well."""
     groups: dict[str, list[tuple[str, Any]]] = {}
-    for e in error.errors():
+    errors = error.errors()
+    inner = {tuple(e["loc"][:-1]) for e in errors if len(e["loc"]) > 1}
+    for e in errors:
+        if e["type"] == "too_short" and tuple(e["loc"]) in inner:
+            continue  # its items were refused: said of each, not as "at least 1 item"
         if e["loc"][:1] == ("params",) and "[key]" in e["loc"] and e["type"] == "string_type":
             continue  # a param name that is no text: `load` says so in its own words
         key, root = _location(e["loc"])
@@ -149,6 +153,18 @@ def _problems(file: str, error: ValidationError, data: Mapping[str, Any]) -> lis
                 msg = f"unknown key `{short(name, 40)}` ({where} {', '.join(fields)})"
         elif first["type"] == "missing":
             msg = "required key is missing"
+        elif first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            ctx = first["ctx"]
+            key = f"{key}.{ctx['discriminator'].strip(chr(39))}" if key else \
+                ctx["discriminator"].strip("'")
+            msg = (f"one of {ctx['expected_tags'].replace(chr(39), '')}, not "
+                   f"{short(repr(ctx['tag']), 40)}" if "tag" in ctx else
+                   "required key is missing")
+        elif first["type"] == "too_short":
+            msg = (f"give at least {first['ctx']['min_length']} "
+                   f"(got {short(repr(first.get('input')), 40)})")
+        elif first["type"] in ("model_attributes_type", "dict_type", "model_type"):
+            msg = f"must be a mapping of keys, not {short(repr(first.get('input')), 40)}"
         elif "input" in first and first["type"] not in ("value_error", YES_NO):
             msg = f"{msg} (got {short(repr(first['input']))})"
         problems.append((first["type"], Problem(file, key, msg)))
