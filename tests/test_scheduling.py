@@ -1182,7 +1182,7 @@ def test_a_large_folder_is_removed_with_the_budget_lock_free(tmp_path, monkeypat
         assert not folder.exists() and lineage.made_marker(spec.output_dir, 0).is_file()
         assert [p.name for p in (spec.output_dir / "checkpoints").iterdir()
                 if p.is_dir()] == []
-        assert said == ["checkpoint folders removed (0.00 GB) of trials 0: they can never "
+        assert said == ["checkpoint folders removed (7 B) of trials 0: they can never "
                         "continue"]
     finally:
         store.close()

@@ -513,12 +513,12 @@ class Scheduling:
         self._purge()
         if retired:
             freed = sum(sizes[o] for o in retired)
-            self.say(f"checkpoint folders removed ({freed / retention.GB:.2f} GB) of trials "
+            self.say(f"checkpoint folders removed ({_bytes(freed)}) of trials "
                      f"{', '.join(map(str, retired))}: they can never continue")
         if chosen.over and not self._said_over:
             self._said_over = True
             self.say(f"the checkpoint folders in {out / lineage.CHECKPOINTS} hold "
-                     f"{chosen.held / retention.GB:.2f} GB, over study.scheduler."
+                     f"{_bytes(chosen.held)}, over study.scheduler."
                      f"max_checkpoint_gb ({sched.max_checkpoint_gb:g}), and what is left "
                      "belongs to lineages that may still continue (or the best finished one): "
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
@@ -538,6 +538,14 @@ class Scheduling:
             if e.path not in self._refused_trash:
                 self._refused_trash.add(e.path)
                 self.say(f"a retired checkpoint folder is kept: {e}")
+
+
+def _bytes(n: float) -> str:
+    """`n` bytes in decimal units, as max_checkpoint_gb counts them: 812 B, 3.4 MB, 1.20 GB."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}" if unit != "GB" else f"{n / size:.2f} GB"
+    return f"{n:.0f} B"
 
 
 def _shown(params: dict[str, Any], searched: Any) -> str:
