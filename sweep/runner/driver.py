@@ -182,8 +182,8 @@ class Driver:
             self.tally.forget()
         if self.policy.stop_reason and not self._announced:
             self._announced = True
-            self.events.message(f"{self.policy.stop_reason}: no new trials; "
-                                f"waiting for {len(self.running)}")
+            self.events.message(f"{self.policy.stop_reason}: no new trials" + (
+                f"; waiting for {len(self.running)}" if self.running else ""))
 
     def _next_wakeup(self, now: float) -> float:
         times = [self._next_look, self.reclaim.next_wakeup(now)]
