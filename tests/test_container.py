@@ -536,9 +536,12 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
     assert "started in the image " + first in said
     assert rerun.returncode != 0
     trials = load_trials(study, "moved")
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    # nothing of it ran: its continuation waits for a run in the lineage's image (or one
+    # that allows another), the lineage not lost
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING"]
     assert trials[1].user_attrs["fail_reason"].startswith(
         "could not prepare the trial: its lineage (checkpoints in ")
+    assert trials[2].user_attrs["continues"] == 1
     starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
     assert len(starts) == 1  # nothing ran in the other image
 
