@@ -17,17 +17,24 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> int:
+def _catch_stops() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in EARLY:
             signal.signal(signum, _interrupt)
         if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # `nohup`: stays ignored
             signal.signal(signal.SIGHUP, _interrupt)
+
+
+def main() -> int:
+    """Run the command line; a stop signal at any moment before it handles them itself,
+    even while the handlers go in, is exit 130 without a traceback."""
     try:
+        _catch_stops()
         from sweep import cli
+
+        return cli.main()
     except KeyboardInterrupt:
         return 130
-    return cli.main()
 
 
 if __name__ == "__main__":

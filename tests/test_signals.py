@@ -352,6 +352,37 @@ def test_a_schedulers_repeated_signal_is_one_stop_and_usr1_usr2_stop_too():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.parametrize("window", ["handlers", "parser"])
+def test_a_stop_signal_while_the_handlers_go_in_is_exit_130(monkeypatch, window):
+    """A stop signal between the first handler going in and the command line's own `try`
+    (the next handlers still going in, or its arguments parsed) raised KeyboardInterrupt
+    out of `main` with a traceback and exit -2 on a busy CI machine. Forced: the signal is
+    raised inside that window."""
+    import sweep.__main__ as entry
+    from sweep import cli
+
+    stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in stops}
+    real_signal = signal.signal
+    if window == "handlers":
+        def install(signum, handler):  # SIGTERM's handler is in; SIGUSR1's is next
+            old = real_signal(signum, handler)
+            if signum == signal.SIGUSR1:
+                signal.raise_signal(signal.SIGTERM)
+            return old
+        monkeypatch.setattr(signal, "signal", install)
+    else:
+        def parser():
+            signal.raise_signal(signal.SIGUSR1)
+            raise AssertionError("the signal did not interrupt")
+        monkeypatch.setattr(cli, "parser", parser)
+    try:
+        assert entry.main() == 130
+    finally:
+        for s, handler in before.items():
+            real_signal(s, handler)
+
+
 def catches(pid: int, signum: int) -> bool:
     """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc)."""
     try:
