@@ -38,6 +38,9 @@ def test_an_interruption_is_continued_without_spending_a_retry_and_a_retry_spend
     clean = line.next_attrs(9, retry=True, clean=True)
     assert clean["clean"] is True and not Lineage.of(clean, 10).resumes
     assert "clean" not in line.next_attrs(9, retry=False, clean=True)  # continuations resume
+    assert "clean" not in line.again_attrs(9)  # in place of one that never ran: as it was
+    assert Lineage(3, 2, 1, 9, clean=True).again_attrs(10) == {
+        "retry_of": 3, "attempt": 3, "continues": 10, "retries": 1, "clean": True}
 
 
 def test_the_curve_takes_each_step_from_the_latest_attempt_that_reported_it():
@@ -155,12 +158,6 @@ def scripted(*scripts: Script):
     return lambda params: left.pop(0)
 
 
-def rerun(s: Sweep) -> int:
-    """Another run of the same study (a new driver on the same storage)."""
-    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
-    return s.run()
-
-
 def test_an_interrupted_trial_continues_in_the_next_run_and_keeps_its_retry(tmp_path):
     s = Sweep(tmp_path, scripted(Script(runs=100), Script(runs=1, code=3, result=None),
                                  Script(runs=1, result={"score": 0.25})), gpus=1,
@@ -169,7 +166,7 @@ def test_an_interrupted_trial_continues_in_the_next_run_and_keeps_its_retry(tmp_
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
     assert s.states() == ["FAIL", "WAITING"]
-    assert rerun(s) == 0
+    assert s.rerun() == 0
     assert s.states() == ["FAIL", "FAIL", "COMPLETE"]
     attrs = [t.user_attrs for t in s.trials]
     assert [a["fail_reason"] for a in attrs[:2]] == ["interrupted", "exit code 3: no stderr"]
@@ -211,6 +208,30 @@ def test_a_retry_after_a_real_failure_resumes_by_default_and_starts_clean_if_ask
         assert s.trials[1].user_attrs.get("clean", False) is not resumed
 
 
+def test_a_clean_retry_that_never_ran_is_taken_up_clean_in_the_next_run(tmp_path):
+    """A clean retry that could not be prepared (a file where its trial folder goes) never
+    emptied its lineage's folder: the attempt in its place starts clean too, not from the
+    failed attempt's state, and spends no retry."""
+    s = Sweep(tmp_path, scripted(Script(runs=2, code=1, result=None),
+                                 Script(runs=1, result={"score": 0.5})), gpus=1,
+              study={"n_trials": 1, "max_consecutive_failures": 3},
+              trainer={"max_retries": 1, "retry_from": "clean",
+                       "resume_args": ["--resume"]})
+    saved = s.spec.output_dir / "checkpoints" / "0" / "last.pt"
+    s.clock.at(1.0, lambda: saved.write_text("step 10"))  # the failing attempt saves
+    s.clock.at(1.0, lambda: (s.spec.output_dir / "trials" / "1").write_text("in the way"))
+    assert s.run() == 1
+    assert s.states() == ["FAIL", "FAIL", "WAITING"]
+    assert s.trials[1].user_attrs["fail_reason"].startswith("could not prepare the trial")
+    (s.spec.output_dir / "trials" / "1").unlink()
+    assert s.rerun() == 0
+    assert s.states() == ["FAIL", "FAIL", "COMPLETE"]
+    assert [(t.user_attrs.get("continues"), t.user_attrs.get("retries"),
+             t.user_attrs.get("clean")) for t in s.trials] == [
+        (None, None, None), (0, 1, True), (1, 1, True)]
+    assert "--resume" not in s.spawn.processes[-1].plan.argv and not saved.exists()
+
+
 def test_the_continuation_carries_the_curve_its_lineage_reached(tmp_path):
     s = Sweep(tmp_path, scripted(
         Script(runs=100, reports=[(0.1, 0, 0.9), (0.2, 1, 0.8)]),
@@ -218,7 +239,7 @@ def test_the_continuation_carries_the_curve_its_lineage_reached(tmp_path):
         study={"n_trials": 1, "pruner": {"type": "median"}})
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
-    assert rerun(s) == 0
+    assert s.rerun() == 0
     assert s.trials[1].intermediate_values == {0: 0.9, 1: 0.8, 2: 0.7}
     assert s.trials[1].value == 0.6 and s.trials[0].value is None
 
@@ -251,7 +272,7 @@ def test_counted_steps_go_on_from_the_lineages_last_step_after_a_resume(tmp_path
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
     assert s.trials[0].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4}
-    assert rerun(s) == 0
+    assert s.rerun() == 0
     assert s.trials[0].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4}
     assert s.trials[1].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4,
                                                4: 50.0, 5: 100.0, 6: 93.75}
@@ -272,7 +293,7 @@ def test_a_step_a_continuation_reports_again_keeps_its_earlier_value(tmp_path):
     s.clock.at(0.5, lambda: saved.write_text("step 1"))
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
-    assert rerun(s) == 0
+    assert s.rerun() == 0
     assert s.trials[1].intermediate_values == {1: 0.9, 2: 0.8, 3: 0.7}
     assert lineages.read(s.trials)[0].curve == {1: 0.9, 2: 0.8, 3: 0.7}
 

@@ -100,6 +100,17 @@ def test_nothing_planted_where_sweep_removes_is_removed(tmp_path, place, kind):
     else:  # nothing ran: its continuation waits for the next run (the path fixed)
         assert reason.startswith(f"could not prepare the trial: {at} ")
         assert [t.state.name for t in s.trials[1:]] == ["WAITING"]
+        # the next run: a continuation has a folder of its own (trials/1) and runs; in the
+        # lineage's folder it finds the same thing: refused again, neither taken for the
+        # lineage's checkpoints (no marker beside it) nor emptied
+        assert s.rerun() == 1
+        assert survived(at, kind, victim)
+        if place == "trials/0":
+            assert s.trials[1].user_attrs["fail_reason"].startswith("no result: nothing at")
+        else:
+            assert [t.state.name for t in s.trials] == ["FAIL", "FAIL", "WAITING"]
+            assert s.trials[1].user_attrs["fail_reason"] == reason
+            assert not (tmp_path / "out" / "checkpoints" / ".0.sweep").exists()
 
 
 @pytest.mark.parametrize("kind", ["link", "folder", "file"])
@@ -212,6 +223,7 @@ def test_a_clean_retry_empties_only_its_own_folder_never_through_a_link_inside(t
     folder.mkdir(parents=True)
     (folder / "to_victim").symlink_to(victim, target_is_directory=True)
     (folder / "model.pt").write_text("the lineage's")
+    lineage.made_marker(tmp_path / "out", 2).write_text("2\n")  # sweep made it
     lineage.prepare(tmp_path / "out", Lineage(2, 1, 1, continues=2, clean=True))
     assert not any(folder.iterdir()) and intact(victim)
 
@@ -247,6 +259,7 @@ def test_a_file_a_trainer_calls_study_json_does_not_stop_a_clean_retry(tmp_path)
     folder = lineage.checkpoint_dir(tmp_path / "out", 4)
     folder.mkdir(parents=True)
     (folder / "study.json").write_text('{"lr": 0.1, "epochs": 3}')  # the trainer's own
+    lineage.made_marker(tmp_path / "out", 4).write_text("4\n")
     lineage.prepare(tmp_path / "out", Lineage(4, 1, 1, continues=4, clean=True))
     assert not any(folder.iterdir())
 

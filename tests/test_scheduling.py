@@ -481,6 +481,7 @@ def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(t
     donor = s.spec.output_dir / "checkpoints" / "0"
     donor.mkdir(parents=True)
     (donor / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
+    (donor.parent / ".0.sweep").write_text("0\n")
     held = lineage_lock.take(s.spec.output_dir, 0)
     assert held is not None
     s.clock.at(3.0, lambda: os.close(held))
@@ -515,6 +516,7 @@ def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tm
     out = s.spec.output_dir / "checkpoints"
     (out / "0").mkdir(parents=True)
     (out / "0" / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
+    (out / ".0.sweep").write_text("0\n")
     (out / "2").mkdir()  # a copy cut half-way
     (out / "2" / "state.json").write_text(json.dumps({"next": 3, "x": 0.3}))
     (out / ".2.sweep").write_text("2\n")

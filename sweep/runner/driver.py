@@ -320,7 +320,7 @@ class Driver:
             # nothing ran: its continuation runs in the next run, once the folder is fixed
             # (no retry spent; a promotion is not lost)
             self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                           "could not be prepared")
+                           "could not be prepared", again=True)
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
             self.tally.add(running=-1)
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
@@ -419,15 +419,15 @@ class Driver:
             self.tally.add(waiting=1)
 
     def _carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
-                  resume: bool, why: str = "interrupted") -> bool:
+                  resume: bool, why: str = "interrupted", again: bool = False) -> bool:
         """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
         the continuation (`resume`) of a trial that was interrupted or failed on a sick device
-        (`why`). True if this call queued it."""
+        (`why`), or (`again`) that never ran. True if this call queued it."""
         if not (retry or resume):
             return False
         searched = {k: v for k, v in params.items() if k in self.spec.searched}
-        attrs = line.next_attrs(number, retry=retry,
-                                clean=self.spec.trainer.retry_from == "clean")
+        attrs = line.again_attrs(number) if again else line.next_attrs(
+            number, retry=retry, clean=self.spec.trainer.retry_from == "clean")
         queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
         if queued and resume:
             self.events.message(f"trial {number} {why}: queued to continue (same params, "
@@ -463,7 +463,8 @@ class Driver:
                 self.pool.release(lease)
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                self._carry_on(asked.params, asked.number, asked.lineage, False, True)
+                self._carry_on(asked.params, asked.number, asked.lineage, False, True,
+                               again=True)
             self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value,
                                    None if lease is None else lease.device, asked.attempt)
         self.parked.clear()

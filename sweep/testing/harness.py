@@ -84,6 +84,13 @@ class Sweep:
         """Run the driver to its end; its exit code."""
         return self.driver.run().exit_code
 
+    def rerun(self) -> int:
+        """Another run of the same study (a new driver on the same storage, devices and
+        clock) to its end; its exit code."""
+        self.driver = Driver(self.spec, self.store, self.pool, spawn=self.spawn,
+                             clock=self.clock)
+        return self.run()
+
     @property
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.store.study.get_trials(deepcopy=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 from sweep import protocol
 from sweep._core.placeholders import fill
-from sweep._core.safefs import UnsafePath, make_own_folder, remove_tree, write_file
+from sweep._core.safefs import UnsafePath, make_own_folder, removable, remove_tree, write_file
 
 ATTEMPT, RETRY_OF = "attempt", "retry_of"
 CONTINUES = "continues"  # the number of the attempt this one carries on
@@ -73,6 +73,16 @@ class Lineage:
         if self.run_id is not None:
             attrs[RUN_ID] = self.run_id
         if retry and clean:
+            attrs[CLEAN] = True
+        return attrs
+
+    def again_attrs(self, number: int) -> dict[str, Any]:
+        """The user attributes of the attempt that takes the place of attempt `number` (this
+        one), which never ran (parked when its driver stopped, or its folders could not be
+        prepared): it starts as this one would have, clean if this one was a clean retry, and
+        spends no retry."""
+        attrs = self.next_attrs(number, retry=False)
+        if self.clean:
             attrs[CLEAN] = True
         return attrs
 
@@ -155,19 +165,25 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     retry gets it empty, an attempt that carries the lineage on gets it as it was left.
 
     `checkpoints/` must be this user's real folder (a link is refused before anything in it
-    is touched). A folder a first attempt finds there (left by an earlier study of this
-    output_dir) is removed only if sweep made it (`made_marker`); a clean retry's is its
-    lineage's own. Either way nothing is removed through a link, across a mount point, or
-    with another study's output_dir in it (`safefs.remove_tree`). OSError if it cannot."""
+    is touched). The folder is the lineage's only if sweep made it (`made_marker` beside it,
+    written before the folder is made): one with anything in it that sweep did not make
+    (left by someone, or by an earlier study of this output_dir before markers) is refused,
+    UnsafePath, for every attempt: it is neither removed nor taken for the lineage's
+    checkpoints, and no marker is written beside it. A first attempt or a clean retry
+    removes the lineage's folder, never through a link, across a mount point, or with
+    another study's output_dir in it (`safefs.remove_tree`). OSError if it cannot."""
     folder = checkpoint_dir(output_dir, lineage.origin)
     make_checkpoints(output_dir)
     marker = made_marker(output_dir, lineage.origin)
-    gone = lineage.resumes and _is_file(marker) and not os.path.lexists(folder)
+    ours = _is_file(marker)
+    gone = lineage.resumes and ours and not os.path.lexists(folder)
+    if not ours:
+        removable(folder, False)  # UnsafePath: not empty, and not sweep's
     if not lineage.resumes:
-        remove_tree(folder, lineage.continues is not None or _is_file(marker))
-    make_own_folder(folder, 0o700)
-    if not _is_file(marker):
+        remove_tree(folder, ours)
+    if not ours:
         write_file(marker, f"{lineage.origin}\n", 0o600)
+    make_own_folder(folder, 0o700)
     return dataclasses.replace(planned(output_dir, lineage), gone=gone)
 
 
