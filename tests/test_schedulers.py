@@ -246,8 +246,22 @@ def test_the_steps_a_paused_trainer_made_while_it_stopped_count_at_no_higher_run
     assert h.reach(got[0]) == 2 and h.rung_of(got[0]) == 0
     assert 0 not in h.rung_values(got, 0, 1) and 0 not in h.rung_values(got, 0, 2)
     assert h.promotable(got) == [Promote(1, 1), Promote(0, 0)]  # rung 1's best, then rung 0's
-    # promoted from rung 0: it stands at step 2, so its first report (step 24) is judged at
-    # rung 2 (step 18), where it is alone: paused there
+    # promoted from rung 0, its continuation queued or started and not reported yet: it
+    # still stands at step 2 (where the driver starts judging it from), at no higher rung
+    carried = dict(overran.intermediate_values)  # what a resuming attempt starts with
+    for state, values in ((TrialState.WAITING, {}), (TrialState.RUNNING, carried)):
+        started = lineages.read(
+            [overran, trial(4, values, state, retry_of=0, attempt=1, continues=0), *others])
+        assert h.reach(started[0]) == 2 and started[0].rung_cap == 0
+        assert 0 not in h.rung_values(started, 0, 1)
+    # a trainer that started over reports step 6 again: judged at rung 1, where its value
+    # (the one first reported there) is outside the top
+    worse = trial(0, {st: 0.1 if st < 3 else 9.0 for st in range(24)}, TrialState.PRUNED,
+                  paused_at=2, rung=0)
+    again = lineages.read([worse, trial(4, dict(worse.intermediate_values), retry_of=0,
+                                        attempt=1, continues=0), *others])
+    assert h.on_report(again, 0, before=2, step=6) == Pause(1, 6)
+    # its first report (step 24) is judged at rung 2 (step 18), where it is alone: paused
     going = [overran, trial(4, {24: 0.1}, retry_of=0, attempt=1, continues=0), *others]
     running = lineages.read(going)
     assert h.reach(running[0]) == 24

@@ -1081,6 +1081,37 @@ def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume
         assert sorted(line.curve) == list(range(1, max(line.curve) + 1))
 
 
+def test_a_promoted_lineage_whose_trainer_overran_its_pause_is_judged_at_the_rungs_above(
+        tmp_path):
+    """Review of issue 31: lineage 0 was paused at rung 0 (step 2) but its trainer reported
+    up to step 23 while it stopped. Promoted, its continuation started with the lineage read
+    with itself running, so it stood at step 23 and was never judged at rungs 1 (6) and 2
+    (18). It stands at its rung until it reports: its first report (24) is judged at rung
+    2, where it is alone and paused; the rung, final, then promotes it to the end."""
+    box: list[Sweep] = []
+    trainer = Trainer(box, steps=54)
+    s = Sweep(tmp_path, trainer, gpus=1,
+              study={"n_trials": 4, "scheduler": {"type": "asha", "min_steps": 2,
+                                                  "max_steps": 54, "reduction_factor": 3}},
+              trainer={"resume_args": ["--resume"]})
+    box.append(s)
+    s.spec.output_dir.mkdir()
+    for n, value in enumerate((0.01, 2.0, 3.0, 4.0)):
+        s.store.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
+            intermediate_values={st: value for st in range(24 if n == 0 else 3)},
+            user_attrs={"paused_at": 2, "rung": 0}))
+        folder = lineage.prepare(s.spec.output_dir, lineage.Lineage(n)).checkpoint_dir
+        (folder / "state.json").write_text(json.dumps({"next": 24 if n == 0 else 3}))
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert "trial 4 paused at step 24: outside the top 1/3 of rung 2 (step 18) for now" in said
+    assert trainer.starts == [("4", 24), ("5", 25)]
+    assert [(t.user_attrs.get("retry_of"), t.user_attrs.get("paused_at"),
+             t.user_attrs.get("rung"), t.state.name) for t in s.trials[4:]] == [
+        (0, 24, 2, "PRUNED"), (0, None, None, "COMPLETE")]
+
+
 def asha_spec_keeping_none(tmp_path: Path) -> Any:
     """An asha study of one configuration that keeps no checkpoint folder."""
     from conftest import study_dict

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from optuna.trial import TrialState
@@ -28,7 +28,7 @@ from sweep.spec.scheduler import (
     Scheduler,
 )
 from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
-from sweep.study.lineages import RUNG, LineageView, Standing
+from sweep.study.lineages import LineageView, Standing
 from sweep.trial.exploit import has_steps_left
 
 
@@ -116,13 +116,14 @@ class Halving:
 
     def reach(self, line: LineageView) -> int | None:
         """The step a lineage stands at for its rungs: its last reported one, but for one
-        paused at a rung (`RUNG`), at most that rung's step: what its trainer did while it
-        stopped counts at no higher rung (it was judged there; it gets there by promotion)."""
-        last = line.last_step
-        rung = line.latest.user_attrs.get(RUNG) if line.standing is Standing.PAUSED else None
-        if last is None or rung is None or not 0 <= int(rung) < len(self.rungs):
+        paused at a rung (`rung_cap`: paused, or promoted and not reported since), at most
+        that rung's step: what its trainer did while it stopped counts at no higher rung (it
+        was judged there; it gets there by promotion, and is judged at the rungs it passes
+        once it reports again)."""
+        last, rung = line.last_step, line.rung_cap
+        if last is None or rung is None or not 0 <= rung < len(self.rungs):
             return last
-        return min(last, self.rungs[int(rung)])
+        return min(last, self.rungs[rung])
 
     def rung_values(self, lineages: Mapping[int, LineageView], bracket: int,
                     k: int) -> dict[int, float]:
@@ -157,7 +158,8 @@ class Halving:
         """Lineage `origin` has reported up to `step` (`before`: the last step it had
         reported, or, continued, the step it stood at for its rungs; None: none): at the
         highest rung it has just passed, it goes on if it is in the top of that rung
-        (`rung_top`, counting itself), else it pauses."""
+        (`rung_top`, counting itself: it has reached `step`), else it pauses."""
+        lineages = {**lineages, origin: replace(lineages[origin], rung_cap=None)}
         own = self.rungs_of(lineages[origin].bracket)
         passed = [k for k, r in enumerate(own) if (before is None or before < r) and r <= step]
         if not passed:
@@ -208,7 +210,7 @@ class Halving:
         own = self.rungs_of(bracket)
         members = [v for v in lineages.values() if v.bracket == bracket]
         if any(v.standing in (Standing.RUNNING, Standing.QUEUED)
-               and (v.last_step is None or v.last_step < own[k]) for v in members):
+               and ((reach := self.reach(v)) is None or reach < own[k]) for v in members):
             return False
         return not any(lineages[o].standing is Standing.PAUSED and self.rung_of(lineages[o]) == j
                        for j in range(k) for o in self.rung_top(lineages, bracket, j, True))

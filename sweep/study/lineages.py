@@ -61,6 +61,10 @@ class LineageView:
     # by the attempt that made the copy, the first or, if that one was cut before, a later one)
     exploit_step: int | None = None
     called_off: bool = False  # a PBT exploit called off (`CALLED_OFF` on an attempt of it)
+    # the rung (`RUNG`) of its latest attempt paused at one, while no attempt after it has
+    # reported a step past that attempt's last (an attempt that resumes starts with the curve
+    # carried): the steps its trainer reported while it stopped count at no higher rung
+    rung_cap: int | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -101,6 +105,17 @@ def _status(t: FrozenTrial) -> Standing:
     return Standing.DONE
 
 
+def _rung_cap(attempts: Iterable[FrozenTrial]) -> int | None:
+    """`LineageView.rung_cap` of a lineage's `attempts`, in order."""
+    cap, last = None, -1
+    for t in attempts:
+        if t.state is TrialState.PRUNED and PAUSED_AT in t.user_attrs and RUNG in t.user_attrs:
+            cap, last = int(t.user_attrs[RUNG]), max(t.intermediate_values, default=-1)
+        elif max(t.intermediate_values, default=-1) > last:
+            cap = None
+    return cap
+
+
 def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
     """The lineages of `trials` (every trial of a study), by origin."""
     by_origin: dict[int, list[FrozenTrial]] = {}
@@ -128,5 +143,5 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
             origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
             dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None,
-            any(t.user_attrs.get(CALLED_OFF) for t in attempts))
+            any(t.user_attrs.get(CALLED_OFF) for t in attempts), _rung_cap(attempts))
     return out
