@@ -558,13 +558,10 @@ def test_a_parked_exploit_keeps_its_device_while_its_running_donor_pauses_for_it
     assert s.trials[3].user_attrs["retry_of"] == 0  # the donor, on its own device
 
 
-def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_back(tmp_path):
-    """Review: a donor paused in the study whose lineage lock another process still holds (a
-    straggler ending, a frozen driver's trainer on another host) is a wait of unknown length:
-    the exploit gives its device back. A population of 4 on 2 devices: lineage 0, the donor,
-    held until t=3; lineage 1 replaced; lineages 2 and 3 wait to continue: they take both
-    devices at once, and the exploit (trial 4) starts on the first device free after t=3, its
-    owner record naming it."""
+def exploit_held_back(tmp_path: Path) -> tuple[Sweep, Trainer]:
+    """A population of 4 on 2 devices, stored: lineage 0, the donor, paused for a copy but
+    its lineage lock held until t=3; lineage 1 replaced by the exploit queued (trial 4);
+    lineages 2 and 3 wait to continue."""
     box: list[Sweep] = []
     trainer = Trainer(box, steps=20)
     s = Sweep(tmp_path, trainer, gpus=2,
@@ -587,6 +584,18 @@ def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_b
     held = lineage_lock.take(s.spec.output_dir, 0)
     assert held is not None
     s.clock.at(3.0, lambda: os.close(held))
+    return s, trainer
+
+
+def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_back(tmp_path):
+    """Review: a donor paused in the study whose lineage lock another process still holds (a
+    straggler ending, a frozen driver's trainer on another host) is a wait of unknown length:
+    the exploit gives its device back. A population of 4 on 2 devices: lineage 0, the donor,
+    held until t=3; lineage 1 replaced; lineages 2 and 3 wait to continue: they take both
+    devices at once, and the exploit (trial 4) starts on the first device free after t=3, its
+    owner record naming it."""
+    s, trainer = exploit_held_back(tmp_path)
+    out = s.spec.output_dir / "checkpoints"
     said = capture_messages(s)
     assert s.run() == 0
     first = [(int(s.trials[int(p.plan.paths.dir.name)].user_attrs.get(
@@ -600,6 +609,25 @@ def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_b
     exploit = s.trials[4]
     assert exploit.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["4"] == 7
     assert exploit.user_attrs["owner"]["gpu"] == exploit.user_attrs["gpu"]
+
+
+def test_a_parked_attempt_whose_new_devices_cannot_be_recorded_is_not_started(
+        tmp_path, monkeypatch):
+    """Review of issue 31: a parked attempt taken up on other devices was spawned before its
+    owner record named them; a storage error there released its lease with its trainer
+    running. The record is written first: an error leaves nothing running."""
+    s, _ = exploit_held_back(tmp_path)
+
+    def storage_gone(*args: Any) -> None:
+        raise OSError("the storage is gone")
+
+    monkeypatch.setattr(s.store, "moved", storage_gone)
+    with pytest.raises(OSError, match="the storage is gone"):
+        s.run()
+    assert sorted(p.plan.paths.dir.name for p in s.spawn.processes) == ["5", "6"]
+    assert s.trials[4].state.name == "FAIL"
+    assert s.trials[4].user_attrs["fail_reason"] == (
+        "could not start the trial: the storage is gone")
 
 
 @pytest.mark.parametrize("n_trials", [4, 5])
@@ -724,6 +752,37 @@ def test_an_exploit_counts_its_steps_on_from_the_state_it_copied(tmp_path):
     copied = [v for v in lineages.read(s.trials).values() if v.exploit_of is not None]
     assert copied and all(v.exploit_step is not None for v in copied)
     assert [min(v.curve) for v in copied] == [v.exploit_step + 1 for v in copied]
+
+
+def test_an_exploit_whose_copy_is_gone_counts_its_steps_from_its_own_start(tmp_path):
+    """Review of issue 31: the continuation of an exploit cut after its copy counted its
+    steps on from the state copied (exploit_step) even when its folder no longer held it
+    (removed by hand): a trainer that started from scratch had its first values stored as
+    steps after the copy. Counted steps go on from the copy only when it resumes from it."""
+    box: list[Sweep] = []
+    s = Sweep(tmp_path, HfCounting(box, steps=20), gpus=1,
+              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
+                                                  "interval": 5, "max_steps": 20}},
+              trainer={"resume_args": ["--resume", "{last_checkpoint}"],
+                       "report": {"stdout": r"acc (?P<value>\S+)"}})
+    box.append(s)
+    add = s.store.study.add_trial
+    add(optuna.trial.create_trial(  # lineage 0, the donor, trained to the end
+        state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
+        intermediate_values={st: curve(0.3, st) for st in range(1, 21)}))
+    add(optuna.trial.create_trial(  # lineage 1, replaced at step 6
+        state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
+        intermediate_values={st: curve(0.9, st) for st in range(1, 7)}))
+    add(optuna.trial.create_trial(  # the exploit, cut after its copy, before its first report
+        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
+        user_attrs={"exploit_of": 0, "replaces": 1, "exploit_step": 6,
+                    "fail_reason": "interrupted"}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
+        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+    s.spec.output_dir.mkdir()
+    lineage.prepare(s.spec.output_dir, lineage.Lineage(2)).checkpoint_dir.rmdir()  # gone
+    assert s.run() == 0
+    assert min(s.trials[3].intermediate_values) == 1
 
 
 def test_an_exploit_called_off_but_not_told_before_its_driver_died_does_not_start(tmp_path):
@@ -1537,3 +1596,10 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
     assert "no COMPLETE trial yet (1 failed, below): 2 stopped early (pruned, or paused at a " \
            "rung); the best by their last value" in text
     assert "the last 1 failures" in text and "interrupted" in text
+
+
+def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
+    from sweep.runner.scheduling import _bytes
+
+    assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499)] == [
+        "812 B", "3.4 MB", "1.20 GB", "1 MB", "999 kB"]

@@ -287,9 +287,9 @@ class Driver:
         try:
             if port is None and len(lease.devices) > 1:
                 port = self.pool.hold_port(lease, self.store.owner.host)
+            if again:  # on other devices, maybe, than it was asked on: recorded before
+                self.store.moved(asked.trial, lease.device, lease.devices)  # anything runs
             run = self.starter.start(asked, lease, port)
-            if again:  # on other devices, maybe, than it was asked on
-                self.store.moved(asked.trial, lease.device, lease.devices)
         except LineageBusy as e:
             if e.keeps_device:
                 self.parked[asked.number] = (asked, lease, port)

@@ -234,8 +234,9 @@ class Scheduling:
         if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
             before = self.decide.reach(line) if isinstance(self.decide, Halving) \
                 else line.last_step
-        elif line is not None and line.exploit_step is not None and asked.attempt > 0:
-            before = line.exploit_step  # an exploit cut after its copy, before its first report
+        elif (line is not None and line.exploit_step is not None and asked.attempt > 0
+              and start.resume):  # an exploit cut after its copy, before its first report,
+            before = line.exploit_step  # resumes from the copy: its steps go on from there
             start = dataclasses.replace(start, after=before)
         donor = None if line is None or (asked.attempt > 0 and line.exploit_step is not None) \
             else line.exploit_of
@@ -541,7 +542,9 @@ class Scheduling:
 
 
 def _bytes(n: float) -> str:
-    """`n` bytes in decimal units, as max_checkpoint_gb counts them: 812 B, 3.4 MB, 1.20 GB."""
+    """`n` bytes in decimal units, as max_checkpoint_gb counts them: 812 B, 3.4 MB, 1.20 GB
+    (rounded to 3 digits first: 999,999 B is 1 MB)."""
+    n = float(f"{n:.3g}")
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.3g} {unit}" if unit != "GB" else f"{n / size:.2f} GB"
