@@ -177,6 +177,7 @@ def test_a_trial_whose_lineage_folder_another_host_still_writes_is_continued_aft
     folder = tmp_path / "probe" / "checkpoints" / "0"
     folder.mkdir(parents=True, mode=0o700)
     os.chmod(folder.parent, 0o700)
+    (folder.parent / ".0.sweep").write_text("0\n")  # the other host's sweep made it
     ready, ended = tmp_path / "ready", tmp_path / "ended"
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time\n"

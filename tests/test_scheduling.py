@@ -87,16 +87,21 @@ class Trainer:
                       ignores_term=self.ignores_term, output=output)
 
 
-def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
-               **kw: Any) -> tuple[Sweep, Trainer]:
+def trainer_sweep(tmp_path: Path, study: dict[str, Any], gpus: int = 2,
+                  **kw: Any) -> tuple[Sweep, Trainer]:
+    """A sweep of `study` whose trials are a `Trainer(**kw)` that resumes with `--resume`."""
     box: list[Sweep] = []
     trainer = Trainer(box, **kw)
-    s = Sweep(tmp_path, trainer, gpus=gpus,
-              study={"n_trials": 9, "scheduler": ASHA,
-                     "enqueue": [{"x": x} for x in enqueue]},
+    s = Sweep(tmp_path, trainer, gpus=gpus, study=study,
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     return s, trainer
+
+
+def asha_sweep(tmp_path: Path, gpus: int = 2, enqueue: tuple[float, ...] = (),
+               **kw: Any) -> tuple[Sweep, Trainer]:
+    return trainer_sweep(tmp_path, {"n_trials": 9, "scheduler": ASHA,
+                                    "enqueue": [{"x": x} for x in enqueue]}, gpus, **kw)
 
 
 def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
@@ -447,14 +452,8 @@ def test_an_exploit_of_a_hf_donor_copies_its_newest_complete_checkpoint_and_neve
 
 def pair_pbt(tmp_path: Path, gpus: int) -> tuple[Sweep, Trainer]:
     """A pbt population of 2 over 20 steps, n_trials 3, for a study a test stores."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=20)
-    s = Sweep(tmp_path, trainer, gpus=gpus,
-              study={"n_trials": 3, "scheduler": {"type": "pbt", "population": 2,
-                                                  "interval": 5, "max_steps": 20}},
-              trainer={"resume_args": ["--resume"]})
-    box.append(s)
-    return s, trainer
+    return trainer_sweep(tmp_path, {"n_trials": 3, "scheduler": {
+        "type": "pbt", "population": 2, "interval": 5, "max_steps": 20}}, gpus, steps=20)
 
 
 def donor_paused_for_a_copy(s: Sweep) -> Any:
@@ -500,19 +499,25 @@ def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(t
     assert exploit.state.name == continued.state.name == "COMPLETE"
 
 
+def exploit_cut_while_it_waited(s: Sweep) -> None:
+    """Trial 2, an exploit of lineage 0 replacing lineage 1, cut while it waited for its
+    copy (told FAIL interrupted), stored, and its continuation queued."""
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
+        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
+                    "fail_reason": "interrupted"}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
+        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+
+
 def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tmp_path):
     """Review of issue 31: an exploit's first attempt interrupted while it waited for its
     donor (Ctrl-C, a dead driver) was continued from its own empty folder, unflagged: the
     copy was decided by the attempt (the first only), not by the lineage. Its continuation
     copies the donor's state (over what a cut copy left), records the step, and resumes."""
     s, trainer = pair_pbt(tmp_path, gpus=2)
-    add = donor_paused_for_a_copy(s)
-    add(optuna.trial.create_trial(  # the exploit's first attempt, cut while it waited
-        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
-        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
-                    "fail_reason": "interrupted"}))
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
-        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+    donor_paused_for_a_copy(s)
+    exploit_cut_while_it_waited(s)
     out = s.spec.output_dir / "checkpoints"
     (out / "0").mkdir(parents=True)
     (out / "0" / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
@@ -562,13 +567,8 @@ def exploit_held_back(tmp_path: Path) -> tuple[Sweep, Trainer]:
     """A population of 4 on 2 devices, stored: lineage 0, the donor, paused for a copy but
     its lineage lock held until t=3; lineage 1 replaced by the exploit queued (trial 4);
     lineages 2 and 3 wait to continue."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=20)
-    s = Sweep(tmp_path, trainer, gpus=2,
-              study={"n_trials": 5, "scheduler": {"type": "pbt", "population": 4,
-                                                  "interval": 5, "max_steps": 20}},
-              trainer={"resume_args": ["--resume"]})
-    box.append(s)
+    s, trainer = trainer_sweep(tmp_path, {"n_trials": 5, "scheduler": {
+        "type": "pbt", "population": 4, "interval": 5, "max_steps": 20}}, steps=20)
     add = s.store.study.add_trial
     for x, paused in ((0.3, 6), (0.9, None), (0.5, 5), (0.7, 5)):
         add(optuna.trial.create_trial(
@@ -664,12 +664,7 @@ def test_an_exploit_continued_and_then_called_off_gives_the_lineage_it_replaced_
     add(optuna.trial.create_trial(  # lineage 1, replaced (stopped, told PRUNED)
         state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
         intermediate_values={st: curve(0.9, st) for st in range(6)}))
-    add(optuna.trial.create_trial(  # the exploit's first attempt, cut while it waited
-        state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
-        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
-                    "fail_reason": "interrupted"}))
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
-        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+    exploit_cut_while_it_waited(s)
     out = s.spec.output_dir / "checkpoints"
     (out / "1").mkdir(parents=True)
     (out / "1" / "state.json").write_text(json.dumps({"next": 6, "x": 0.9}))
@@ -1147,13 +1142,8 @@ def test_a_promoted_lineage_whose_trainer_overran_its_pause_is_judged_at_the_run
     with itself running, so it stood at step 23 and was never judged at rungs 1 (6) and 2
     (18). It stands at its rung until it reports: its first report (24) is judged at rung
     2, where it is alone and paused; the rung, final, then promotes it to the end."""
-    box: list[Sweep] = []
-    trainer = Trainer(box, steps=54)
-    s = Sweep(tmp_path, trainer, gpus=1,
-              study={"n_trials": 4, "scheduler": {"type": "asha", "min_steps": 2,
-                                                  "max_steps": 54, "reduction_factor": 3}},
-              trainer={"resume_args": ["--resume"]})
-    box.append(s)
+    s, trainer = trainer_sweep(tmp_path, {"n_trials": 4, "scheduler": {
+        "type": "asha", "min_steps": 2, "max_steps": 54, "reduction_factor": 3}}, 1, steps=54)
     s.spec.output_dir.mkdir()
     for n, value in enumerate((0.01, 2.0, 3.0, 4.0)):
         s.store.study.add_trial(optuna.trial.create_trial(
