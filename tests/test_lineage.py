@@ -39,6 +39,8 @@ def test_an_interruption_is_continued_without_spending_a_retry_and_a_retry_spend
     assert clean["clean"] is True and not Lineage.of(clean, 10).resumes
     assert "clean" not in line.next_attrs(9, retry=False, clean=True)  # continuations resume
     assert "clean" not in line.again_attrs(9)  # in place of one that never ran: as it was
+    assert Lineage(3).again_attrs(3)["clean"] is True  # a first attempt's: it starts anew
+    assert "clean" not in Lineage(3).again_attrs(3, kept=True)  # a PBT copy made for it
     assert Lineage(3, 2, 1, 9, clean=True).again_attrs(10) == {
         "retry_of": 3, "attempt": 3, "continues": 10, "retries": 1, "clean": True}
 

@@ -628,6 +628,8 @@ def test_a_parked_attempt_whose_new_devices_cannot_be_recorded_is_not_started(
     assert s.trials[4].state.name == "FAIL"
     assert s.trials[4].user_attrs["fail_reason"] == (
         "could not start the trial: the storage is gone")
+    replacement = s.trials[-1]  # nothing of it ran: its place is kept for the next run
+    assert replacement.state.name == "WAITING" and replacement.user_attrs["continues"] == 4
 
 
 @pytest.mark.parametrize("n_trials", [4, 5])
@@ -1591,5 +1593,6 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
 def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
     from sweep.runner.scheduling import _bytes
 
-    assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499)] == [
-        "812 B", "3.4 MB", "1.20 GB", "1 MB", "999 kB"]
+    assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499,
+                                20_334_000_000)] == [
+        "812 B", "3.4 MB", "1.20 GB", "1 MB", "999 kB", "20.33 GB"]

@@ -32,6 +32,7 @@ from sweep.spec.schema import Spec
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
+from sweep.study.lineages import EXPLOIT_STEP
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
 from sweep.trial import exploit, folders, launchers, process, provenance
@@ -320,7 +321,7 @@ class Driver:
             # nothing ran: its continuation runs in the next run, once the folder is fixed
             # (no retry spent; a promotion is not lost)
             self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                           "could not be prepared", again=True)
+                           "could not be prepared", again=True, trial=asked.trial)
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
             self.tally.add(running=-1)
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
@@ -328,6 +329,9 @@ class Driver:
         except BaseException as e:
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
+            with contextlib.suppress(Exception):  # nothing of it runs: its place is kept
+                self._carry_on(asked.params, asked.number, asked.lineage, False, True,
+                               "could not be started", again=True, trial=asked.trial)
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
             raise
         self.heartbeat.add(asked.trial)
@@ -419,14 +423,17 @@ class Driver:
             self.tally.add(waiting=1)
 
     def _carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
-                  resume: bool, why: str = "interrupted", again: bool = False) -> bool:
+                  resume: bool, why: str = "interrupted", again: bool = False,
+                  trial: Any = None) -> bool:
         """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
         the continuation (`resume`) of a trial that was interrupted or failed on a sick device
-        (`why`), or (`again`) that never ran. True if this call queued it."""
+        (`why`), or (`again`) that never ran (its `trial`: whether a PBT copy was made for
+        it). True if this call queued it."""
         if not (retry or resume):
             return False
         searched = {k: v for k, v in params.items() if k in self.spec.searched}
-        attrs = line.again_attrs(number) if again else line.next_attrs(
+        kept = again and EXPLOIT_STEP in (trial.user_attrs if trial is not None else {})
+        attrs = line.again_attrs(number, kept) if again else line.next_attrs(
             number, retry=retry, clean=self.spec.trainer.retry_from == "clean")
         queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
         if queued and resume:
@@ -464,7 +471,7 @@ class Driver:
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
                 self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                               again=True)
+                               again=True, trial=asked.trial)
             self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value,
                                    None if lease is None else lease.device, asked.attempt)
         self.parked.clear()

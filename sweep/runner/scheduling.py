@@ -544,9 +544,9 @@ class Scheduling:
 def _bytes(n: float) -> str:
     """`n` bytes in decimal units, as max_checkpoint_gb counts them: 812 B, 3.4 MB, 1.20 GB
     (rounded to 3 digits first: 999,999 B is 1 MB)."""
-    n = float(f"{n:.3g}")
+    rounded = float(f"{n:.3g}")
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
+        if rounded >= size:
             return f"{n / size:.3g} {unit}" if unit != "GB" else f"{n / size:.2f} GB"
     return f"{n:.0f} B"
 

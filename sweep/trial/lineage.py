@@ -76,13 +76,14 @@ class Lineage:
             attrs[CLEAN] = True
         return attrs
 
-    def again_attrs(self, number: int) -> dict[str, Any]:
+    def again_attrs(self, number: int, kept: bool = False) -> dict[str, Any]:
         """The user attributes of the attempt that takes the place of attempt `number` (this
         one), which never ran (parked when its driver stopped, or its folders could not be
-        prepared): it starts as this one would have, clean if this one was a clean retry, and
+        prepared): it starts as this one would have, clean if this one did not resume (a first
+        attempt, a clean retry) unless its folder is `kept` (a PBT exploit's copy, made), and
         spends no retry."""
         attrs = self.next_attrs(number, retry=False)
-        if self.clean:
+        if not self.resumes and not kept:
             attrs[CLEAN] = True
         return attrs
 
@@ -191,7 +192,8 @@ def planned(output_dir: Path, lineage: Lineage) -> Start:
     """What `prepare` gives the attempt, read without touching anything (a dry run): it
     resumes if it carries the lineage on and the folder holds something."""
     folder = checkpoint_dir(output_dir, lineage.origin)
-    resume = lineage.resumes and folder.is_dir() and any(folder.iterdir())
+    resume = (lineage.resumes and _is_file(made_marker(output_dir, lineage.origin))
+              and folder.is_dir() and any(folder.iterdir()))
     return Start(folder, resume, last_checkpoint(folder) if resume else None, lineage.run_id)
 
 
