@@ -138,6 +138,7 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
     saved = tmp_path / "out" / "checkpoints" / "0"
     saved.mkdir(parents=True)
     (saved / "step.txt").write_text("41\n")
+    (saved.parent / ".0.sweep").write_text("0\n")  # sweep made it
     db = (tmp_path / "probe.db").read_bytes()
     capsys.readouterr()
     assert run_cli("run", str(study_file), "--dry-run") == 0
@@ -147,7 +148,7 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
     assert f" --resume {saved} " in out[1]  # its lineage carried on, as the run will
     assert (tmp_path / "probe.db").read_bytes() == db  # nothing written
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == [
-        "0", "checkpoints", "step.txt"]
+        ".0.sweep", "0", "checkpoints", "step.txt"]
 
 
 def test_the_driver_does_not_import_torch_or_accelerate():
