@@ -320,8 +320,7 @@ class Driver:
             self.heartbeat.discard(asked.number)  # a parked one's
             # nothing ran: its continuation runs in the next run, once the folder is fixed
             # (no retry spent; a promotion is not lost)
-            self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                           "could not be prepared", again=True, trial=asked.trial)
+            self._again(asked, "could not be prepared")
             self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
             self.tally.add(running=-1)
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
@@ -330,8 +329,7 @@ class Driver:
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # nothing of it runs: its place is kept
-                self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                               "could not be started", again=True, trial=asked.trial)
+                self._again(asked, "could not be started")
             self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
             raise
         self.heartbeat.add(asked.trial)
@@ -423,23 +421,30 @@ class Driver:
             self.tally.add(waiting=1)
 
     def _carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
-                  resume: bool, why: str = "interrupted", again: bool = False,
-                  trial: Any = None) -> bool:
+                  resume: bool, why: str = "interrupted",
+                  attrs: dict[str, Any] | None = None) -> bool:
         """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
         the continuation (`resume`) of a trial that was interrupted or failed on a sick device
-        (`why`), or (`again`) that never ran (its `trial`: whether a PBT copy was made for
-        it). True if this call queued it."""
+        (`why`), with `attrs` if given (else `Lineage.next_attrs`'s). True if this call
+        queued it."""
         if not (retry or resume):
             return False
         searched = {k: v for k, v in params.items() if k in self.spec.searched}
-        kept = again and EXPLOIT_STEP in (trial.user_attrs if trial is not None else {})
-        attrs = line.again_attrs(number, kept) if again else line.next_attrs(
-            number, retry=retry, clean=self.spec.trainer.retry_from == "clean")
+        if attrs is None:
+            attrs = line.next_attrs(number, retry=retry,
+                                    clean=self.spec.trainer.retry_from == "clean")
         queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
         if queued and resume:
             self.events.message(f"trial {number} {why}: queued to continue (same params, "
                                 "its checkpoint folder)")
         return queued
+
+    def _again(self, asked: Asked, why: str) -> None:
+        """Queue the attempt that takes the place of `asked`, which never ran (`why`): it
+        starts as `asked` would have (`Lineage.again_attrs`; a PBT copy made for it kept)."""
+        kept = EXPLOIT_STEP in asked.trial.user_attrs
+        self._carry_on(asked.params, asked.number, asked.lineage, False, True, why,
+                       asked.lineage.again_attrs(asked.number, kept))
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
@@ -470,8 +475,7 @@ class Driver:
                 self.pool.release(lease)
             self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                self._carry_on(asked.params, asked.number, asked.lineage, False, True,
-                               again=True, trial=asked.trial)
+                self._again(asked, "interrupted")
             self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value,
                                    None if lease is None else lease.device, asked.attempt)
         self.parked.clear()
