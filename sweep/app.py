@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from sweep._core.errors import SweepError, UsageError
+from sweep._core.safefs import UnsafePath
 from sweep.gpus import hostlock, pool
 from sweep.gpus.hostlock import HostSlots, lock_dir
 from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, SampleReader
@@ -90,7 +91,9 @@ def refresh_report(spec: Spec, console: Console | None = None) -> Path | None:
         summary, study = report.load_spec(spec)
         path = report.write(summary, study)
     except (OSError, SweepError) as e:
-        console.print(Text(f"sweep: the report is not written: {e}", style="red"))
+        elsewhere = ("; write it elsewhere: sweep report STUDY.yaml -o FILE"
+                     if isinstance(e, UnsafePath) else "")
+        console.print(Text(f"sweep: the report is not written: {e}{elsewhere}", style="red"))
         return None
     console.print(Text(f"report: {path}"))
     return path

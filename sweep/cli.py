@@ -89,10 +89,10 @@ def _summary(args: argparse.Namespace) -> int:
     except OSError as e:
         if args.csv:  # asked for by name: the user must know it is not there
             raise UsageError(f"{e.filename or args.csv}: cannot write the summary CSV there "
-                             f"({e.strerror or e}); give --csv a file you can write") from None
+                             f"({e.strerror or e}); {_other_file(e, '--csv')}") from None
         path = None  # a colleague's read-only results: the table all the same
-        print(f"sweep: the summary CSV is not written: {e.filename}: {e.strerror or e}; give "
-              "--csv a file you can write", file=sys.stderr)
+        print(f"sweep: the summary CSV is not written: {e.filename}: {e.strerror or e}; "
+              f"{_other_file(e, '--csv')}", file=sys.stderr)
     console = Console()
     console.print(summary.render(s, args.top))
     if path is not None:
@@ -109,9 +109,18 @@ def _report(args: argparse.Namespace) -> int:
                                   args.storage)
     except OSError as e:
         raise UsageError(f"{e.filename or args.output}: cannot write the report there "
-                         f"({e.strerror or e}); give -o a file you can write") from None
+                         f"({e.strerror or e}); {_other_file(e, '-o')}") from None
     print(f"report: {path}")
     return 0
+
+
+def _other_file(e: OSError, flag: str) -> str:
+    """What to do when a file for the user cannot be written: name another with `flag`."""
+    from sweep._core.safefs import UnsafePath
+
+    if isinstance(e, UnsafePath):
+        return f"give {flag} another file's name (sweep writes over no file it did not write)"
+    return f"give {flag} a file you can write"
 
 
 def _gpus(args: argparse.Namespace) -> int:

@@ -190,7 +190,7 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     for launcher, run in runs.items():
         _, err = run.communicate(timeout=240)
         assert run.returncode == 0, err
-        trials = sorted((tmp_path / launcher / "trials").iterdir(), key=lambda p: int(p.name))
+        trials = sorted((tmp_path / launcher / "trials").glob("[0-9]*"), key=lambda p: int(p.name))
         seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
         parents[launcher] = [json.loads((t / "ancestors.json").read_text()) for t in trials]
     for chain in parents["accelerate"]:

@@ -25,6 +25,7 @@ from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath, remove_tree
 from sweep.runner.scheduling import Scheduling
@@ -154,7 +155,7 @@ def test_a_stale_folder_sweep_made_is_still_made_anew(tmp_path):
     """The other side: what sweep made for an earlier study of this output_dir goes."""
     out = tmp_path / "out"
     (out / "trials" / "0").mkdir(parents=True)
-    (out / "trials" / "0" / "command.sh").write_text("#!/bin/sh\n")
+    (out / "trials" / ".0.sweep").write_text("0\n")  # sweep's marker, beside it
     (out / "trials" / "0" / "old.log").write_text("old")
     (out / "checkpoints" / "0").mkdir(parents=True)
     (out / "checkpoints" / "0" / "model.pt").write_text("old")
@@ -207,11 +208,10 @@ def test_a_study_inside_a_trial_folder_stops_its_removal(tmp_path):
     holds it is never removed."""
     folder = tmp_path / "trials" / "3"
     folder.mkdir(parents=True)
-    (folder / "command.sh").write_text("#!/bin/sh\n")
     user_tree(folder / "b")
     (folder / "b" / "study.json").write_text('{"study": "b", "storage": "sqlite:///b.db"}')
     with pytest.raises(UnsafePath) as refused:
-        remove_tree(folder, "command.sh")
+        remove_tree(folder, True)
     assert str(refused.value) == (f"{folder} holds {folder}/b/study.json, another study's "
                                   "output_dir")
     assert intact(folder / "b")
@@ -242,15 +242,19 @@ def mounted(at: Path) -> Iterator[None]:
         subprocess.run(["umount", str(at)], check=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CI runs as root)")
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CI runs as root)")
+
+
+@ROOT
 def test_a_disk_mounted_inside_a_folder_sweep_made_is_never_emptied(tmp_path):
     folder = tmp_path / "trials" / "0"
     folder.mkdir(parents=True)
-    (folder / "command.sh").write_text("#!/bin/sh\n")
     with mounted(folder / "disk"):
         (folder / "disk" / "data.bin").write_text(MINE)
-        with pytest.raises(UnsafePath, match="another file system mounted there"):
-            remove_tree(folder, "command.sh")
+        with pytest.raises(UnsafePath) as refused:
+            remove_tree(folder, True)
+        assert str(refused.value) == (f"{folder} holds {folder}/disk, where a file system or a "
+                                      "folder is mounted: unmount it first")
         assert (folder / "disk" / "data.bin").read_text() == MINE
 
 
@@ -264,14 +268,15 @@ def test_a_file_a_trainer_calls_study_json_does_not_stop_a_clean_retry(tmp_path)
     assert not any(folder.iterdir())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CI runs as root)")
+@ROOT
 def test_a_disk_mounted_at_a_trial_folder_itself_is_never_emptied(tmp_path):
     folder = tmp_path / "trials" / "0"
     with mounted(folder):
-        (folder / "command.sh").write_text("#!/bin/sh\n")
         (folder / "data.bin").write_text(MINE)
-        with pytest.raises(UnsafePath, match="is where another file system is mounted"):
-            remove_tree(folder, "command.sh")
+        with pytest.raises(UnsafePath) as refused:
+            remove_tree(folder, True)
+        assert str(refused.value) == (f"{folder} is where a file system or a folder is "
+                                      "mounted: unmount it first")
         assert (folder / "data.bin").read_text() == MINE
 
 
@@ -356,12 +361,7 @@ def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_
     an HTML file). Refused in one line; what was there stays as it was."""
     from conftest import run_cli
 
-    study_file = write_study()
-    study = optuna.create_study(study_name="probe",
-                                storage=f"sqlite:///{study_file.parent / 'probe.db'}")
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.COMPLETE, value=0.5, params={"x": 0.5},
-        distributions={"x": FloatDistribution(0.0, 1.0)}))
+    study_file = one_trial_study(write_study)
     fifo, folder, target = tmp_path / "fifo", tmp_path / "folder", tmp_path / "mine.txt"
     os.mkfifo(fifo)
     folder.mkdir()
@@ -379,4 +379,226 @@ def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_
     page = tmp_path / "page.html"
     assert run_cli("report", str(study_file), "-o", str(page)) == 0
     assert run_cli("report", str(study_file), "-o", str(page)) == 0  # a plain file: replaced
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    # no temporary file left; only the mark that says sweep wrote page.html
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
+        ".page.html.sweep"]
+
+
+# ---- issue 38, items 1-4: bind mounts, a stray command.sh, the study's own files ---------
+
+
+@contextlib.contextmanager
+def bind_mounted(source: Path, at: Path) -> Iterator[None]:
+    """`source` (a folder of the same file system) bind-mounted at `at`: it shares the
+    device number of the folder around it. Unmounted afterwards wherever it is then (code
+    under test may have renamed a folder above it), so that no mount outlives the test."""
+    at.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "--bind", str(source), str(at)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        assert os.stat(at).st_dev == os.stat(at.parent).st_dev  # what st_dev cannot see
+        yield
+    finally:
+        top = source.parent
+        for point in sorted(safefs.mounts_at_or_under(top), reverse=True):
+            subprocess.run(["umount", str(top / point)], check=True)
+
+
+def marked_trial_folder(out: Path, number: int) -> Path:
+    """Trial `number`'s folder as sweep made it for an earlier trial of that number."""
+    folder = out / "trials" / str(number)
+    folder.mkdir(parents=True)
+    (out / "trials" / f".{number}.sweep").write_text(f"{number}\n")
+    (folder / "stdout.log").write_text("the earlier trial's")
+    return folder
+
+
+@ROOT
+def test_a_folder_bind_mounted_inside_a_trial_folder_is_never_emptied(tmp_path):
+    """Item 1: a bind mount shares its file system's device number, so the st_dev check let
+    a trial folder made again take the user's files with it. Refused now, from the kernel's
+    list of mount points; the trial fails in one line, its continuation queued."""
+    user = user_tree(tmp_path / "data")
+    out = tmp_path / "out"
+    folder = marked_trial_folder(out, 0)
+    s = sweep_of(tmp_path)
+    with bind_mounted(user, folder / "data"):
+        assert s.run() == 1
+        assert [t.state for t in s.trials] == [TrialState.FAIL, TrialState.WAITING]
+        assert s.trials[0].user_attrs["fail_reason"] == (
+            f"could not prepare the trial: {folder} holds {folder}/data, where a file system "
+            "or a folder is mounted: unmount it first")
+        assert intact(folder / "data")
+    assert intact(user) and (folder / "stdout.log").read_text() == "the earlier trial's"
+
+
+@ROOT
+@pytest.mark.parametrize("attempt", ["new lineage", "clean retry"])
+def test_a_folder_bind_mounted_in_a_lineages_folder_is_never_emptied(tmp_path, attempt):
+    """Item 1: a new lineage's folder emptied, and a `retry_from: clean` retry (which then
+    failed with 'Device or resource busy' after it had removed the files)."""
+    user = user_tree(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = lineage.checkpoint_dir(out, 0)
+    lineage.prepare(out, Lineage(0))
+    line = Lineage(0) if attempt == "new lineage" else Lineage(0, 1, 1, continues=0, clean=True)
+    with bind_mounted(user, folder / "data"), pytest.raises(UnsafePath) as refused:
+        lineage.prepare(out, line)
+    assert str(refused.value) == (f"{folder} holds {folder}/data, where a file system or a "
+                                  "folder is mounted: unmount it first")
+    assert intact(user)
+
+
+@ROOT
+def test_a_folder_bind_mounted_in_a_lineages_folder_is_never_retired_or_purged(tmp_path):
+    """Item 1: `keep_checkpoints` / `max_checkpoint_gb` removal, both of its steps: the
+    folder is not retired with a bind mount in it, and a retired one that has one mounted in
+    it since is not purged."""
+    user = user_tree(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = lineage.checkpoint_dir(out, 0)
+    lineage.prepare(out, Lineage(0))
+    with bind_mounted(user, folder / "data"):
+        with pytest.raises(UnsafePath, match="where a file system or a folder is mounted"):
+            checkpoint_disk.retire(out, 0)
+        assert intact(folder / "data")
+    trash = checkpoint_disk.retire(out, 0)
+    assert trash is not None and not folder.exists()
+    with bind_mounted(user, trash / "data"):
+        done, refused = checkpoint_disk.purge(out)
+        assert done == [] and [str(e) for e in refused] == [
+            f"{trash} holds {trash}/data, where a file system or a folder is mounted: "
+            "unmount it first"]
+    assert intact(user)
+    assert checkpoint_disk.purge(out) == ([trash], []) and not trash.exists()
+
+
+@ROOT
+def test_a_folder_bind_mounted_at_a_trial_folder_itself_is_never_emptied(tmp_path):
+    user = user_tree(tmp_path / "data")
+    folder = marked_trial_folder(tmp_path / "out", 0)
+    with bind_mounted(user, folder), pytest.raises(UnsafePath) as refused:
+        remove_tree(folder, True)
+    assert str(refused.value) == (f"{folder} is where a file system or a folder is mounted: "
+                                  "unmount it first")
+    assert intact(user)
+
+
+def test_the_kernels_mount_list_is_read_with_its_escapes_undone(tmp_path, monkeypatch):
+    """A mount point whose name has a space (`\\040` in mountinfo) is still found, and one
+    beside the folder, whose name only begins the same, is not inside it."""
+    folder = tmp_path / "a b"
+    folder.mkdir()
+    table = tmp_path / "mountinfo"
+    escaped = str(folder).replace(" ", "\\040")
+    table.write_text(f"22 1 0:21 / / rw - ext4 /dev/root rw\n"
+                     f"45 22 254:0 /data {escaped}/inner rw - ext4 /dev/vda rw\n"
+                     f"46 22 254:0 /data {escaped}x rw - ext4 /dev/vda rw\n")
+    monkeypatch.setattr(safefs, "MOUNTINFO", table)
+    assert safefs.mounts_at_or_under(folder) == ["inner"]
+    assert safefs.mounts_at_or_under(tmp_path / "elsewhere") == []
+    monkeypatch.setattr(safefs, "MOUNTINFO", tmp_path / "none")  # not Linux: st_dev only
+    assert safefs.mount_points() is None and safefs.mounts_at_or_under(folder) == []
+
+
+def test_a_command_sh_of_the_users_makes_no_folder_sweeps(tmp_path):
+    """Item 2: with `output_dir: "."` in a project that has `trials/0/{command.sh,
+    results.csv}`, `trials/0` was removed with results.csv: a file named command.sh made any
+    folder sweep's. Only sweep's marker beside the folder does, written before it is made."""
+    project = tmp_path / "project"
+    mine = project / "trials" / "0"
+    mine.mkdir(parents=True)
+    (mine / "command.sh").write_text("#!/bin/sh\npython train.py\n")
+    (mine / "results.csv").write_text("epoch,acc\n1,0.9\n")
+    s = Sweep(tmp_path, lambda p: Script(result={"score": 0.5}), gpus=1,
+              study={"n_trials": 1, "output_dir": str(project)})
+    assert s.run() == 1  # nothing of it ran: its continuation is queued for the next run
+    assert (mine / "results.csv").read_text() == "epoch,acc\n1,0.9\n"
+    assert (mine / "command.sh").read_text() == "#!/bin/sh\npython train.py\n"
+    assert not (project / "trials" / ".0.sweep").exists()
+    first, queued = s.trials
+    assert first.state is TrialState.FAIL and queued.state is TrialState.WAITING
+    assert first.user_attrs["fail_reason"] == (
+        f"could not prepare the trial: {mine} holds files sweep did not put there: move or "
+        "remove it, or give the study another output_dir")
+    mine.rename(tmp_path / "moved")  # the user moves it away, as the line says
+    assert s.rerun() == 0
+    assert [t.state for t in s.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert (project / "trials" / ".1.sweep").is_file()  # sweep's folder: marked before made
+    assert (tmp_path / "moved" / "results.csv").is_file()
+
+
+def one_trial_study(write_study: Any) -> Path:
+    """A study file whose SQLite study has one COMPLETE trial."""
+    study_file = write_study()
+    study = optuna.create_study(study_name="probe",
+                                storage=f"sqlite:///{study_file.parent / 'probe.db'}")
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE, value=0.5, params={"x": 0.5},
+        distributions={"x": FloatDistribution(0.0, 1.0)}))
+    return study_file
+
+
+@pytest.mark.parametrize(("verb", "flag"), [("report", "-o"), ("summary", "--csv")])
+def test_the_report_and_csv_never_replace_the_study_file_or_its_storage(write_study, capsys,
+                                                                         verb, flag):
+    """Item 3: `sweep report s.yaml -o s.db` turned the SQLite study into HTML and exited 0,
+    `--csv s.db` the same, and `-o s.yaml` replaced the study file."""
+    from conftest import run_cli
+
+    study_file = one_trial_study(write_study)
+    db = study_file.parent / "probe.db"
+    before = {p: p.read_bytes() for p in (study_file, db)}
+    for target, what in ((db, "the study's storage"), (study_file, "the study file")):
+        capsys.readouterr()
+        assert run_cli(verb, str(study_file), flag, str(target)) == 2
+        err = capsys.readouterr().err
+        kind = "the report" if verb == "report" else "the summary CSV"
+        assert err == (f"sweep: error: {target}: cannot write {kind} there (is {what}); "
+                       f"give {flag} another file's name (sweep writes over no file it did "
+                       "not write)\n")
+    assert {p: p.read_bytes() for p in before} == before
+    assert optuna.load_study(study_name="probe", storage=f"sqlite:///{db}").trials[0].value == 0.5
+
+
+@pytest.mark.parametrize(("verb", "name", "flag"),
+                         [("report", "report.html", "-o"), ("summary", "summary.csv", "--csv")])
+def test_a_file_sweep_did_not_write_is_never_replaced_at_the_default_path(write_study, capsys,
+                                                                          verb, name, flag):
+    """Item 4: a `summary.csv` or `report.html` in output_dir that sweep did not write (or
+    one it wrote and the user edited since) was overwritten. Only what sweep wrote, as it
+    wrote it, is replaced; otherwise one line naming -o / --csv."""
+    from conftest import run_cli
+
+    study_file = one_trial_study(write_study)
+    spec = config.load(study_file)
+    path = spec.output_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(MINE)
+    capsys.readouterr()
+    code = run_cli(verb, str(study_file))
+    err = capsys.readouterr().err
+    assert path.read_text() == MINE
+    why = "is a file sweep did not write, or one changed since"
+    if verb == "report":
+        assert code == 2 and err == (f"sweep: error: {path}: cannot write the report there "
+                                     f"({why}); "
+                                     f"give -o another file's name (sweep writes over no file "
+                                     "it did not write)\n")
+    else:  # the table is shown all the same
+        assert code == 0 and err == (f"sweep: the summary CSV is not written: {path}: {why}; "
+                                     f"give --csv another file's name (sweep writes over no "
+                                     "file it did not write)\n")
+    path.unlink()
+    assert run_cli(verb, str(study_file)) == 0 and path.read_text() != MINE
+    assert run_cli(verb, str(study_file)) == 0  # sweep's own, as it wrote it: replaced
+    with path.open("a") as f:
+        f.write("a note of the user's\n")  # edited since: the user's now
+    capsys.readouterr()
+    assert run_cli(verb, str(study_file)) == (2 if verb == "report" else 0)
+    assert why in capsys.readouterr().err
+    assert path.read_text().endswith("a note of the user's\n")

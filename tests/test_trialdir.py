@@ -63,7 +63,7 @@ def test_a_result_file_left_by_an_earlier_trial_of_that_number_never_counts(tmp_
     old.write_text(json.dumps({"score": 0.7524}))
     stale = tmp_path / "out" / "trials" / "0"
     stale.mkdir(parents=True)
-    (stale / "command.sh").write_text("#!/bin/sh\n")  # sweep's, from the earlier study
+    (stale.parent / ".0.sweep").write_text("0\n")  # sweep's marker: from the earlier study
     (stale / "checkpoint.pt").write_text("another trial's")
     s = Sweep(tmp_path, lambda p: Script(result=None), gpus=1,
               study={"n_trials": 1, "max_consecutive_failures": 1,
@@ -98,8 +98,8 @@ def test_prepare_never_removes_a_link_file_or_folder_sweep_did_not_make(tmp_path
     with pytest.raises(TrialFileError) as refused:
         folders.prepare_trial_dir(plan, {"x": 0.5})
     why = {"link": "is a symbolic link", "file": "is not a folder",
-           "folder": "holds files sweep did not put there (it has no command.sh of sweep's): "
-                     "move or remove it, or give the study another output_dir"}
+           "folder": "holds files sweep did not put there: move or remove it, or give the "
+                     "study another output_dir"}
     assert str(refused.value) == f"{plan.paths.dir} {why[planted]}"
     assert (victim / "keep").read_text() == "mine"
     kept = plan.paths.dir.read_text() if planted == "file" else (plan.paths.dir / "keep")

@@ -9,16 +9,21 @@ own files in belongs to this user and is not writable by every user. A refusal i
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+MOUNTINFO = Path("/proc/self/mountinfo")  # the mounts of this process, as the kernel lists them
 
 
 class UnsafePath(OSError):
@@ -195,7 +200,7 @@ def replace_file(path: Path, text: str, mode: int = 0o644) -> None:
 MARKER = "study.json"  # what marks a folder as a study's output_dir (see sweep.trial.folders)
 
 
-def remove_tree(path: Path, made: bool | str) -> None:
+def remove_tree(path: Path, made: bool) -> None:
     """Remove `path`, a folder sweep made, with all that is in it; nothing if it is not there.
 
     It is removed only if `removable` says so; else UnsafePath, naming the path and why, and
@@ -208,13 +213,14 @@ def remove_tree(path: Path, made: bool | str) -> None:
         raise _named(e, path) from e
 
 
-def removable(path: Path, made: bool | str) -> bool:
+def removable(path: Path, made: bool) -> bool:
     """Whether `path` may be removed whole: False if it is not there; True if it is this
-    user's real folder (not a symbolic link, not a file) that sweep made (`made` True: the
-    caller knows; or the name of a file sweep put in it, a regular file there; or False: only
-    an empty folder) and no folder inside it is on another file system (a mount point, nor
-    `path` itself) or holds a `study.json` (another study's output_dir); else UnsafePath,
-    naming the path and why."""
+    user's real folder (not a symbolic link, not a file) that sweep made (`made`: the caller
+    knows it by sweep's own marker, never by what the folder holds; else only an empty
+    folder is), neither it nor any folder inside it is a mount point (as the kernel lists
+    them, `mounts_at_or_under`: a bind mount of a folder of the same file system is one;
+    where the kernel's list cannot be read, a folder on another file system), and none holds
+    a `study.json` (another study's output_dir); else UnsafePath, naming the path and why."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -224,13 +230,17 @@ def removable(path: Path, made: bool | str) -> bool:
     problem = own_folder_problem(st)
     if problem:
         raise UnsafePath(path, problem)
+    mounted = mounts_at_or_under(path)
+    if mounted:
+        where = ("is where a file system or a folder is mounted" if mounted[0] == "." else
+                 f"holds {path / mounted[0]}, where a file system or a folder is mounted")
+        raise UnsafePath(path, f"{where}: unmount it first")
     try:
         if os.lstat(path.parent).st_dev != st.st_dev:
             raise UnsafePath(path, "is where another file system is mounted")
         for folder, _, files, fd in os.fwalk(path, follow_symlinks=False):
-            if folder == str(path) and not _made_by_sweep(fd, files, made):
-                named = f" (it has no {made} of sweep's)" if isinstance(made, str) else ""
-                raise UnsafePath(path, f"holds files sweep did not put there{named}: move or "
+            if folder == str(path) and not made and os.listdir(fd):
+                raise UnsafePath(path, "holds files sweep did not put there: move or "
                                  "remove it, or give the study another output_dir")
             if os.fstat(fd).st_dev != st.st_dev:
                 raise UnsafePath(path, f"holds {folder}, another file system mounted there")
@@ -240,6 +250,36 @@ def removable(path: Path, made: bool | str) -> bool:
     except OSError as e:
         raise _named(e, path) from e
     return True
+
+
+def mount_points() -> list[str] | None:
+    """Every mount point of this process, as absolute paths, from `/proc/self/mountinfo`
+    (its fifth field, the kernel's octal escapes undone): bind mounts included, which share
+    their file system's device number; None where that list cannot be read (not Linux)."""
+    try:
+        raw = MOUNTINFO.read_bytes()
+    except OSError:
+        return None
+    points = []
+    for line in raw.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            points.append(os.fsdecode(point))
+    return points
+
+
+def mounts_at_or_under(path: Path) -> list[str]:
+    """The mount points at `path` or inside it, each relative to it (`.` for `path` itself),
+    sorted: `path`'s real path is compared with `mount_points`; [] where none are (or the
+    kernel's list cannot be read)."""
+    points = mount_points()
+    if not points:
+        return []
+    real = os.path.realpath(path)
+    inside = real.rstrip(os.sep) + os.sep
+    return sorted({"." if p == real else p[len(inside):] for p in points
+                   if p == real or p.startswith(inside)})
 
 
 def _names_a_study(name: str, fd: int) -> bool:
@@ -258,9 +298,68 @@ def _names_a_study(name: str, fd: int) -> bool:
     return isinstance(data, dict) and "study" in data and "storage" in data
 
 
-def _made_by_sweep(fd: int, files: list[str], made: bool | str) -> bool:
-    """Whether the folder open as `fd` (holding `files`) is sweep's, as `remove_tree` says."""
-    if made is True or not os.listdir(fd):
-        return True
-    return (isinstance(made, str) and made in files
-            and stat.S_ISREG(os.lstat(made, dir_fd=fd).st_mode))
+# ---- files written for the user (a report, a CSV) -----------------------------------------
+
+
+def output_mark(path: Path) -> Path:
+    """The file beside a file sweep wrote for the user that proves it did: `.<name>.sweep`,
+    holding the SHA-256 of what sweep wrote."""
+    return path.with_name(f".{path.name}.sweep")
+
+
+def wrote(path: Path) -> bool:
+    """Whether `path` holds exactly what sweep last wrote there (`replace_output`): a plain
+    file whose content's SHA-256 its `output_mark` names (a file edited, replaced or copied
+    over since is not sweep's any more)."""
+    digest = _read_plain(output_mark(path), 1 << 10)
+    content = _read_plain(path, None)
+    return (digest is not None and content is not None
+            and digest.strip() == hashlib.sha256(content).hexdigest().encode())
+
+
+def _same_file(found: os.stat_result, other: Path) -> bool:
+    """Whether `found` (a `stat`) is the file at `other` (links followed; False if none)."""
+    try:
+        return os.path.samestat(found, os.stat(other))
+    except OSError:
+        return False
+
+
+def _read_plain(path: Path, limit: int | None) -> bytes | None:
+    """The bytes of the plain file `path` (not through a link), at most `limit`; None if it
+    is not one, or cannot be read."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read() if limit is None else f.read(limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def replace_output(path: Path, text: str, keep: Iterable[tuple[Path, str]] = ()) -> None:
+    """Write `text` to `path` for the user (a report, a CSV: `replace_file`), then its
+    `output_mark`: only where no file is, or over one sweep wrote as it is now (`wrote`).
+    UnsafePath, with nothing written, if `path` is one of `keep` (a file and what it is: the
+    study file, its storage) or a file sweep did not write (the user's, or changed since)."""
+    try:
+        found: os.stat_result | None = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        found = None
+    except OSError as e:
+        raise _named(e, path) from e
+    if found is not None:  # a link, a folder, a FIFO...: `replace_file` refuses them
+        for other, what in keep:
+            if _same_file(found, other):
+                raise UnsafePath(path, f"is {what}")
+        if stat.S_ISREG(found.st_mode) and not wrote(path):
+            raise UnsafePath(path, "is a file sweep did not write, or one changed since")
+    replace_file(path, text)
+    write_file(output_mark(path),
+               hashlib.sha256(text.encode("utf-8")).hexdigest() + "\n", 0o644)

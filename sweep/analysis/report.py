@@ -15,7 +15,7 @@ from typing import Any
 from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.analysis import figures, lineage_figures
-from sweep.analysis.summary import Summary, gpu_table, read_samples, trials_frame
+from sweep.analysis.summary import Summary, gpu_table, own_files, read_samples, trials_frame
 from sweep.spec import config
 from sweep.spec.schema import Spec
 from sweep.study import storage
@@ -183,12 +183,12 @@ def _failure_table(frame: Any) -> str:
 
 
 def write(s: Summary, study: Any, path: Path | None = None) -> Path:
-    """Write the report (default `<output_dir>/report.html`) atomically, never over what is
-    not a plain file (`safefs.replace_file`); its path."""
+    """Write the report (default `<output_dir>/report.html`) atomically, never over a file
+    sweep did not write, nor the study's own files (`safefs.replace_output`); its path."""
     path = path or s.spec.output_dir / REPORT_NAME
     text = render(s, study)
     path.parent.mkdir(parents=True, exist_ok=True)
-    safefs.replace_file(path, text)
+    safefs.replace_output(path, text, own_files(s.spec))
     return path
 
 

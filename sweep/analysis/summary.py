@@ -51,11 +51,22 @@ class Summary:
     samples: pd.DataFrame
 
     def save(self, path: Path | None = None) -> Path:
-        """Write the trials table as CSV (default `<output_dir>/summary.csv`): replace_file."""
+        """Write the trials table as CSV (default `<output_dir>/summary.csv`), never over a
+        file sweep did not write, nor the study's own files (`own_files`,
+        `safefs.replace_output`)."""
         path = path or self.spec.output_dir / "summary.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        safefs.replace_file(path, self.trials.to_csv(index=False))
+        safefs.replace_output(path, self.trials.to_csv(index=False), own_files(self.spec))
         return path
+
+
+def own_files(spec: Spec) -> list[tuple[Path, str]]:
+    """The study's own files, which nothing sweep writes for the user may replace, each with
+    what it is: its study file, and its storage's file (SQLite or journal), if it has one."""
+    found = [(spec.source, "the study file")]
+    if spec.storage.file is not None:
+        found.append((spec.storage.file, "the study's storage"))
+    return found
 
 
 def load(study_file: str | Path, storage: str | None = None) -> Summary:

@@ -5,7 +5,8 @@ of another study refuses the folder before it writes anything (`claim_output_dir
 does an output_dir inside another study's. A trial's folder `trials/<number>/` is made anew
 before the trial starts, so no file in it is older than the trial; a declared result file
 elsewhere is never removed, and counts only if the trial wrote it. sweep removes only
-folders it made, never through a link (`safefs.remove_tree`). Trial folders are 0700 and
+folders it made (its marker `trials/.<number>.sweep` beside each, written before the folder
+is made), never through a link or a mount point (`safefs.remove_tree`). Trial folders are 0700 and
 their files 0600 (`command.sh` 0700, written by `command_script`), never written through a
 symbolic link.
 """
@@ -29,6 +30,7 @@ from sweep._core.safefs import (
     check_output_dir,
     make_own_folder,
     open_for_writing,
+    removable,
     remove_tree,
     write_file,
 )
@@ -38,7 +40,6 @@ from sweep.trial import lineage, lineage_lock
 from sweep.trial.command_script import command_script
 
 MARKER_NAME = MARKER  # study.json: whose output_dir this is
-TRIAL_MARKER = "command.sh"  # sweep writes it first into every trial folder it makes
 FILE_MODE, SCRIPT_MODE, FOLDER_MODE = 0o600, 0o700, 0o700
 
 
@@ -75,6 +76,13 @@ class TrialPaths:
     @property
     def command(self) -> Path:
         return self.dir / "command.sh"
+
+    @property
+    def made(self) -> Path:
+        """The file beside the trial's folder that says sweep made it: `trials/.<number>.sweep`
+        (written before the folder is made; beside it, not in it, so nothing a trainer or a
+        user puts in a folder makes it sweep's)."""
+        return self.dir.with_name(f".{self.dir.name}.sweep")
 
 
 class Plan(Protocol):
@@ -304,10 +312,13 @@ def take_lineage_lock(output_dir: Path, line: lineage.Lineage) -> int | None:
 
 def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
                       secrets: Mapping[str, str] | None = None) -> os.stat_result | None:
-    """Make the trial's folder anew (0700), with command.sh (first: it marks the folder as
-    sweep's) and params.json (the script's params). A folder an earlier trial of that number
-    left is removed, if sweep made it (`safefs.remove_tree` with `TRIAL_MARKER`); a link, a
-    file or a folder of someone else's there is refused. The declared result file is never
+    """Make the trial's folder anew (0700), with command.sh and params.json (the script's
+    params). The folder is sweep's only if its marker (`TrialPaths.made`) is beside it,
+    written before the folder is made: a folder an earlier trial of that number left is
+    removed then (`safefs.remove_tree`: never through a link, across a mount point, or with
+    another study's output_dir in it); a link, a file, or a folder with anything in it and
+    no marker beside it (whatever it holds: a `command.sh` makes no folder sweep's) is
+    refused. The declared result file is never
     removed (a result written before the trial never counts: `written_before`), and one that
     is a folder is refused. `secrets` (see `arg_secrets`) are left out of command.sh's
     arguments, as are the values of the trial's variables whose names look secret.
@@ -324,7 +335,12 @@ def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     paths = plan.paths
     paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
     make_own_folder(paths.dir.parent, FOLDER_MODE)
-    remove_tree(paths.dir, TRIAL_MARKER)
+    ours = _is_plain(paths.made)
+    if not ours:
+        removable(paths.dir, False)  # UnsafePath: not empty, and not sweep's
+    remove_tree(paths.dir, ours)
+    if not ours:
+        write_file(paths.made, f"{paths.dir.name}\n", FILE_MODE)
     os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here
     make_own_folder(paths.dir, FOLDER_MODE)
     before = None
@@ -343,6 +359,14 @@ def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
 
 
 STALE_MARGIN_NS = 1_000_000_000  # a file's clock may differ this much from command.sh's
+
+
+def _is_plain(path: Path) -> bool:
+    """Whether `path` is a regular file (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def written_before(result: Path, paths: TrialPaths,
