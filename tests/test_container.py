@@ -125,13 +125,13 @@ def test_names_and_tags() -> None:
 # -- the study file's checks (the engine faked) -------------------------------------------
 
 def resolve(c: ContainerSection, tmp_path: Path, launcher: str = "python",
-            run: Any = None, which: Any = None) -> ContainerSection:
+            run: Any = None, which: Any = None, memory: Any = None) -> ContainerSection:
     def answers(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, "sha256:x\n", "")
 
-    return containerspec.resolve("s.yaml", tmp_path, (tmp_path, tmp_path / "out"), c,
-                                 launcher, True, run or answers,
-                                 which or (lambda n: f"/usr/bin/{n}"))
+    return containerspec.resolve("s.yaml", containerspec.Mounted(tmp_path, tmp_path / "out"),
+                                 c, launcher, True, run or answers,
+                                 which or (lambda n: f"/usr/bin/{n}"), memory or (lambda: 8 << 30))
 
 
 def problems(error: ConfigError) -> list[str]:
@@ -191,8 +191,8 @@ def test_mounts_outside_the_study_options_sweep_sets_and_the_warm_launcher(
         "s.yaml: trainer.container: launcher: warm forks trials from a server in the driver's "
         "own interpreter, which is not in the image: use launcher: accelerate, direct or "
         "python with trainer.container",
-        "s.yaml: trainer.container.run_args.0: --name=x is set by sweep for each trial (--rm, "
-        "--name sweep-<study>-<trial>, in the foreground): remove it",
+        "s.yaml: trainer.container.run_args.0: --name=x: sweep sets --name for each trial "
+        "(each trial's container is named sweep-<study>-<trial>): remove it",
         f"s.yaml: trainer.container.mounts.0: /etc is outside what the study owns (its folder "
         f"{tmp_path}, its output folder): move the data under the study's folder",
         f"s.yaml: trainer.container.mounts.1: {tmp_path}/link is outside what the study owns "
@@ -201,6 +201,160 @@ def test_mounts_outside_the_study_options_sweep_sets_and_the_warm_launcher(
         "absolute",
         "s.yaml: trainer.container.mounts.3: 'data:/d:rx': the mode is ro or rw, not 'rx'",
         f"s.yaml: trainer.container.mounts.4: no such file or folder: {tmp_path}/gone"]
+
+
+def test_run_args_that_set_what_sweep_sets_are_refused_flag_by_flag(tmp_path: Path) -> None:
+    """Combined short flags are read as the engine reads them (`-itd` is -i -t -d), and a
+    value is never taken for a flag (`-e -d` sets a variable named -d)."""
+    with pytest.raises(ConfigError) as e:
+        resolve(section(run_args=["-itd", "--ipc", "host", "-e", "-d", "--tty", "--rm=false",
+                                  "-w/x", "--gpus", "all", "--device", "nvidia.com/gpu=all",
+                                  "--device", "/dev/fuse", "--restart", "always", "-i"]),
+                tmp_path)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.run_args.0: -itd: sweep sets -i (--interactive), -t (--tty) "
+        "and -d (--detach) for each trial (a trial reads no input; a trial has no terminal, its "
+        "output and errors read apart; a trial's container runs in the foreground, its exit "
+        "the trial's): remove it",
+        "s.yaml: trainer.container.run_args.5: --tty: sweep sets --tty for each trial (a trial "
+        "has no terminal, its output and errors read apart): remove it",
+        "s.yaml: trainer.container.run_args.6: --rm=false: sweep sets --rm for each trial (each "
+        "trial's container is removed when it ends): remove it",
+        "s.yaml: trainer.container.run_args.7: -w/x: sweep sets -w (--workdir) for each trial "
+        "(the working folder is trainer.workdir's to set): remove it",
+        "s.yaml: trainer.container.run_args.8: --gpus all: sweep sets --gpus for each trial "
+        "(each trial gets the devices it leased): remove it",
+        "s.yaml: trainer.container.run_args.10: --device nvidia.com/gpu=all: sweep sets "
+        "--device for each trial (each trial gets the devices it leased): remove it",
+        "s.yaml: trainer.container.run_args.14: --restart always: sweep sets --restart for each "
+        "trial (a trial runs again only as trainer.max_retries says): remove it",
+        "s.yaml: trainer.container.run_args.16: -i: sweep sets -i (--interactive) for each "
+        "trial (a trial reads no input): remove it"]
+    (tmp_path / "t.sif").write_text("")
+    with pytest.raises(ConfigError) as e:
+        resolve(section(engine="apptainer", image="t.sif", run_args=["-w", "--pwd=/x"]),
+                tmp_path)
+    assert problems(e.value) == [  # apptainer's -w is --writable: the study's to give
+        "s.yaml: trainer.container.run_args.1: --pwd=/x: sweep sets --pwd for each trial (the "
+        "working folder is trainer.workdir's to set): remove it"]
+
+
+def test_mounts_over_what_sweep_mounts_from_the_host_are_refused(tmp_path: Path) -> None:
+    """Over the study's folder, in the output folder, above the script or the working folder
+    (and below the mount that shows them); not above sweep's mounts (the engine mounts the
+    deeper ones over it), elsewhere, or a host folder at its own path."""
+    script, work = tmp_path / "code" / "train.py", tmp_path / "work"
+    mounted = containerspec.Mounted(tmp_path, tmp_path / "out",
+                                    (("trainer.script", "the script", script),), work)
+    (tmp_path / "data").mkdir()
+    run_args = ["-v", f"/data:{tmp_path}", f"--volume=/d:{tmp_path}/out/trials",
+                "--mount", f"type=bind,src=/d,dst={tmp_path}/code", f"--tmpfs={work}:size=1g",
+                "-v", f"{tmp_path}/data:{tmp_path}/data", "-v", "/data:/data", "-v", "/x:/",
+                f"-vcache:{tmp_path}/out", "--mount", "type=tmpfs,target=/scratch",
+                "-v", f"{tmp_path}/out/x"]
+    with pytest.raises(ConfigError) as e:
+        containerspec.resolve("s.yaml", mounted, section(
+            run_args=run_args, mounts=["data", f"data:{tmp_path}/code/train.py"]),
+            "python", False)
+    over = "which sweep mounts from the host for each trial"
+    assert problems(e.value) == [
+        f"s.yaml: trainer.container.run_args.0: -v /data:{tmp_path} mounts over the study's "
+        f"folder {tmp_path}, {over}: mount it at another path",
+        f"s.yaml: trainer.container.run_args.2: --volume=/d:{tmp_path}/out/trials mounts over "
+        f"the study's output folder {tmp_path}/out (each trial's folder and checkpoints), "
+        f"{over}: mount it at another path",
+        f"s.yaml: trainer.container.run_args.3: --mount type=bind,src=/d,dst={tmp_path}/code "
+        f"mounts over the script {script}, {over}: mount it at another path",
+        f"s.yaml: trainer.container.run_args.5: --tmpfs={work}:size=1g mounts over the working "
+        f"folder {work}, {over}: mount it at another path",
+        f"s.yaml: trainer.container.run_args.12: -vcache:{tmp_path}/out mounts over the study's "
+        f"output folder {tmp_path}/out (each trial's folder and checkpoints), {over}: mount it "
+        "at another path",
+        f"s.yaml: trainer.container.run_args.15: -v {tmp_path}/out/x mounts over the study's "
+        f"output folder {tmp_path}/out (each trial's folder and checkpoints), {over}: mount it "
+        "at another path",
+        f"s.yaml: trainer.container.mounts.1: data:{tmp_path}/code/train.py mounts over the "
+        f"script {script}, {over}: give another TARGET"]
+
+
+@pytest.mark.parametrize("folder", ["a:b", "a,b"])
+def test_a_path_sweep_mounts_with_a_colon_or_a_comma_is_refused(tmp_path: Path,
+                                                                 folder: str) -> None:
+    """podman's -v splits on ':' (every trial would fail with its volume error), its
+    filters on ',' (the reclaim's `--filter label=sweep.output_dir=...`)."""
+    char = folder[1]
+    odd = tmp_path / folder
+    elsewhere = tmp_path / "s"
+    for study, out, script in ((odd, odd / "out", odd / "t.py"),
+                               (elsewhere, odd, elsewhere / "t.py"),
+                               (elsewhere, elsewhere / "out", odd / "t.py")):
+        mounted = containerspec.Mounted(study, out, (("trainer.script", "the script", script),))
+        with pytest.raises(ConfigError) as e:
+            containerspec.resolve("s.yaml", mounted, section(engine="podman"), "python", False)
+        what = ("trainer.container: the study's folder" if study == odd else
+                "study.output_dir: the study's output folder" if out == odd else
+                "trainer.script: the script")
+        path = study if study == odd else out if out == odd else script
+        assert problems(e.value) == [  # once, for the folder that has it
+            f"s.yaml: {what} {path} has a {char!r}, which podman cannot mount (its mount and "
+            "filter options split on ':' and ','): use a path without ':' or ','"]
+    with pytest.raises(ConfigError) as e:
+        resolve(section(mounts=["a,b:/data"]), tmp_path)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.mounts.0: 'a,b:/data' has a ',', which the engine's mount "
+        "options split on: name a path without one"]
+
+
+def test_shm_size_is_read_as_the_engine_reads_it_and_no_larger_than_the_hosts_memory(
+        tmp_path: Path) -> None:
+    from sweep.spec import config
+
+    assert [containerspec.size_bytes(s) for s in ("16g", "1.5g", "16GiB", "512 m", "100b",
+                                                  "64", "2t", "0")] == [
+        16 << 30, 3 << 29, 16 << 30, 512 << 20, 100, 64, 2 << 40, 0]
+    for bad in ("1e3", "-1", "1.2.3m", "16x", "16 gb b", ""):
+        with pytest.raises(ValueError, match="is not a size podman or docker take"):
+            containerspec.size_bytes(bad)
+    assert resolve(section(shm_size="8g"), tmp_path, memory=lambda: 8 << 30).shm_size == "8g"
+    with pytest.raises(ConfigError) as e:
+        resolve(section(shm_size="8.5g"), tmp_path, memory=lambda: 8 << 30)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.shm_size: 8.5g is 8.5 GiB, more than this host's memory "
+        "(8 GiB), where /dev/shm lives: give at most 8 GiB"]
+    study = tmp_path / "study.yaml"
+    study.write_text("study: {name: s, n_trials: 1, metric: m}\ntrainer: {script: t.py, "
+                     "container: {image: x, shm_size: 1e3}}\n"
+                     "params: {x: {type: float, low: 0, high: 1}}\n")
+    with pytest.raises(ConfigError) as e:
+        config.load(study, runnable=False)
+    assert problems(e.value) == [
+        f"{study}: trainer.container.shm_size: '1e3' is not a size podman or docker take: give "
+        "a number and a unit k, m, g or t, e.g. 16g or 1.5g"]
+
+
+# podman 4.3's last line when it cannot raise the ulimits its defaults ask (no CONTAINERS_CONF)
+RLIMIT = ("Error: runc: runc create failed: unable to start container process: error during "
+          "container init: error setting rlimits for ready process: error setting rlimit type "
+          "7: operation not permitted: OCI permission denied")
+
+
+def test_an_engine_that_cannot_start_the_probe_is_said_whole_with_the_docs() -> None:
+    c = section(engine="podman")
+    assert containerspec.engine_line(f"some line\n{RLIMIT}\n") == RLIMIT
+    assert containerspec.engine_line(
+        'time="2026-12-01T10:00:00Z" level=error msg="finding config on system: '
+        'CONTAINERS_CONF file: stat /x: no such \\"file\\""\n') == (
+        'finding config on system: CONTAINERS_CONF file: stat /x: no such "file"')
+    assert containerspec.probe_failure(c, "python3", 126, RLIMIT, "...") == (
+        f"podman could not start python3 in a container of the image reg/train:1.2 (exit 126: "
+        f"{RLIMIT}): where podman cannot run containers with its defaults, see "
+        "docs/how-to/containers.md (CONTAINERS_CONF, a runtime and ulimits that work here)")
+    assert containerspec.probe_failure(c, "/opt/py", 127, "Error: not found", "...") == (
+        "no /opt/py in the image reg/train:1.2 (podman exit 127: Error: not found): set "
+        "trainer.python to the image's Python")
+    long = "Error: " + "word " * 200
+    said = containerspec.engine_line(long)
+    assert len(said) <= 400 and said.endswith("word …")
 
 
 # -- the image pinned, the lineage's image, the reclaim ---------------------------------
@@ -593,15 +747,86 @@ def test_bad_container_input_is_one_line_each_before_anything_is_written(
                             python="/opt/none/python")
     with pytest.raises(ConfigError) as e:
         config.load(study)
-    assert str(e.value).startswith(
-        f"{study}: trainer.container: cannot run /opt/none/python in the image "
-        f"{container_image} with podman: /opt/none/python is not a working Python (exit 127")
+    assert str(e.value) == (
+        f"{study}: trainer.container: no /opt/none/python in the image {container_image} "
+        "(podman exit 127: Error: runc: runc create failed: unable to start container process: "
+        'exec: "/opt/none/python": stat /opt/none/python: no such file or directory: OCI '
+        "runtime attempted to invoke a command that was not found): set trainer.python to the "
+        "image's Python")
+
+
+@pytest.mark.slow
+def test_what_would_fail_every_trial_in_the_container_is_refused_as_the_file_loads(
+        container_image: str, write_study: Any, tmp_path: Path) -> None:
+    """Each was taken: `-itd` then failed the load blaming python3 and the TTY; an output
+    folder with ':' failed every trial with podman's volume error, one with ',' ended the run
+    with "b is an invalid filter"; a /dev/shm larger than the host, a mount over the study's
+    folder, ran."""
+    from sweep.spec import config
+
+    def problems_of(study: dict[str, Any] | None = None, **container: Any) -> list[str]:
+        path = container_study(write_study, container_image, "bad", 1, [], study,
+                               container={"image": container_image, **container})
+        with pytest.raises(ConfigError) as e:
+            config.load(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+        return [str(p).split(": ", 1)[1] for p in e.value.problems]
+
+    assert problems_of(run_args=["-itd"]) == [
+        "trainer.container.run_args.0: -itd: sweep sets -i (--interactive), -t (--tty) and -d "
+        "(--detach) for each trial (a trial reads no input; a trial has no terminal, its output "
+        "and errors read apart; a trial's container runs in the foreground, its exit the "
+        "trial's): remove it"]
+    for folder, char in (("out:1", ":"), ("a,b", ",")):
+        assert problems_of({"output_dir": folder}) == [
+            f"study.output_dir: the study's output folder {tmp_path}/{folder} has a "
+            f"{char!r}, which podman cannot mount (its mount and filter options split on "
+            "':' and ','): use a path without ':' or ','"]
+    memory = containerspec.host_memory()
+    assert memory is not None
+    assert problems_of(shm_size="64p") == [
+        f"trainer.container.shm_size: 64p is {containerspec.gib(64 << 50)}, more than this "
+        f"host's memory ({containerspec.gib(memory)}), where /dev/shm lives: give at most "
+        f"{containerspec.gib(memory)}"]
+    assert problems_of(run_args=["-v", f"/tmp:{tmp_path}"]) == [
+        f"trainer.container.run_args.0: -v /tmp:{tmp_path} mounts over the study's folder "
+        f"{tmp_path}, which sweep mounts from the host for each trial: mount it at another path"]
+
+
+@pytest.mark.slow
+def test_podman_that_cannot_start_a_container_here_is_one_whole_line_naming_the_docs(
+        container_image: str, write_study: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As without a working CONTAINERS_CONF on this kind of machine: ulimits no one may set
+    (above the kernel's nr_open, root included)."""
+    from sweep.spec import config, interpreter
+
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=1073741824:1073741824"]\n'
+                    '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n')
+    monkeypatch.setenv("CONTAINERS_CONF", str(conf))
+    monkeypatch.setattr(interpreter, "_known", {})  # asked anew, not answered from before
+    study = container_study(write_study, container_image, "bad", 1, [])
+    with pytest.raises(ConfigError) as e:
+        config.load(study)
+    line = str(e.value)
+    head = (f"{study}: trainer.container: podman could not start python3 in a container of the "
+            f"image {container_image} (exit 126: Error: ")
+    tail = ("): where podman cannot run containers with its defaults, see "
+            "docs/how-to/containers.md (CONTAINERS_CONF, a runtime and ulimits that work here)")
+    assert line.startswith(head) and line.endswith(tail), line
+    said = line[len(head):-len(tail)]
+    assert "error setting rlimit type 7: operation not permitted" in said  # the whole line
+    assert "\n" not in line and "…" not in line
 
 
 def test_the_interpreter_probe_runs_in_the_image_as_a_trial_would_without_devices() -> None:
     c = section(engine="podman", mounts=["data:/data:ro"], run_args=["--ipc", "host"])
     assert containerspec.probe_prefix(c, Path("/s")) == [
         "podman", "run", "--rm", "-v", "/s/data:/data:ro", "--ipc", "host", "reg/train:1.2"]
+    shm = section(engine="podman", shm_size="8g")  # as a trial has it: a size it cannot mount
+    assert containerspec.probe_prefix(shm, Path("/s")) == [  # fails the load, not each trial
+        "podman", "run", "--rm", "--shm-size", "8g", "reg/train:1.2"]
     a = section(engine="apptainer", image="img/t.sif")
     assert containerspec.probe_prefix(a, Path("/s")) == [
         "apptainer", "exec", "--cleanenv", "/s/img/t.sif"]

@@ -50,3 +50,14 @@ class ConfigError(UsageError):
 def short(text: str, width: int = 60) -> str:
     """`text` cut to `width` characters: error messages never echo unbounded input."""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def clip(text: str, width: int = 400) -> str:
+    """`text` on one line, whole when it has at most `width` characters; else cut at the last
+    space before `width`, never inside a word, and marked `…` (another program's message
+    quoted in an error: bounded, still readable)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + " …"

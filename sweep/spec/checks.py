@@ -183,6 +183,7 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
     problems.extend(scheduler_spec.problems(file, study.scheduler, study.pruner,
                                             study.directions is not None, study.n_trials,
                                             spec.searched))
+    fixed = None
     if trainer.workdir is not None:
         check(placeholders.check, file, "trainer.workdir", trainer.workdir)
         fixed = base / placeholders.fill(trainer.workdir, {}) if "{" not in trainer.workdir \
@@ -192,9 +193,12 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 "missing) or a placeholder path such as \"{trial_dir}\"")
     probe = runnable  # the trainer's interpreter is asked about itself
     if trainer.container is not None:
+        mounted = containerspec.Mounted(
+            base, output_dir, (("trainer.script", "the script", script),) if script else (),
+            fixed)
         try:
             trainer = trainer.model_copy(update={"container": containerspec.resolve(
-                file, base, (base, output_dir), trainer.container, trainer.launcher, runnable)})
+                file, mounted, trainer.container, trainer.launcher, runnable)})
         except ConfigError as e:
             problems.extend(e.problems)
             probe = False  # nothing runs in an image that is not there
@@ -260,9 +264,9 @@ def _trainer_environment(file: str, base: Path, trainer: TrainerSection, runnabl
                               prefix=containerspec.probe_prefix(inside, base))
     except interpreter.InterpreterError as e:
         if inside is not None:
-            bad("trainer.container", f"cannot run {python or containerspec.DEFAULT_PYTHON} "
-                f"in the image {short(inside.image, 80)} with {inside.engine}: {e} (does the "
-                "engine run containers here, and the image have that Python: trainer.python?)")
+            bad("trainer.container", containerspec.probe_failure(
+                inside, python or containerspec.DEFAULT_PYTHON, e.code,
+                containerspec.engine_line(e.stderr), str(e)))
         else:
             bad("trainer.python" if python else "trainer.accelerate.config_file",
                 f"{e}: give a working Python (e.g. your project's .venv/bin/python)")

@@ -5,14 +5,17 @@ trainer's `python`) inside a container of `image`, started by `engine` (podman, 
 apptainer: the first found on PATH when not given). `resolve` checks, before anything is
 written, what can be checked without running a trial: the engine is there, the image is in its
 store (asked of the engine), every extra mount lies inside what the study owns (the study
-file's folder, `study.output_dir`). Whether the engine can run a container here at all is
-asked by the interpreter probe of `trainer.python` inside the image (`probe_prefix`), which
-the study file's load runs too.
+file's folder, `study.output_dir`), no path sweep mounts has a `:` or `,` (the engine's mount
+and filter options split on them), `run_args` set nothing sweep sets for each trial and mount
+nothing over what sweep mounts (`runargs`), `shm_size` is a size the engine takes and the host
+has. Whether the engine can run a container here at all is asked by the interpreter probe of
+`trainer.python` inside the image (`probe_prefix`), which the study file's load runs too.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -20,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
-from sweep._core.errors import ConfigError, Problem, short
+from sweep._core.errors import ConfigError, Problem, clip, short
+from sweep.spec import runargs
 from sweep.spec.searchspace import Section
 
 Engine = Literal["podman", "docker", "apptainer"]
@@ -30,11 +34,44 @@ ENGINES: tuple[Engine, ...] = ("podman", "docker", "apptainer")  # the order PAT
 DEFAULT_PYTHON = "python3"  # the interpreter inside the image unless trainer.python names one
 KEY = "trainer.container"
 ENGINE_TIMEOUT = 30.0  # seconds for one question to the engine (image inspect)
-# options sweep sets itself for each trial: given in run_args they would clash with its own
-OWN_OPTIONS = ("--name", "-d", "--detach", "--rm")
+DOCS = "docs/how-to/containers.md"
+SEPARATORS = (":", ",")  # split a mount option (HOST:TARGET:OPTIONS, apptainer's A,B), a filter
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
 Which = Callable[[str], "str | None"]
+
+# --shm-size as podman and docker read it (go-units' RAMInBytes): a number, then an optional
+# binary unit, `i` and `b` (16g, 1.5g, 16GiB, 512 m, 100b); anything else they refuse
+SIZE = re.compile(r"(\d+(?:\.\d+)?) ?([kmgtp])?i?b?", re.IGNORECASE)
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def size_bytes(text: str) -> int:
+    """`text` in bytes, read as podman and docker read `--shm-size`; ValueError saying what
+    is wrong where they would refuse it."""
+    match = SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{short(text, 40)!r} is not a size podman or docker take: give a "
+                         "number and a unit k, m, g or t, e.g. 16g or 1.5g")
+    return int(float(match[1]) * UNITS[(match[2] or "").lower()])
+
+
+def _size(text: str) -> str:
+    size_bytes(text)
+    return text
+
+
+def host_memory() -> int | None:
+    """This host's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def gib(size: int) -> str:
+    """`size` bytes in GiB, as `free -g` and the engines' units count them."""
+    return f"{size / (1 << 30):.3g} GiB"
 
 
 class ContainerSection(Section, BaseModel):  # BaseModel named: ruff knows a pydantic model
@@ -45,7 +82,7 @@ class ContainerSection(Section, BaseModel):  # BaseModel named: ruff knows a pyd
     run_args: list[str] = []  # more options of `ENGINE run` (before the image)
     # extra folders, `HOST[:TARGET][:ro]`, HOST relative to the study file's folder
     mounts: list[Annotated[str, Field(min_length=1)]] = []
-    shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmgBKMG]?$")] | None = None
+    shm_size: Annotated[str, AfterValidator(_size)] | None = None  # as the engine takes it
     # a lineage (attempts sharing a checkpoint folder) carries on in another image than the
     # one it started in; false: such an attempt is refused
     continue_in_other_image: bool = False
@@ -70,6 +107,9 @@ def parse_mount(text: str, base: Path) -> Mount:
     parts = text.split(":")
     if len(parts) > 3 or not parts[0]:
         raise ValueError(f"{short(text, 60)!r}: give HOST, HOST:TARGET or HOST:TARGET:ro")
+    if "," in text:
+        raise ValueError(f"{short(text, 60)!r} has a ',', which the engine's mount options "
+                         "split on: name a path without one")
     host = Path(os.path.abspath(base / parts[0]))
     target = parts[1] if len(parts) > 1 and parts[1] else str(host)
     mode = parts[2] if len(parts) == 3 else "rw"
@@ -113,9 +153,9 @@ def image_path(image: str, base: Path) -> Path:
 def probe_prefix(section: ContainerSection, base: Path,
                  files: Sequence[Path] = ()) -> list[str]:
     """The argv before `python -c PROBE` that runs it inside the image as a trial's command
-    runs there, with the study's mounts and `run_args` but no device (the interpreter probe:
-    `trainer.python` and env.json's packages are read inside the image); `files` are mounted
-    read-only at their paths (an accelerate config the command names)."""
+    runs there, with the study's mounts, `shm_size` and `run_args` but no device (the
+    interpreter probe: `trainer.python` and env.json's packages are read inside the image);
+    `files` are mounted read-only at their paths (an accelerate config the command names)."""
     engine = section.engine or find_engine(None)[0]
     binds = [*(f"{f}:{f}:ro" for f in files), *(m.option() for m in mounts(section, base))]
     if engine == "apptainer":
@@ -125,7 +165,36 @@ def probe_prefix(section: ContainerSection, base: Path,
         return ["apptainer", "exec", "--cleanenv", *(["--bind", ",".join(binds)] if binds else []),
                 *section.run_args, image]
     volumes = [a for b in binds for a in ("-v", b)]
-    return [engine, "run", "--rm", *volumes, *section.run_args, section.image]
+    shm = ["--shm-size", section.shm_size] if section.shm_size is not None else []
+    return [engine, "run", "--rm", *volumes, *shm, *section.run_args, section.image]
+
+
+def engine_line(stderr: str) -> str:
+    """The engine's last line of `stderr`, whole (its `time=... level=error msg="..."` log
+    form read to its message), or "no answer"."""
+    lines = stderr.strip().splitlines()
+    last = lines[-1] if lines else "no answer"
+    logged = re.search(r'level=\w+ msg="((?:[^"\\]|\\.)*)"', last)
+    if logged:
+        last = re.sub(r"\\(.)", r"\1", logged[1])
+    return clip(last)
+
+
+def probe_failure(section: ContainerSection, python: str, code: int | None, said: str,
+                  why: str) -> str:
+    """Why the interpreter probe inside the image failed, in one line that says what to do:
+    `code` the engine's exit code (None: it did not exit, `why` says what happened), `said`
+    its last line."""
+    engine, image = section.engine or "the engine", short(section.image, 80)
+    if engine in ("podman", "docker") and code == 127:
+        return (f"no {python} in the image {image} ({engine} exit 127: {said}): set "
+                "trainer.python to the image's Python")
+    if engine in ("podman", "docker") and code in (125, 126):
+        return (f"{engine} could not start {python} in a container of the image {image} "
+                f"(exit {code}: {said}): where {engine} cannot run containers with its "
+                f"defaults, see {DOCS} (CONTAINERS_CONF, a runtime and ulimits that work here)")
+    return (f"cannot run {python} in the image {image} with {engine}: {why} (does {engine} run "
+            f"containers here, and the image have that Python: trainer.python?); see {DOCS}")
 
 
 def tag_of(image: str) -> str | None:
@@ -156,22 +225,88 @@ def _ask_image(engine: Engine, executable: str, image: str, run: Run) -> str | N
         return f"cannot run {executable}: {e.strerror or e}"
     if done.returncode == 0:
         return None
-    last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    last = engine_line(done.stderr)
     if any(s in last.lower() for s in ("no such image", "image not known", "failed to find")):
         return (f"no image {short(image, 80)} in {engine}'s store: build or pull it first "
                 f"({engine} pull {short(image, 80)}); sweep pulls nothing")
-    return f"{engine} cannot be asked about images here: {short(last, 160)}"
+    where = f" (see {DOCS})" if engine == "podman" else ""  # which says podman's settings
+    return f"{engine} cannot be asked about images here: {last}{where}"
 
 
-def resolve(file: str, base: Path, owned: Sequence[Path], section: ContainerSection,
-            launcher: str, runnable: bool = True, run: Run = subprocess.run,
-            which: Which = shutil.which) -> ContainerSection:
+@dataclass(frozen=True)
+class Mounted:
+    """What sweep mounts from the host into each trial's container, at the same paths: the
+    study's folder, each trial's folder and checkpoints in `output_dir` (and the merged
+    accelerate config there), the `files` the command names (mounted on their own where
+    they lie outside those folders); and the working folder the command runs in. Each file
+    as (key of the study file, what it is, its path)."""
+
+    study_dir: Path
+    output_dir: Path
+    files: tuple[tuple[str, str, Path], ...] = ()
+    workdir: Path | None = None  # trainer.workdir, when it names one folder for every trial
+
+    def mounted(self) -> list[tuple[str, str, Path]]:
+        """The host paths sweep mounts (key, what, path): the study's folder, the output
+        folder (trials and checkpoints), the files outside both."""
+        folders = [("trainer.container", "the study's folder", _norm(self.study_dir)),
+                   ("study.output_dir", "the study's output folder", _norm(self.output_dir))]
+        return folders + [(k, w, _norm(p)) for k, w, p in self.files
+                          if not any(_within(_norm(p), f) for _, _, f in folders)]
+
+    def needed(self) -> list[tuple[str, Path]]:
+        """What a trial needs to see from the host (what, path)."""
+        workdir = [("the working folder", _norm(self.workdir))] if self.workdir else []
+        return [*((w, p) for _, w, p in self.mounted()[:2]),
+                *((w, _norm(p)) for _, w, p in self.files), *workdir]
+
+
+def _norm(path: Path | str) -> Path:
+    return Path(os.path.normpath(os.path.abspath(path)))
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def separator_in(path: Path) -> str | None:
+    """The first of SEPARATORS in `path` (None: it can be mounted)."""
+    return next((c for c in SEPARATORS if c in str(path)), None)
+
+
+def shadowed(target: str, host: str | None, mounted: Mounted) -> str | None:
+    """What a mount at `target` in the container (showing `host`, a host path; None: a
+    volume or a tmpfs) hides of what sweep mounts, as "what PATH"; None if nothing: it
+    lands outside sweep's mounts, above them (the engine mounts the deeper ones over it),
+    or shows a host folder at its own path (`mounts: [data]`)."""
+    if not target.startswith("/"):
+        return None
+    at = _norm(target)
+    if host is not None and os.path.realpath(host) == os.path.realpath(at):
+        return None
+    output_dir = _norm(mounted.output_dir)
+    if _within(at, output_dir):
+        return f"the study's output folder {output_dir} (each trial's folder and checkpoints)"
+    sources = [p for _, _, p in mounted.mounted()]
+    for what, path in mounted.needed():
+        through = [f for f in sources if _within(path, f)]  # the mounts that show it
+        if _within(path, at) and any(_within(at, f) for f in through):
+            return f"{what} {path}"
+    return None
+
+
+def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: str,
+            runnable: bool = True, run: Run = subprocess.run, which: Which = shutil.which,
+            memory: Callable[[], int | None] = host_memory) -> ContainerSection:
     """The section with its engine found; ConfigError with every problem (one line each):
-    a launcher that cannot run in a container, run_args sweep sets itself, a malformed mount
-    or one outside `owned` (the study file's folder, the output folder), and, when
-    `runnable`, an engine that is missing, an image that is not there (asked of the engine)
-    or a mount that does not exist."""
+    a launcher that cannot run in a container, a path sweep mounts that the engine cannot
+    (`SEPARATORS`), `run_args` that set what sweep sets or mount over what it mounts
+    (`runargs`), a malformed mount, one outside the study's folder and output folder or over
+    what sweep mounts, a `shm_size` larger than the host's `memory`; and, when `runnable`,
+    an engine that is missing, an image that is not there (asked of the engine) or a mount
+    that does not exist."""
     problems: list[Problem] = []
+    base = mounted.study_dir
 
     def bad(key: str, message: str) -> None:
         problems.append(Problem(file, f"{KEY}.{key}" if key else KEY, message))
@@ -180,11 +315,38 @@ def resolve(file: str, base: Path, owned: Sequence[Path], section: ContainerSect
         bad("", "launcher: warm forks trials from a server in the driver's own interpreter, "
             "which is not in the image: use launcher: accelerate, direct or python with "
             "trainer.container")
-    for i, arg in enumerate(section.run_args):
-        if arg.split("=", 1)[0] in OWN_OPTIONS:
-            bad(f"run_args.{i}", f"{short(arg, 40)} is set by sweep for each trial "
-                "(--rm, --name sweep-<study>-<trial>, in the foreground): remove it")
-    roots = [Path(os.path.abspath(p)) for p in owned]
+    engine, executable = section.engine, None
+    if runnable:
+        try:
+            engine, executable = find_engine(section.engine, which)
+        except ValueError as e:
+            bad("engine", str(e))
+    name = engine or "the engine"
+    said: list[Path] = []
+    for key, what, path in mounted.mounted():
+        c = separator_in(path)
+        if c is not None and not any(_within(path, p) for p in said):  # once, where it is
+            said.append(path)
+            problems.append(Problem(file, key, f"{what} {path} has a {c!r}, which {name} cannot "
+                                    "mount (its mount and filter options split on ':' and ','): "
+                                    "use a path without ':' or ','"))
+    parsed = runargs.options(section.run_args, engine or "podman")
+    for i in range(len(section.run_args)):
+        own = [(o, why) for o in parsed if o.index == i
+               and (why := runargs.own(o, engine or "podman")) is not None]
+        if own:
+            flags = [o.flag if o.flag == o.name else f"{o.flag} ({o.name})" for o, _ in own]
+            shown = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+            bad(f"run_args.{i}", f"{short(own[0][0].text, 60)}: sweep sets {shown} for each "
+                f"trial ({'; '.join(why for _, why in own)}): remove it")
+    for option in parsed:
+        for target in runargs.mounts(option, engine or "podman"):
+            hidden = shadowed(target.path, target.host, mounted)
+            if hidden is not None:
+                bad(f"run_args.{option.index}", f"{short(option.text, 200)} mounts over "
+                    f"{hidden}, which sweep mounts from the host for each trial: mount it at "
+                    "another path")
+    roots = [_norm(mounted.study_dir), _norm(mounted.output_dir)]
     for i, text in enumerate(section.mounts):
         try:
             mount = parse_mount(text, base)
@@ -192,28 +354,31 @@ def resolve(file: str, base: Path, owned: Sequence[Path], section: ContainerSect
             bad(f"mounts.{i}", str(e))
             continue
         real = Path(os.path.realpath(mount.host))
+        hidden = shadowed(mount.target, str(mount.host), mounted)
         if not any(real == r or r in real.parents for r in roots):
             bad(f"mounts.{i}", f"{mount.host} is outside what the study owns (its folder "
                 f"{roots[0]}, its output folder): move the data under the study's folder")
+        elif hidden is not None:
+            bad(f"mounts.{i}", f"{short(text, 200)} mounts over {hidden}, which sweep mounts "
+                "from the host for each trial: give another TARGET")
         elif runnable and not mount.host.exists():
             bad(f"mounts.{i}", f"no such file or folder: {mount.host}")
-    engine = section.engine
     if section.shm_size is not None and engine == "apptainer":
         bad("shm_size", "apptainer shares the host's /dev/shm: remove shm_size")
-    if runnable:
-        try:
-            engine, executable = find_engine(section.engine, which)
-        except ValueError as e:
-            bad("engine", str(e))
+    elif section.shm_size is not None and runnable:
+        size, have = size_bytes(section.shm_size), memory()
+        if have is not None and size > have:
+            bad("shm_size", f"{section.shm_size} is {gib(size)}, more than this host's memory "
+                f"({gib(have)}), where /dev/shm lives: give at most {gib(have)}")
+    if engine is not None and executable is not None:
+        if is_path_image(engine, section.image):
+            path = image_path(section.image, base)
+            if not path.exists():
+                bad("image", f"no such image file: {path}")
         else:
-            if is_path_image(engine, section.image):
-                path = image_path(section.image, base)
-                if not path.exists():
-                    bad("image", f"no such image file: {path}")
-            else:
-                wrong = _ask_image(engine, executable, section.image, run)
-                if wrong is not None:
-                    bad("image", wrong)
+            wrong = _ask_image(engine, executable, section.image, run)
+            if wrong is not None:
+                bad("image", wrong)
     if problems:
         raise ConfigError.of(problems)
     return section.model_copy(update={"engine": engine})

@@ -25,6 +25,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sweep._core.errors import clip
+
 # Run as `python -c PROBE QUESTION_JSON`: prints one JSON line.
 PROBE = r"""
 import json, sys, importlib.util
@@ -63,7 +65,12 @@ print(json.dumps(out))
 
 
 class InterpreterError(Exception):
-    """The interpreter cannot be run, or does not answer: the message says why."""
+    """The interpreter cannot be run, or does not answer: the message says why; `code` its
+    exit code and `stderr` the end of its errors, where it ran and exited."""
+
+    def __init__(self, message: str, code: int | None = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.code, self.stderr = code, stderr
 
 
 @dataclass(frozen=True)
@@ -130,9 +137,9 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
                             None if data["choices"] is None else {
                                 str(k): tuple(map(str, v)) for k, v in data["choices"].items()})
     except (ValueError, IndexError, KeyError, TypeError):
-        last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        last = clip((done.stderr.strip().splitlines() or ["no answer"])[-1])
         raise InterpreterError(f"{python} is not a working Python (exit {done.returncode}: "
-                               f"{last[:160]})") from None
+                               f"{last})", done.returncode, done.stderr[-4096:]) from None
     _known[key] = found
     return found
 
