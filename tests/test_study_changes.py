@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from conftest import load_trials, run_cli, study_dict
+from conftest import load_trials, run_cli, spawn_cli, study_dict
 
 FLOAT_X = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 QUICK = {"args": ["--sleep", "0"]}  # the trainer of a first run whose trial only has to exist
@@ -291,3 +291,46 @@ def test_an_output_dir_changed_in_the_file_but_not_moved_is_refused_and_a_moved_
     os.rename(old, new)
     assert run_cli("run", str(path)) == 0
     assert [t.state.name for t in study.get_trials()] == ["FAIL", "COMPLETE"]
+
+
+def test_a_narrowed_range_is_said_once_in_sweeps_words_and_optunas_warning_never(
+        write_study, fake_gpus, tmp_path):
+    """Stored trials sampled from [0, 1], the file now [0.2, 0.6], a rerun of one outside it
+    queued: Optuna's suggest warns of the queued value (`UserWarning: Fixed parameter x with
+    value 0.95 is out of range ...`); sweep says it once, as the run starts."""
+    from optuna.distributions import FloatDistribution
+
+    study = write_study(study={"n_trials": 5}, trainer=QUICK,
+                        params={"x": {"type": "float", "low": 0.2, "high": 0.6}})
+    stored = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path}/probe.db")
+    for x in (0.1, 0.3, 0.9):
+        stored.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions={"x": FloatDistribution(0.0, 1.0)}, value=x))
+    stored.enqueue_trial({"x": 0.95}, user_attrs={"rerun_of": 2})
+    driver = spawn_cli("run", str(study))
+    _, err = driver.communicate()
+    assert driver.returncode == 0, err
+    assert "Warning" not in err and "optuna" not in err, err
+    said = [line for line in err.splitlines() if line.startswith("params.x")]
+    assert said == [
+        "params.x: range changed from [0.0, 1.0] to [0.2, 0.6]; the earlier trials outside it "
+        "(2) are kept, and the sampler is given them as they are, but new values are sampled "
+        "only inside it (a queued continuation or rerun keeps its own)"]
+    trials = load_trials(study)
+    assert [(t.state.name, t.params["x"]) for t in trials[:4]] == [
+        ("COMPLETE", 0.1), ("COMPLETE", 0.3), ("COMPLETE", 0.9), ("COMPLETE", 0.95)]
+    assert all(0.2 <= t.params["x"] <= 0.6 for t in trials[4:]) and len(trials) == 5
+
+
+def test_a_value_is_inside_a_range_within_its_ends_and_on_its_step():
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from sweep.study import opening
+
+    assert [opening._holds(FloatDistribution(0.2, 0.6), v) for v in (0.1, 0.2, 0.6, 0.61)] == [
+        False, True, True, False]
+    assert [opening._holds(FloatDistribution(0.0, 1.0, step=0.25), v)
+            for v in (0.5, 0.3, 0.75)] == [True, False, True]
+    assert [opening._holds(IntDistribution(2, 8, step=2), v) for v in (4, 5, 10)] == [
+        True, False, False]
+    assert opening._holds(CategoricalDistribution(["a"]), "b")  # its choices cannot change

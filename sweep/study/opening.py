@@ -23,6 +23,10 @@ from sweep.spec.searchspace import FloatParam, IntParam, Searched
 
 METRICS = "metrics"  # a study attribute: the result keys the objective values come from
 SCHEDULER = "scheduler"  # a study attribute: study.scheduler's settings in its last run
+# Optuna's warnings for a queued (fixed) value outside the distribution a suggest call gives:
+# `Trial`'s, `PartialFixedSampler`'s, `GridSampler`'s
+OUT_OF_RANGE = (r"Fixed parameter .* is out of range for distribution",
+                r"The value .* is out of range of the parameter")
 
 
 def open_study(
@@ -118,7 +122,8 @@ def check_params(
     each, to be said to the user.
     """
     stored: dict[str, BaseDistribution] = {}
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
         for name, dist in t.distributions.items():
             stored.setdefault(name, dist)
     notes = []
@@ -136,10 +141,27 @@ def check_params(
                 f"{_kind(old)}, the file says {_kind(dist)}; a param's type, log scale and "
                 "choices cannot change: rename the param or the study"))
         elif old != dist:
-            notes.append(f"params.{name}: range changed from {_range(old)} to {_range(dist)}")
+            out = sum(name in t.params and not _holds(dist, t.params[name]) for t in trials)
+            notes.append(f"params.{name}: range changed from {_range(old)} to {_range(dist)}"
+                         + (f"; the earlier trials outside it ({out}) are kept, and the "
+                            "sampler is given them as they are, but new values are sampled "
+                            "only inside it (a queued continuation or rerun keeps its own)"
+                            if out else ""))
     if problems is None and found:
         raise ConfigError.of(found)
     return notes
+
+
+def _holds(dist: BaseDistribution, value: Any) -> bool:
+    """Whether `value` is one `dist` can sample: within [low, high], on its step."""
+    if not isinstance(dist, (FloatDistribution, IntDistribution)):
+        return True  # a categorical's choices cannot change (`check_params`)
+    if not dist.low <= value <= dist.high:
+        return False
+    if dist.step is None:
+        return True
+    steps = (value - dist.low) / dist.step
+    return abs(steps - round(steps)) < 1e-8
 
 
 def _range(dist: BaseDistribution) -> str:
@@ -164,7 +186,12 @@ def sample(
     searched: Mapping[str, Searched],
     sampler_for: Callable[[int], Any] | None = None,
 ) -> dict[str, Any]:
-    """The params of a trial just asked, sampled by `sampler_for(trial.number)` if given."""
+    """The params of a trial just asked, sampled by `sampler_for(trial.number)` if given. A
+    queued value outside a param's range (queued before the study file narrowed it) is taken
+    as it is, without Optuna's warning: `check_params` says it once, in sweep's words."""
     if sampler_for is not None:
         study.sampler = sampler_for(trial.number)
-    return {name: suggest(trial, name, p) for name, p in searched.items()}
+    with warnings.catch_warnings():
+        for message in OUT_OF_RANGE:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        return {name: suggest(trial, name, p) for name, p in searched.items()}
