@@ -152,6 +152,95 @@ def test_numbers_never_wrap_in_an_80_column_terminal(write_study):
              "0.0002", "0.0003", "0.0004", "0.0123", "0.0625", "0.9123", "12.35", "345.7"}
     cells = {c.strip() for line in rows for c in line.strip("│").split("│")}
     assert cells <= whole, cells - whole  # each number whole, on its row
-    assert {"1.785", "0.0001234", "1.235e+05", "345.7"} <= cells
-    assert ("3 more columns in a wider terminal and in the CSV: duration_s, gpu_util_mean, "
-            "gpu_mem_peak_mb") in " ".join(text.split())
+    assert {"1.785", "0.0001234", "1.235e+05", "0.9123"} <= cells
+    assert ("6 more columns in a wider terminal and in the CSV: metric_eval_runtime, "
+            "metric_eval_samples_per_second, gpu, duration_s, gpu_util_mean, gpu_mem_peak_mb"
+            ) in " ".join(text.split())
+
+
+LONG_PARAMS = {  # run_clm's, as a study of it names them
+    "learning_rate": {"type": "float", "low": 1e-5, "high": 1e-3, "log": True},
+    "per_device_train_batch_size": {"type": "int", "low": 4, "high": 32},
+    "weight_decay": {"type": "float", "low": 0.0, "high": 0.1},
+    "warmup_ratio": {"type": "float", "low": 0.0, "high": 0.2},
+    "lr_scheduler_type": {"type": "categorical", "choices": ["linear", "cosine"]}}
+IMAGES = ["sha256:9f0c1d2e3b4a" + "0" * 52, "sha256:51ff00aa11bb" + "1" * 52]
+
+
+def clm_study(write_study, tmp_path, n=6):
+    """A stored study of run_clm's params in containers of two images, with three more
+    result keys (made with create_trial, not run)."""
+    import optuna
+
+    from sweep.spec import config, searchspace
+
+    study = write_study(study_dict(params=LONG_PARAMS, trainer={"container": {"image": "t:1"}}))
+    spec = config.load(study, runnable=False)
+    stored = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path}/probe.db")
+    for i in range(n):
+        stored.add_trial(optuna.trial.create_trial(
+            params={"learning_rate": 1.234e-4 * (i + 1), "per_device_train_batch_size": 8 + i,
+                    "weight_decay": 0.01 * i, "warmup_ratio": 0.05,
+                    "lr_scheduler_type": "cosine"},
+            distributions=searchspace.distributions(spec.searched), value=3.2 - 0.1 * i,
+            user_attrs={"gpu": i % 2, "image": IMAGES[i % 2], "gpu_util_mean": 88.2,
+                        "gpu_mem_peak_mb": 21034.5, "metric_eval_accuracy": 0.41 + i / 100,
+                        "metric_perplexity": 24.5 - i, "metric_train_runtime": 123.4}))
+    return study
+
+
+def summary_at(study, columns):
+    """`sweep summary` in a terminal `columns` wide, as a real command: its lines."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sweep", "summary", str(study)],
+                          env={**os.environ, "COLUMNS": str(columns)}, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def test_at_80_columns_headers_fold_between_whole_words_in_at_most_three_lines(
+        write_study, tmp_path):
+    """Issue 38: run_clm's params split their headers one letter per line (19 lines high)."""
+    study = clm_study(write_study, tmp_path)
+    lines = summary_at(study, 80)
+    assert max(len(line) for line in lines) <= 80
+    top = [line.strip() for line in lines].index("best 5") + 1
+    bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("└"))
+    table = lines[top:bottom + 1]
+    header = table[1:table.index(next(line for line in table if line.startswith("┡")))]
+    rows = [line for line in table if line.startswith("│")]
+    assert len(rows) == 5 and 1 <= len(header) <= 3
+    assert len(table) == len(rows) + len(header) + 3  # borders: top, under the header, bottom
+    columns = zip(*(line.strip("┃").split("┃") for line in header), strict=True)
+    pieces = [[cell.strip() for cell in column if cell.strip()] for column in columns]
+    names = ["number", "value", *LONG_PARAMS, "metric_eval_accuracy", "metric_perplexity",
+             "metric_train_runtime", "image", "gpu", "duration_s", "gpu_util_mean",
+             "gpu_mem_peak_mb"]
+    shown = ["".join(p) for p in pieces]
+    assert shown == names[:len(shown)] and len(shown) >= 7  # number, value and the params
+    assert all(piece.endswith("_") for p in pieces for piece in p[:-1])  # words whole
+    assert "per_device_" in pieces[3] and "train_batch_" in pieces[3]
+    rest = " ".join(" ".join(lines[bottom + 1:]).split())
+    assert f"more columns in a wider terminal and in the CSV: {', '.join(names[len(shown):])}" \
+        in rest
+
+
+def test_the_terminal_summary_has_the_image_column_of_a_study_run_in_containers(
+        write_study, tmp_path):
+    """Each trial's image as `podman images` shows an ID (12 hex digits), never folded;
+    summary.csv keeps the whole ID."""
+    import csv
+
+    study = clm_study(write_study, tmp_path)
+    lines = summary_at(study, 240)
+    header = [line for line in lines if line.startswith("┃")]
+    assert "image" in {cell.strip() for line in header for cell in line.split("┃")}
+    rows = [line for line in lines if line.startswith("│") and "cosine" in line]
+    assert len(rows) == 5
+    assert [next(c.strip() for c in row.split("│") if c.strip() in ("9f0c1d2e3b4a",
+                                                                     "51ff00aa11bb"))
+            for row in rows] == ["51ff00aa11bb", "9f0c1d2e3b4a"] * 2 + ["51ff00aa11bb"]
+    with open(tmp_path / "probe" / "summary.csv") as f:
+        assert [row["image"] for row in csv.DictReader(f)] == IMAGES * 3

@@ -11,6 +11,7 @@ Writing the CSV is `save`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -320,10 +321,14 @@ def render(summary: Summary, top: int = 5) -> Any:
     extras = [c for c in best.columns if c.startswith(attrs.METRIC_PREFIX)
               and best[c].notna().any()]
     show += extras[:MAX_RESULT_COLUMNS]
+    if "image" in t and t["image"].notna().any():  # trials ran in a container
+        show.append("image")
     show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
     if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
         show += ["continues", "lineage_attempts", "lineage_device_s"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
+    if "image" in shown_best:
+        shown_best = shown_best.assign(image=shown_best["image"].map(short_image))
     keep = 1 + sum(c.startswith("value") for c in shown_best.columns)  # number and values
     parts = [head, _table(shown_best, title, keep)]
     repeated = t[t[lineages.STEPS_REPEATED].notna()] if lineages.STEPS_REPEATED in t else t[:0]
@@ -347,11 +352,18 @@ def render(summary: Summary, top: int = 5) -> Any:
     return Group(*parts, _table(summary.gpus, "GPUs"))
 
 
+HEADER_LINES = 3  # a header takes at most this many lines, its words (`a_`, `b`) whole
+TEXT_WIDTH = 8  # a text cell folds down to this many characters; a number never folds
+WHOLE = ("image",)  # columns of text that never folds (an image ID, 12 hex digits)
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """A table of `frame` as wide as the terminal allows: a number keeps its line (`1.785`,
-    never `1.78` / `5`; text and headers fold); where even that is too wide, the rightmost
-    columns but the first `keep` are left out, and a line under the table names them."""
+    never `1.78` / `5`); a header folds between its words (`gpu_mem_` / `peak_mb`, at most
+    HEADER_LINES lines), never inside one; text folds. Where even that is too wide, the
+    rightmost columns but the first `keep` are left out, and a line under the table names
+    them."""
 
     frame: pd.DataFrame
     title: str
@@ -368,18 +380,43 @@ class _Fitted:
             number = max((len(c) for c in column if _is_number(c)), default=0)
             text = max((len(c) for c in column if not _is_number(c)), default=0)
             natural.append(max(len(head), number, text, 1))
-            least.append(max(number, min(text, 8), 1))  # text folds down to 8 characters
+            folds = min(text, TEXT_WIDTH) if head not in WHOLE else text
+            least.append(max(number, folds, _header_width(head), 1))
         shown = len(headers)
         while shown > self.keep and sum(least[:shown]) + 3 * shown + 1 > options.max_width:
             shown -= 1
-        widths = None
-        if sum(natural[:shown]) + 3 * shown + 1 > options.max_width:  # rich would fold numbers
-            widths = _grow(least[:shown], natural[:shown],
-                           options.max_width - 3 * shown - 1)
+        widths = _grow(least[:shown], natural[:shown], options.max_width - 3 * shown - 1)
         yield _rich_table(headers[:shown], [row[:shown] for row in cells], widths, self.title)
         if shown < len(headers):
             yield Text(f"{len(headers) - shown} more columns in a wider terminal and in the "
                        "CSV: " + ", ".join(headers[shown:]), style="dim")
+
+
+def _words(head: str) -> list[str]:
+    """A header's words, each with the `_` that ends it: `gpu_mem_peak_mb` -> `gpu_`,
+    `mem_`, `peak_`, `mb`."""
+    return re.findall(r"[^_]*_+|[^_]+", head) or [head]
+
+
+def _header_lines(head: str, width: int) -> list[str]:
+    """`head` in lines of at most `width` characters, broken between its words only (a
+    word wider than `width` has a line of its own)."""
+    lines: list[str] = []
+    for word in _words(head):
+        if lines and len(lines[-1]) + len(word) <= width:
+            lines[-1] += word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _header_width(head: str) -> int:
+    """The narrowest width at which `head` takes at most HEADER_LINES lines, its words
+    whole."""
+    width = max(len(w) for w in _words(head))
+    while len(_header_lines(head, width)) > HEADER_LINES:
+        width += 1
+    return width
 
 
 def _grow(least: list[int], natural: list[int], room: int) -> list[int]:
@@ -399,18 +436,26 @@ def _table(frame: pd.DataFrame, title: str, keep: int = 1) -> Any:
     return _Fitted(frame, title, keep)
 
 
-def _rich_table(headers: list[str], cells: list[list[str]], widths: list[int] | None,
+def _rich_table(headers: list[str], cells: list[list[str]], widths: list[int],
                 title: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title, title_justify="left")
-    for i, head in enumerate(headers):
-        table.add_column(Text(head, overflow="fold"), justify="right", overflow="fold",
-                         width=None if widths is None else widths[i])
+    for head, width in zip(headers, widths, strict=True):
+        table.add_column(Text("\n".join(_header_lines(head, width)), no_wrap=True),
+                         justify="right", overflow="fold", width=width)
     for row in cells:
         table.add_row(*(Text(c, no_wrap=_is_number(c)) for c in row))  # never markup
     return table
+
+
+def short_image(image: Any) -> Any:
+    """An image ID as `podman images` and `docker images` show it: its first 12 hex digits
+    (`sha256:9f0c...` -> `9f0c...`, 12 of them); anything else as it is."""
+    if isinstance(image, str) and image.startswith("sha256:"):
+        return image.removeprefix("sha256:")[:12]
+    return image
 
 
 def _is_number(cell: str) -> bool:
