@@ -124,13 +124,15 @@ def test_names_and_tags() -> None:
 
 # -- the study file's checks (the engine faked) -------------------------------------------
 
-def resolve(c: ContainerSection, tmp_path: Path, launcher: str = "python",
-            run: Any = None, which: Any = None, memory: Any = None) -> ContainerSection:
+def resolve(c: ContainerSection, tmp_path: Path | containerspec.Mounted,
+            launcher: str = "python", run: Any = None, which: Any = None, memory: Any = None,
+            runnable: bool = True) -> ContainerSection:
     def answers(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, "sha256:x\n", "")
 
-    return containerspec.resolve("s.yaml", containerspec.Mounted(tmp_path, tmp_path / "out"),
-                                 c, launcher, True, run or answers,
+    mounted = tmp_path if isinstance(tmp_path, containerspec.Mounted) else \
+        containerspec.Mounted(tmp_path, tmp_path / "out")
+    return containerspec.resolve("s.yaml", mounted, c, launcher, runnable, run or answers,
                                  which or (lambda n: f"/usr/bin/{n}"), memory or (lambda: 8 << 30))
 
 
@@ -253,9 +255,8 @@ def test_mounts_over_what_sweep_mounts_from_the_host_are_refused(tmp_path: Path)
                 f"-vcache:{tmp_path}/out", "--mount", "type=tmpfs,target=/scratch",
                 "-v", f"{tmp_path}/out/x"]
     with pytest.raises(ConfigError) as e:
-        containerspec.resolve("s.yaml", mounted, section(
-            run_args=run_args, mounts=["data", f"data:{tmp_path}/code/train.py"]),
-            "python", False)
+        resolve(section(run_args=run_args, mounts=["data", f"data:{tmp_path}/code/train.py"]),
+                mounted)
     over = "which sweep mounts from the host for each trial"
     assert problems(e.value) == [
         f"s.yaml: trainer.container.run_args.0: -v /data:{tmp_path} mounts over the study's "
@@ -290,7 +291,7 @@ def test_a_path_sweep_mounts_with_a_colon_or_a_comma_is_refused(tmp_path: Path,
                                (elsewhere, elsewhere / "out", odd / "t.py")):
         mounted = containerspec.Mounted(study, out, (("trainer.script", "the script", script),))
         with pytest.raises(ConfigError) as e:
-            containerspec.resolve("s.yaml", mounted, section(engine="podman"), "python", False)
+            resolve(section(engine="podman"), mounted)
         what = ("trainer.container: the study's folder" if study == odd else
                 "study.output_dir: the study's output folder" if out == odd else
                 "trainer.script: the script")
@@ -303,6 +304,18 @@ def test_a_path_sweep_mounts_with_a_colon_or_a_comma_is_refused(tmp_path: Path,
     assert problems(e.value) == [
         "s.yaml: trainer.container.mounts.0: 'a,b:/data' has a ',', which the engine's mount "
         "options split on: name a path without one"]
+
+
+def test_a_study_that_could_not_run_in_its_container_is_still_read(tmp_path: Path) -> None:
+    """`sweep summary`, `status`, `report` load the file not to run it: a study that ran
+    before these checks (an output folder with ',' ran its trials) is still read."""
+    odd = tmp_path / "a,b"
+    mounted = containerspec.Mounted(odd, odd / "out")
+    c = section(engine="podman", run_args=["-itd", "-v", f"/x:{odd}"], shm_size="64p")
+    assert resolve(c, mounted, runnable=False) == c
+    with pytest.raises(ConfigError) as e:
+        resolve(c, mounted)
+    assert len(e.value.problems) == 4
 
 
 def test_shm_size_is_read_as_the_engine_reads_it_and_no_larger_than_the_hosts_memory(

@@ -295,16 +295,51 @@ def shadowed(target: str, host: str | None, mounted: Mounted) -> str | None:
     return None
 
 
+def _before_a_trial(file: str, mounted: Mounted, section: ContainerSection, engine: Engine,
+                    found: Engine | None) -> list[Problem]:
+    """What would fail each trial or the run's end in the container (`found`: the engine,
+    None if not found): a path sweep mounts with one of SEPARATORS (said once, for the
+    outermost), `run_args` that set what sweep sets or mount over what it mounts."""
+    problems: list[Problem] = []
+    said: list[Path] = []
+    for key, what, path in mounted.mounted():
+        c = separator_in(path)
+        if c is not None and not any(_within(path, p) for p in said):
+            said.append(path)
+            problems.append(Problem(file, key, f"{what} {path} has a {c!r}, which "
+                                    f"{found or 'the engine'} cannot mount (its mount and "
+                                    "filter options split on ':' and ','): use a path without "
+                                    "':' or ','"))
+    parsed = runargs.options(section.run_args, engine)
+    for i in range(len(section.run_args)):
+        own = [(o, why) for o in parsed if o.index == i
+               and (why := runargs.own(o, engine)) is not None]
+        if own:
+            flags = [o.flag if o.flag == o.name else f"{o.flag} ({o.name})" for o, _ in own]
+            shown = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+            problems.append(Problem(
+                file, f"{KEY}.run_args.{i}", f"{short(own[0][0].text, 60)}: sweep sets {shown} "
+                f"for each trial ({'; '.join(why for _, why in own)}): remove it"))
+    for option in parsed:
+        for target in runargs.mounts(option, engine):
+            hidden = shadowed(target.path, target.host, mounted)
+            if hidden is not None:
+                problems.append(Problem(
+                    file, f"{KEY}.run_args.{option.index}", f"{short(option.text, 200)} "
+                    f"mounts over {hidden}, which sweep mounts from the host for each trial: "
+                    "mount it at another path"))
+    return problems
+
+
 def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: str,
             runnable: bool = True, run: Run = subprocess.run, which: Which = shutil.which,
             memory: Callable[[], int | None] = host_memory) -> ContainerSection:
     """The section with its engine found; ConfigError with every problem (one line each):
-    a launcher that cannot run in a container, a path sweep mounts that the engine cannot
-    (`SEPARATORS`), `run_args` that set what sweep sets or mount over what it mounts
-    (`runargs`), a malformed mount, one outside the study's folder and output folder or over
-    what sweep mounts, a `shm_size` larger than the host's `memory`; and, when `runnable`,
-    an engine that is missing, an image that is not there (asked of the engine) or a mount
-    that does not exist."""
+    a launcher that cannot run in a container, a malformed mount or one outside the study's
+    folder and output folder; and, when `runnable`, an engine that is missing, an image that
+    is not there (asked of the engine), a mount that does not exist or that lands over what
+    sweep mounts, a `shm_size` larger than the host's `memory`, and what `_before_a_trial`
+    finds."""
     problems: list[Problem] = []
     base = mounted.study_dir
 
@@ -321,31 +356,8 @@ def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: st
             engine, executable = find_engine(section.engine, which)
         except ValueError as e:
             bad("engine", str(e))
-    name = engine or "the engine"
-    said: list[Path] = []
-    for key, what, path in mounted.mounted():
-        c = separator_in(path)
-        if c is not None and not any(_within(path, p) for p in said):  # once, where it is
-            said.append(path)
-            problems.append(Problem(file, key, f"{what} {path} has a {c!r}, which {name} cannot "
-                                    "mount (its mount and filter options split on ':' and ','): "
-                                    "use a path without ':' or ','"))
-    parsed = runargs.options(section.run_args, engine or "podman")
-    for i in range(len(section.run_args)):
-        own = [(o, why) for o in parsed if o.index == i
-               and (why := runargs.own(o, engine or "podman")) is not None]
-        if own:
-            flags = [o.flag if o.flag == o.name else f"{o.flag} ({o.name})" for o, _ in own]
-            shown = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
-            bad(f"run_args.{i}", f"{short(own[0][0].text, 60)}: sweep sets {shown} for each "
-                f"trial ({'; '.join(why for _, why in own)}): remove it")
-    for option in parsed:
-        for target in runargs.mounts(option, engine or "podman"):
-            hidden = shadowed(target.path, target.host, mounted)
-            if hidden is not None:
-                bad(f"run_args.{option.index}", f"{short(option.text, 200)} mounts over "
-                    f"{hidden}, which sweep mounts from the host for each trial: mount it at "
-                    "another path")
+    if runnable:  # what would fail each trial (a study that ran before is still read)
+        problems += _before_a_trial(file, mounted, section, engine or "podman", engine)
     roots = [_norm(mounted.study_dir), _norm(mounted.output_dir)]
     for i, text in enumerate(section.mounts):
         try:
@@ -354,7 +366,7 @@ def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: st
             bad(f"mounts.{i}", str(e))
             continue
         real = Path(os.path.realpath(mount.host))
-        hidden = shadowed(mount.target, str(mount.host), mounted)
+        hidden = shadowed(mount.target, str(mount.host), mounted) if runnable else None
         if not any(real == r or r in real.parents for r in roots):
             bad(f"mounts.{i}", f"{mount.host} is outside what the study owns (its folder "
                 f"{roots[0]}, its output folder): move the data under the study's folder")
