@@ -362,6 +362,12 @@ def test_an_engine_that_cannot_start_the_probe_is_said_whole_with_the_docs() -> 
         f"podman could not start python3 in a container of the image reg/train:1.2 (exit 126: "
         f"{RLIMIT}): where podman cannot run containers with its defaults, see "
         "docs/how-to/containers.md (CONTAINERS_CONF, a runtime and ulimits that work here)")
+    assert containerspec.probe_failure(section(engine="docker"), "python3", 125, "Error: x",
+                                       "...") == (
+        "docker could not start python3 in a container of the image reg/train:1.2 (exit 125: "
+        "Error: x): where docker cannot run containers with its defaults, see "
+        "docs/how-to/containers.md")
+    assert containerspec.gib(64 << 50) == "67,108,864 GiB"
     assert containerspec.probe_failure(c, "/opt/py", 127, "Error: not found", "...") == (
         "no /opt/py in the image reg/train:1.2 (podman exit 127: Error: not found): set "
         "trainer.python to the image's Python")

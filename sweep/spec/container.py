@@ -71,7 +71,8 @@ def host_memory() -> int | None:
 
 def gib(size: int) -> str:
     """`size` bytes in GiB, as `free -g` and the engines' units count them."""
-    return f"{size / (1 << 30):.3g} GiB"
+    value = size / (1 << 30)
+    return f"{value:.3g} GiB" if value < 1000 else f"{value:,.0f} GiB"
 
 
 class ContainerSection(Section, BaseModel):  # BaseModel named: ruff knows a pydantic model
@@ -190,9 +191,11 @@ def probe_failure(section: ContainerSection, python: str, code: int | None, said
         return (f"no {python} in the image {image} ({engine} exit 127: {said}): set "
                 "trainer.python to the image's Python")
     if engine in ("podman", "docker") and code in (125, 126):
+        how = " (CONTAINERS_CONF, a runtime and ulimits that work here)" \
+            if engine == "podman" else ""
         return (f"{engine} could not start {python} in a container of the image {image} "
                 f"(exit {code}: {said}): where {engine} cannot run containers with its "
-                f"defaults, see {DOCS} (CONTAINERS_CONF, a runtime and ulimits that work here)")
+                f"defaults, see {DOCS}{how}")
     return (f"cannot run {python} in the image {image} with {engine}: {why} (does {engine} run "
             f"containers here, and the image have that Python: trainer.python?); see {DOCS}")
 
