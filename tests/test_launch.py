@@ -75,9 +75,11 @@ def test_prepare_trial_dir_writes_params_and_command(tmp_path):
     plan = launch_plan.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 4,
                                {"lr": 0.5}, 1, paths, tmp_path / "c.yaml",
                                through_accelerate=False)
-    paths.dir.mkdir(parents=True)
-    paths.command.write_text("#!/bin/sh\n")  # sweep's, from an earlier run with the same
-    paths.result.write_text("{}")  # output_dir
+    paths.dir.parent.mkdir(parents=True)
+    paths.made.write_text("4\n")  # sweep's, from an earlier run with the same output_dir
+    paths.dir.mkdir()
+    paths.command.write_text("#!/bin/sh\n")
+    paths.result.write_text("{}")
     folders.prepare_trial_dir(plan, {"lr": 0.5})
     assert (tmp_path / "trials" / "4" / "params.json").read_text().strip() == '{\n  "lr": 0.5\n}'
     assert "--lr 0.5" in paths.command.read_text()
