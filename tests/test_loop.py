@@ -435,3 +435,22 @@ def test_an_interrupted_trials_continuation_runs_before_the_rest_of_study_enqueu
     assert again.run().exit_code == 0
     assert [(t.state.name, t.params["x"]) for t in s.trials[2:]] == [
         ("COMPLETE", 0.1), ("COMPLETE", 0.2), ("COMPLETE", 0.3), ("COMPLETE", 0.4)]
+
+
+def test_durations_in_the_live_lines_are_on_the_drivers_clock_not_the_wall_clock(
+        tmp_path, monkeypatch):
+    """Item 12 of issue 38: "COMPLETE ... in -3539.7 s" after the wall clock was stepped back
+    an hour; a trial's duration and its elapsed time are now the driver's (monotonic) clock's."""
+    s = Sweep(tmp_path, lambda p: Script(runs=2.5, result={"score": p["x"]}), gpus=1,
+              study={"n_trials": 1})
+    finished: list[Any] = []
+    views: list[Any] = []
+    s.driver.events.finished = finished.append  # type: ignore[method-assign,assignment]
+    s.driver.events.tick = views.append  # type: ignore[method-assign,assignment]
+    stepped = time.time() - 3600.0  # the wall clock, stepped back an hour, then frozen
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    assert s.run() == 0
+    [done] = finished
+    assert done.seconds == 2.5
+    elapsed = [r.elapsed for view in views for r in view.running]
+    assert elapsed and elapsed == sorted(elapsed) and 0.0 <= elapsed[0] <= elapsed[-1] <= 2.5

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from typing import Any
 
 from optuna.trial import TrialState
@@ -236,10 +235,10 @@ class Driver:
     def view(self) -> View:
         """The run now, for a progress display (the counts as last read: the loop has just
         read them to decide on starting, so this reads no storage)."""
-        counts = self.tally.get()
+        counts, now = self.tally.get(), self.clock.now()
         return View(
             self.spec.study.name, self.spec.study.n_trials, counts.finished,
-            tuple(Running(r.number, r.device, r.params, r.process.started)
+            tuple(Running(r.number, r.device, r.params, now - r.began)
                   for r in self.running.values()),
             tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
             self.store.best)
@@ -409,7 +408,7 @@ class Driver:
         if exhausted:
             self.policy.stop_starting("the sampler has searched its whole space")
         self.events.finished(Finished(run.number, verdict.state, verdict.values, run.device,
-                                      time.time() - run.process.started, verdict.fail_reason,
+                                      now - run.began, verdict.fail_reason,
                                       run.devices))
         if not told:  # the other driver counted it, and queued its params again
             return

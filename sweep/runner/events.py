@@ -51,7 +51,7 @@ class Running:
     number: int
     gpu: int
     params: Mapping[str, Any]
-    started: float  # epoch seconds
+    elapsed: float  # seconds since it started, by the driver's monotonic clock
 
 
 @dataclass(frozen=True)

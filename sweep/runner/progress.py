@@ -130,7 +130,6 @@ class Progress(Events):
         table = Table(box=None, pad_edge=False)
         for col in ("GPU", "trial", "elapsed", "util %", "mem MB", "params"):
             table.add_column(col)
-        now = time.time()
         for index in view.devices:
             runs = [r for r in view.running if r.gpu == index]
             reading = self.monitor.latest.get(index) if self.monitor else None
@@ -143,7 +142,7 @@ class Progress(Events):
                     table.add_row(str(index), "[dim]idle[/]", "", util, mem, "")
                 else:
                     table.add_row(
-                        str(index), str(r.number), f"{now - r.started:.0f} s",
+                        str(index), str(r.number), f"{r.elapsed:.0f} s",
                         util, mem, Text(_params(r.params, max(40, self.console.width - 40))),
                     )
         return Group(head, table)

@@ -141,10 +141,11 @@ class Starter:
                     self.now(), spec.trainer.hang_after, POLL_SECONDS,
                     reports.watched if reports is not None else tuple)
             # the wait for a fork server's imports is not the trial's time
-            deadline = self.now() + spec.trainer.timeout if spec.trainer.timeout else None
+            began = self.now()
+            deadline = began + spec.trainer.timeout if spec.trainer.timeout else None
             return RunningTrial(asked.trial, asked.number, params, line, lease, proc,
                                 spec.trainer.stop_grace, deadline, reports, watch,
-                                result_before=before, resumed=start.resume)
+                                result_before=before, resumed=start.resume, began=began)
         except BaseException:
             proc.force_kill()
             proc.wait(5)

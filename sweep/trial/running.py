@@ -98,6 +98,7 @@ class RunningTrial:
     resumed: bool = False  # it carries its lineage on from what its checkpoint folder held
     drained: int = 0  # passes that read its values after its command exited
     cleanup_at: float | None = None  # when to look again at a device its processes still held
+    began: float = 0.0  # when it started, on the driver's clock: its durations (not the wall's)
     _force_at: float | None = field(default=None, repr=False)
 
     @property
