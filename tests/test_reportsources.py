@@ -241,3 +241,56 @@ def test_a_file_that_ends_inside_a_line_too_long_to_read_has_nothing_more_waitin
     assert got[0] == [(1, 0.5)] and not any(got[1:]) and reader.error is None
     assert reader.more is False
     assert "line 2 is longer than 1000 bytes: skipped" in capsys.readouterr().err
+
+
+ECHOED = ("epoch 1 loss 1.0\nepoch 2 loss 0.5\nRuntimeError: oops\nepoch 3 loss 0.3\n"
+          "RuntimeError: epoch 2 loss 0.5\nRuntimeError: oops\nepoch 3 loss 0.3\n\n"
+          "The above exception was the direct cause of the following exception:\n\n"
+          "Traceback (most recent call last):\n  File \"accelerate\", line 1\n"
+          "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 3.\n")
+
+
+def test_stderr_reports_end_where_the_launchers_copy_of_its_tail_begins(tmp_path):
+    """Item 6 of issue 38: accelerate 1.16 repeats the trainer's last stderr lines after it
+    ended, and those were read as new reports (counted steps 4, 5). A line that starts
+    `RuntimeError: ` waits while it may begin that copy; the trainer's own such line is read."""
+    log = tmp_path / "stderr.log"
+    reader = OutputReader(log, [r"loss (?P<value>\S+)"], "loss", name="stderr")
+    cut = ECHOED.index("RuntimeError: epoch 2")
+    log.write_text(ECHOED[: cut + len("RuntimeError: epoch 2 loss 0.5\n")])
+    assert reader.read() == [(1, 1.0), (2, 0.5), (3, 0.3)]  # the copy's first line waits
+    log.write_text(ECHOED)
+    assert reader.read() == [] and reader.read_rest() == []
+    own = tmp_path / "own.log"  # the trainer's own line, however it looked, once it exited
+    own.write_text("epoch 1 loss 1.0\nRuntimeError: epoch 1 loss 1.0\n")
+    reader = OutputReader(own, [r"loss (?P<value>\S+)"], "loss", name="stderr")
+    assert reader.read() == [(1, 1.0)]
+    assert reader.read_rest() == [(2, 1.0)]
+
+
+def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
+        write_study, fake_gpus):
+    """Item 6 of issue 38, against the accelerate installed (1.16.0 when written): a trainer
+    under `accelerate launch` logs 3 epochs on stderr and fails; the launcher prints its last
+    lines again. The trial has 3 steps, not 3 + the copy, and its fail reason is its own
+    last line; a trainer that ends 0 has its 3 steps too."""
+    import accelerate
+    from conftest import load_trials, run_cli
+
+    trainer = Path(__file__).parent / "trainers" / "stderr_epochs.py"
+    for args, reason in (([], "exit code 3: giving up"), (["--ok"], None)):
+        name = f"echo{len(args)}"
+        study = write_study(study={"name": name, "n_trials": 1, "max_consecutive_failures": 1,
+                                   "pruner": {"type": "median"}},  # every value stored
+                            trainer={"script": str(trainer), "launcher": "accelerate",
+                                     "args": args,
+                                     "report": {"stderr": r"loss (?P<value>\S+)"}},
+                            name=f"s{len(args)}.yaml")
+        fake_gpus(1)
+        run_cli("run", str(study))
+        [trial] = load_trials(study, name)
+        log = (study.parent / name / "trials" / "0" / "stderr.log").read_text()
+        if reason is not None:  # the launcher did repeat them (accelerate 1.16 and later)
+            assert log.count("epoch 3 loss") == 2, (accelerate.__version__, log)
+            assert trial.user_attrs["fail_reason"] == reason
+        assert trial.intermediate_values == {1: 1.0, 2: 0.5, 3: 0.3333}

@@ -29,6 +29,7 @@ from sweep._core.patterns import LINE_TAIL, compile_pattern
 from sweep._core.placeholders import fill
 from sweep.spec.schema import ReportSection
 from sweep.trial.folders import TrialPaths
+from sweep.trial.launcher_echo import MAX_COPY, START, echo_verdict
 from sweep.trial.results import (
     CHUNK,
     MAX_STEP,
@@ -126,6 +127,10 @@ class OutputReader:
     A pattern sees a line's last LINE_TAIL characters, as `result.stdout` patterns do. At most
     CHUNK bytes are searched and BATCH values passed on per pass; a line still being written
     waits for its end.
+
+    In stderr, the values end where `accelerate launch` (1.16) repeats the trainer's last lines
+    after it ended (`launcher_echo`): a line starting `RuntimeError: ` waits until what follows
+    it shows whether it begins that copy (or until the command exited).
     """
 
     def __init__(self, path: Path, patterns: list[str], metric: str, name: str = "stdout",
@@ -140,14 +145,30 @@ class OutputReader:
         self._count = counted_from
         self.counted = False
         self._seen: set[int] = set()
+        self._echoes = name == "stderr"  # the launcher's copy can follow (see the class)
+        self._before = bytearray()  # the last lines read, that a copy would repeat
+        self._ended = False  # the launcher's copy was reached: nothing after it is the trainer's
+        self._exited = False  # the command exited: a line that waits for its verdict waits no more
 
     @property
     def error(self) -> str | None:
         return self._file.error
 
+    def _echo_at(self, start: int) -> bool | None:
+        """`echo_verdict` of the line `start` bytes past the offset read to."""
+        offset = self._file.offset
+        self._file.offset += start
+        try:
+            after = self._file.chunk(MAX_COPY + CHUNK) or b""
+        finally:
+            self._file.offset = offset
+        verdict = echo_verdict(self._before.decode("utf-8", "replace"),
+                               after.decode("utf-8", "replace"))
+        return False if verdict is None and self._exited else verdict
+
     def read(self) -> list[tuple[int, float]]:
         self.more = False
-        if self.error is not None:
+        if self.error is not None or self._ended:
             return []
         chunk = self._file.chunk()
         if not chunk:
@@ -156,7 +177,16 @@ class OutputReader:
         end = 0
         complete = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1  # what follows waits
         for line in _LINE.finditer(chunk, 0, complete):
+            if self._echoes and line.group(1).startswith(START.encode()):
+                verdict = self._echo_at(line.start())
+                if verdict is not False:  # the copy (nothing more is the trainer's), or wait
+                    self._ended = bool(verdict)
+                    self._file.offset += line.start()
+                    return fresh
             end = line.end()
+            if self._echoes:
+                self._before += line.group(0)
+                del self._before[:-MAX_COPY - CHUNK]
             self._line += 1
             try:
                 found = self._match(line.group(1)[-4 * LINE_TAIL:].decode("utf-8", "replace"))
@@ -201,6 +231,7 @@ class OutputReader:
 
     def read_rest(self, limit: int = 1 << 26) -> list[tuple[int, float]]:
         """Every new value left (up to `limit` bytes), for a trial whose command exited."""
+        self._exited = True
         return drain(self, self._file, limit)
 
 

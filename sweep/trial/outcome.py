@@ -14,6 +14,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep._core.patterns import PatternTimeout, parse_stdout
+from sweep.trial.launcher_echo import launcher_echo
 from sweep.trial.results import ResultError, parse_result
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
@@ -64,7 +65,7 @@ def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
 
     Since accelerate 1.16 the launcher raises it `from RuntimeError(<the tail of the child's
     stderr>)`, so the child's stderr is followed by a copy of its tail and "The above exception
-    was the direct cause ..." before the traceback: the copy goes too (`_launcher_cause`).
+    was the direct cause ..." before the traceback: the copy goes too (`launcher_echo`).
 
     Returns (the trainer's stderr, the trainer's exit code if the launcher reported it; 128 + N
     for a trainer killed by signal N, as the other launchers report it).
@@ -82,25 +83,11 @@ def split_launcher_traceback(stderr: str) -> tuple[str, int | None]:
     return "\n".join(lines[:-1]), code
 
 
-_CAUSED = "The above exception was the direct cause of the following exception:"
-_CAUSE = "RuntimeError: "
-
-
 def _launcher_cause(text: str) -> str:
-    """`text` (stderr before the launcher's traceback) without accelerate 1.16's chained cause:
-    `RuntimeError: ` + a tail of the child's stderr (so a suffix of what precedes it), then
-    the "direct cause" line. `text` as it is when it does not end so."""
-    body = text.rstrip()
-    if not body.endswith(_CAUSED):
-        return text
-    body = body[: -len(_CAUSED)].rstrip("\n")
-    at = len(body)
-    while (at := body.rfind(_CAUSE, 0, at)) >= 0:
-        if at == 0 or body[at - 1] == "\n":
-            before, tail = body[:at], body[at + len(_CAUSE):]
-            if before.rstrip("\n").endswith(tail.rstrip("\n")):
-                return before.rstrip("\n")
-    return text
+    """`text` (stderr before the launcher's traceback) without accelerate 1.16's chained cause,
+    the copy of the child's stderr tail (`launcher_echo`); `text` as it is without one."""
+    at = launcher_echo(text)
+    return text if at is None else text[:at].rstrip("\n")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
