@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -387,11 +388,24 @@ def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_
 # ---- issue 38, items 1-4: bind mounts, a stray command.sh, the study's own files ---------
 
 
+def mounts_under(top: Path) -> list[str]:
+    """The mount points at or under `top`, read from /proc/self/mountinfo here (not with the
+    code under test), deepest first."""
+    real = os.path.realpath(top)
+    points = []
+    for line in Path("/proc/self/mountinfo").read_bytes().splitlines():
+        point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split(b" ")[4])
+        if os.fsdecode(point) == real or os.fsdecode(point).startswith(real + os.sep):
+            points.append(os.fsdecode(point))
+    return sorted(points, key=len, reverse=True)
+
+
 @contextlib.contextmanager
 def bind_mounted(source: Path, at: Path) -> Iterator[None]:
     """`source` (a folder of the same file system) bind-mounted at `at`: it shares the
-    device number of the folder around it. Unmounted afterwards wherever it is then (code
-    under test may have renamed a folder above it), so that no mount outlives the test."""
+    device number of the folder around it. Every mount under the folder that holds both (the
+    test's tmp_path) is unmounted afterwards (`umount -l`), wherever code under test may have
+    renamed a folder above it, so that no mount outlives the test."""
     at.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["mount", "--bind", str(source), str(at)], capture_output=True,
                           text=True)
@@ -401,9 +415,8 @@ def bind_mounted(source: Path, at: Path) -> Iterator[None]:
         assert os.stat(at).st_dev == os.stat(at.parent).st_dev  # what st_dev cannot see
         yield
     finally:
-        top = source.parent
-        for point in sorted(safefs.mounts_at_or_under(top), reverse=True):
-            subprocess.run(["umount", str(top / point)], check=True)
+        for point in mounts_under(Path(os.path.commonpath([source, at]))):
+            subprocess.run(["umount", "-l", point], check=True)
 
 
 def marked_trial_folder(out: Path, number: int) -> Path:
@@ -602,3 +615,54 @@ def test_a_file_sweep_did_not_write_is_never_replaced_at_the_default_path(write_
     assert run_cli(verb, str(study_file)) == (2 if verb == "report" else 0)
     assert why in capsys.readouterr().err
     assert path.read_text().endswith("a note of the user's\n")
+
+
+def mounted_on_check(monkeypatch: pytest.MonkeyPatch, module: Any, user: Path, at: Path,
+                     stack: contextlib.ExitStack) -> None:
+    """`module.removable` checks as it does, then `user` is bind-mounted at `at`: the window
+    between the check and the removal, forced."""
+    check = module.removable
+
+    def then_mounted(path: Path, made: bool) -> bool:
+        ok = check(path, made)
+        stack.enter_context(bind_mounted(user, at))
+        return ok
+
+    monkeypatch.setattr(module, "removable", then_mounted)
+
+
+@ROOT
+@pytest.mark.parametrize("depth", ["data", "a/b/data"])
+def test_a_folder_bind_mounted_after_the_check_is_never_crossed(tmp_path, monkeypatch, depth):
+    """Item 1 (review): a mount made after `removable` looked was crossed by the removal
+    (shutil.rmtree); each folder's mount is now compared before anything in it goes."""
+    user = user_tree(tmp_path / "data")
+    folder = marked_trial_folder(tmp_path / "out", 0)
+    with contextlib.ExitStack() as stack:
+        mounted_on_check(monkeypatch, safefs, user, folder / depth, stack)
+        with pytest.raises(UnsafePath) as refused:
+            remove_tree(folder, True)
+        assert str(refused.value) == (f"{folder} holds {folder / depth}, where a file system "
+                                      "or a folder is mounted: unmount it first")
+        assert intact(folder / depth)
+    assert intact(user)
+
+
+@ROOT
+def test_a_lineages_folder_mounted_in_after_the_check_is_not_retired(tmp_path, monkeypatch):
+    """Item 1 (review): `retire` renamed a folder with a mount made in it after the check;
+    it is refused now, with nothing renamed."""
+    user = user_tree(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    folder = lineage.checkpoint_dir(out, 0)
+    lineage.prepare(out, Lineage(0))
+    with contextlib.ExitStack() as stack:
+        mounted_on_check(monkeypatch, checkpoint_disk, user, folder / "data", stack)
+        with pytest.raises(UnsafePath) as refused:
+            checkpoint_disk.retire(out, 0)
+        assert str(refused.value) == (f"{folder} holds {folder}/data, where a file system or "
+                                      "a folder is mounted: unmount it first")
+        assert sorted(os.listdir(folder.parent)) == [".0.lock", ".0.sweep", "0"]  # no trash
+        assert intact(folder / "data")
+    assert intact(user)

@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import re
-import shutil
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -204,13 +203,65 @@ def remove_tree(path: Path, made: bool) -> None:
     """Remove `path`, a folder sweep made, with all that is in it; nothing if it is not there.
 
     It is removed only if `removable` says so; else UnsafePath, naming the path and why, and
-    nothing is removed. Links inside are removed, never followed."""
+    nothing is removed. Links inside are removed, never followed. A file system or a folder
+    mounted in it after that check is still never crossed: each folder is opened (never
+    through a link) and its mount (`mount_id`) compared with that of the folder `path` lies
+    in before anything in it is removed; where they differ, UnsafePath, and nothing in that
+    folder or under it is removed (what was removed of the rest stays removed)."""
     if not removable(path, made):
         return
     try:
-        shutil.rmtree(path)  # follows no link inside (rmtree.avoids_symlink_attacks)
+        parent = os.open(path.parent, DIR_FLAGS)
     except OSError as e:
         raise _named(e, path) from e
+    try:
+        _remove_in(parent, path.name, path, path, _mount_of(parent))
+    except OSError as e:
+        raise _named(e, path) from e
+    finally:
+        os.close(parent)
+
+
+def mount_id(fd: int) -> int | None:
+    """The id of the mount the file open as `fd` lies on (`mnt_id:` of
+    `/proc/self/fdinfo/<fd>`, Linux 3.15 on; a bind mount has its own); None where the
+    kernel does not say."""
+    try:
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text(encoding="ascii")
+    except (OSError, ValueError):
+        return None
+    found = re.search(r"^mnt_id:\s*(\d+)$", info, re.MULTILINE | re.ASCII)
+    return int(found[1]) if found else None
+
+
+def _mount_of(fd: int) -> tuple[int | None, int]:
+    """What says which mount the folder open as `fd` is on: its mount id, and its device
+    number (compared where the kernel gives no mount id)."""
+    return mount_id(fd), os.fstat(fd).st_dev
+
+
+def _remove_in(parent: int, name: str, top: Path, path: Path,
+               mount: tuple[int | None, int]) -> None:
+    """Remove the folder `name` in the folder open as `parent` (at `path`, inside `top`, the
+    folder `remove_tree` removes) with all in it, each folder first checked to be on `mount`
+    (UnsafePath naming `top` if not)."""
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    try:
+        here = _mount_of(fd)
+        if (here[0] != mount[0] if None not in (here[0], mount[0]) else here[1] != mount[1]):
+            where = ("is where a file system or a folder is mounted" if path == top else
+                     f"holds {path}, where a file system or a folder is mounted")
+            raise UnsafePath(top, f"{where}: unmount it first")
+        with os.scandir(fd) as entries:
+            names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        for entry, is_dir in names:
+            if is_dir:
+                _remove_in(fd, entry, top, path / entry, mount)
+            else:
+                os.unlink(entry, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 def removable(path: Path, made: bool) -> bool:

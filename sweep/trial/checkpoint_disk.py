@@ -23,7 +23,14 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sweep._core.safefs import UnsafePath, own_folder_problem, removable, remove_tree, write_file
+from sweep._core.safefs import (
+    UnsafePath,
+    mounts_at_or_under,
+    own_folder_problem,
+    removable,
+    remove_tree,
+    write_file,
+)
 from sweep.trial import lineage, lineage_lock
 
 TRASH = re.compile(r"^\.(\d+)\.removing-[0-9a-f]{8}$")  # a retired folder, not purged yet
@@ -91,7 +98,8 @@ def retire(output_dir: Path, origin: int) -> Path | None:
     the lock cannot be had now (another time). UnsafePath, with nothing done, if
     `checkpoints/` is not this user's real folder, or the folder is not one sweep made (no
     marker beside it: then only an empty one goes), or `safefs.removable` refuses it (a
-    link, a mount point, another study's output_dir inside)."""
+    link, a mount point, another study's output_dir inside), or a file system or a folder
+    was mounted in it meanwhile (found once renamed: it is renamed back)."""
     try:
         fd = lineage_lock.take(output_dir, origin)
     except lineage_lock.Unsupported:
@@ -114,6 +122,13 @@ def retire(output_dir: Path, origin: int) -> Path | None:
         except OSError:
             os.unlink(mark)  # the file just written: nothing was retired
             raise
+        mounted = mounts_at_or_under(trash)  # one made since `removable` looked
+        if mounted:
+            os.rename(trash, folder)  # back in its place: nothing was retired
+            os.unlink(mark)
+            inside = "" if mounted[0] == "." else f"holds {folder / mounted[0]}, "
+            raise UnsafePath(folder, f"{inside or 'is '}where a file system or a folder is "
+                             "mounted: unmount it first")
         return trash
     except UnsafePath:
         raise

@@ -30,7 +30,6 @@ from sweep._core.safefs import (
     check_output_dir,
     make_own_folder,
     open_for_writing,
-    removable,
     remove_tree,
     write_file,
 )
@@ -336,9 +335,7 @@ def _prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     paths.dir.parent.parent.mkdir(parents=True, exist_ok=True)
     make_own_folder(paths.dir.parent, FOLDER_MODE)
     ours = _is_plain(paths.made)
-    if not ours:
-        removable(paths.dir, False)  # UnsafePath: not empty, and not sweep's
-    remove_tree(paths.dir, ours)
+    remove_tree(paths.dir, ours)  # UnsafePath if not sweep's and not empty
     if not ours:
         write_file(paths.made, f"{paths.dir.name}\n", FILE_MODE)
     os.mkdir(paths.dir, FOLDER_MODE)  # a folder made meanwhile by someone else fails here

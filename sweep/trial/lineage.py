@@ -178,10 +178,10 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     marker = made_marker(output_dir, lineage.origin)
     ours = _is_file(marker)
     gone = lineage.resumes and ours and not os.path.lexists(folder)
-    if not ours:
-        removable(folder, False)  # UnsafePath: not empty, and not sweep's
     if not lineage.resumes:
-        remove_tree(folder, ours)
+        remove_tree(folder, ours)  # UnsafePath if not sweep's and not empty
+    elif not ours:
+        removable(folder, False)  # UnsafePath: not empty, and not sweep's
     if not ours:
         write_file(marker, f"{lineage.origin}\n", 0o600)
     make_own_folder(folder, 0o700)
