@@ -299,11 +299,61 @@ def test_a_path_sweep_mounts_with_a_colon_or_a_comma_is_refused(tmp_path: Path,
         assert problems(e.value) == [  # once, for the folder that has it
             f"s.yaml: {what} {path} has a {char!r}, which podman cannot mount (its mount and "
             "filter options split on ':' and ','): use a path without ':' or ','"]
+
+
+def test_a_comma_in_a_mount_is_refused_only_for_apptainer_and_only_to_run(
+        tmp_path: Path) -> None:
+    """Item 2 (review): podman's and docker's `-v HOST:TARGET[:OPTIONS]` split only their
+    OPTIONS on ',' (their docs), apptainer's `--bind` splits its list of mounts on it; a ','
+    was refused as the file was parsed, so `sweep summary`, `status`, `report` of a study that
+    ran with one failed."""
+    from sweep.spec import config
+
+    (tmp_path / "a,b").mkdir()
+    (tmp_path / "t.sif").write_text("")
+    for name in ("podman", "docker"):
+        ok = resolve(section(engine=name, mounts=["a,b:/data"]), tmp_path)
+        assert [m.option() for m in containerspec.mounts(ok, tmp_path)] == [
+            f"{tmp_path}/a,b:/data"]
+    apptainer = section(engine="apptainer", image="t.sif", mounts=["a,b:/data"])
     with pytest.raises(ConfigError) as e:
-        resolve(section(mounts=["a,b:/data"]), tmp_path)
+        resolve(apptainer, tmp_path)
     assert problems(e.value) == [
-        "s.yaml: trainer.container.mounts.0: 'a,b:/data' has a ',', which the engine's mount "
-        "options split on: name a path without one"]
+        "s.yaml: trainer.container.mounts.0: 'a,b:/data' has a ',', which apptainer's --bind "
+        "splits its mounts on: name a path without one"]
+    assert resolve(apptainer, tmp_path, runnable=False) == apptainer
+    study = tmp_path / "study.yaml"
+    study.write_text("study: {name: s, n_trials: 1, metric: m}\ntrainer: {script: t.py, "
+                     "container: {image: t.sif, engine: apptainer, mounts: ['a,b:/data']}}\n"
+                     "params: {x: {type: float, low: 0, high: 1}}\n")
+    assert config.load(study, runnable=False).trainer.container is not None
+
+
+def test_run_args_that_pick_the_devices_are_refused(tmp_path: Path) -> None:
+    """Item 3 (review): a variable that picks the devices (CUDA_VISIBLE_DEVICES,
+    NVIDIA_VISIBLE_DEVICES: set, passed from the host, by a pattern, or in an --env-file)
+    or a GPU's device file would re-pin each trial's devices; refused as the file loads."""
+    (tmp_path / "gpu.env").write_text("# the lab's\nHF_HOME=/h\nCUDA_VISIBLE_DEVICES=0\n")
+    (tmp_path / "ok.env").write_text("HF_HOME=/h\n")
+    run_args = ["-e", "CUDA_VISIBLE_DEVICES=1", "--env=NVIDIA_VISIBLE_DEVICES=all",
+                "--env", "CUDA_VISIBLE_DEVICES", "-eCUDA*", "--device", "/dev/nvidia0",
+                "--env-file", "gpu.env", "-e", "X=1", "--env-file=ok.env", "--env-file", "gone"]
+    with pytest.raises(ConfigError) as e:
+        resolve(section(run_args=run_args), tmp_path)
+    why = "for each trial (each trial gets the devices it leased): remove it"
+    assert problems(e.value) == [
+        f"s.yaml: trainer.container.run_args.0: -e CUDA_VISIBLE_DEVICES=1: sweep sets "
+        f"CUDA_VISIBLE_DEVICES {why}",
+        f"s.yaml: trainer.container.run_args.2: --env=NVIDIA_VISIBLE_DEVICES=all: sweep sets "
+        f"NVIDIA_VISIBLE_DEVICES {why}",
+        f"s.yaml: trainer.container.run_args.3: --env CUDA_VISIBLE_DEVICES: sweep sets "
+        f"CUDA_VISIBLE_DEVICES {why}",
+        f"s.yaml: trainer.container.run_args.5: -eCUDA*: sweep sets CUDA* {why}",
+        f"s.yaml: trainer.container.run_args.6: --device /dev/nvidia0: sweep sets --device "
+        f"{why}",
+        "s.yaml: trainer.container.run_args.8: --env-file gpu.env: the file sets "
+        "CUDA_VISIBLE_DEVICES, which sweep sets for each trial (each trial gets the devices "
+        "it leased): remove it from the file"]
 
 
 def test_a_study_that_could_not_run_in_its_container_is_still_read(tmp_path: Path) -> None:
@@ -343,6 +393,45 @@ def test_shm_size_is_read_as_the_engine_reads_it_and_no_larger_than_the_hosts_me
     assert problems(e.value) == [
         f"{study}: trainer.container.shm_size: '1e3' is not a size podman or docker take: give "
         "a number and a unit k, m, g or t, e.g. 16g or 1.5g"]
+
+
+def test_engine_input_is_read_as_the_engine_reads_it_and_said_on_one_line(
+        tmp_path: Path) -> None:
+    """Item 8 (review): `-d=true` is -d given true (not -d -= -t -r -u e); a size in other
+    digits than 0-9 is no size podman takes; a line break in a path sweep or the study mounts
+    is refused, written as \\n, never breaking the one-line error."""
+    with pytest.raises(ConfigError) as e:
+        resolve(section(run_args=["-d=true", "-i=false"]), tmp_path)
+    assert problems(e.value) == [
+        "s.yaml: trainer.container.run_args.0: -d=true: sweep sets -d (--detach) for each "
+        "trial (a trial's container runs in the foreground, its exit the trial's): remove it",
+        "s.yaml: trainer.container.run_args.1: -i=false: sweep sets -i (--interactive) for "
+        "each trial (a trial reads no input): remove it"]
+    with pytest.raises(ValueError, match="is not a size podman or docker take"):
+        containerspec.size_bytes("\u0661\u0666g")  # Arabic-Indic 16
+    odd = tmp_path / "a\nb"
+    (tmp_path / "da\nta").mkdir()
+    with pytest.raises(ConfigError) as e:
+        resolve(section(mounts=["da\nta:/data"]), containerspec.Mounted(odd, odd / "out"))
+    assert [line for p in problems(e.value) for line in p.splitlines()] == [
+        f"s.yaml: trainer.container: the study's folder {tmp_path}/a\\nb has a '\\n', which "
+        "no line of a log or an error can show: use a path without one",
+        "s.yaml: trainer.container.mounts.0: 'da\\nta:/data' has a '\\n', which no line of a "
+        "log or an error can show: name a path without one"]
+
+
+def test_podmans_configuration_is_blamed_only_where_its_error_is_about_it() -> None:
+    """Item 8 (review): exit 125 is also an image podman cannot find, a bad option...:
+    CONTAINERS_CONF is named only where podman's line is about what it fixes."""
+    c = section(engine="podman")
+    assert containerspec.probe_failure(c, "python3", 125, "Error: x: image not known",
+                                       "...") == (
+        "podman could not start python3 in a container of the image reg/train:1.2 (exit 125: "
+        "Error: x: image not known): where podman cannot run containers with its defaults, "
+        "see docs/how-to/containers.md")
+    conf = "Error: reading CONTAINERS_CONF /x: no such file"
+    assert containerspec.probe_failure(c, "python3", 125, conf, "...").endswith(
+        "see docs/how-to/containers.md (CONTAINERS_CONF, a runtime and ulimits that work here)")
 
 
 # podman 4.3's last line when it cannot raise the ulimits its defaults ask (no CONTAINERS_CONF)

@@ -42,7 +42,7 @@ Which = Callable[[str], "str | None"]
 
 # --shm-size as podman and docker read it (go-units' RAMInBytes): a number, then an optional
 # binary unit, `i` and `b` (16g, 1.5g, 16GiB, 512 m, 100b); anything else they refuse
-SIZE = re.compile(r"(\d+(?:\.\d+)?) ?([kmgtp])?i?b?", re.IGNORECASE)
+SIZE = re.compile(r"(\d+(?:\.\d+)?) ?([kmgtp])?i?b?", re.IGNORECASE | re.ASCII)
 UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
@@ -108,9 +108,6 @@ def parse_mount(text: str, base: Path) -> Mount:
     parts = text.split(":")
     if len(parts) > 3 or not parts[0]:
         raise ValueError(f"{short(text, 60)!r}: give HOST, HOST:TARGET or HOST:TARGET:ro")
-    if "," in text:
-        raise ValueError(f"{short(text, 60)!r} has a ',', which the engine's mount options "
-                         "split on: name a path without one")
     host = Path(os.path.abspath(base / parts[0]))
     target = parts[1] if len(parts) > 1 and parts[1] else str(host)
     mode = parts[2] if len(parts) == 3 else "rw"
@@ -181,18 +178,25 @@ def engine_line(stderr: str) -> str:
     return clip(last)
 
 
+# what podman says when its configuration does not fit this host (what CONTAINERS_CONF fixes:
+# its containers.conf, the default runtime's cgroups, the default ulimits)
+CONFIGURED = re.compile(r"CONTAINERS_CONF|containers\.conf|rlimit|cgroups? in hybrid mode",
+                        re.IGNORECASE)
+
+
 def probe_failure(section: ContainerSection, python: str, code: int | None, said: str,
                   why: str) -> str:
     """Why the interpreter probe inside the image failed, in one line that says what to do:
     `code` the engine's exit code (None: it did not exit, `why` says what happened), `said`
-    its last line."""
+    its last line (podman's configuration is named only where `said` is about it:
+    CONFIGURED)."""
     engine, image = section.engine or "the engine", short(section.image, 80)
     if engine in ("podman", "docker") and code == 127:
         return (f"no {python} in the image {image} ({engine} exit 127: {said}): set "
                 "trainer.python to the image's Python")
     if engine in ("podman", "docker") and code in (125, 126):
         how = " (CONTAINERS_CONF, a runtime and ulimits that work here)" \
-            if engine == "podman" else ""
+            if engine == "podman" and CONFIGURED.search(said) else ""
         return (f"{engine} could not start {python} in a container of the image {image} "
                 f"(exit {code}: {said}): where {engine} cannot run containers with its "
                 f"defaults, see {DOCS}{how}")
@@ -249,18 +253,23 @@ class Mounted:
     files: tuple[tuple[str, str, Path], ...] = ()
     workdir: Path | None = None  # trainer.workdir, when it names one folder for every trial
 
+    def folders(self) -> list[tuple[str, str, Path]]:
+        """The folders sweep mounts whole (key, what, path): the study's folder and the
+        output folder (trials and checkpoints)."""
+        return [("trainer.container", "the study's folder", _norm(self.study_dir)),
+                ("study.output_dir", "the study's output folder", _norm(self.output_dir))]
+
     def mounted(self) -> list[tuple[str, str, Path]]:
-        """The host paths sweep mounts (key, what, path): the study's folder, the output
-        folder (trials and checkpoints), the files outside both."""
-        folders = [("trainer.container", "the study's folder", _norm(self.study_dir)),
-                   ("study.output_dir", "the study's output folder", _norm(self.output_dir))]
+        """The host paths sweep mounts (key, what, path): `folders`, then the files outside
+        both."""
+        folders = self.folders()
         return folders + [(k, w, _norm(p)) for k, w, p in self.files
                           if not any(_within(_norm(p), f) for _, _, f in folders)]
 
     def needed(self) -> list[tuple[str, Path]]:
         """What a trial needs to see from the host (what, path)."""
         workdir = [("the working folder", _norm(self.workdir))] if self.workdir else []
-        return [*((w, p) for _, w, p in self.mounted()[:2]),
+        return [*((w, p) for _, w, p in self.folders()),
                 *((w, _norm(p)) for _, w, p in self.files), *workdir]
 
 
@@ -275,6 +284,21 @@ def _within(path: Path, folder: Path) -> bool:
 def separator_in(path: Path) -> str | None:
     """The first of SEPARATORS in `path` (None: it can be mounted)."""
     return next((c for c in SEPARATORS if c in str(path)), None)
+
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a line break, a tab...: no one-line error shows it
+
+
+def control_in(text: str) -> str | None:
+    """The first control character in `text` (a line break...), None if none."""
+    found = CONTROL.search(text)
+    return found[0] if found else None
+
+
+def escaped(text: str | Path) -> str:
+    """`text` with its control characters written as Python writes them (`\\n`): on one
+    line."""
+    return CONTROL.sub(lambda m: repr(m[0])[1:-1], str(text))
 
 
 def shadowed(target: str, host: str | None, mounted: Mounted) -> str | None:
@@ -298,45 +322,70 @@ def shadowed(target: str, host: str | None, mounted: Mounted) -> str | None:
     return None
 
 
-def _before_a_trial(file: str, mounted: Mounted, section: ContainerSection, engine: Engine,
-                    found: Engine | None) -> list[Problem]:
+def _before_a_trial(file: str, mounted: Mounted, section: ContainerSection,
+                    found: Engine | None, read: Callable[[Path], str]) -> list[Problem]:
     """What would fail each trial or the run's end in the container (`found`: the engine,
-    None if not found): a path sweep mounts with one of SEPARATORS (said once, for the
-    outermost), `run_args` that set what sweep sets or mount over what it mounts."""
+    None if not found: read as podman): a path sweep mounts with one of SEPARATORS or a
+    control character (said once, for the outermost), `run_args` that set what sweep sets
+    (an `--env-file`, `read` from the study's folder, that sets a variable picking the
+    devices too) or mount over what it mounts."""
     problems: list[Problem] = []
     said: list[Path] = []
+    engine: Engine = found or "podman"
     for key, what, path in mounted.mounted():
         c = separator_in(path)
-        if c is not None and not any(_within(path, p) for p in said):
-            said.append(path)
-            problems.append(Problem(file, key, f"{what} {path} has a {c!r}, which "
-                                    f"{found or 'the engine'} cannot mount (its mount and "
-                                    "filter options split on ':' and ','): use a path without "
-                                    "':' or ','"))
+        odd = control_in(str(path))
+        if (c or odd) is None or any(_within(path, p) for p in said):
+            continue
+        said.append(path)
+        problems.append(Problem(file, key, f"{what} {escaped(path)} has a {odd!r}, which no "
+                                "line of a log or an error can show: use a path without one"
+                                if odd else
+                                f"{what} {path} has a {c!r}, which {found or 'the engine'} "
+                                "cannot mount (its mount and filter options split on ':' and "
+                                "','): use a path without ':' or ','"))
     parsed = runargs.options(section.run_args, engine)
     for i in range(len(section.run_args)):
         own = [(o, why) for o in parsed if o.index == i
                and (why := runargs.own(o, engine)) is not None]
         if own:
-            flags = [o.flag if o.flag == o.name else f"{o.flag} ({o.name})" for o, _ in own]
+            flags = [runargs.shown(o) for o, _ in own]
             shown = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
             problems.append(Problem(
-                file, f"{KEY}.run_args.{i}", f"{short(own[0][0].text, 60)}: sweep sets {shown} "
-                f"for each trial ({'; '.join(why for _, why in own)}): remove it"))
+                file, f"{KEY}.run_args.{i}", f"{escaped(short(own[0][0].text, 60))}: sweep sets "
+                f"{escaped(shown)} for each trial ({'; '.join(why for _, why in own)}): "
+                "remove it"))
+    for option in parsed:
+        if option.name != "--env-file" or not option.value:
+            continue
+        try:
+            sets = runargs.env_file_pins(read(mounted.study_dir / option.value))
+        except (OSError, UnicodeDecodeError):
+            continue  # the engine says what is wrong with it
+        if sets is not None:
+            problems.append(Problem(
+                file, f"{KEY}.run_args.{option.index}", f"{escaped(short(option.text, 200))}: "
+                f"the file sets {sets}, which sweep sets for each trial "
+                f"({runargs.OWN['--gpus']}): remove it from the file"))
     for option in parsed:
         for target in runargs.mounts(option, engine):
             hidden = shadowed(target.path, target.host, mounted)
             if hidden is not None:
                 problems.append(Problem(
-                    file, f"{KEY}.run_args.{option.index}", f"{short(option.text, 200)} "
+                    file, f"{KEY}.run_args.{option.index}", f"{escaped(short(option.text, 200))} "
                     f"mounts over {hidden}, which sweep mounts from the host for each trial: "
                     "mount it at another path"))
     return problems
 
 
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
 def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: str,
             runnable: bool = True, run: Run = subprocess.run, which: Which = shutil.which,
-            memory: Callable[[], int | None] = host_memory) -> ContainerSection:
+            memory: Callable[[], int | None] = host_memory,
+            read: Callable[[Path], str] = _read_text) -> ContainerSection:
     """The section with its engine found; ConfigError with every problem (one line each):
     a launcher that cannot run in a container, a malformed mount or one outside the study's
     folder and output folder; and, when `runnable`, an engine that is missing, an image that
@@ -360,13 +409,19 @@ def resolve(file: str, mounted: Mounted, section: ContainerSection, launcher: st
         except ValueError as e:
             bad("engine", str(e))
     if runnable:  # what would fail each trial (a study that ran before is still read)
-        problems += _before_a_trial(file, mounted, section, engine or "podman", engine)
+        problems += _before_a_trial(file, mounted, section, engine, read)
     roots = [_norm(mounted.study_dir), _norm(mounted.output_dir)]
     for i, text in enumerate(section.mounts):
         try:
             mount = parse_mount(text, base)
         except ValueError as e:
             bad(f"mounts.{i}", str(e))
+            continue
+        odd = control_in(text) or ("," if engine == "apptainer" and "," in text else None)
+        if runnable and odd is not None:
+            bad(f"mounts.{i}", f"{short(text, 60)!r} has a {odd!r}, which " + (
+                "apptainer's --bind splits its mounts on" if odd == "," else
+                "no line of a log or an error can show") + ": name a path without one")
             continue
         real = Path(os.path.realpath(mount.host))
         hidden = shadowed(mount.target, str(mount.host), mounted) if runnable else None

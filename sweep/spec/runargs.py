@@ -52,6 +52,9 @@ OWN = {
     "--gpus": "each trial gets the devices it leased",
 }
 APPTAINER_OWN = {"--pwd": OWN["--workdir"]}
+# what picks the devices a trial sees: sweep sets them to the devices each trial leased
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+GPU_DEVICES = ("nvidia.com/gpu", "/dev/nvidia")
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ def options(args: Sequence[str], engine: str) -> list[Option]:
         elif arg.startswith("-") and len(arg) > 1:
             for j, letter in enumerate(arg[1:], start=2):
                 name = short.get(letter, f"-{letter}")
+                if arg[j:j + 1] == "=":  # `-d=true`: the rest is this flag's value
+                    out.append(Option(at, arg, f"-{letter}", name, arg[j + 1:]))
+                    break
                 if name not in takes:
                     out.append(Option(at, arg, f"-{letter}", name))
                     continue
@@ -99,12 +105,43 @@ def options(args: Sequence[str], engine: str) -> list[Option]:
 
 def own(option: Option, engine: str) -> str | None:
     """Why sweep sets `option` itself (None: the study may give it). A device option that
-    names a GPU is sweep's too."""
+    names a GPU (`nvidia.com/gpu=...`, `/dev/nvidia*`) is sweep's too, as is a variable that
+    picks the devices (`pinned`)."""
+    if option.name == "--env" and pinned(option.value or ""):
+        return OWN["--gpus"]
     if engine == "apptainer":
         return APPTAINER_OWN.get(option.name)
-    if option.name == "--device" and (option.value or "").startswith("nvidia.com/gpu"):
+    if option.name == "--device" and (option.value or "").startswith(GPU_DEVICES):
         return OWN["--gpus"]
     return OWN.get(option.name)
+
+
+def shown(option: Option) -> str:
+    """What `option` sets, as the refusal names it: the flag (`-d (--detach)`), or the
+    variable an `--env` sets."""
+    if option.name == "--env" and option.value is not None:
+        return option.value.split("=", 1)[0]
+    return option.flag if option.flag == option.name else f"{option.flag} ({option.name})"
+
+
+def pinned(env: str) -> str | None:
+    """The variable picking a trial's devices that `env` (`NAME=VALUE`, or `NAME` or a
+    pattern `NAME*` passing the host's, as `--env` and an `--env-file` line take it) sets;
+    None if it sets none."""
+    name = env.split("=", 1)[0].strip()
+    if "=" not in env and name.endswith("*"):
+        return next((v for v in DEVICE_VARIABLES if v.startswith(name[:-1])), None)
+    return name if name in DEVICE_VARIABLES else None
+
+
+def env_file_pins(text: str) -> str | None:
+    """The variable picking a trial's devices that an `--env-file` holding `text` sets (its
+    lines `NAME=VALUE` or `NAME`, `#` comments); None if none."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and (found := pinned(line)):
+            return found
+    return None
 
 
 @dataclass(frozen=True)
