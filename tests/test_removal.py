@@ -11,10 +11,12 @@ link, and refuses the rest in one line.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -666,3 +668,52 @@ def test_a_lineages_folder_mounted_in_after_the_check_is_not_retired(tmp_path, m
         assert sorted(os.listdir(folder.parent)) == [".0.lock", ".0.sweep", "0"]  # no trash
         assert intact(folder / "data")
     assert intact(user)
+
+
+def test_a_mark_that_cannot_be_written_leaves_no_file_sweep_would_refuse(tmp_path,
+                                                                          monkeypatch):
+    """Item 4 (review): the report was written before its mark, so a mark that could not be
+    written left a report sweep refused to write over ever after. The mark goes first now;
+    a failure at either step leaves nothing, or a file the mark names."""
+    path = tmp_path / "report.html"
+    safefs.output_mark(path).mkdir()  # the mark cannot be written
+    with pytest.raises(OSError):
+        safefs.replace_output(path, "one")
+    assert not path.exists()
+    safefs.output_mark(path).rmdir()
+    safefs.replace_output(path, "two")
+    assert path.read_text() == "two" and safefs.wrote(path)
+
+    def full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(safefs, "replace_file", full)
+        with pytest.raises(OSError, match="No space left"):
+            safefs.replace_output(path, "three")
+    assert path.read_text() == "two" and safefs.wrote(path)
+    safefs.replace_output(path, "four")
+    assert path.read_text() == "four" and safefs.wrote(path)
+    assert safefs.output_mark(path).read_text().splitlines() == [
+        hashlib.sha256(b"four").hexdigest()]
+
+
+def test_two_writers_of_one_report_never_leave_it_unmarked(tmp_path):
+    """Item 4 (review): two `sweep report` at once: one's mark could name the other's file,
+    and both (and every later one) then refused it. They take turns now (a stress loop)."""
+    path = tmp_path / "report.html"
+    failed: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            for i in range(200):
+                safefs.replace_output(path, f"{name} {i}\n" * 100)
+        except BaseException as e:
+            failed.append(e)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == [] and safefs.wrote(path)

@@ -9,6 +9,7 @@ own files in belongs to this user and is not writable by every user. A refusal i
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -84,6 +85,12 @@ def file_problem(st: os.stat_result) -> str | None:
     return None
 
 
+def own_file_problem(st: os.stat_result) -> str | None:
+    """`file_problem`, or that the file (its `fstat`) is not this user's; None if neither."""
+    return file_problem(st) or (None if st.st_uid == os.geteuid() else
+                                f"is owned by {user_name(st.st_uid)}")
+
+
 def _named(e: OSError, path: str | Path) -> OSError:
     """`e` as an OSError that names `path` (a write error names none)."""
     if isinstance(e, UnsafePath):
@@ -139,9 +146,7 @@ def open_for_writing(path: Path, mode: int = 0o600) -> int:
     except OSError as e:
         raise _named(e, path) from e
     try:
-        st = os.fstat(fd)
-        problem = file_problem(st) or (None if st.st_uid == os.geteuid() else
-                                       f"is owned by {user_name(st.st_uid)}")
+        problem = own_file_problem(os.fstat(fd))
         if problem:
             raise UnsafePath(path, problem)
         os.ftruncate(fd, 0)
@@ -354,18 +359,26 @@ def _names_a_study(name: str, fd: int) -> bool:
 
 def output_mark(path: Path) -> Path:
     """The file beside a file sweep wrote for the user that proves it did: `.<name>.sweep`,
-    holding the SHA-256 of what sweep wrote."""
+    holding the SHA-256 of what sweep wrote (one a line: while sweep writes, the one before
+    and the one being written; see `replace_output`)."""
     return path.with_name(f".{path.name}.sweep")
 
 
+DIGEST = 64  # characters of a SHA-256 in hex
+
+
+def _digests(raw: bytes | None) -> set[bytes]:
+    """The whole SHA-256 digests a mark holds (a line cut short by a crash is none)."""
+    return {line for line in (raw or b"").split(b"\n") if len(line) == DIGEST}
+
+
 def wrote(path: Path) -> bool:
-    """Whether `path` holds exactly what sweep last wrote there (`replace_output`): a plain
-    file whose content's SHA-256 its `output_mark` names (a file edited, replaced or copied
-    over since is not sweep's any more)."""
-    digest = _read_plain(output_mark(path), 1 << 10)
+    """Whether `path` holds exactly what sweep wrote there (`replace_output`): a plain file
+    whose content's SHA-256 its `output_mark` names (a file edited, replaced or copied over
+    since is not sweep's any more)."""
     content = _read_plain(path, None)
-    return (digest is not None and content is not None
-            and digest.strip() == hashlib.sha256(content).hexdigest().encode())
+    return (content is not None and hashlib.sha256(content).hexdigest().encode()
+            in _digests(_read_plain(output_mark(path), 1 << 12)))
 
 
 def _same_file(found: os.stat_result, other: Path) -> bool:
@@ -395,22 +408,83 @@ def _read_plain(path: Path, limit: int | None) -> bytes | None:
 
 
 def replace_output(path: Path, text: str, keep: Iterable[tuple[Path, str]] = ()) -> None:
-    """Write `text` to `path` for the user (a report, a CSV: `replace_file`), then its
-    `output_mark`: only where no file is, or over one sweep wrote as it is now (`wrote`).
-    UnsafePath, with nothing written, if `path` is one of `keep` (a file and what it is: the
-    study file, its storage) or a file sweep did not write (the user's, or changed since)."""
+    """Write `text` to `path` for the user (a report, a CSV: `replace_file`): only where no
+    file is, or over one sweep wrote as it is now (`wrote`). UnsafePath, with nothing written,
+    if `path` is one of `keep` (a file and what it is: the study file, its storage) or a file
+    sweep did not write (the user's, or changed since).
+
+    The mark is written first: it names the file's digest and the new one while the file is
+    replaced, then the new one alone, each line written over the one before in place, so that
+    a failure or a crash at any step leaves a file the mark names (the one before, or the new
+    one): never one sweep wrote and would refuse. Two writers of `path` take turns (a lock on
+    the mark); an OSError names the path it is about."""
+    mark = output_mark(path)
+    fd, made = _open_mark(mark)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released as `fd` closes
+        try:
+            before = _sweeps_file(path, keep, _digests(os.pread(fd, 1 << 12, 0)))
+            new = hashlib.sha256(text.encode("utf-8")).hexdigest().encode()
+            _mark(fd, [before, new] if before else [new])
+            replace_file(path, text)
+        except OSError:
+            if made:
+                os.unlink(mark)  # made just now, and no file written: nothing is left
+            raise
+        _mark(fd, [new])
+    except OSError as e:
+        raise _named(e, mark) from e
+    finally:
+        os.close(fd)
+
+
+def _open_mark(mark: Path) -> tuple[int, bool]:
+    """`mark` open to read and write (blocking), and whether it was made now: this user's
+    plain file, never through a link; else UnsafePath (or the OSError), naming it."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd, made = os.open(mark, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, made = os.open(mark, flags | os.O_NONBLOCK), False  # a FIFO never blocks
+            os.set_blocking(fd, True)
+    except OSError as e:
+        raise _named(e, mark) from e
+    problem = own_file_problem(os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise UnsafePath(mark, problem)
+    return fd, made
+
+
+def _sweeps_file(path: Path, keep: Iterable[tuple[Path, str]],
+                 marked: set[bytes]) -> bytes | None:
+    """The digest of the file at `path` if it is one `marked` names (None where no file
+    is); UnsafePath if it is one of `keep` or a file sweep did not write. Links, folders,
+    FIFOs are left to `replace_file` to refuse."""
     try:
         found: os.stat_result | None = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         found = None
     except OSError as e:
         raise _named(e, path) from e
-    if found is not None:  # a link, a folder, a FIFO...: `replace_file` refuses them
-        for other, what in keep:
-            if _same_file(found, other):
-                raise UnsafePath(path, f"is {what}")
-        if stat.S_ISREG(found.st_mode) and not wrote(path):
-            raise UnsafePath(path, "is a file sweep did not write, or one changed since")
-    replace_file(path, text)
-    write_file(output_mark(path),
-               hashlib.sha256(text.encode("utf-8")).hexdigest() + "\n", 0o644)
+    if found is None:
+        return None
+    for other, what in keep:
+        if _same_file(found, other):
+            raise UnsafePath(path, f"is {what}")
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    content = _read_plain(path, None)
+    digest = hashlib.sha256(content).hexdigest().encode() if content is not None else None
+    if digest is None or digest not in marked:
+        raise UnsafePath(path, "is a file sweep did not write, or one changed since")
+    return digest
+
+
+def _mark(fd: int, digests: list[bytes]) -> None:
+    """The mark open as `fd` names `digests`, written over it from its start, then cut to
+    their length: its first line is whole at every moment where it was the same before."""
+    data = b"".join(d + b"\n" for d in digests)
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
