@@ -717,3 +717,32 @@ def test_two_writers_of_one_report_never_leave_it_unmarked(tmp_path):
     for t in threads:
         t.join()
     assert failed == [] and safefs.wrote(path)
+
+
+def test_the_storages_side_files_and_locks_are_never_written_even_before_they_exist(
+        write_study, tmp_path):
+    """Item 5 (review): SQLite's -journal, -wal, -shm, the journal's lock and sweep's budget
+    lock were not among the files report -o / summary --csv never write, and a file not
+    there yet was not matched by name."""
+    from sweep.analysis.summary import own_files
+
+    study_file = one_trial_study(write_study)
+    spec = config.load(study_file, runnable=False)
+    db = study_file.parent / "probe.db"
+    real = Path(os.path.realpath(db))
+    assert [(str(p), w) for p, w in own_files(spec)] == [
+        (str(study_file), "the study file"), (str(db), "the study's storage"),
+        (f"{db}-journal", "the study's storage's -journal file"),
+        (f"{db}-wal", "the study's storage's -wal file"),
+        (f"{db}-shm", "the study's storage's -shm file"),
+        (f"{real}.lock", "sweep's budget lock of the study's storage")]
+    for side in ("-wal", ".lock"):
+        target = Path(f"{db}{side}")
+        with pytest.raises(UnsafePath, match=r"is the study's storage's -wal file|budget lock"):
+            safefs.replace_output(target, "<html>", own_files(spec))
+        assert not target.exists() and not safefs.output_mark(target).exists()
+    journal = tmp_path / "j.log"
+    spec = config.load(study_file, runnable=False, storage=f"journal://{journal}")
+    assert [(str(p), w) for p, w in own_files(spec)][1:] == [
+        (str(journal), "the study's storage"), (f"{journal}.lock", "the study's storage's lock"),
+        (f"{journal}.budget.lock", "sweep's budget lock of the study's storage")]

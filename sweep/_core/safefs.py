@@ -381,6 +381,17 @@ def wrote(path: Path) -> bool:
             in _digests(_read_plain(output_mark(path), 1 << 12)))
 
 
+def _same_path(path: Path, other: Path) -> bool:
+    """Whether `path` names the file `other` names, whether or not it is there (folders
+    above and links resolved; False if neither is there and the names differ)."""
+    if os.path.realpath(path) == os.path.realpath(other):
+        return True
+    try:
+        return _same_file(os.lstat(path), other)
+    except OSError:
+        return False
+
+
 def _same_file(found: os.stat_result, other: Path) -> bool:
     """Whether `found` (a `stat`) is the file at `other` (links followed; False if none)."""
     try:
@@ -410,20 +421,23 @@ def _read_plain(path: Path, limit: int | None) -> bytes | None:
 def replace_output(path: Path, text: str, keep: Iterable[tuple[Path, str]] = ()) -> None:
     """Write `text` to `path` for the user (a report, a CSV: `replace_file`): only where no
     file is, or over one sweep wrote as it is now (`wrote`). UnsafePath, with nothing written,
-    if `path` is one of `keep` (a file and what it is: the study file, its storage) or a file
-    sweep did not write (the user's, or changed since).
+    if `path` is one of `keep` (a file and what it is: the study file, its storage; there or
+    not yet) or a file sweep did not write (the user's, or changed since).
 
     The mark is written first: it names the file's digest and the new one while the file is
     replaced, then the new one alone, each line written over the one before in place, so that
     a failure or a crash at any step leaves a file the mark names (the one before, or the new
     one): never one sweep wrote and would refuse. Two writers of `path` take turns (a lock on
     the mark); an OSError names the path it is about."""
+    for other, what in keep:
+        if _same_path(path, other):
+            raise UnsafePath(path, f"is {what}")
     mark = output_mark(path)
     fd, made = _open_mark(mark)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # released as `fd` closes
         try:
-            before = _sweeps_file(path, keep, _digests(os.pread(fd, 1 << 12, 0)))
+            before = _sweeps_file(path, _digests(os.pread(fd, 1 << 12, 0)))
             new = hashlib.sha256(text.encode("utf-8")).hexdigest().encode()
             _mark(fd, [before, new] if before else [new])
             replace_file(path, text)
@@ -457,23 +471,17 @@ def _open_mark(mark: Path) -> tuple[int, bool]:
     return fd, made
 
 
-def _sweeps_file(path: Path, keep: Iterable[tuple[Path, str]],
-                 marked: set[bytes]) -> bytes | None:
+def _sweeps_file(path: Path, marked: set[bytes]) -> bytes | None:
     """The digest of the file at `path` if it is one `marked` names (None where no file
-    is); UnsafePath if it is one of `keep` or a file sweep did not write. Links, folders,
-    FIFOs are left to `replace_file` to refuse."""
+    is); UnsafePath if it is a file sweep did not write. Links, folders, FIFOs are left to
+    `replace_file` to refuse."""
     try:
         found: os.stat_result | None = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         found = None
     except OSError as e:
         raise _named(e, path) from e
-    if found is None:
-        return None
-    for other, what in keep:
-        if _same_file(found, other):
-            raise UnsafePath(path, f"is {what}")
-    if not stat.S_ISREG(found.st_mode):
+    if found is None or not stat.S_ISREG(found.st_mode):
         return None
     content = _read_plain(path, None)
     digest = hashlib.sha256(content).hexdigest().encode() if content is not None else None

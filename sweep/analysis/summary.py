@@ -23,6 +23,7 @@ from sweep._core import safefs
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
+from sweep.spec.storageurl import StorageKind
 from sweep.study import attrs, lineages, storage
 
 ATTR_COLUMNS = [
@@ -61,12 +62,26 @@ class Summary:
         return path
 
 
+SQLITE_FILES = ("-journal", "-wal", "-shm")  # what SQLite keeps beside its file
+
+
 def own_files(spec: Spec) -> list[tuple[Path, str]]:
-    """The study's own files, which nothing sweep writes for the user may replace, each with
-    what it is: its study file, and its storage's file (SQLite or journal), if it has one."""
+    """The study's own files, which nothing sweep writes for the user may replace or make,
+    each with what it is, whether it is there now or not: its study file, and, for a file
+    storage, its file, the files SQLite keeps beside it (`-journal`, `-wal`, `-shm`) or the
+    journal's lock (`<file>.lock`, Optuna's), and sweep's budget lock (`lock_path`)."""
     found = [(spec.source, "the study file")]
-    if spec.storage.file is not None:
-        found.append((spec.storage.file, "the study's storage"))
+    file = spec.storage.file
+    if file is None:
+        return found
+    found.append((file, "the study's storage"))
+    if spec.storage.kind is StorageKind.SQLITE:
+        found += [(Path(f"{file}{end}"), f"the study's storage's {end} file")
+                  for end in SQLITE_FILES]
+    else:
+        found.append((Path(f"{file}.lock"), "the study's storage's lock"))
+    if spec.storage.lock_path is not None:
+        found.append((spec.storage.lock_path, "sweep's budget lock of the study's storage"))
     return found
 
 
