@@ -334,3 +334,26 @@ def test_a_value_is_inside_a_range_within_its_ends_and_on_its_step():
     assert [opening._holds(IntDistribution(2, 8, step=2), v) for v in (4, 5, 10)] == [
         True, False, False]
     assert opening._holds(CategoricalDistribution(["a"]), "b")  # its choices cannot change
+
+
+def test_a_narrowed_range_is_not_said_again_once_a_trial_ran_in_it(write_study, tmp_path):
+    """Item 7 (review): the note compared the file with the first trial's range, so every
+    later run said the same change again; it compares with the latest trial's now."""
+    from optuna.distributions import FloatDistribution
+
+    from sweep.spec import config
+    from sweep.study import opening
+
+    study = write_study(params={"x": {"type": "float", "low": 0.2, "high": 0.6}})
+    stored = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path}/probe.db")
+    for x in (0.1, 0.9):
+        stored.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions={"x": FloatDistribution(0.0, 1.0)}, value=x))
+    spec = config.load(study, runnable=False)
+    assert opening.check_params(spec, stored) == [
+        "params.x: range changed from [0.0, 1.0] to [0.2, 0.6]; the earlier trials outside it "
+        "(2) are kept, and the sampler is given them as they are, but new values are sampled "
+        "only inside it (a queued continuation or rerun keeps its own)"]
+    stored.add_trial(optuna.trial.create_trial(  # the run that said it
+        params={"x": 0.3}, distributions={"x": FloatDistribution(0.2, 0.6)}, value=0.3))
+    assert opening.check_params(spec, stored) == []

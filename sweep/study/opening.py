@@ -123,9 +123,9 @@ def check_params(
     """
     stored: dict[str, BaseDistribution] = {}
     trials = study.get_trials(deepcopy=False)
-    for t in trials:
-        for name, dist in t.distributions.items():
-            stored.setdefault(name, dist)
+    for t in sorted(trials, key=lambda t: t.number):  # the latest trial's: a change is said
+        for name, dist in t.distributions.items():  # once, not on every run after it
+            stored[name] = dist
     notes = []
     found: list[Problem] = [] if problems is None else problems
     for name, dist in searchspace.distributions(spec.searched).items():
