@@ -746,3 +746,25 @@ def test_the_storages_side_files_and_locks_are_never_written_even_before_they_ex
     assert [(str(p), w) for p, w in own_files(spec)][1:] == [
         (str(journal), "the study's storage"), (f"{journal}.lock", "the study's storage's lock"),
         (f"{journal}.budget.lock", "sweep's budget lock of the study's storage")]
+
+
+def test_trial_folders_of_an_older_sweep_are_said_once_as_the_run_starts(tmp_path):
+    """Item 6 (review): trial folders an older sweep left (command.sh, no mark) were refused
+    one a run, each as its trial failed; the run now says them once, as it starts, naming
+    trials/, and what to do."""
+    from sweep.testing.harness import capture_messages
+
+    out = tmp_path / "out"
+    for n in (0, 3):
+        (out / "trials" / str(n)).mkdir(parents=True)
+        (out / "trials" / str(n) / "command.sh").write_text("#!/bin/sh\n")
+    (out / "trials" / "7").mkdir()  # empty: sweep makes it anew, said not
+    s = sweep_of(tmp_path)
+    said = capture_messages(s)
+    assert s.run() == 1  # trial 0's folder is still refused
+    trials = out / "trials"
+    assert [m for m in said if "older sweep" in m] == [
+        f"{trials} holds trial folders of an older sweep, without sweep's mark (.<n>.sweep) "
+        f"beside them: 0, 3; sweep removes none of them, and a trial of such a number fails "
+        f"to prepare: move {trials} away, or give the study another output_dir"]
+    assert (trials / "3" / "command.sh").is_file()

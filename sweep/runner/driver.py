@@ -83,6 +83,9 @@ class Driver:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
         what the launcher holds (warm's fork server)."""
         folders.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
+        older = folders.older_trial_folders(self.spec.output_dir)
+        if older:  # said once here, not one refused folder a run
+            self.events.message(folders.older_note(self.spec.output_dir, older))
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,

@@ -250,6 +250,39 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
         raise UsageError(f"{source}: study.output_dir: {cannot(e, output_dir)}{mine}") from None
 
 
+def older_trial_folders(output_dir: Path) -> list[int]:
+    """The numbers of the trial folders in `output_dir/trials` that an older sweep made: a
+    folder, not empty, without sweep's mark (`.<n>.sweep`) beside it, which no trial of that
+    number can be prepared over (`prepare_trial_dir` refuses it); sorted. [] if none (or
+    `trials/` cannot be read)."""
+    trials = output_dir / "trials"
+    try:
+        names = os.listdir(trials)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.isdigit() or name != str(int(name)) or _is_plain(trials / f".{name}.sweep"):
+            continue
+        try:
+            if stat.S_ISDIR(os.lstat(trials / name).st_mode) and os.listdir(trials / name):
+                found.append(int(name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def older_note(output_dir: Path, numbers: list[int]) -> str:
+    """The one line said as a run starts over `older_trial_folders` (`numbers`)."""
+    trials = output_dir / "trials"
+    shown = ", ".join(map(str, numbers[:5])) + (f" ... ({len(numbers)} in all)"
+                                                if len(numbers) > 5 else "")
+    return (f"{trials} holds trial folders of an older sweep, without sweep's mark "
+            f"(.<n>.sweep) beside them: {shown}; sweep removes none of them, and a trial of "
+            f"such a number fails to prepare: move {trials} away, or give the study another "
+            "output_dir")
+
+
 def ensure_driver_dir(spec: Spec, own: Path) -> None:
     """Before each trial: re-create the driver's folder `own`, and the study.json of `spec`'s
     output_dir, if they are gone (`output_dir` removed during the run); one `stat` when they
