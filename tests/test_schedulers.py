@@ -159,7 +159,7 @@ def test_a_trial_at_a_rung_outside_its_top_is_paused_and_inside_goes_on():
     h = halving()
     # three lineages have reached rung 0 (step 2): only the best (1/3 of 3) goes on
     ts = [paused(0, {2: 5.0}), paused(1, {2: 4.0}), trial(2, {0: 9.0, 1: 8.0, 2: 1.0})]
-    assert h.on_report(lineages.read(ts), 2, before=1, step=2) == GoOn()
+    assert h.on_report(lineages.read(ts), 2, before=1, step=2) == GoOn(0)
     ts[2] = trial(2, {2: 6.0})
     assert h.on_report(lineages.read(ts), 2, before=1, step=2) == Pause(0, 2)
     # the first to reach a rung is paused: floor(1/3) = 0 places at the top
@@ -174,6 +174,18 @@ def test_a_batch_of_reports_past_two_rungs_decides_at_the_higher():
     ts = [paused(0, {6: 5.0}), paused(1, {6: 4.0}),
           trial(2, {1: 1.0, 2: 1.0, 6: 7.0})]
     assert h.on_report(lineages.read(ts), 2, before=1, step=6) == Pause(1, 6)
+
+
+def test_a_lineage_whose_reports_reach_max_steps_past_a_rung_is_not_paused():
+    """Item 9 of issue 38: a trainer whose reports came in one batch from below rung 1 (6)
+    to its last step (17 of max_steps 18, counted from 0) has trained to the end: outside the
+    top, it still goes on to its result, not paused at its last step; one step short of it,
+    it is paused."""
+    h = halving()
+    ts = [paused(0, {6: 5.0}), paused(1, {6: 4.0}), trial(2, {1: 1.0, 6: 7.0, 17: 7.0})]
+    assert h.on_report(lineages.read(ts), 2, before=1, step=17) == GoOn(1)
+    ts[2] = trial(2, {1: 1.0, 6: 7.0, 16: 7.0})
+    assert h.on_report(lineages.read(ts), 2, before=1, step=16) == Pause(1, 16)
 
 
 def test_a_paused_lineage_now_in_the_top_of_its_rung_is_promoted_top_rung_first():
@@ -228,7 +240,7 @@ def test_a_lineage_that_failed_for_good_takes_no_place_at_the_top_of_a_rung():
     again = [*ts, trial(3, {}, TrialState.WAITING, retry_of=0, attempt=1, continues=0)]
     assert h.rung_top(lineages.read(again), 0, 0) == [0]
     # a lineage reporting at the rung ranks against the others, the failed one aside
-    assert h.on_report(lineages.read([*ts, trial(3, {2: 1.5})]), 3, 1, 2) == GoOn()
+    assert h.on_report(lineages.read([*ts, trial(3, {2: 1.5})]), 3, 1, 2) == GoOn(0)
 
 
 def test_the_steps_a_paused_trainer_made_while_it_stopped_count_at_no_higher_rung():
@@ -399,7 +411,7 @@ def test_explore_redraws_every_param_from_its_range_with_the_resample_probabilit
 
 def test_of_picks_the_decisions_of_the_study_file():
     assert isinstance(schedulers.of(PBT, True), Pbt)
-    assert schedulers.of(ASHA, True) == Halving((2, 6), 3, True, 1)
+    assert schedulers.of(ASHA, True) == Halving((2, 6), 3, True, 1, 18)
     assert NewConfiguration().bracket == 0
 
 

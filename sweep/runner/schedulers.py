@@ -34,7 +34,10 @@ from sweep.trial.exploit import has_steps_left
 
 @dataclass(frozen=True)
 class GoOn:
-    """The trial goes on."""
+    """The trial goes on; `rung`: the rung (an index into `Halving.rungs`) it was judged at
+    and is in the top of (or has no value at), None: it passed none."""
+
+    rung: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,12 +107,13 @@ class Halving:
     reduction_factor: int
     minimize: bool
     brackets: int = 1
+    max_steps: int | None = None  # a lineage that reached it is never paused (None: no end)
 
     @classmethod
     def of(cls, spec: AshaScheduler | HyperbandScheduler, minimize: bool) -> Halving:
         r = rungs(spec.min_steps, spec.max_steps, spec.reduction_factor)
         n = len(r) + 1 if isinstance(spec, HyperbandScheduler) else 1
-        return cls(r, spec.reduction_factor, minimize, n)
+        return cls(r, spec.reduction_factor, minimize, n, spec.max_steps)
 
     def rungs_of(self, bracket: int) -> tuple[int, ...]:
         return self.rungs[bracket:]
@@ -158,7 +162,9 @@ class Halving:
         """Lineage `origin` has reported up to `step` (`before`: the last step it had
         reported, or, continued, the step it stood at for its rungs; None: none): at the
         highest rung it has just passed, it goes on if it is in the top of that rung
-        (`rung_top`, counting itself: it has reached `step`), else it pauses."""
+        (`rung_top`, counting itself: it has reached `step`), else it pauses. One with no
+        step left below `max_steps` (`has_steps_left`: its reports came in one batch past the
+        rung) has trained to the end: it is never paused, it runs to its result."""
         lineages = {**lineages, origin: replace(lineages[origin], rung_cap=None)}
         own = self.rungs_of(lineages[origin].bracket)
         passed = [k for k, r in enumerate(own) if (before is None or before < r) and r <= step]
@@ -167,8 +173,9 @@ class Halving:
         k = passed[-1]
         bracket = lineages[origin].bracket
         if (origin not in self.rung_values(lineages, bracket, k)
-                or origin in self.rung_top(lineages, bracket, k)):
-            return GoOn()
+                or origin in self.rung_top(lineages, bracket, k)
+                or (self.max_steps is not None and not has_steps_left(step, self.max_steps))):
+            return GoOn(bracket + k)
         return Pause(bracket + k, step)
 
     def rung_of(self, line: LineageView) -> int | None:
