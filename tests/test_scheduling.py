@@ -1596,3 +1596,44 @@ def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
     assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499,
                                 20_334_000_000)] == [
         "812 B", "3.4 MB", "1.20 GB", "1 MB", "999 kB", "20.33 GB"]
+
+
+@pytest.mark.parametrize(("stopped", "decided"), [
+    ("interrupted", {}),  # a signal between its rung's report and the check
+    ("driver died", {"paused_at": 3, "rung": 0}),  # kill -9 after "paused at step 3"
+])
+def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudged(
+        tmp_path, stopped, decided):
+    """Item 8 of issue 38: lineage 0's attempt reported past rung 0 (step 2) and was stopped
+    before it was judged there (or its pause was decided, its driver killed before it told
+    it: reclaimed as `driver died`). Its continuation is judged at the rung before it starts:
+    outside the top, it is told PRUNED, paused at rung 0, and never trains past it. Lineage 1,
+    judged at rung 0 and gone on (`passed_rung`) before its stop, continues unjudged again."""
+    s, trainer = trainer_sweep(tmp_path, {"n_trials": 5, "scheduler": ASHA}, gpus=1)
+    stored = [attempt(0.9, TrialState.FAIL, range(4), fail_reason=stopped, **decided),
+              attempt(0.95, TrialState.FAIL, range(4), fail_reason="interrupted",
+                      passed_rung=0),
+              *(attempt(x, TrialState.PRUNED, range(3), paused_at=2, rung=0)
+                for x in (0.35, 0.4, 0.45)),
+              *(optuna.trial.create_trial(state=TrialState.WAITING,
+                                          system_attrs={"fixed_params": {"x": x}},
+                                          user_attrs=carries(o, o, 1))
+                for o, x in ((0, 0.9), (1, 0.95)))]
+    for t in stored:
+        s.store.study.add_trial(t)
+    s.spec.output_dir.mkdir()
+    for origin in range(5):  # each lineage's state, saved at its last step
+        folder = lineage.prepare(s.spec.output_dir, lineage.Lineage(origin)).checkpoint_dir
+        (folder / "state.json").write_text(json.dumps({"next": 4 if origin < 2 else 3}))
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert ("trial 5 does not start: its lineage, trial 0, paused at step 3: outside the top "
+            "1/3 of rung 0 (step 2), which its last attempt reached but was stopped before it "
+            "was judged there") in said
+    fifth = s.trials[5]
+    assert (fifth.state.name, fifth.user_attrs["paused_at"], fifth.user_attrs["rung"]) == (
+        "PRUNED", 3, 0)
+    assert "5" not in dict(trainer.starts)
+    assert [t.number for t in s.trials if t.user_attrs.get("retry_of") == 0] == [5]
+    assert dict(trainer.starts)["6"] == 4  # lineage 1 went on from where it stopped
+    assert s.trials[6].user_attrs.get("rung") == 1  # and was judged at the next rung

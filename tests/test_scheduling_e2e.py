@@ -199,3 +199,51 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         left = sorted(p.name for p in (folder / "checkpoints").iterdir() if p.is_dir())
         assert left == [str(best.user_attrs.get("retry_of", best.number))]  # its lineage's
         assert "max_checkpoint_gb" not in out + err
+
+
+def pause_decided(study: Path) -> bool:
+    """Whether an attempt has its pause recorded (`paused_at`) and is not told yet."""
+    try:
+        return any(t.state.name == "RUNNING" and "paused_at" in t.user_attrs
+                   for t in load_trials(study))
+    except KeyError:  # the study is not created yet
+        return False
+
+
+@pytest.mark.slow
+def test_a_driver_killed_right_after_it_paused_a_trial_at_a_rung_leaves_it_paused(
+        write_study, tmp_path):
+    """Item 8 of issue 38: a kill -9 of the driver between recording a pause at rung 0 and
+    telling it (the trainer finishes its 1.5 s step on SIGTERM: the window) left the attempt
+    `driver died`, and its continuation trained past the rung unjudged. Now the continuation
+    is judged at the rung before it starts: it is told PRUNED, paused there without running,
+    and the lineage is promoted as a paused one would be (the rung, final, keeps its best)."""
+    study = write_study(study_dict(
+        study={"n_trials": 1, "heartbeat_interval": 1, "reclaim_after": 2,
+               "scheduler": {"type": "asha", "min_steps": 2, "max_steps": 6,
+                             "reduction_factor": 3}},
+        trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
+                 "args": ["--steps", "6", "--sleep", "1.5"], "resume_args": ["--resume"]},
+    ))
+    env = {"SWEEP_FAKE_GPUS": "1"}
+    first = spawn_cli("run", str(study), env=env)
+    assert wait_until(lambda: pause_decided(study), 60)
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+    again = spawn_cli("run", str(study), env=env)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert "Traceback" not in err
+    trials = load_trials(study)
+    killed, judged, *rest = trials
+    assert (killed.state.name, killed.user_attrs["paused_at"], killed.user_attrs["rung"]) == (
+        "FAIL", 2, 0)
+    assert (judged.state.name, judged.user_attrs["retry_of"], judged.user_attrs["paused_at"],
+            judged.user_attrs["rung"]) == ("PRUNED", 0, 2, 0)
+    # it carries its lineage's curve, and reported nothing of its own: it never ran
+    assert judged.intermediate_values == killed.intermediate_values
+    assert not (study.parent / "probe" / "trials" / str(judged.number)).exists()
+    assert f"trial {judged.number} does not start: its lineage, trial 0, paused at step 2" in (
+        out + err)
+    assert [t.state.name for t in rest] == ["COMPLETE"]  # promoted: it trained to the end
+    assert max(rest[0].intermediate_values) == 5

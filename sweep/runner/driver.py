@@ -310,7 +310,8 @@ class Driver:
             self.tally.add(running=-1)
             self.events.message(f"trial {asked.number} is called off: {e}")
             return
-        except scheduling.Replaced as e:  # its lineage gave way to an exploit meanwhile
+        except scheduling.NotStarted as e:  # its lineage gave way to an exploit meanwhile,
+            # or is paused at a rung its last attempt reached unjudged
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
             self.store.tell(asked.trial, TrialState.PRUNED, None, {})

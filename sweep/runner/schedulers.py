@@ -178,6 +178,21 @@ class Halving:
             return GoOn(bracket + k)
         return Pause(bracket + k, step)
 
+    def before_continuing(self, lineages: Mapping[int, LineageView], origin: int) -> OnReport:
+        """Lineage `origin`, about to be continued: judged (`on_report`) at the highest rung
+        it reached (`reach`) above the highest it was judged at (`LineageView.judged`), as its
+        reports would have been had its last attempt not been stopped first (a driver killed
+        after it decided a pause, before it told it; a signal between a rung's report and its
+        check). GoOn() if it reached no rung it was not judged at."""
+        line = lineages[origin]
+        reach = self.reach(line)
+        if reach is None:
+            return GoOn()
+        judged = line.judged
+        before = self.rungs[judged] if judged is not None and 0 <= judged < len(
+            self.rungs) else None
+        return self.on_report(lineages, origin, before, reach)
+
     def rung_of(self, line: LineageView) -> int | None:
         """The index in its bracket's rungs of the highest rung a lineage has reached
         (`reach`)."""

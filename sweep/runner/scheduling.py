@@ -46,6 +46,7 @@ from sweep.runner.schedule_budget import (
     unstarted,
 )
 from sweep.runner.schedulers import (
+    GoOn,
     Halving,
     NewConfiguration,
     Pause,
@@ -101,18 +102,41 @@ class DonorRunning(LineageBusy):
         return f"its donor trial {self.donor} is running: the copy waits until {wait}"
 
 
-class Replaced(Exception):
-    """An attempt not started: it carries on a lineage a PBT exploit replaces (queued by a
-    reclaim, or an interruption, before the replacement was seen). It is told PRUNED, paused
-    where its lineage stands (`PAUSED_AT` set first), so that an exploit called off later
-    gives the lineage back, to go on from its folder."""
+class NotStarted(Exception):
+    """An attempt not started that carries its lineage on: it is told PRUNED, paused
+    (`PAUSED_AT` set first), and its lineage goes on only if it is promoted or given back."""
 
     def __init__(self, number: int, origin: int) -> None:
         super().__init__(number, origin)
         self.number, self.origin = number, origin
 
+
+class Replaced(NotStarted):
+    """An attempt not started: it carries on a lineage a PBT exploit replaces (queued by a
+    reclaim, or an interruption, before the replacement was seen). It is told PRUNED, paused
+    where its lineage stands (`PAUSED_AT` set first), so that an exploit called off later
+    gives the lineage back, to go on from its folder."""
+
     def __str__(self) -> str:
         return f"its lineage, trial {self.origin}, is replaced by a PBT exploit"
+
+
+class PausedAtRung(NotStarted):
+    """An attempt not started: its lineage reached a rung it was never judged at (its last
+    attempt was stopped before the check: a driver killed after it decided a pause, a
+    signal) and is outside the top of it: it is paused there (`PAUSED_AT`, `RUNG` set first),
+    as its reports would have had it, to be promoted if it comes into the top."""
+
+    def __init__(self, number: int, origin: int, step: int, rung: int, rung_step: int,
+                 reduction_factor: int) -> None:
+        super().__init__(number, origin)
+        self.step, self.rung, self.rung_step = step, rung, rung_step
+        self.reduction_factor = reduction_factor
+
+    def __str__(self) -> str:
+        return (f"its lineage, trial {self.origin}, paused at step {self.step}: outside the "
+                f"top 1/{self.reduction_factor} of rung {self.rung} (step {self.rung_step}), "
+                "which its last attempt reached but was stopped before it was judged there")
 
 
 class Scheduling:
@@ -234,6 +258,8 @@ class Scheduling:
         if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
             before = self.decide.reach(line) if isinstance(self.decide, Halving) \
                 else line.last_step
+            if isinstance(self.decide, Halving):
+                self._judge_before_continuing(asked)
         elif (line is not None and line.exploit_step is not None and asked.attempt > 0
               and start.resume):  # an exploit cut after its copy, before its first report,
             before = line.exploit_step  # resumes from the copy: its steps go on from there
@@ -254,6 +280,21 @@ class Scheduling:
         if donor is not None and self.spec.trainer.logged_params:
             self._explores[asked.number] = donor
         return start
+
+    def _judge_before_continuing(self, asked: Asked) -> None:
+        """A continuation of a lineage under successive halving: the lineage judged at the
+        rungs it reached and was not judged at (`Halving.before_continuing`), the decision
+        recorded on `asked` first. PausedAtRung: it is outside the top there."""
+        assert isinstance(self.decide, Halving)
+        decision = self.decide.before_continuing(self.lineages(), asked.origin)
+        if isinstance(decision, Pause):
+            self.store.note(asked.trial, {lineages.PAUSED_AT: decision.step,
+                                          lineages.RUNG: decision.rung})
+            raise PausedAtRung(asked.number, asked.origin, decision.step, decision.rung,
+                               self.decide.rungs[decision.rung],
+                               self.decide.reduction_factor)
+        if isinstance(decision, GoOn) and decision.rung is not None:
+            self.store.note(asked.trial, {lineages.PASSED_RUNG: decision.rung})
 
     def _copy_donor(self, asked: Asked, donor: int, start: Start) -> tuple[Start, int]:
         """An exploit's first attempt: a consistent state of lineage `donor` copied into its
@@ -368,6 +409,9 @@ class Scheduling:
                 return Stop.PAUSED
             return self._pbt(run, lines, before, step)
         decision = self.decide.on_report(lines, run.origin, before, step)
+        if isinstance(decision, GoOn) and decision.rung is not None:  # judged there: a
+            # continuation after a stop is not judged there again (`_judge_before_continuing`)
+            self.store.note(run.trial, {lineages.PASSED_RUNG: decision.rung})
         if isinstance(decision, Pause):
             self.store.note(run.trial, {lineages.PAUSED_AT: decision.step,
                                         lineages.RUNG: decision.rung})

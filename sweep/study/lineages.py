@@ -4,10 +4,12 @@ done), read from the trials' states and user attributes (pure: trials in, views 
 
 A scheduler's decisions are recorded in user attributes, so every driver of the study reads
 the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set before it is
-told), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`, `EXPLOIT_STEP` and `REPLACES`
-(a PBT lineage copied from a donor's checkpoint folder, in place of a lineage; `EXPLOIT_STEP`,
-the step of the state copied, is set once the copy is made; `CALLED_OFF`, an exploit that never
-started, whose donor had no state with a step left: the lineage it was to replace goes on), and
+told), `RUNG` (the rung it was paused at), `PASSED_RUNG` (the highest rung an attempt was
+judged at and went on from), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`,
+`EXPLOIT_STEP` and `REPLACES` (a PBT lineage copied from a donor's checkpoint folder, in
+place of a lineage; `EXPLOIT_STEP`, the step of the state copied, is set once the copy is made;
+`CALLED_OFF`, an exploit that never started, whose donor had no state with a step left: the
+lineage it was to replace goes on), and
 `RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
 lineage had reached), `LOGGED` (the values a PBT trial's script logged for its
 `trainer.logged_params`, at each `interval` boundary) and `RESTORED_PARAMS` (an exploit whose
@@ -26,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweep.trial import lineage
 
 PAUSED_AT, RUNG = "paused_at", "rung"
+PASSED_RUNG = "passed_rung"  # the highest rung an attempt was judged at and went on from
 BRACKET = "bracket"
 EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
 CALLED_OFF = "called_off"  # an exploit never started: the lineage it was to replace goes on
@@ -65,6 +68,10 @@ class LineageView:
     # reported a step past that attempt's last (an attempt that resumes starts with the curve
     # carried): the steps its trainer reported while it stopped count at no higher rung
     rung_cap: int | None = None
+    # the highest rung it was judged at: one an attempt went on from (`PASSED_RUNG`), or was
+    # paused at and told so (`RUNG` on a PRUNED attempt); a pause decided but never told (its
+    # driver killed first) is no judgement. None: it was judged at none
+    judged: int | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -116,6 +123,15 @@ def _rung_cap(attempts: Iterable[FrozenTrial]) -> int | None:
     return cap
 
 
+def _judged(attempts: Iterable[FrozenTrial]) -> int | None:
+    """`LineageView.judged` of a lineage's `attempts`."""
+    rungs = [int(t.user_attrs[PASSED_RUNG]) for t in attempts if PASSED_RUNG in t.user_attrs]
+    rungs += [int(t.user_attrs[RUNG]) for t in attempts
+              if t.state is TrialState.PRUNED and PAUSED_AT in t.user_attrs
+              and RUNG in t.user_attrs]
+    return max(rungs, default=None)
+
+
 def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
     """The lineages of `trials` (every trial of a study), by origin."""
     by_origin: dict[int, list[FrozenTrial]] = {}
@@ -143,5 +159,6 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
             origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
             dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None,
-            any(t.user_attrs.get(CALLED_OFF) for t in attempts), _rung_cap(attempts))
+            any(t.user_attrs.get(CALLED_OFF) for t in attempts), _rung_cap(attempts),
+            _judged(attempts))
     return out
