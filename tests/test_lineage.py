@@ -70,10 +70,33 @@ def test_resume_args_only_when_the_lineage_is_carried_on_into_a_folder_not_empty
     assert lineage.resume_args(args, Start(tmp_path), places, env) == []
     assert lineage.resume_args(args, Start(tmp_path, resume=True), places, env) == []
     last = tmp_path / "checkpoint-3"
+    (tmp_path / "y").mkdir()
+    last.mkdir()  # as `last_checkpoint` finds it
     assert lineage.resume_args(args, Start(tmp_path, True, last), places, env) == [
         "--resume_from_checkpoint", str(last), "--dir", f"{tmp_path}/y"]
     assert lineage.resume_args(["--resume"], Start(tmp_path, resume=True), places, env) == [
         "--resume"]
+
+
+@pytest.mark.parametrize("form", ["separate", "equals"])
+def test_resume_args_naming_a_file_not_saved_yet_are_left_out(tmp_path, form):
+    """Item 10 of issue 38: timm writes `args.yaml` under its run folder at once and
+    `last.pth.tar` only at the end of an epoch; a trial stopped before its first save left a
+    folder that is not empty, and its continuation was given `--resume .../last.pth.tar`,
+    which timm cannot load: with no retries the configuration was lost. Resume arguments are
+    added only when what they name inside the checkpoint folder is there."""
+    args = (["--resume", "{checkpoint_dir}/run/last.pth.tar"] if form == "separate"
+            else ["--resume={checkpoint_dir}/run/last.pth.tar"])
+    places = {"checkpoint_dir": str(tmp_path)}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "args.yaml").write_text("epochs: 6\n")
+    start = Start(tmp_path, resume=True)  # carried on into a folder not empty
+    assert not lineage.resumable(args, start, places, {})
+    assert lineage.resume_args(args, start, places, {}) == []
+    (tmp_path / "run" / "last.pth.tar").write_bytes(b"state")
+    assert lineage.resumable(args, start, places, {})
+    assert "".join(lineage.resume_args(args, start, places, {})).endswith(
+        f"{tmp_path}/run/last.pth.tar")
 
 
 def test_prepare_empties_the_folder_of_a_new_lineage_or_a_clean_retry_only(tmp_path):

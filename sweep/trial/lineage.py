@@ -206,14 +206,34 @@ def places(start: Start) -> dict[str, str]:
     return {"checkpoint_dir": str(start.checkpoint_dir)}
 
 
+def resumable(args: Sequence[str], start: Start, fill_places: Mapping[str, str],
+              env: Mapping[str, str]) -> bool:
+    """Whether an attempt has something to resume from with `trainer.resume_args` (`args`):
+    it carries its lineage on into a folder that is not empty (`start.resume`), the newest
+    `checkpoint-N` is there if they name `{last_checkpoint}`, and every path they name inside
+    the checkpoint folder (an arg, or the value of `--opt=value`), filled, is there: a
+    trainer stopped before its first save may have written something else (timm's
+    `args.yaml`) but not the file they name (timm's `last.pth.tar`), and a script given a
+    missing file to resume from fails."""
+    if not start.resume:
+        return False
+    if any("{" + LAST_CHECKPOINT + "}" in a for a in args) and start.last_checkpoint is None:
+        return False
+    full = {**fill_places, LAST_CHECKPOINT: str(start.last_checkpoint or "")}
+    inside = str(start.checkpoint_dir).rstrip(os.sep) + os.sep
+    for arg in args:
+        filled = fill(arg, full, env)
+        for text in (filled, filled.partition("=")[2]):
+            if text.startswith(inside) and not os.path.lexists(text):
+                return False
+    return True
+
+
 def resume_args(args: Sequence[str], start: Start, fill_places: Mapping[str, str],
                 env: Mapping[str, str]) -> list[str]:
-    """`trainer.resume_args` for an attempt: filled, when it resumes; none when it does not,
-    or when they name `{last_checkpoint}` and the folder has no `checkpoint-N` yet."""
-    if not start.resume:
-        return []
-    uses_last = any("{" + LAST_CHECKPOINT + "}" in a for a in args)
-    if uses_last and start.last_checkpoint is None:
+    """`trainer.resume_args` for an attempt: filled, when it has something to resume from
+    (`resumable`); none otherwise (it starts from scratch)."""
+    if not resumable(args, start, fill_places, env):
         return []
     full = {**fill_places, LAST_CHECKPOINT: str(start.last_checkpoint or "")}
     return [fill(a, full, env) for a in args]
