@@ -46,7 +46,8 @@ class Trainer:
 
     def __init__(self, s_box: list[Sweep], steps: int = 18, resumes: bool = True,
                  value: Any = curve, ignores_term: bool = False, weights: int = 0,
-                 logs_x: bool = False, restores_x: bool = False) -> None:
+                 logs_x: bool = False, restores_x: bool = False,
+                 lr: Any = lambda x, step: x * (1 - step / 40)) -> None:
         self.box, self.steps, self.resumes, self.value = s_box, steps, resumes, value
         self.ignores_term = ignores_term  # goes on until SIGKILL, after the grace period
         self.starts: list[tuple[str, int]] = []
@@ -54,7 +55,7 @@ class Trainer:
         self.disk: list[int] = []  # the bytes of all checkpoint folders after each save
         # x is a learning rate: logged each step on a decaying schedule (`lr=...`), saved in
         # the checkpoint; `restores_x` takes it from there over the given one (Ray #62173)
-        self.logs_x, self.restores_x = logs_x, restores_x
+        self.logs_x, self.restores_x, self.lr = logs_x, restores_x, lr
 
     def __call__(self, params: dict[str, Any]) -> Script:
         s = self.box[0]
@@ -81,7 +82,7 @@ class Trainer:
             s.clock.at(t0 + i + 1.0, lambda step=step: save(step))
             reports.append((i + 1.0, step, self.value(x, step)))
             if self.logs_x:
-                output.append((i + 0.9, f"step {step} lr={x * (1 - step / 40):.6g}"))
+                output.append((i + 0.9, f"step {step} lr={self.lr(x, step):.6g}"))
         final = self.value(x, self.steps - 1)
         return Script(runs=self.steps - first + 0.5, reports=reports, result={"score": final},
                       ignores_term=self.ignores_term, output=output)
@@ -834,11 +835,11 @@ def test_a_lineage_paused_under_asha_whose_folder_went_is_not_continued_under_pb
     assert dict(trainer.starts)["2"] == 7
 
 
-def logging_pbt(tmp_path: Path, interval: int, restores: bool) -> Sweep:
+def logging_pbt(tmp_path: Path, interval: int, restores: bool, **kw: Any) -> Sweep:
     """A pbt population of 4 (x: 0.3, 0.5, 0.7, 0.9) over 20 steps, two exploits, whose
     trainer logs x as a decaying learning rate (`lr=`), read by trainer.logged_params."""
     box: list[Sweep] = []
-    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=restores), gpus=4,
+    s = Sweep(tmp_path, Trainer(box, steps=20, logs_x=True, restores_x=restores, **kw), gpus=4,
               study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
                      "scheduler": {"type": "pbt", "population": 4, "interval": interval,
                                    "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25],
@@ -869,11 +870,15 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
         assert {int(b): v for b, v in noted.items()} == {
             b: pytest.approx(ran * (1 - b / 40), rel=1e-5) for b in (10, 15)
             if b > t.user_attrs["exploit_step"]}
-        # judged on its first logged value, just after the step it was copied at
+        # judged at the same step as its donor: the first boundary both noted (else, on its
+        # first logged value, just after the step it was copied at)
         first = min(t.intermediate_values)
         assert first == t.user_attrs["exploit_step"] + 1
+        theirs = {b for a in trials if a.user_attrs.get("retry_of", a.number) == donor.number
+                  for b in a.user_attrs.get("logged_params", {}).get("x", {})}
+        at = min((int(b) for b in noted if b in theirs), default=first)
         assert t.user_attrs.get("restored_params") == (
-            {"x": pytest.approx(ran * (1 - first / 40), rel=1e-5)} if restores else None)
+            {"x": pytest.approx(ran * (1 - at / 40), rel=1e-5)} if restores else None)
     restored = [m for m in said if "restored its donor's value" in m]
     assert len(restored) == int(restores)
     if restores:
@@ -899,17 +904,43 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
 
 def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
     """Interval 8 of 20 steps: the exploit copied at step 16 runs 17..19, past no boundary
-    (nothing of it noted): its explore is still checked, on its first logged value. (The
-    first is decided at step 8; its donor pauses at its next report, 9, and is copied there.)"""
+    (nothing of it noted): its explore is still checked when it ends, on its first logged
+    value; the one copied at 9 is judged at 16, a boundary its donor noted too. (The first is
+    decided at step 8; its donor pauses at its next report, 9, and is copied there.)"""
     s = logging_pbt(tmp_path, interval=8, restores=True)
     assert s.run() == 0
     exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
     assert sorted(exploits) == [9, 16]
     assert "logged_params" not in exploits[16].user_attrs  # it passed no boundary
-    for copied_at, t in exploits.items():  # what each logged first: the donor's rate
+    for copied_at, at in ((9, 16), (16, 17)):  # the donor's rate, where it was judged
+        t = exploits[copied_at]
         donor = s.trials[t.user_attrs["exploit_of"]]
         assert t.user_attrs["restored_params"] == {
-            "x": pytest.approx(donor.params["x"] * (1 - (copied_at + 1) / 40), rel=1e-5)}
+            "x": pytest.approx(donor.params["x"] * (1 - at / 40), rel=1e-5)}
+
+
+@pytest.mark.parametrize("restores", [True, False])
+def test_a_schedule_that_steps_between_the_copy_and_the_first_log_does_not_hide_a_restore(
+        tmp_path, restores):
+    """Item 7 of issue 38: timm restores its donor's optimizer state, lr schedule and all; an
+    exploit logged exactly its donor's rates and was not flagged, as its first rate was
+    compared with the donor's at the boundary before (5, 10), across a step of the schedule
+    (x0.8 at 6, 11, 16). Compared at the same step (the first boundary both noted, 10 or 15),
+    an exploit that runs with its donor's rate is flagged, and one that runs with its own
+    perturbed rate (x1.25 of its donor's, times 0.8: the donor's at the boundary before) is
+    not."""
+    s = logging_pbt(tmp_path, interval=5, restores=restores,
+                    lr=lambda x, step: x * 0.8 ** ((step + 4) // 5))
+    assert s.run() == 0
+    trials = s.trials
+    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    assert [t.user_attrs["exploit_step"] for t in exploits] == [6, 10]
+    for t in exploits:
+        donor = trials[t.user_attrs["exploit_of"]]
+        at = (t.user_attrs["exploit_step"] // 5 + 1) * 5  # the next boundary: both noted it
+        assert t.user_attrs.get("restored_params") == (
+            {"x": pytest.approx(donor.params["x"] * 0.8 ** ((at + 4) // 5), rel=1e-5)}
+            if restores else None)
 
 
 def stored_rung(s: Sweep) -> None:

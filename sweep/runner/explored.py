@@ -3,11 +3,13 @@ checkpoint it was copied from (an optimizer's state holds its learning rate: Ray
 #62173), judged from the values the script logs (`trainer.logged_params`). Pure.
 
 The script's logged value may follow a schedule (a HF Trainer logs the decayed learning
-rate), so the exploit's first logged value is not compared with its param but with what its
-donor logged at the last `interval` boundary up to that step (where it was copied, or the one
-before): run with the perturbed value, the ratio of the two is that of the params (the
-perturb factor); run with the donor's, it is about 1. A value nearer the donor's than the
-perturbed one in that log-ratio (within half the perturb factor's) is the donor's.
+rate; timm restores its donor's scheduler too), so the exploit's logged value is not compared
+with its param but with what its donor logged at the same step: the first `interval` boundary
+both noted (else, for an exploit that passed none, its first logged value with the donor's at
+the last boundary before it). Run with the perturbed value, the ratio of the two is that of
+the params (the perturb factor); run with the donor's, it is about 1. A value nearer the
+donor's than the perturbed one in that log-ratio (within half the perturb factor's) is the
+donor's.
 """
 
 from __future__ import annotations

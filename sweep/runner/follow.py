@@ -191,6 +191,8 @@ class Follower:
             decided = self.scheduling.on_reports(run, stored, decide=running)
             if decided is not None:
                 run.stop(decided, now)
+            if exited and not run.reports_pending:  # the last read, before it is told
+                self.scheduling.reports_read(run)
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 

@@ -157,6 +157,9 @@ class Scheduling:
         self._logged: dict[int, dict[str, float]] = {}
         self._notes: dict[int, dict[str, dict[str, float]]] = {}
         self._explores: dict[int, int] = {}
+        # an exploit's first logged values (its run, the step they came by): what it is judged
+        # on if it ends before it passes a boundary its donor noted too
+        self._first: dict[int, tuple[RunningTrial, int, dict[str, float]]] = {}
         self._said_restored = False
         # sweep counts the reported steps: a HF checkpoint-N's N is the trainer's, not one
         self._counted = spec.trainer.report is not None and spec.trainer.report.counts_steps
@@ -470,20 +473,25 @@ class Scheduling:
             if fresh:
                 latest[name] = fresh[-1][1]
         if run.number in self._explores and len(latest) == len(readers):
-            self._check_explore(run, self._explores.pop(run.number), step)
+            self._first.setdefault(run.number, (run, step, dict(latest)))
         assert isinstance(self.decide, Pbt)
         at = explored.boundary(before, step, self.decide.spec.interval)
-        if at is None or not latest:
-            return
-        notes = self._notes.setdefault(run.number, {})
-        for name, value in latest.items():
-            notes.setdefault(name, {})[str(at)] = value
-        self.store.note(run.trial, {lineages.LOGGED: notes})
+        if at is not None and latest:
+            notes = self._notes.setdefault(run.number, {})
+            for name, value in latest.items():
+                notes.setdefault(name, {})[str(at)] = value
+            self.store.note(run.trial, {lineages.LOGGED: notes})
+        if run.number in self._first and run.number in self._explores:
+            self._check_explore(run.number, final=False)
 
-    def _check_explore(self, run: RunningTrial, donor: int, at: int) -> None:
-        """Exploit `run` of lineage `donor` has logged its params by step `at`: flag the ones
-        it runs with at its donor's value, the donor's logged at the last boundary up to `at`
-        (`explored.restored`)."""
+    def _check_explore(self, number: int, final: bool) -> None:
+        """Exploit `number` has logged its params: flag the ones it runs with at its donor's
+        value (`explored.restored`), compared at the same step, so that a schedule (a decayed
+        or stepped learning rate) cannot hide it: at the first boundary both noted
+        (`LOGGED`), once there is one for each; `final` (its processes are gone) with none,
+        its first logged values against the donor's at the last boundary before them."""
+        run, first_step, first = self._first[number]
+        donor = self._explores[number]
         trials = self.store.study.get_trials(deepcopy=False)
         line = lineages.read(trials).get(donor)
         if line is None:
@@ -493,13 +501,25 @@ class Scheduling:
             if int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == donor:
                 for name, notes in dict(t.user_attrs.get(lineages.LOGGED, {})).items():
                     donor_notes.setdefault(name, {}).update(notes)
+        own = self._notes.get(number, {})
+        pairs: dict[str, tuple[float, float | None]] = {}  # name -> (its value, the donor's)
+        for name, value in first.items():
+            theirs = donor_notes.get(name, {})
+            common = sorted(int(b) for b in own.get(name, {}) if b in theirs)
+            if common:
+                pairs[name] = (own[name][str(common[0])], theirs[str(common[0])])
+            elif final:
+                pairs[name] = (value, explored.at_or_before(theirs, first_step))
+            else:
+                return  # judged once its donor noted a boundary it noted (or it ends)
+        del self._explores[number]
         found = {}
-        for name, value in self._logged[run.number].items():
-            given, theirs = run.params.get(name), line.params.get(name)
-            if not isinstance(given, (int, float)) or not isinstance(theirs, (int, float)):
+        for name, (value, reference) in pairs.items():
+            given, theirs_given = run.params.get(name), line.params.get(name)
+            if not isinstance(given, (int, float)) or not isinstance(theirs_given,
+                                                                     (int, float)):
                 continue
-            if explored.restored(value, explored.at_or_before(donor_notes.get(name, {}), at),
-                                 float(given), float(theirs)):
+            if explored.restored(value, reference, float(given), float(theirs_given)):
                 found[name] = value
         if not found:
             return
@@ -514,10 +534,18 @@ class Scheduling:
                  "it is given after it loads the checkpoint (e.g. each optimizer param "
                  "group's lr, and a scheduler's base_lrs)")
 
+    def reports_read(self, run: RunningTrial) -> None:
+        """`run`'s command exited and all its reports were read (it is about to be told): an
+        exploit whose explore is not checked yet is checked on what it logged
+        (`_check_explore`, `final`)."""
+        if run.number in self._first and run.number in self._explores:
+            self._check_explore(run.number, final=True)
+
     def ended(self, number: int, abort: Callable[[], bool] = lambda: False) -> None:
         """Trial `number`'s processes are gone: what was kept for it goes, and the checkpoint
         disk is tidied (`tidy`; `abort` true gives up waiting for the budget lock)."""
-        for kept in (self._starts, self._readers, self._logged, self._notes, self._explores):
+        for kept in (self._starts, self._readers, self._logged, self._notes, self._explores,
+                     self._first):
             kept.pop(number, None)
         with contextlib.suppress(LockAbandoned):  # a signal came: another trial's end will
             self.tidy(abort)
