@@ -33,7 +33,8 @@ Two ways to give the methods a budget:
 Printed: per family and method, over the seeds, the mean and median regret of the best value
 reached by a trial trained to the end (against the best fixed configuration of the family:
 for `schedule` the best fixed rate, found on a fine grid) and, with --configs, the mean
-device-hours spent. Usage:
+device-hours spent and saved (against training every configuration to the end, as
+`sweep report` counts it: `sweep.study.savings`). Usage:
 
     python benchmarks/schedulers.py [--seeds 20] [--configs 27] [--steps 27]
     python benchmarks/schedulers.py --budget-hours 1.85 3.7 7.4 [--seeds 20]
@@ -58,8 +59,10 @@ import ray_schedulers
 import yaml
 
 from sweep.gpus.pool import Pool, fake_devices
+from sweep.protocol import TRIAL_NUMBER_ENV
 from sweep.runner.driver import Driver
 from sweep.spec import config, searchspace
+from sweep.study import savings
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import FakeClock, FakeSpawn, Script
@@ -185,6 +188,20 @@ class SimulatedSweep:
         return ((min(values) if values else math.nan), hours,
                 [(self.spent(t), v) for t, v in finished])
 
+    def saved(self) -> float:
+        """Device-hours saved against training every configuration to the end, as `sweep
+        report` and the run's closing line count them (`sweep.study.savings`), on the
+        simulated clock."""
+        hours: dict[int, float] = {}
+        for p in self.spawn.processes:
+            number = int(p.plan.env[TRIAL_NUMBER_ENV])
+            end = p.ended_at if p.ended_at is not None else self.clock.t
+            hours[number] = hours.get(number, 0.0) + (end - p.started) / STEP_SECONDS / 60
+        sched = self.spec.study.scheduler
+        found = savings.savings(self.store.study.get_trials(deepcopy=False), hours,
+                                None if sched is None else sched.max_steps)
+        return found.saved_device_hours if found is not None else 0.0
+
     def spent(self, t: float) -> float:
         """Device-hours spent by all the trial processes up to clock time `t`."""
         return sum(max(0.0, min(p.ended_at if p.ended_at is not None else self.clock.t, t)
@@ -299,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| family | method | {heads} |")
         print("| --- | --- |" + " ---: | ---: |" * len(budgets))
     else:
-        print("| family | method | mean regret | median regret | mean device-hours |")
-        print("| --- | --- | ---: | ---: | ---: |")
+        print("| family | method | mean regret | median regret | mean device-hours | "
+              "mean device-hours saved |")
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
     chosen = methods(args.configs, args.steps)
     if args.methods:
         chosen = {k: v for k, v in chosen.items() if any(w in k for w in args.methods)}
@@ -309,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name, study in chosen.items():
             per: list[list[float]] = [[] for _ in budgets or [0.0]]
-            hours = []
+            hours, saved = [], []
             for seed in range(args.seeds):
                 with tempfile.TemporaryDirectory() as tmp:
                     if budgets:  # all devices busy: well past the largest budget by then
@@ -322,20 +340,23 @@ def main(argv: list[str] | None = None) -> int:
                                                seed, n_trials=n,
                                                enqueue=configurations(family, seed, n), **study)
                     best, spent, done = sweep.run()
+                    saved.append(sweep.saved())
                 if budgets:
                     for i, b in enumerate(budgets):
                         per[i].append(ray_schedulers.best_within(done, b) - optimum)
                 else:
                     per[0].append(best - optimum)
                 hours.append(spent)
-            rows.append((name, per, hours))
+            rows.append((name, per, hours, f"{statistics.mean(saved):.2f}"))
         if not skipped and (not args.methods or any("ray" in w for w in args.methods)):
-            rows += ray_rows(family, args.steps, args.gpus, args.seeds, args.configs, budgets)
-        for name, per, hours in rows:
+            rows += [(*row, "–") for row in ray_rows(family, args.steps, args.gpus, args.seeds,
+                                                      args.configs, budgets)]
+        for name, per, hours, kept in rows:
             if budgets:
                 print(f"| {family} | {name} | " + " | ".join(cell(r) for r in per) + " |")
             else:
-                print(f"| {family} | {name} | {cell(per[0])} | {statistics.mean(hours):.2f} |")
+                print(f"| {family} | {name} | {cell(per[0])} | {statistics.mean(hours):.2f} | "
+                      f"{kept} |")
             sys.stdout.flush()
     if args.ray_pbt and not skipped:
         ray_pbt(args.families, args.steps, args.gpus, args.ray_pbt, args.configs)

@@ -12,7 +12,7 @@ from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from sweep.analysis import lineage_figures, report, summary
+from sweep.analysis import figures, lineage_figures, report, summary
 from sweep.spec import config
 from sweep.testing.studies import write_study
 
@@ -72,12 +72,16 @@ def test_pauses_promotions_and_exploits_are_marked_where_they_happened(asha, pbt
 
 def test_the_device_hours_saved_are_against_every_configuration_to_max_steps(asha, pbt):
     # asha: 9 configurations x 3 steps, 3 x 4 more, the best 11 more: 50 steps of 6 s
-    assert lineage_figures.savings(*asha) == pytest.approx({
-        "device_hours": 50 * 6 / 3600, "steps": 50, "configurations": 9, "max_steps": 18,
+    assert figures.savings(*asha) == pytest.approx({
+        "device_hours": 50 * 6 / 3600, "steps": 50, "pauses": 12, "stops": 12,
+        "configurations": 9,
+        "max_steps": 18,
         "full_device_hours": 9 * 18 * 6 / 3600, "saved_device_hours": (162 - 50) * 6 / 3600})
     # pbt: 20 + 20 + 6 + 11, and the exploits 14 + 9
-    assert lineage_figures.savings(*pbt) == pytest.approx({
-        "device_hours": 80 * 6 / 3600, "steps": 80, "configurations": 6, "max_steps": 20,
+    assert figures.savings(*pbt) == pytest.approx({
+        "device_hours": 80 * 6 / 3600, "steps": 80, "pauses": 0, "stops": 2,
+        "configurations": 6,
+        "max_steps": 20,
         "full_device_hours": 6 * 20 * 6 / 3600, "saved_device_hours": 40 * 6 / 3600})
 
 

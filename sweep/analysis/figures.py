@@ -26,6 +26,7 @@ from sweep.analysis.plotting import empty as _empty
 from sweep.analysis.plotting import go as _go
 from sweep.analysis.plotting import note as _note
 from sweep.analysis.summary import Summary
+from sweep.study import savings as study_savings
 
 MAX_CURVES = 400  # intermediate-value curves drawn at most (the best and the latest)
 MAX_POINTS = 3000  # samples drawn per device and series at most (evenly thinned)
@@ -59,16 +60,39 @@ def device_count(trials: pd.DataFrame) -> pd.Series:
                               else 1)
 
 
+def last_seen(samples: pd.DataFrame) -> pd.Series:
+    """When the GPU samples last showed each trial holding a device, by trial number: the
+    last sign of life of a trial whose driver died."""
+    if samples.empty:
+        return pd.Series(dtype="datetime64[us]")
+    held = samples.assign(trial=samples["trials"].astype(str).str.split(";")).explode("trial")
+    held = held[held["trial"].str.fullmatch(r"\d+", na=False)]
+    return held.groupby(held["trial"].astype(int))["time"].max()
+
+
 def with_costs(s: Summary, now: datetime | None = None) -> pd.DataFrame:
-    """The trials with `end` (now for a running one), `device_hours`, `energy_kwh` and, in
-    order of ending, `cum_device_hours` and `hours` (since the first start)."""
+    """The trials with `end`, `device_hours`, `energy_kwh` and, in order of ending,
+    `cum_device_hours` and `hours` (since the first start). A trial's `end` is when it
+    stopped holding its devices: when it was told; for one a reclaim told, its driver's last
+    sign of life (`alive_until`); for a running one, now, unless its driver is gone (the GPU
+    samples have not shown it for `study.reclaim_after`): its last sample."""
     t = s.trials.copy()
     if t.empty:
         return t
     moment = pd.Timestamp(now or datetime.now())
-    t["end"] = t["datetime_complete"].where(t["datetime_complete"].notna(),
-                                            moment if "RUNNING" in set(t["state"]) else pd.NaT)
-    t.loc[t["state"] != "RUNNING", "end"] = t["datetime_complete"]
+    end = t["datetime_complete"].astype("datetime64[ns]")
+    if "alive_until" in t:
+        reclaimed = (t["state"] == "FAIL") & t["alive_until"].notna()
+        end = end.mask(reclaimed, t[["alive_until", "datetime_start"]].astype(
+            "datetime64[ns]").max(axis=1))
+    running = t["state"] == "RUNNING"
+    if running.any():
+        seen = pd.to_datetime(t["number"].map(last_seen(s.samples).to_dict())).astype(
+            "datetime64[ns]")
+        gone = running & seen.notna() & (
+            (moment - seen).dt.total_seconds() > s.spec.study.reclaim_seconds)
+        end = end.mask(running, moment).mask(gone, seen)
+    t["end"] = end
     seconds = (t["end"] - t["datetime_start"]).dt.total_seconds()
     t["device_hours"] = seconds.fillna(0.0) * device_count(t) / 3600
     t["energy_kwh"] = pd.to_numeric(t["energy_j"], errors="coerce") / 3.6e6
@@ -77,6 +101,28 @@ def with_costs(s: Summary, now: datetime | None = None) -> pd.DataFrame:
     t["cum_device_hours"] = t["device_hours"].cumsum()
     t["hours"] = (t["end"] - first).dt.total_seconds() / 3600
     return t.sort_values("number", kind="stable")
+
+
+def savings(s: Summary, study: Any) -> dict[str, float | int]:
+    """What training every configuration to the end would have cost, against what was spent
+    (`sweep.study.savings`, each attempt's device-hours as `with_costs` counts them):
+    `device_hours` spent, `steps` trained (from the step numbers reported), `pauses`, `stops`
+    (attempts stopped before the end, told PRUNED),
+    `configurations`, `max_steps` (the scheduler's; without one, the steps of the longest
+    lineage that completed), `full_device_hours` and `saved_device_hours`; {} before a step
+    is trained."""
+    t = with_costs(s)
+    hours = {} if t.empty else dict(zip(t["number"], t["device_hours"], strict=True))
+    sched = s.spec.study.scheduler
+    found = study_savings.savings(study.get_trials(deepcopy=False), hours,
+                                  None if sched is None else sched.max_steps)
+    if found is None:
+        return {}
+    return {"device_hours": found.device_hours, "steps": found.steps, "pauses": found.pauses,
+            "stops": found.stops,
+            "configurations": found.configurations, "max_steps": found.max_steps,
+            "full_device_hours": found.full_device_hours,
+            "saved_device_hours": found.saved_device_hours}
 
 
 def _objective_columns(s: Summary) -> list[str]:

@@ -1,7 +1,7 @@
 """A scheduler's study (`study.scheduler`) in tables and figures, for `sweep report`: the
 lineage tree (who was copied from whom, at which step, with which params), pauses, promotions
-and exploits on the per-GPU timeline, the device-hours saved against training every
-configuration to `max_steps`, and the fidelity of each rung (did its values predict the end?).
+and exploits on the per-GPU timeline, and the fidelity of each rung (did its values predict
+the end?). What the scheduler saved is `figures.savings`, for every study.
 
 The tables are pure functions of the summary and the `optuna.Study` (tested exactly); the
 figures draw them with plotly.
@@ -111,24 +111,6 @@ def fidelity(s: Summary, study: Any) -> pd.DataFrame:
             rho = float(np.corrcoef(early.rank(), final.rank())[0, 1])
         rows.append({"step": step, "lineages": len(pairs), "rho": rho})
     return pd.DataFrame(rows, columns=["step", "lineages", "rho"])
-
-
-def savings(s: Summary, study: Any) -> dict[str, float | int]:
-    """What the scheduler saved: `device_hours` spent in all, `steps` run (each lineage's
-    distinct steps), `configurations` (lineages), and `full_device_hours`, training every
-    configuration to `max_steps` at the study's mean device-hours per step (`saved_device_hours`
-    the difference); {} before a step is run."""
-    sched = s.spec.study.scheduler
-    lines = lineages.read(study.get_trials(deepcopy=False))
-    steps = sum(len(v.curve) for v in lines.values())
-    t = with_costs(s)
-    if sched is None or t.empty or not steps:
-        return {}
-    spent = float(t["device_hours"].sum())
-    full = spent / steps * sched.max_steps * len(lines)
-    return {"device_hours": spent, "steps": steps, "configurations": len(lines),
-            "max_steps": sched.max_steps, "full_device_hours": full,
-            "saved_device_hours": full - spent}
 
 
 def timeline_marks(s: Summary) -> pd.DataFrame:

@@ -78,9 +78,8 @@ def render(s: Summary, study: Any, now: datetime | None = None) -> str:
     for name, fig in figs.items():
         parts.append(f"<h2>{headings[name]}</h2>")
         if name == "costs":
-            parts.append(_cost_table(figures.cost_figures(s)))
-        if name == "lineages":
-            parts.append(_savings_table(lineage_figures.savings(s, study)))
+            parts += [_cost_table(figures.cost_figures(s)),
+                      _savings_table(figures.savings(s, study))]
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=False,
                                  div_id=f"fig-{name}", config={"displaylogo": False}))
         if name == "lineages" and lines is not None:
@@ -126,10 +125,15 @@ def _cost_table(numbers: dict[str, Any]) -> str:
 
 def _savings_table(numbers: dict[str, Any]) -> str:
     if not numbers:
-        return '<p class="note">no step run yet</p>'
+        return ('<p class="note">no saving to show yet: no step reported (or, without a '
+                "scheduler, no trial completed)</p>")
     rows = [("device-hours spent", f"{numbers['device_hours']:.3g}"),
+            ("steps trained (the step numbers reported)", f"{numbers['steps']}"),
+            ("attempts stopped before the end (PRUNED)", f"{numbers['stops']}"),
+            ("of which paused (to be continued if promoted, or a PBT donor for its copy)",
+             f"{numbers['pauses']}"),
             (f"training all {numbers['configurations']} configurations to step "
-             f"{numbers['max_steps']} (at {numbers['steps']} steps' mean cost)",
+             f"{numbers['max_steps']} (at the mean cost of a step trained)",
              f"{numbers['full_device_hours']:.3g}"),
             ("device-hours saved", f"{numbers['saved_device_hours']:.3g}")]
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td class=num>{v}</td></tr>"

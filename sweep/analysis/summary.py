@@ -136,6 +136,9 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         row["host"] = t.user_attrs.get(attrs.HOST) or (record.owner.host if record else None)
         row["rerun_of"] = t.user_attrs.get(attrs.RERUN_OF)
         row["continues"] = t.user_attrs.get(attrs.CONTINUES)
+        alive = t.user_attrs.get(attrs.ALIVE_UNTIL)
+        row[attrs.ALIVE_UNTIL] = (datetime.fromtimestamp(alive)
+                                  if isinstance(alive, int | float) else None)
         for key in SCHEDULER_COLUMNS:
             row[key] = t.user_attrs.get(key)
         restored = row[lineages.RESTORED_PARAMS]
@@ -149,13 +152,14 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
     params = [c for c in frame.columns if c.startswith("params_")]
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
              *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
-             *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host", "rerun_of",
+             *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host",
+             attrs.ALIVE_UNTIL, "rerun_of",
              *sorted(c for c in frame.columns if c.startswith(attrs.METRIC_PREFIX)),
              "continues", *SCHEDULER_COLUMNS]
     frame = _with_lineages(frame[order])
     for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    for col in ("datetime_start", "datetime_complete"):  # all None (all running): still times
+    for col in ("datetime_start", "datetime_complete", attrs.ALIVE_UNTIL):  # all None: times
         frame[col] = frame[col].astype("datetime64[us]")
     frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
     frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")

@@ -33,6 +33,29 @@ SAMPLE_COLUMNS = [
 ]
 
 
+TAIL_BYTES = 1 << 20  # how much of a samples file's end `last_seen` reads
+
+
+def last_seen(path: Path, trial: int) -> float | None:
+    """When a driver's samples (`path`, its `gpu_samples.csv`) last showed `trial` holding a
+    device (epoch s): the last sign of life of a trial whose driver died. Only the file's last
+    `TAIL_BYTES` are read; None if they do not name it, or the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    wanted, found = str(trial), None
+    for row in csv.reader(text.splitlines()):
+        if len(row) >= 4 and wanted in row[3].split(";"):
+            try:
+                found = max(found or 0.0, float(row[0]))
+            except ValueError:
+                continue
+    return found
+
+
 class SampleReader(Protocol):
     """What the monitor needs of NVML (`sweep.gpus.nvml.Nvml` provides it)."""
 

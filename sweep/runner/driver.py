@@ -28,6 +28,7 @@ from sweep.runner.reclaim import Reclaimer
 from sweep.runner.starter import POLL_SECONDS, LineageBusy, Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
+from sweep.study import savings
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
@@ -125,9 +126,22 @@ class Driver:
             if self._own_clock:
                 self.clock.close()
         result = self.policy.result(self.store.counts())
+        self._say_savings()
         if self.scheduling is None:
             return result
         return self.scheduling.result(result, stopped=self.policy.stop_reason is not None)
+
+    def _say_savings(self) -> None:
+        """One of the run's closing lines, where a scheduler or pruner stopped trials early:
+        device-hours spent, steps trained and pauses, against training every configuration
+        to the end (`savings`, as `sweep report` counts them)."""
+        trials = self.store.study.get_trials(deepcopy=False)
+        sched = self.spec.study.scheduler
+        if sched is None and not any(t.state is TrialState.PRUNED for t in trials):
+            return
+        found = savings.of_study(trials, None if sched is None else sched.max_steps)
+        if found is not None:
+            self.events.message(found.line())
 
     def _loop(self) -> None:
         while True:

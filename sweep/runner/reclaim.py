@@ -21,11 +21,13 @@ from pathlib import Path
 
 import psutil
 
+from sweep.gpus.monitor import SAMPLES_NAME, last_seen
 from sweep.runner.events import Events
 from sweep.spec.schema import Spec
+from sweep.study.attrs import BEAT, Owner
 from sweep.study.ownership import Orphan
 from sweep.study.store import Store
-from sweep.trial import lineage_lock, process
+from sweep.trial import folders, lineage_lock, process
 from sweep.trial.lineage import Lineage
 from sweep.trial.process import GUARD_MARGIN
 
@@ -50,6 +52,20 @@ def decide(alive: bool, locked: bool, now: float, kill_at: float | None,
     if alive and not killed and kill_at is not None and now >= kill_at:
         return Next.KILL
     return Next.WAIT
+
+
+def last_alive(orphan: Orphan, output_dir: Path) -> float | None:
+    """An orphan's last sign of life (epoch s), when it stopped holding its devices: the
+    later of its `beat` (storages without Optuna's heartbeats) and its dead driver's last GPU
+    sample of it (`monitor.last_seen`); None if neither is found."""
+    t = orphan.trial
+    signs = [float(b) for b in [t.user_attrs.get(BEAT)] if isinstance(b, int | float)]
+    owner = Owner.of(t.user_attrs)
+    if owner is not None:
+        seen = last_seen(folders.driver_dir(output_dir, owner.host, owner.pid) / SAMPLES_NAME,
+                         t.number)
+        signs += [seen] if seen is not None else []
+    return max(signs, default=None)
 
 
 @dataclass
@@ -164,7 +180,7 @@ class Reclaimer:
                                     "then it is told FAIL and continued")
             return False
         del self.ending[orphan.trial.number]
-        if not self.store.fail_orphan(orphan):
+        if not self.store.fail_orphan(orphan, last_alive(orphan, self.output_dir)):
             return False
         self.events.message(
             f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")

@@ -22,6 +22,9 @@ ATTEMPT, RETRY_OF, CONTINUES = lineage.ATTEMPT, lineage.RETRY_OF, lineage.CONTIN
 GPUS = "gpus"  # a trial of several devices: all of them, "0,1" (GPU is the first)
 EXIT_CODE, FAIL_REASON = "exit_code", "fail_reason"
 BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
+# a trial told FAIL by a reclaim: its driver's last sign of life (epoch s), where one was found
+# (its `beat`, its driver's last GPU sample of it): when it stopped holding its devices
+ALIVE_UNTIL = "alive_until"
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 
 

@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from sweep.spec.searchspace import Searched
 from sweep.study.attrs import (
+    ALIVE_UNTIL,
     ATTEMPT,
     BEAT,
     EXIT_CODE,
@@ -441,9 +442,10 @@ class Store:
                 found.append(Orphan(t, judged.reason, trial_dir))
         return found, wait
 
-    def fail_orphan(self, orphan: Orphan) -> bool:
-        """Queue an orphan's params again, then tell it FAIL with its reason; False if another
-        driver got there first.
+    def fail_orphan(self, orphan: Orphan, alive_until: float | None = None) -> bool:
+        """Queue an orphan's params again, then tell it FAIL with its reason (and `alive_until`,
+        its driver's last sign of life, epoch s: when it stopped holding its devices); False if
+        another driver got there first.
 
         Safe against a kill at any point: the retry is queued before the FAIL (`requeue`
         queues it once), so a reclaimer killed in between leaves the orphan RUNNING with its
@@ -466,7 +468,8 @@ class Store:
                          line.next_attrs(t.number, retry=False))
         record = OwnerRecord.of(a)
         attrs = {FAIL_REASON: orphan.reason, HOST: record.owner.host if record else None,
-                 GPU: record.gpu if record else None, ATTEMPT: a.get(ATTEMPT, 0)}
+                 GPU: record.gpu if record else None, ATTEMPT: a.get(ATTEMPT, 0),
+                 ALIVE_UNTIL: alive_until}
         try:
             for k, v in attrs.items():
                 if v is not None:
