@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import load_trials, study_dict
+from conftest import load_trials, study_dict, wait_until
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 from test_reclaim import with_orphan
@@ -233,3 +233,44 @@ def test_a_reclaimed_trial_keeps_its_drivers_last_sign_of_life(tmp_path):
     assert s.trials[0].user_attrs["alive_until"] == 1001.5
     assert savings.ended(s.trials[0], dt.datetime.now()) == max(
         s.trials[0].datetime_start, dt.datetime.fromtimestamp(1001.5))
+
+
+@pytest.mark.slow
+def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study, tmp_path):
+    """Item 15, end to end: a driver killed -9 mid-trial. Its trial, still RUNNING, ends in
+    the report at the driver's last GPU sample of it, not now; once the next run (started
+    seconds later) reclaimed it, at the same moment, not at the reclaim (main: both later)."""
+    path = write_study(study_dict(
+        study={"n_trials": 1, "heartbeat_interval": 1, "reclaim_after": 2},
+        trainer={"script": str(STEP_LOG), "grace_period": 5.0,
+                 "args": ["--steps", "40", "--every", "5", "--sleep", "0.1",
+                          "--log", str(tmp_path / "log")]}))
+    env = {**os.environ, "SWEEP_FAKE_GPUS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(path)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def reported() -> bool:
+        try:
+            return bool(load_trials(path)[0].intermediate_values)
+        except (KeyError, IndexError):
+            return False
+
+    assert wait_until(reported, 60)
+    first.kill()
+    killed = dt.datetime.now()
+    first.wait(timeout=30)
+    assert wait_until(lambda: dt.datetime.now() > killed + dt.timedelta(seconds=4), 10)
+    s, _ = report.load(path)
+    end = figures.with_costs(s).set_index("number").loc[0, "end"]
+    assert s.trials.set_index("number").loc[0, "state"] == "RUNNING"
+    assert killed - dt.timedelta(seconds=1.5) <= end <= killed
+    again = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    s, _ = report.load(path)
+    t = figures.with_costs(s).set_index("number")
+    assert list(t["state"]) == ["FAIL", "COMPLETE"]
+    assert t.loc[0, "datetime_complete"] > killed + dt.timedelta(seconds=4)  # the reclaim
+    assert killed - dt.timedelta(seconds=1.5) <= t.loc[0, "end"] <= killed
+    assert t.loc[0, "device_hours"] * 3600 == pytest.approx(
+        (t.loc[0, "end"] - t.loc[0, "datetime_start"]).total_seconds())
