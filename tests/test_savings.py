@@ -205,7 +205,8 @@ def test_a_dead_drivers_trials_end_at_their_last_sign_of_life(write_study):
     """Item 15: trial 0 was told FAIL by the next run's reclaim 1000 s after it started, its
     driver last seen alive at 60 s (`alive_until`); trial 1 is RUNNING, its driver dead: the
     samples last showed it at 30 s; trial 2 is RUNNING and its samples are fresh. On the
-    timeline and in the costs, 0 ends at 60 s, 1 at 30 s, 2 now (main: 1000 s, now, now)."""
+    timeline and in the costs, 0 ends at 60 s, 1 at 30 s, 2 now (main: 1000 s, now, now); in
+    the summary's lineage device-seconds and per-GPU busy time too."""
     path, _ = stored(write_study, [
         attempt(0, [], 1000, TrialState.FAIL, fail_reason="driver died (pid 1 on node1)",
                 alive_until=(T0 + dt.timedelta(seconds=60)).timestamp()),
@@ -220,6 +221,10 @@ def test_a_dead_drivers_trials_end_at_their_last_sign_of_life(write_study):
     t = figures.with_costs(s, now).set_index("number")
     assert [(e - T0).total_seconds() for e in t["end"]] == [60.0, 30.0, 2000.0]
     assert list(t["device_hours"] * 3600) == pytest.approx([60.0, 30.0, 2000.0])
+    # as the summary counts them: the reclaimed trial's lineage took 60 device-seconds, and
+    # GPU 0 was busy until the running trial's last sample, days ago (read now)
+    assert s.trials.set_index("number").loc[0, "lineage_device_s"] == 60.0
+    assert list(s.gpus["busy_s"]) == [1999.0]
 
 
 def test_a_reclaimed_trial_keeps_its_drivers_last_sign_of_life(tmp_path):

@@ -25,7 +25,7 @@ from sweep.analysis.plotting import COLOURS
 from sweep.analysis.plotting import empty as _empty
 from sweep.analysis.plotting import go as _go
 from sweep.analysis.plotting import note as _note
-from sweep.analysis.summary import Summary
+from sweep.analysis.summary import Summary, ends
 from sweep.study import savings as study_savings
 
 MAX_CURVES = 400  # intermediate-value curves drawn at most (the best and the latest)
@@ -60,16 +60,6 @@ def device_count(trials: pd.DataFrame) -> pd.Series:
                               else 1)
 
 
-def last_seen(samples: pd.DataFrame) -> pd.Series:
-    """When the GPU samples last showed each trial holding a device, by trial number: the
-    last sign of life of a trial whose driver died."""
-    if samples.empty:
-        return pd.Series(dtype="datetime64[us]")
-    held = samples.assign(trial=samples["trials"].astype(str).str.split(";")).explode("trial")
-    held = held[held["trial"].str.fullmatch(r"\d+", na=False)]
-    return held.groupby(held["trial"].astype(int))["time"].max()
-
-
 def with_costs(s: Summary, now: datetime | None = None) -> pd.DataFrame:
     """The trials with `end`, `device_hours`, `energy_kwh` and, in order of ending,
     `cum_device_hours` and `hours` (since the first start). A trial's `end` is when it
@@ -79,20 +69,7 @@ def with_costs(s: Summary, now: datetime | None = None) -> pd.DataFrame:
     t = s.trials.copy()
     if t.empty:
         return t
-    moment = pd.Timestamp(now or datetime.now())
-    end = t["datetime_complete"].astype("datetime64[ns]")
-    if "alive_until" in t:
-        reclaimed = (t["state"] == "FAIL") & t["alive_until"].notna()
-        end = end.mask(reclaimed, t[["alive_until", "datetime_start"]].astype(
-            "datetime64[ns]").max(axis=1))
-    running = t["state"] == "RUNNING"
-    if running.any():
-        seen = pd.to_datetime(t["number"].map(last_seen(s.samples).to_dict())).astype(
-            "datetime64[ns]")
-        gone = running & seen.notna() & (
-            (moment - seen).dt.total_seconds() > s.spec.study.reclaim_seconds)
-        end = end.mask(running, moment).mask(gone, seen)
-    t["end"] = end
+    t["end"] = ends(t, s.samples, s.spec.study.reclaim_seconds, now)
     seconds = (t["end"] - t["datetime_start"]).dt.total_seconds()
     t["device_hours"] = seconds.fillna(0.0) * device_count(t) / 3600
     t["energy_kwh"] = pd.to_numeric(t["energy_j"], errors="coerce") / 3.6e6

@@ -42,7 +42,8 @@ def load_spec(spec: Spec) -> tuple[Summary, Any]:
                          f"{spec.storage.shown} yet; run the study first")
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir)
-    return Summary(spec, trials, gpu_table(trials, samples), samples), study
+    return Summary(spec, trials, gpu_table(trials, samples, spec.study.reclaim_seconds),
+                   samples), study
 
 
 def render(s: Summary, study: Any, now: datetime | None = None) -> str:

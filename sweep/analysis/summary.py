@@ -91,7 +91,8 @@ def load(study_file: str | Path, storage: str | None = None) -> Summary:
     study = load_study(spec)
     trials = trials_frame(study, spec)
     samples = read_samples(spec.output_dir)
-    return Summary(spec, trials, gpu_table(trials, samples), samples)
+    return Summary(spec, trials, gpu_table(trials, samples, spec.study.reclaim_seconds),
+                   samples)
 
 
 def load_study(spec: Spec) -> Any:
@@ -171,17 +172,56 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
 def _with_lineages(frame: pd.DataFrame) -> pd.DataFrame:
     """Add each trial's lineage (`lineage`: its first attempt's number; see `sweep.trial.lineage`),
     how many attempts the lineage has had (`lineage_attempts`) and the device-seconds they
-    took together (`lineage_device_s`: each attempt's duration times its devices; a running
-    one counts as far as it is known)."""
+    took together (`lineage_device_s`: each attempt's duration, until its driver's last sign
+    of life for one a reclaim told, times its devices; a running one counts as far as it is
+    known)."""
     frame = frame.copy()
     origin = pd.to_numeric(frame["retry_of"], errors="coerce")
     frame["lineage"] = pd.array(origin.fillna(frame["number"]), dtype="Int64")
     width = frame["gpus"].map(lambda g: len(str(g).split(",")) if isinstance(g, str) else 1)
-    device_s = pd.to_numeric(frame["duration_s"], errors="coerce").fillna(0.0) * width
+    seconds = pd.to_numeric(frame["duration_s"], errors="coerce")
+    alive = pd.to_datetime(frame[attrs.ALIVE_UNTIL]) - pd.to_datetime(frame["datetime_start"])
+    seconds = seconds.mask(alive.notna(), alive.dt.total_seconds().clip(lower=0.0))
+    device_s = seconds.fillna(0.0) * width
     by = frame.groupby("lineage")
     frame["lineage_attempts"] = by["number"].transform("count")
     frame["lineage_device_s"] = device_s.groupby(frame["lineage"]).transform("sum")
     return frame
+
+
+def last_seen(samples: pd.DataFrame) -> pd.Series:
+    """When the GPU samples last showed each trial holding a device, by trial number: the
+    last sign of life of a trial whose driver died."""
+    if samples.empty:
+        return pd.Series(dtype="datetime64[us]")
+    held = samples.assign(trial=samples["trials"].astype(str).str.split(";")).explode("trial")
+    held = held[held["trial"].str.fullmatch(r"\d+", na=False)]
+    return held.groupby(held["trial"].astype(int))["time"].max()
+
+
+def ends(trials: pd.DataFrame, samples: pd.DataFrame, reclaim_seconds: float = math.inf,
+         now: datetime | None = None) -> pd.Series:
+    """When each trial stopped holding its devices: when it was told; for one a reclaim told,
+    its driver's last sign of life (`alive_until`); for a running one, `now` (default: now),
+    unless its driver is gone (the GPU `samples` have not shown it for `reclaim_seconds`):
+    the last sample that did. NaT for a trial not started."""
+    moment = pd.Timestamp(now or datetime.now())
+    end = trials["datetime_complete"].astype("datetime64[ns]")
+    state = trials["state"] if "state" in trials else end.isna().map(
+        {True: "RUNNING", False: "COMPLETE"})  # a frame of times only: the open ones run
+    if attrs.ALIVE_UNTIL in trials:
+        reclaimed = (state == "FAIL") & trials[attrs.ALIVE_UNTIL].notna()
+        end = end.mask(reclaimed, trials[[attrs.ALIVE_UNTIL, "datetime_start"]].astype(
+            "datetime64[ns]").max(axis=1))
+    running = state == "RUNNING"
+    end = end.mask(running, moment)
+    if running.any() and "number" in trials:
+        seen = pd.to_datetime(trials["number"].map(last_seen(samples).to_dict())).astype(
+            "datetime64[ns]")
+        gone = running & seen.notna() & (
+            (moment - seen).dt.total_seconds() > reclaim_seconds)
+        end = end.mask(gone, seen)
+    return end
 
 
 def read_samples(output_dir: Path) -> pd.DataFrame:
@@ -226,11 +266,13 @@ def _union_seconds(intervals: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
     return total
 
 
-def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame,
+              reclaim_seconds: float = math.inf) -> pd.DataFrame:
     """Per device of each host: trials run, busy fraction of the sweep's wall time,
     utilisation, idle hours.
 
-    Wall time runs from the first trial's start to the last trial's end (now, while trials run);
+    Wall time runs from the first trial's start to the last trial's end (`ends`: now, while
+    trials run; a dead driver's trial at its last sign of life);
     a device is busy while it holds at least one trial. `util_mean_busy` is the mean sampled
     utilisation while busy (NaN without NVML).
     """
@@ -248,9 +290,8 @@ def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
         # sweep 0.2's samples name no host: they are the one host's, if the trials have one
         samples["host"] = samples["host"].fillna(hosts.pop() if len(hosts) == 1 else "")
         samples["host"] = samples["host"].astype(str)
-    now = pd.Timestamp(datetime.now())
-    ends = started["datetime_complete"].fillna(now)
-    wall = (ends.max() - started["datetime_start"].min()).total_seconds()
+    until = ends(started, samples, reclaim_seconds)
+    wall = (until.max() - started["datetime_start"].min()).total_seconds()
     places = set(zip(started["host"], started["gpu"].astype(int), strict=True))
     if not samples.empty:
         places |= set(zip(samples["host"], samples["gpu"].astype(int), strict=True))
@@ -262,7 +303,7 @@ def gpu_table(trials: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     for host, gpu in sorted(places):
         on = [gpu in many for many in devices]
         mine = started[(started["host"] == host) & pd.Series(on, index=started.index, dtype=bool)]
-        intervals = list(zip(mine["datetime_start"], ends[mine.index], strict=True))
+        intervals = list(zip(mine["datetime_start"], until[mine.index], strict=True))
         busy = _union_seconds(intervals)
         util = math.nan
         if not samples.empty:
