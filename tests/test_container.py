@@ -794,7 +794,7 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
     stdout, err = rerun.communicate(timeout=120)
     said = stdout + err
     assert f"trainer.container.image {moving} is {then} now; the study's last run had " \
-           f"{first}: the tag moved" in said
+           f"{first}: the tag moved" in said, said
     assert "started in the image " + first in said
     assert rerun.returncode != 0
     trials = load_trials(study, "moved")
