@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,8 +19,8 @@ from rich.console import Console
 from rich.text import Text
 
 from sweep import __version__
+from sweep._core import stops
 from sweep._core.errors import SweepError
-from sweep._core.terminal import release_dead_terminal
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -331,20 +329,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
-        release_dead_terminal()
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    # SIGTERM, SIGUSR1, SIGUSR2 or SIGHUP outside a running sweep (which handles them itself)
-    # ends like Ctrl-C: exit 130. Under `nohup` (SIGHUP ignored) SIGHUP stays ignored.
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(signum, _interrupt)
-        if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-            signal.signal(signal.SIGHUP, _interrupt)
+    # SIGINT, SIGTERM, SIGUSR1, SIGUSR2 or SIGHUP outside a running sweep (which handles them
+    # itself) ends like Ctrl-C: exit 130. Under `nohup` (SIGHUP ignored) SIGHUP stays ignored.
+    stops.catch()
     args = parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING,

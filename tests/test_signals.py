@@ -361,8 +361,11 @@ def test_a_stop_signal_while_the_handlers_go_in_is_exit_130(monkeypatch, window)
     import sweep.__main__ as entry
     from sweep import cli
 
-    stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-    before = {s: signal.getsignal(s) for s in stops}
+    import atexit
+
+    from sweep._core import stops
+
+    before = {s: signal.getsignal(s) for s in stops.STOPS}
     real_signal = signal.signal
     if window == "handlers":
         def install(signum, handler):  # SIGTERM's handler is in; SIGUSR1's is next
@@ -379,6 +382,8 @@ def test_a_stop_signal_while_the_handlers_go_in_is_exit_130(monkeypatch, window)
     try:
         assert entry.main() == 130
     finally:
+        atexit.unregister(stops.last_exit_hook)  # it would end pytest itself with exit 130
+        stops.STATE.__init__()  # type: ignore[misc]
         for s, handler in before.items():
             real_signal(s, handler)
 
@@ -418,3 +423,60 @@ def load_trials_if_any(study) -> list:
         return load_trials(study)
     except KeyError:  # stopped before the study was created
         return []
+
+
+def spent_study(write_study) -> str:
+    """A study file whose budget (one trial) is spent: a run of it ends in a second or two."""
+    import optuna
+
+    from sweep.spec import config, searchspace
+    from sweep.study.opening import open_study
+    from sweep.study.storage import open_storage
+
+    study_file = write_study(study={"n_trials": 1})
+    spec = config.load(study_file)
+    study = open_study(spec, open_storage(spec))
+    study.add_trial(optuna.trial.create_trial(
+        params={"x": 0.5}, distributions=searchspace.distributions(spec.searched), value=0.04))
+    return str(study_file)
+
+
+# `sweep run STUDY` as the `sweep` command runs it, with the stop signal SIGNUM sent to itself
+# in WINDOW, once the command has returned: while Python joins its threads (`threads`), or
+# from an exit hook registered while the command ran, as weakref.finalize's is (`exit hook`)
+AFTER_RETURN = """
+import atexit, os, sys, threading
+study, signum, window = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sys.argv = ["sweep", "run", study]
+from sweep import __main__ as entry, cli
+if window == "threads":
+    join = threading._shutdown
+    def _shutdown():
+        os.kill(os.getpid(), signum)
+        join()
+    threading._shutdown = _shutdown
+else:
+    command = cli.main
+    def main():
+        code = command()
+        atexit.register(os.kill, os.getpid(), signum)
+        return code
+    cli.main = main
+sys.exit(entry.main())
+"""
+
+
+@pytest.mark.parametrize("window", ["threads", "exit hook"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_signal_after_the_run_returned_is_exit_130(write_study, window, signum):
+    """Item 16 (issue 38): a SIGTERM right after a run's last line ended it with -15, or with
+    exit 0 and a KeyboardInterrupt traceback (from weakref.finalize's exit hook, or Python
+    joining its threads): Python was shutting down. Forced: the signal is sent from inside
+    that shutdown."""
+    study = spent_study(write_study)
+    driver = subprocess.run([sys.executable, "-c", AFTER_RETURN, study, str(int(signum)), window],
+                            env={**os.environ, "SWEEP_FAKE_GPUS": "2"}, capture_output=True,
+                            text=True, timeout=60)
+    assert "the budget is spent" in driver.stderr
+    assert driver.returncode == 130, driver.stderr
+    assert "Traceback" not in driver.stderr

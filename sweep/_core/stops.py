@@ -1,0 +1,82 @@
+"""The stop signals outside the driver's loop (which routes them itself, `runner.clock`):
+SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 end a command as Ctrl-C does (exit 130), from
+the first instant to the last.
+
+Until the command has returned, `interrupt` raises KeyboardInterrupt. Once it has
+(`STATE.returned`, set by `sweep.__main__`), while Python shuts down (threads joined, exit
+hooks run), a signal is only noted: raised there it printed a traceback and was lost (exit
+0), and once Python had put its default handlers back it killed the process (exit -15).
+`last_exit_hook`, run after every other exit hook, ends the process: exit 130 if one came.
+Imports nothing of sweep but `terminal` (lazily).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class State:
+    """Whether the command has returned, and the stop signals that came after it did (no
+    dataclass: this module loads before anything else, and `dataclasses` takes long)."""
+
+    def __init__(self) -> None:
+        self.returned = False
+        self.noted: list[int] = []
+        self.code: int | None = None  # the command's exit code, once it returned
+
+
+STATE = State()
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    """The handler of every stop signal outside a run: KeyboardInterrupt, or once the
+    command has returned, a note. SIGHUP first points a dead terminal at /dev/null."""
+    if signum == signal.SIGHUP:  # the terminal may be gone: what is printed goes nowhere
+        from sweep._core.terminal import release_dead_terminal
+
+        release_dead_terminal()
+    if STATE.returned:
+        STATE.noted.append(signum)
+        return
+    raise KeyboardInterrupt
+
+
+def catch() -> None:
+    """Route every stop signal to `interrupt` (in the main thread; elsewhere Python cannot).
+    A SIGHUP ignored (`nohup`) stays ignored. The command has not returned (again)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    STATE.returned, STATE.code = False, None
+    STATE.noted.clear()
+    for signum in STOPS:
+        if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, interrupt)
+
+
+def last_exit_hook() -> None:
+    """Meant to be registered before any other exit hook, so it runs after them all: the
+    process ends here, with exit 130 if a stop signal came since the command returned (noted,
+    or still pending: they are blocked first), else with the command's exit code
+    (`STATE.code`), its standard streams flushed. What Python would do after this hook (free
+    its objects, put the default handlers back: a SIGTERM then killed it, exit -15) is left
+    undone. Without a code (the command never returned) it only ends the process on a
+    noted signal."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if STATE.noted or set(signal.sigpending()) & set(STOPS):
+        os._exit(130)
+    if STATE.code is not None:
+        os._exit(STATE.code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
