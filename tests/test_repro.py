@@ -350,6 +350,20 @@ def test_a_driver_stopped_while_probing_kills_the_probes_whole_group(tmp_path):
     assert_gone(child, "the probe's child outlived the driver")
 
 
+def test_a_daemon_the_interpreter_starts_in_its_own_session_does_not_outlive_the_probe(
+        tmp_path):
+    """Item 16 (issue 38): a `trainer.python` (a wrapper) that starts a daemon which calls
+    setsid, then answers: the daemon left the probe's process group and outlived the run.
+    Every process that carries the probe's token in its environment is killed with it."""
+    pid_file = tmp_path / "daemon.pid"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/bash\nsetsid sleep 300 < /dev/null > /dev/null 2>&1 &\n"
+                       f"echo $! > {pid_file}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    interpreter.probe(str(wrapper))
+    assert_gone(int(pid_file.read_text()), "the probe's daemon outlived it")
+
+
 def test_a_folder_as_interpreter_says_it_is_a_folder(tmp_path):
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study_dict(trainer={"python": "/tmp"})))

@@ -10,7 +10,9 @@ file and the values of its public enums (`accelerate.utils.DistributedType`, `Pr
 `DynamoBackend`). Answers are kept per (interpreter, question) for the life of the process.
 The probe runs in its own session, for at most PROBE_TIMEOUT seconds, and at most the last
 MAX_OUTPUT bytes of each of its streams are kept; once it has answered, and on a timeout or an
-interruption, its whole process group is killed (nothing it started outlives it).
+interruption, its whole process group is killed, and so is every process whose environment
+carries the probe's own token (`PROBE_TOKEN_ENV`): a daemon it started in a session of its own
+(`setsid`) does not outlive it either.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import psutil
 
 from sweep._core.errors import clip
 
@@ -94,6 +99,7 @@ class Interpreter:
 # Seconds the probe may take (importing accelerate for `keys` takes a few); past them its
 # whole process group is killed: a `trainer.python` that hangs is refused, not waited for.
 PROBE_TIMEOUT = 30.0
+PROBE_TOKEN_ENV = "SWEEP_PROBE_TOKEN"  # set for the probe only: what it started carries it
 MAX_OUTPUT = 4 << 20  # bytes of each of the probe's streams kept (the last ones: its answer)
 
 _known: dict[tuple[str, bool, tuple[str, ...], tuple[str, ...]], Interpreter] = {}
@@ -112,9 +118,10 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
     limit = PROBE_TIMEOUT if timeout is None else timeout
     question = json.dumps({"keys": keys, "modules": sorted(modules)})
     try:  # its own session: what it starts is killed with it, and no terminal signal reaches it
+        token = uuid.uuid4().hex
         proc = subprocess.Popen([*prefix, python, "-c", PROBE, question], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, PROBE_TOKEN_ENV: token})
     except OSError as e:
         raise InterpreterError(f"cannot run {python}: {e.strerror or e}") from None
     try:
@@ -123,7 +130,7 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
         raise InterpreterError(f"{python} did not answer in {limit:g} s (a program that "
                                "hangs, not a Python?)") from None
     finally:  # also on Ctrl-C, SIGTERM, and when it answered: nothing it started outlives it
-        _kill_group(proc)
+        _kill_group(proc, token)
     done = subprocess.CompletedProcess(proc.args, proc.returncode,
                                        out.decode("utf-8", "replace"),
                                        err.decode("utf-8", "replace"))
@@ -197,13 +204,20 @@ def _exited(proc: subprocess.Popen[bytes]) -> bool:
         return True
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill `proc`'s whole process group (its session: `probe` started it so), reap it and
-    close its pipes."""
+def _kill_group(proc: subprocess.Popen[bytes], token: str) -> None:
+    """Kill `proc`'s whole process group (its session: `probe` started it so) and every
+    process of this user whose environment carries `token` (one that left the group), reap
+    it and close its pipes."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:  # gone already
         pass
+    for other in psutil.process_iter():
+        try:
+            if other.pid != os.getpid() and other.environ().get(PROBE_TOKEN_ENV) == token:
+                other.kill()
+        except psutil.Error:  # gone, or another user's
+            continue
     proc.wait()
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
