@@ -358,11 +358,10 @@ def test_a_stop_signal_while_the_handlers_go_in_is_exit_130(monkeypatch, window)
     (the next handlers still going in, or its arguments parsed) raised KeyboardInterrupt
     out of `main` with a traceback and exit -2 on a busy CI machine. Forced: the signal is
     raised inside that window."""
-    import sweep.__main__ as entry
-    from sweep import cli
-
     import atexit
 
+    import sweep.__main__ as entry
+    from sweep import cli
     from sweep._core import stops
 
     before = {s: signal.getsignal(s) for s in stops.STOPS}
