@@ -3,10 +3,11 @@ while its neighbour on the other GPU completes and the driver exits 0 (issue 9, 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
-from conftest import load_trials, processes_mentioning, run_cli, spawn_cli
+from conftest import load_trials, processes_mentioning, run_cli, spawn_cli, wait_until
 
 HOSTILE = Path(__file__).parent / "trainers" / "hostile.py"
 
@@ -215,3 +216,38 @@ def test_a_pattern_re2_cannot_take_is_refused_in_one_line_naming_the_key(write_s
         "(sweep matches with RE2, in time linear in the output: no backreferences or "
         r"lookaround): (?<=loss: )(?P<score>\S+)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing written
+
+
+def test_ctrl_c_ends_a_run_at_once_while_its_trainer_floods_stdout_with_reports(write_study,
+                                                                               tmp_path):
+    """Issue 38, item 16: a flood on stdout delayed Ctrl-C by 100 s. A trainer that writes
+    report lines faster than the driver stores them leaves a backlog of millions of lines;
+    once the run is interrupted, its values are read for 2 s at most after it exited: the
+    run exits 130 at once, its trial told `interrupted` (nothing left RUNNING), and what was
+    left unread is noted on the trial."""
+    study = write_study(study={"n_trials": 1}, trainer={
+        "script": str(HOSTILE), "args": ["--case", "flood_stdout"],
+        "report": {"stdout": r"step (?P<step>\d+) loss (?P<value>\S+)"}})
+    log = tmp_path / "probe" / "trials" / "0" / "stdout.log"
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
+    try:
+        # 60 MB: 3 million lines, more than the 20,000 passes of 100 values the driver
+        # drained before it judged the trial (over a minute)
+        assert wait_until(lambda: log.exists() and log.stat().st_size > 60 << 20, 120)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=20)  # far below the minute it took before
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode == 130, err
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "WAITING"]
+    cut = trials[0]
+    assert cut.user_attrs["fail_reason"] == "interrupted"
+    last = max(cut.intermediate_values)
+    assert cut.user_attrs["reports_unread"] == (
+        f"values after step {last} were left unread (the run was interrupted: read for 2 s "
+        "at most after it exited)")
+    assert f"trial 0: its trainer's values after step {last} were left unread" in err
+    assert processes_mentioning(str(tmp_path)) == []

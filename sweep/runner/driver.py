@@ -188,6 +188,7 @@ class Driver:
         while self._signals > self.policy.signals:
             kill = self.policy.on_signal() is OnSignal.KILL_ALL
             for run in self.running.values():
+                run.hurry()  # a flooded backlog of values cannot hold the run's end
                 run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
         self.policy.check_clock(now)
         if now >= self._next_look:

@@ -9,6 +9,7 @@ stop it decides is a `Stop` given to the trial (`RunningTrial.stop`), never a si
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
@@ -21,7 +22,9 @@ from sweep.study import lineages
 from sweep.study.store import Asked, Store, Taken
 from sweep.trial import hang, lineage, stacks
 from sweep.trial.lineage import Start
-from sweep.trial.running import Phase, RunningTrial, Stop
+from sweep.trial.running import HURRIED_DRAIN, MAX_DRAIN, Phase, RunningTrial, Stop
+
+REPORTS_UNREAD = "reports_unread"  # a trial attribute: what of its values was left unread
 
 
 class ResumeCheck:
@@ -170,7 +173,8 @@ class Follower:
         (the rest are read in the next passes, between which other trials and signals are
         served). A bad line stops the trial."""
         assert run.reports is not None
-        run.drained += exited
+        if exited:
+            run.drain_pass(now)
         fresh = run.reports.read()
         running = run.phase is Phase.RUNNING and not exited
         prune = self.prunes and running
@@ -185,6 +189,8 @@ class Follower:
                 run.stop(Stop.TAKEN, now)
                 return
         self.resume.on_reports(run, [step for step, _ in fresh])
+        if exited and run.cut_drain(now):
+            self._unread(run)
         if fresh and prune and self.store.should_prune(run.trial):
             run.stop(Stop.PRUNED, now)
         if self.scheduling is not None:  # also on values read after exit
@@ -195,6 +201,18 @@ class Follower:
                 self.scheduling.reports_read(run)
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
+
+    def _unread(self, run: RunningTrial) -> None:
+        """`run`'s drain was cut with values left unread: noted on the trial
+        (`REPORTS_UNREAD`) and said once for it."""
+        last = "its first value" if run.last_report is None else f"step {run.last_report[0]}"
+        why = ("the run was interrupted: read for "
+               f"{HURRIED_DRAIN:g} s at most after it exited" if run.hurried else
+               f"read in {MAX_DRAIN} passes at most after it exited")
+        text = f"values after {last} were left unread ({why})"
+        with contextlib.suppress(Taken):
+            self.store.note(run.trial, {REPORTS_UNREAD: text})
+        self.events.message(f"trial {run.number}: its trainer's {text}")
 
     def look_for_hang(self, run: RunningTrial, now: float) -> None:
         """`trainer.hang_after`: a trial silent that long with idle GPUs has the stacks of its

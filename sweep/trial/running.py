@@ -63,6 +63,7 @@ MOVES: dict[Phase, frozenset[Phase]] = {
 
 
 MAX_DRAIN = 20_000  # passes (of at most a batch each) that read a trial's values after its exit
+HURRIED_DRAIN = 2.0  # seconds those passes may last once the run is interrupted (`hurry`)
 
 
 class PhaseError(RuntimeError):
@@ -97,6 +98,9 @@ class RunningTrial:
     oom: bool = False  # judged out of memory: its devices are released as such
     resumed: bool = False  # it carries its lineage on from what its checkpoint folder held
     drained: int = 0  # passes that read its values after its command exited
+    hurried: bool = False  # the run is interrupted: its drain lasts HURRIED_DRAIN s at most
+    drain_until: float | None = None  # when its hurried drain ends (set at its first pass)
+    unread: bool = False  # its drain was cut: values its trainer wrote were left unread
     cleanup_at: float | None = None  # when to look again at a device its processes still held
     began: float = 0.0  # when it started, on the driver's clock: its durations (not the wall's)
     _force_at: float | None = field(default=None, repr=False)
@@ -186,13 +190,32 @@ class RunningTrial:
         it judges."""
         return self.reports is not None and not self.phase.told
 
+    def hurry(self) -> None:
+        """The run is interrupted (a stop signal): once its command exited, its values are
+        read for HURRIED_DRAIN s at most, so a flooded backlog cannot hold the run's end."""
+        self.hurried = True
+
+    def drain_pass(self, now: float) -> None:
+        """A pass reads its values after its command exited (its hurried drain starts)."""
+        self.drained += 1
+        if self.hurried and self.drain_until is None:
+            self.drain_until = now + HURRIED_DRAIN
+
+    def cut_drain(self, now: float) -> bool:
+        """After a pass that left values: the drain ends here (MAX_DRAIN passes, or its
+        hurried drain's time is over); `unread` is set. True: it was cut now."""
+        if self.unread or self.reports is None or not self.reports.more:
+            return False
+        self.unread = self.drained > MAX_DRAIN or (
+            self.drain_until is not None and now >= self.drain_until)
+        return self.unread
+
     @property
     def reports_pending(self) -> bool:
         """Values wait that the last bounded read left for the next pass (after its command
-        exited, for at most MAX_DRAIN passes: a reader can never keep a trial from being
+        exited, until `cut_drain` ends the drain: a reader can never keep a trial from being
         told)."""
-        return (self.reports is not None and self.reports.more
-                and self.drained <= MAX_DRAIN)
+        return self.reports is not None and self.reports.more and not self.unread
 
     def verdict(self, metrics: list[str], timeout: float | None, patterns: list[str],
                 stream: str = "stdout") -> Outcome:

@@ -32,6 +32,12 @@ def main() -> int:
                 time.sleep(0.01)
         result.write_text(json.dumps({"score": args.x}))
         return 0
+    if args.case == "flood_stdout":  # every trial: report lines on stdout until it is stopped
+        print("flooding", file=sys.stderr, flush=True)
+        step = 0
+        while True:
+            sys.stdout.write("".join(f"step {s} loss 0.5\n" for s in range(step, step + 1000)))
+            step += 1000
     if args.x != 0.1:
         time.sleep(1.5 if args.x == 0.5 else 0.0)
         result.write_text(json.dumps({"score": args.x}))
