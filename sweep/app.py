@@ -1,4 +1,5 @@
-"""A sweep put together: storage, pool, monitor and progress around the driver.
+"""A sweep put together: its study opened once, its output folder claimed, then storage,
+pool, monitor and progress around the driver.
 
 `run`, `dry_run` and `rerun` are what the verbs do; the command line only parses
 and reports. `run_file` is `sweep.run` from Python.
@@ -39,22 +40,17 @@ from sweep.study.connect import check_not_moved, connect
 from sweep.study.opening import check_stored, sample
 from sweep.study.ownership import host_name
 from sweep.study.storage import (
+    Found,
     describe,
-    read_study,
+    find,
     reading,
     storage_errors,
     storage_lost_errors,
     unreachable,
 )
-from sweep.study.store import FINISHED, Asked, Store
+from sweep.study.store import FINISHED, Asked
 from sweep.trial import command_script, folders, launch_plan, launchers, provenance
 from sweep.trial.lineage import Lineage
-
-
-def open_store(spec: Spec, notes: list[str] | None = None) -> Store:
-    """The study in its storage, opened by this process; an unreachable database is a usage
-    error. What changed since earlier runs, and may, is added to `notes`."""
-    return connect(spec, Owner.me(host_name()), notes=notes)
 
 
 def nvml_reader(devices: list[Device]) -> tuple[SampleReader, Nvml | None]:
@@ -68,12 +64,12 @@ def nvml_reader(devices: list[Device]) -> tuple[SampleReader, Nvml | None]:
     return nvml, nvml
 
 
-def run(spec: Spec, devices: list[Device] | None, console: Console | None = None,
-        report: bool = False) -> RunResult:
+def run(spec: Spec, devices: list[Device] | None, found: Found,
+        console: Console | None = None, report: bool = False) -> RunResult:
     """Run or continue the study to its budget on `devices`, with live progress (`None`
-    where `spent` said the study has nothing left to run); then, with `report` or
-    `study.report`, refresh its report (`refresh_report`)."""
-    result = execute(spec, devices, console)[0]
+    where `spent` said the study has nothing left to run), going on with the storage `found`
+    read; then, with `report` or `study.report`, refresh its report (`refresh_report`)."""
+    result = execute(spec, devices, found, console)[0]
     if report or spec.study.report:
         refresh_report(spec, console)
     return result
@@ -109,8 +105,8 @@ def run_file(
     line, then raises KeyboardInterrupt; a run that gives up raises SweepError.
     """
     spec = config.load(path, n_trials=n_trials, gpus=gpus, storage=storage)
-    devices = None if spent(spec) else pool.select(pool.discover(), spec.gpus.ids, str(path))
-    result, study = execute(spec, devices, console)
+    with find(spec) as found:
+        result, study = execute(spec, pool_for(spec, found, str(path))[1], found, console)
     if spec.study.report:
         refresh_report(spec, console)
     if result.exit_code == EXIT_INTERRUPTED:
@@ -120,16 +116,22 @@ def run_file(
     return study
 
 
-def spent(spec: Spec) -> RunResult | None:
-    """What a run says when the stored study has nothing left to run (its finished trials
-    meet the budget, or under a scheduler its configurations do with nothing to carry on,
-    and none is running), read without writing anything; None when it may have. Such a run
-    needs no device pool."""
-    with reading(spec) as study:
-        if study is None:
-            return None
-        check_stored(spec, study)  # a file the stored study refuses is refused here too
-        trials = study.get_trials(deepcopy=False)
+def pool_for(spec: Spec, found: Found, file: str) -> tuple[RunResult | None, list[Device] | None]:
+    """What a run says when the study `found` has nothing left to run (`spent`), or else
+    the devices it runs on (`gpus.ids` of the pool; a problem names `file`)."""
+    said = spent(spec, found)
+    return said, None if said else pool.select(pool.discover(), spec.gpus.ids, file)
+
+
+def spent(spec: Spec, found: Found) -> RunResult | None:
+    """What a run says when the stored study `found` has nothing left to run (its finished
+    trials meet the budget, or under a scheduler its configurations do with nothing to carry
+    on, and none is running), read without writing anything; None when it may have. Such a
+    run needs no device pool."""
+    if found.study is None:
+        return None
+    check_stored(spec, found.study)  # a file the stored study refuses is refused here too
+    trials = found.trials()
     if any(t.state.name == "RUNNING" for t in trials) or _room(spec, trials) > 0:
         return None
     return _spent(spec, trials)
@@ -160,28 +162,28 @@ def _spent(spec: Spec, trials: Sequence[Any]) -> RunResult:
 
 
 def execute(
-    spec: Spec, devices: list[Device] | None, console: Console | None = None
+    spec: Spec, devices: list[Device] | None, found: Found, console: Console | None = None
 ) -> tuple[RunResult, Any]:
     """`run`, returning the `optuna.Study` too. Without `devices` (`spent` said the budget is
-    spent) the study is checked against the file as for a run, and nothing runs."""
+    spent) the study is checked against the file as for a run, and nothing runs. The study
+    is opened once: the storage `found` read is gone on with where it can be."""
     import optuna
 
     # Optuna's warnings are about what sweep handles itself (e.g. a journal lock it waited for)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # before storage is touched: output_dir can be made, is this user's and this study's,
     # and so are the driver's folder and trials/; the host's lock folder can be trusted
-    if devices is not None and folders.read_marker(spec.output_dir) is None:  # a new folder
-        stored = read_study(spec)  # read only: a study already run elsewhere is not moved
-        if stored is not None:
-            check_not_moved(spec, stored.get_trials(deepcopy=False), host_name())
+    if devices is not None and found.study is not None and folders.read_marker(
+            spec.output_dir) is None:  # a new folder: a study already run elsewhere stays
+        check_not_moved(spec, found.trials(), host_name())
     folders.claim_output_dir(spec.output_dir, folders.owner_of(spec), spec.source)
     hostlock.usable_lock_dir(host_name())
     if devices is not None:  # the driver's folder and trials/ too: a link there is refused
-        folders.prepare_output_dir(
+        folders.make_driver_dirs(
             spec.output_dir, folders.driver_dir(spec.output_dir, host_name(), os.getpid()),
             spec.source)
     notes: list[str] = []
-    store = open_store(spec, notes)
+    store = connect(spec, Owner.me(host_name()), notes=notes, found=found)
     if devices is None:
         try:  # its finished trials (configurations) only grow: the budget stays spent
             return _spent(spec, store.study.get_trials(deepcopy=False)), store.study
@@ -246,9 +248,9 @@ def make_pool(spec: Spec, devices: list[Device], reader: SampleReader, nvml: boo
                 probe=NvmlProbe(reader) if nvml else None, width=spec.trainer.gpus_per_trial)
 
 
-def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
+def dry_run(spec: Spec, devices: list[Device], found: Found) -> list[str]:
     """The commands of the next trials `run` would start, sampled in memory from a copy of the
-    stored study (if there is one), each a shell line that runs the trial when pasted (see
+    stored study `found` (if there is one), each a shell line that runs the trial when pasted (see
     `runnable`), each trial built by the run's own `Starter` (dry: it writes nothing and spawns
     nothing). Writes nothing, to storage or to disk. Refuses, as `run` would, an output_dir
     that holds another study's trials."""
@@ -259,8 +261,10 @@ def dry_run(spec: Spec, devices: list[Device]) -> list[str]:
     study = optuna.create_study(
         sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
         directions=spec.study.objective_directions)
-    for trial in _stored_trials(spec):  # checked against the file as `run` checks it
-        study.add_trial(trial)
+    if found.study is not None:  # checked against the file as `run` checks it
+        check_stored(spec, found.study)
+    for stored in found.trials():
+        study.add_trial(stored)
     for params in spec.study.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     trials = study.get_trials(deepcopy=False)
@@ -344,17 +348,6 @@ def runnable(plan: launch_plan.LaunchPlan, params: Mapping[str, Any],
     command = (plan.command_line() if secrets is None else
                command_script.command_script(plan, secrets).rstrip("\n").splitlines()[-1])
     return f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}{command}"
-
-
-def _stored_trials(spec: Spec) -> list[Any]:
-    """The study's trials in storage, read without creating anything; [] if there are none.
-    A stored study the file no longer matches (its directions, metrics, param types) is
-    refused as `run` refuses it (see `studies.check_stored`)."""
-    with reading(spec) as study:
-        if study is None:
-            return []
-        check_stored(spec, study)
-        return study.get_trials(deepcopy=False)
 
 
 def _same_params(path: str | Path, number: int, params: Mapping[str, Any],

@@ -57,19 +57,19 @@ def _count(text: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from sweep import app
-    from sweep.gpus import pool
     from sweep.spec import config
+    from sweep.study.storage import find
 
     spec = config.load(args.study, n_trials=args.n_trials, gpus=args.gpus, storage=args.storage)
-    spent = app.spent(spec)  # then nothing runs, and no device pool is needed
-    devices = None if spent else pool.select(pool.discover(), spec.gpus.ids, str(args.study))
-    if args.dry_run:
-        lines = app.dry_run(spec, devices) if devices is not None else [
-            f"# dry run: {spent.message if spent else ''}"]
-        print("\n".join(lines))
-        return 0
-    console = Console(stderr=True, soft_wrap=True)
-    result = app.run(spec, devices, console, report=args.report)
+    with find(spec) as found:  # read once; the run goes on with it
+        spent, devices = app.pool_for(spec, found, str(args.study))
+        if args.dry_run:
+            lines = app.dry_run(spec, devices, found) if devices is not None else [
+                f"# dry run: {spent.message if spent else ''}"]
+            print("\n".join(lines))
+            return 0
+        console = Console(stderr=True, soft_wrap=True)
+        result = app.run(spec, devices, found, console, report=args.report)
     style = "green" if result.exit_code == 0 else "red"
     console.print(Text(f"{spec.study.name}: {result.message}", style=style))
     if result.exit_code == 0:

@@ -339,6 +339,7 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     import sweep
     from sweep import app
     from sweep.spec import config
+    from sweep.study.storage import find
 
     study = write_study(study={"n_trials": 2})
     assert run_cli("run", str(study)) == 0
@@ -364,7 +365,8 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     assert "no GPUs found" in capsys.readouterr().err
     spec = config.load(study)
     optuna.load_study(study_name="probe", storage=spec.storage_url).ask()
-    assert app.spent(spec) is None
+    with find(spec) as found:
+        assert app.spent(spec, found) is None
     assert run_cli("run", str(study)) == 2
     assert "no GPUs found" in capsys.readouterr().err
 
@@ -479,3 +481,51 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     assert list(logs.trial_log(study_file, 0, follow=True, poll=0.01)) == [
         "epoch 1\n", "\n(sweep: trial 0's driver is gone: the trial stays RUNNING until the next "
         "`sweep run` of the study reclaims it)\n"]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_run_opens_its_study_once_and_prepares_its_output_folder_once(
+        write_study, fake_gpus, tmp_path, monkeypatch, first):
+    """Issue 39: a run opened the storage up to three times before its driver started (to see
+    whether the budget is spent, whether the study ran in another output_dir, then for the
+    run) and made and checked its output folder twice. Counted where each happens: every
+    storage object made, every Optuna study opened, every output folder prepared, until the
+    driver's run begins (`first`: a new output_dir, where the moved-study check reads too)."""
+    import optuna
+
+    from sweep.runner.driver import Driver
+    from sweep.trial import folders
+
+    study = write_study(study={"n_trials": 2, "output_dir": str(tmp_path / "out")})
+    stored = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path}/probe.db")
+    stored.add_trial(optuna.trial.create_trial(
+        params={"x": 0.5}, distributions={"x": optuna.distributions.FloatDistribution(0, 1)},
+        value=0.5))
+    if not first:
+        folders.claim_output_dir(tmp_path / "out", folders.OutputOwner(
+            "probe", f"sqlite:///{tmp_path}/probe.db"), study)
+    counts = {"storages": 0, "studies": 0, "prepared": 0}
+    at_start: list[dict[str, int]] = []
+
+    def counted(key, real):
+        def call(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        return call
+
+    class Counted(optuna.storages.RDBStorage):
+        def __init__(self, *args, **kwargs):
+            counts["storages"] += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Counted)
+    monkeypatch.setattr(optuna, "load_study", counted("studies", optuna.load_study))
+    monkeypatch.setattr(optuna, "create_study", counted("studies", optuna.create_study))
+    monkeypatch.setattr(folders, "prepare_output_dir",
+                        counted("prepared", folders.prepare_output_dir))
+    real_run = Driver.run
+    monkeypatch.setattr(Driver, "run", lambda self: at_start.append(dict(counts))
+                        or real_run(self))
+    assert run_cli("run", str(study)) == 0
+    assert at_start == [{"storages": 1, "studies": 1, "prepared": 1}]
+    assert [t.state.name for t in load_trials(study)] == ["COMPLETE"] * 2

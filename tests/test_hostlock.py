@@ -234,14 +234,16 @@ def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
     from sweep import app
     from sweep._core.errors import UsageError
     from sweep.spec import config
+    from sweep.study.storage import find
 
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir()
     own_lock_dir.symlink_to(elsewhere)
     spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
     with pytest.raises(UsageError, match=r"^the host's lock folder: .*locks is a symbolic "
-                       r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"):
-        app.execute(spec, [])
+                       r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"), find(
+                           spec) as found:
+        app.execute(spec, [], found)
     assert not (tmp_path / "s.db").exists() and list(elsewhere.iterdir()) == []
 
 
@@ -254,6 +256,7 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
     from sweep.gpus.hostlock import LockFileError, lock_dir, usable_lock_dir
     from sweep.spec import config
     from sweep.study.ownership import host_name
+    from sweep.study.storage import find
 
     folder = lock_dir(host_name())
     victim = tmp_path / "victim"
@@ -266,8 +269,8 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
         usable_lock_dir(host_name())
     assert str(refused.value) == line
     spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
-    with pytest.raises(UsageError) as refused:
-        app.execute(spec, fake_devices("1"))
+    with pytest.raises(UsageError) as refused, find(spec) as found:
+        app.execute(spec, fake_devices("1"), found)
     assert str(refused.value) == line
     assert not (tmp_path / "s.db").exists() and not victim.exists()
     capsys.readouterr()

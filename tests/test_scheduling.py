@@ -1433,18 +1433,21 @@ def test_a_continuation_left_queued_runs_when_the_configurations_are_all_started
     """n_trials counts configurations: a lineage carried on is none, so its queued
     continuation runs though 9 of 9 configurations (and 9 attempts) are finished."""
     from sweep import app
+    from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 9, lineage_left_waiting())
     try:
-        assert app.spent(s.spec) is None
+        with find(s.spec) as found:
+            assert app.spent(s.spec, found) is None
         result = s.driver.run()
         assert result.exit_code == 0
         assert result.message == "9/9 configurations: 9 trained to the end, 0 paused"
         assert len(s.trials) == 12  # no new configuration
         assert s.trials[11].state is TrialState.COMPLETE
-        assert app.spent(s.spec) == app.RunResult(0, (
-            "the budget is spent (9/9 configurations): nothing to run; raise study.n_trials "
-            "(or --n-trials) to run more"))
+        with find(s.spec) as found:
+            assert app.spent(s.spec, found) == app.RunResult(0, (
+                "the budget is spent (9/9 configurations): nothing to run; raise "
+                "study.n_trials (or --n-trials) to run more"))
     finally:
         s.store.close()
 
@@ -1466,11 +1469,13 @@ def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
     said so by the dry run and run by the run."""
     from sweep import app
     from sweep.gpus.pool import fake_devices
+    from sweep.study.storage import find
 
     s, trainer = stored_sweep(tmp_path, 10, promoted_to_the_end())
     try:
-        assert app.spent(s.spec) is None
-        dry = app.dry_run(s.spec, fake_devices("2"))
+        with find(s.spec) as found:
+            assert app.spent(s.spec, found) is None
+            dry = app.dry_run(s.spec, fake_devices("2"), found)
         assert dry[0] == ("# dry run: the next 1 trials (9/10 configurations in storage; "
                           "queued continuations first; params sampled in memory)")
         assert s.driver.run().exit_code == 0
@@ -1512,6 +1517,7 @@ def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
     """pbt adds configurations by exploits only: once its population has trained to the end
     it can make no more, and the run's last line says why it ended short of n_trials."""
     from sweep import app
+    from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
     try:
@@ -1522,8 +1528,9 @@ def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
                    for v in lineages.read(s.trials).values())
         assert result.message == (f"{made}/12 configurations: {done} trained to the end, 0 "
                                   f"paused; {SHORT}")
-        assert app.spent(s.spec) == app.RunResult(
-            0, f"nothing to run ({made}/12 configurations): {SHORT}")
+        with find(s.spec) as found:
+            assert app.spent(s.spec, found) == app.RunResult(
+                0, f"nothing to run ({made}/12 configurations): {SHORT}")
     finally:
         s.store.close()
 

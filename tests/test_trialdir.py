@@ -25,6 +25,7 @@ from sweep.analysis import logs
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
+from sweep.study.storage import find
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep
 from sweep.trial import command_script, folders, launch_plan
@@ -129,8 +130,8 @@ def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_
         "study": "a", "storage": f"sqlite:///{tmp_path}/a.db"}
     second = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out),
                                                "storage": f"sqlite:///{tmp_path}/b.db"})
-    with pytest.raises(UsageError) as refused:
-        app.execute(second, [])
+    with pytest.raises(UsageError) as refused, find(second) as found:
+        app.execute(second, [], found)
     assert str(refused.value) == (
         f"{second.source}: study.output_dir: {out} holds the trials of study 'a' (storage "
         f"sqlite:///{tmp_path}/a.db), see {out}/study.json: give this study another "
@@ -165,8 +166,8 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
     with pytest.raises(UsageError, match="holds the trials of study 'b'"):
         list(logs.trial_log(mine.source, 0))
     assert list(logs.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
-    with pytest.raises(UsageError, match="holds the trials of study 'b'"):
-        app.dry_run(mine, [])  # as a run would
+    with pytest.raises(UsageError, match="holds the trials of study 'b'"), find(mine) as found:
+        app.dry_run(mine, [], found)  # as a run would
 
 
 # ---- item 6: no link followed, no other user's folder trusted -------------------------
@@ -485,8 +486,8 @@ def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made
     spec = load(tmp_path, study={"output_dir": str(out), "storage": f"sqlite:///{tmp_path}/s.db"})
     folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
     (out / folder).symlink_to(victim)
-    with pytest.raises(UsageError) as refused:
-        app.execute(spec, fake_devices("1"))
+    with pytest.raises(UsageError) as refused, find(spec) as found:
+        app.execute(spec, fake_devices("1"), found)
     assert str(refused.value) == (f"{spec.source}: study.output_dir: {out}/{folder} is a "
                                   "symbolic link; use a folder of your own")
     assert not (tmp_path / "s.db").exists()

@@ -19,6 +19,7 @@ from sweep.study.budget import target_of
 from sweep.study.opening import open_study
 from sweep.study.storage import (
     FileIdentity,
+    Found,
     close_storage,
     open_storage,
     storage_errors,
@@ -31,16 +32,20 @@ from sweep.trial import folders
 def connect(
     spec: Spec, owner: Owner, reclaim_after: float | None = None,
     notes: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
+    found: Found | None = None,
 ) -> Store:
     """The study of `spec` in its storage, opened (created if new) for the driver `owner`;
     an unreachable storage is a UsageError. What changed since earlier runs, and may, is
-    added to `notes`."""
+    added to `notes`. With `found` (`storage.find`), the storage and study it read are gone
+    on with where they can be: not opened again."""
+    stored, storage = (None, None) if found is None else found.take()
+    if storage is None:
+        try:
+            storage = open_storage(spec)
+        except storage_errors() as e:
+            raise unreachable(spec, e) from None
     try:
-        storage = open_storage(spec)
-    except storage_errors() as e:
-        raise unreachable(spec, e) from None
-    try:
-        study = open_study(spec, storage, notes)
+        study = open_study(spec, storage, notes, stored)
         identity = FileIdentity.of(spec.storage)
     except BaseException as e:
         close_storage(storage)  # a file refused leaves nothing beside the study's either

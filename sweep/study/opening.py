@@ -30,20 +30,22 @@ OUT_OF_RANGE = (r"Fixed parameter .* is out of range for distribution",
 
 
 def open_study(
-    spec: Spec, storage: optuna.storages.BaseStorage, notes: list[str] | None = None
+    spec: Spec, storage: optuna.storages.BaseStorage, notes: list[str] | None = None,
+    found: optuna.Study | None = None,
 ) -> optuna.Study:
-    """Create the study, or load it; its directions, metrics and param types must match the
-    file (UsageError before anything is written). Refinements are added to `notes`."""
+    """Create the study, or load it (`found`: the study already loaded from `storage`); its
+    directions, metrics and param types must match the file (UsageError before anything is
+    written). Refinements are added to `notes`. It samples and prunes as the file says."""
     directions = spec.study.objective_directions
     metrics = spec.study.objective_metrics
-    study = optuna.create_study(
-        storage=storage,
-        study_name=spec.study.name,
-        sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
-        pruner=searchspace.build_pruner(spec.study.pruner, str(spec.source)),
-        directions=directions,
-        load_if_exists=True,
-    )
+    sampler = searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source))
+    pruner = searchspace.build_pruner(spec.study.pruner, str(spec.source))
+    if found is None:
+        study = optuna.create_study(storage=storage, study_name=spec.study.name,
+                                    sampler=sampler, pruner=pruner, directions=directions,
+                                    load_if_exists=True)
+    else:
+        study, study.sampler, study.pruner = found, sampler, pruner
     said = check_stored(spec, study)
     if notes is not None:
         notes += said

@@ -25,10 +25,11 @@ from sweep.spec.storageurl import StorageKind, StorageUrl
 from sweep.study import sqlite
 
 
-def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
+def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage:
     """The study's storage: a database with Optuna's heartbeats on (the driver records them
     for its trials), a journal file, or a gRPC storage proxy (neither has heartbeats: sweep
-    writes its own, see `Store.orphans`)."""
+    writes its own, see `Store.orphans`). Without `create`, a database's file and tables are
+    not made (Optuna's errors say they are missing)."""
     url = spec.storage
     if url.kind is StorageKind.JOURNAL:
         return _journal(url)
@@ -36,7 +37,7 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
         return _grpc_proxy(url)
     engine_kwargs: dict[str, Any] = {}
     db_file = url.file if url.kind is StorageKind.SQLITE else None
-    if db_file is not None and sqlite.is_new(db_file):
+    if create and db_file is not None and sqlite.is_new(db_file):
         sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
     if url.kind in (StorageKind.SQLITE, StorageKind.MEMORY):
         engine_kwargs["connect_args"] = {"timeout": 60}
@@ -51,6 +52,7 @@ def open_storage(spec: Spec) -> optuna.storages.BaseStorage:
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=spec.study.heartbeat_interval,
                     grace_period=spec.study.reclaim_seconds,
+                    skip_table_creation=not create,
                 )
             if db_file is not None:
                 sqlite.tune(rdb.engine)
@@ -141,56 +143,104 @@ def unreachable(spec: Spec, error: Exception, doing: str = "open") -> UsageError
 def read_study(spec: Spec) -> optuna.Study | None:
     """The stored study, read without creating anything (no file, no table); None if there is
     none yet."""
-    found = _read(spec)
-    return None if found is None else found[0]
+    return _read(spec).study
 
 
 @contextlib.contextmanager
 def reading(spec: Spec) -> Iterator[optuna.Study | None]:
     """`read_study` for the block, its storage closed after (a SQLite file in WAL is left as
     it was found: no -wal or -shm beside it)."""
-    found = _read(spec)
-    try:
-        yield None if found is None else found[0]
-    finally:
-        if found is not None:
-            close_storage(found[1])
+    with _read(spec) as found:
+        yield found.study
 
 
-def _read(spec: Spec) -> tuple[optuna.Study, optuna.storages.BaseStorage] | None:
+def find(spec: Spec) -> Found:
+    """The stored study as a run first reads it, creating nothing (as `read_study`), through
+    the run's own storage (`open_storage` without `create`), left open in the `Found` for
+    the run to go on with (`connect`): a run opens its storage once. Close it (`with`)."""
+    return _read(spec, run=True)
+
+
+@dataclass
+class Found:
+    """A study file's stored study as read: `study` (None: none yet), and the `storage` read
+    through, open until `close`; a run goes on with it where `runs` (the run's own storage,
+    its tables there), and `take` hands it over."""
+
+    study: optuna.Study | None = None
+    storage: optuna.storages.BaseStorage | None = None
+    runs: bool = False
+
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The stored study's trials as they are now; [] with no study."""
+        return [] if self.study is None else self.study.get_trials(deepcopy=False)
+
+    def take(self) -> tuple[optuna.Study | None, optuna.storages.BaseStorage | None]:
+        """The study and the storage for a run to go on with, now the caller's to close;
+        (None, None) where the run opens its own (the storage read through is closed)."""
+        if not self.runs:
+            self.close()
+            return None, None
+        taken, self.storage, self.runs = (self.study, self.storage), None, False
+        return taken
+
+    def close(self) -> None:
+        """Close the storage read through, unless taken."""
+        if self.storage is not None:
+            close_storage(self.storage)
+            self.storage = None
+
+    def __enter__(self) -> Found:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read(spec: Spec, run: bool = False) -> Found:
     from sqlalchemy.exc import SQLAlchemyError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = spec.storage
     if not url.kind.database:
         if url.kind is StorageKind.JOURNAL and not (url.file and url.file.exists()):
-            return None
+            return Found()
         try:
             storage = open_storage(spec)
-            return optuna.load_study(study_name=spec.study.name, storage=storage), storage
-        except KeyError:
-            return None
+            try:
+                return Found(optuna.load_study(study_name=spec.study.name, storage=storage),
+                             storage, run)
+            except KeyError:
+                return Found(None, storage, run) if run else Found()
         except storage_errors() as e:
             raise unreachable(spec, e, "read") from None
     if url.kind is StorageKind.MEMORY or (url.file is not None and not url.file.exists()):
-        return None
+        return Found()
     read_only = sqlite.read_only_url(url.file) if url.file is not None else None
     for attempt in (url.url, read_only or url.url):
+        runs = run and attempt == url.url  # a read-only view is not the run's storage
         try:
-            storage = optuna.storages.RDBStorage(attempt, skip_table_creation=True)
+            storage = (open_storage(spec, create=False) if runs else
+                       optuna.storages.RDBStorage(attempt, skip_table_creation=True))
             try:
-                return optuna.load_study(study_name=spec.study.name, storage=storage), storage
+                return Found(optuna.load_study(study_name=spec.study.name, storage=storage),
+                             storage, runs)
+            except KeyError:  # no such study beside the others: the run makes it there
+                if runs:
+                    return Found(None, storage, runs)
+                close_storage(storage)
+                raise
             except BaseException:
                 close_storage(storage)
                 raise
         except KeyError:
-            return None
+            return Found()
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             cause = str(e.__cause__ or e)
             if "no such table" in cause or "does not exist" in cause:
-                return None
+                return Found()
             if "alembic_version" in cause:  # Optuna's version row, written as another
-                return None  # driver creates the schema this moment: nothing to read yet
+                return Found()  # driver creates the schema this moment: nothing to read yet
             if read_only and attempt != read_only and (
                     "unable to open database" in cause or "readonly database" in cause):
                 continue  # a WAL file in a folder this reader cannot write: as last folded

@@ -237,12 +237,29 @@ def prepare_output_dir(output_dir: Path, own: Path | None = None,
             raise
         raise UsageError(f"{source}: study.output_dir: cannot create {output_dir}: "
                          f"{e.strerror or e}") from None
-    try:
+    with _refused_as_output_dir(output_dir, source):
         check_output_dir(output_dir)
-        if own is not None:
-            make_own_folder(own.parent, FOLDER_MODE)
-            make_own_folder(own, FOLDER_MODE)
-            make_own_folder(output_dir / "trials", FOLDER_MODE)
+    if own is not None:
+        make_driver_dirs(output_dir, own, source)
+
+
+def make_driver_dirs(output_dir: Path, own: Path, source: Path | None = None) -> None:
+    """In `output_dir` (prepared: `prepare_output_dir`), the driver's folder `own` (and
+    `drivers/`) and `trials/`, each this user's own real folder (a symbolic link is refused).
+    With `source`, a problem is a UsageError naming `study.output_dir` of that file; else the
+    OSError, naming the path."""
+    with _refused_as_output_dir(output_dir, source):
+        make_own_folder(own.parent, FOLDER_MODE)
+        make_own_folder(own, FOLDER_MODE)
+        make_own_folder(output_dir / "trials", FOLDER_MODE)
+
+
+@contextlib.contextmanager
+def _refused_as_output_dir(output_dir: Path, source: Path | None) -> Iterator[None]:
+    """An OSError of the block, with `source`, as the UsageError naming `study.output_dir`
+    of that file."""
+    try:
+        yield
     except OSError as e:
         if source is None:
             raise
