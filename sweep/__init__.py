@@ -43,7 +43,7 @@ def run(
     Keyword arguments override the file. Ctrl-C (KeyboardInterrupt) stops the trials as on
     the command line, then raises KeyboardInterrupt.
     """
-    from sweep.app import run_file
+    from sweep.commands.assembly import run_file
 
     return run_file(study, n_trials=n_trials, gpus=gpus, storage=storage)
 

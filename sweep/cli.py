@@ -56,7 +56,7 @@ def _count(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweep import app
+    from sweep.commands import assembly as app
     from sweep.spec import config
     from sweep.study.storage import find
 
@@ -125,7 +125,7 @@ def _gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sweep._core.errors import UsageError
-    from sweep.app import nvml_reader
+    from sweep.commands.assembly import nvml_reader
     from sweep.gpus import health, placement, pool, sicklist
     from sweep.gpus.hostlock import file_key, held_slots, usable_lock_dir
     from sweep.gpus.monitor import NvmlProbe
@@ -232,7 +232,7 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _rerun(args: argparse.Namespace) -> int:
-    from sweep import app
+    from sweep.commands import assembly as app
 
     print(app.rerun(args.study, args.number, args.storage))
     return 0

@@ -25,7 +25,7 @@ LAYERS = [
     {"study"},  # the Optuna storage
     {"runner"},  # the driver's loop and its policy
     {"analysis"},  # summary, figures, report
-    {"app"},
+    {"commands"},  # one module per verb, and a run put together (assembly)
     {"cli"},
     {"__main__", "__init__"},
 ]

@@ -152,8 +152,8 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
 
 
 def test_the_driver_does_not_import_torch_or_accelerate():
-    code = ("import sys, sweep.cli, sweep.app, sweep.runner.driver, sweep.gpus.monitor, "
-            "sweep.runner.progress\n"
+    code = ("import sys, sweep.cli, sweep.commands.assembly, sweep.runner.driver, "
+            "sweep.gpus.monitor, sweep.runner.progress\n"
             "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -337,7 +337,7 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     import optuna
 
     import sweep
-    from sweep import app
+    from sweep.commands import assembly as app
     from sweep.spec import config
     from sweep.study.storage import find
 

@@ -231,8 +231,8 @@ def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
 
 def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
         write_study, own_lock_dir, tmp_path):
-    from sweep import app
     from sweep._core.errors import UsageError
+    from sweep.commands import assembly as app
     from sweep.spec import config
     from sweep.study.storage import find
 
@@ -251,8 +251,9 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
         write_study, own_lock_dir, tmp_path, capsys):
     """Hostile pass item 3: `ln -s /victim $SWEEP_LOCK_DIR/<host>/sim0.0.lock` gave
     `UnsafePath: ... (run with --debug for the traceback)`, exit 1, to run and `sweep gpus`."""
-    from sweep import app, cli
+    from sweep import cli
     from sweep._core.errors import UsageError
+    from sweep.commands import assembly as app
     from sweep.gpus.hostlock import LockFileError, lock_dir, usable_lock_dir
     from sweep.spec import config
     from sweep.study.ownership import host_name

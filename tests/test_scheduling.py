@@ -1432,7 +1432,7 @@ def lineage_left_waiting() -> list[Any]:
 def test_a_continuation_left_queued_runs_when_the_configurations_are_all_started(tmp_path):
     """n_trials counts configurations: a lineage carried on is none, so its queued
     continuation runs though 9 of 9 configurations (and 9 attempts) are finished."""
-    from sweep import app
+    from sweep.commands import assembly as app
     from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 9, lineage_left_waiting())
@@ -1467,7 +1467,7 @@ def promoted_to_the_end() -> list[Any]:
 def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
     """`--n-trials 10` on 9 configurations of 11 finished attempts: one more configuration,
     said so by the dry run and run by the run."""
-    from sweep import app
+    from sweep.commands import assembly as app
     from sweep.gpus.pool import fake_devices
     from sweep.study.storage import find
 
@@ -1516,7 +1516,7 @@ SHORT = ("pbt starts its population (4, all started) and adds a configuration on
 def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
     """pbt adds configurations by exploits only: once its population has trained to the end
     it can make no more, and the run's last line says why it ended short of n_trials."""
-    from sweep import app
+    from sweep.commands import assembly as app
     from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
@@ -1540,7 +1540,7 @@ def test_a_rerun_under_a_scheduler_says_it_makes_one_configuration_more(tmp_path
     """Hostile pass of issue 31: `sweep rerun` of a study of 9/9 configurations queued one
     more, silently past n_trials (a queued trial runs whatever the budget says). It still
     runs, before new configurations, and `rerun` says it makes 10 of 9."""
-    from sweep import app
+    from sweep.commands import assembly as app
 
     done = [attempt(0.5 + i / 20, TrialState.COMPLETE, range(18)) for i in range(9)]
     s, _ = stored_sweep(tmp_path, 9, done)

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from conftest import study_dict
 
-from sweep import app
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import logs
+from sweep.commands import assembly as app
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
