@@ -127,3 +127,21 @@ def documented() -> dict[str, str]:
 def test_the_architecture_doc_lists_the_tree():
     tree = {name for name, _ in modules() if not name.endswith("__init__")} - {"__main__"}
     assert set(documented()) == tree
+
+
+def test_every_verb_is_one_module_of_commands():
+    """Issue 39: one module per verb (as accelerate's and pipx's `commands/`), holding its
+    arguments (`add_parser`) and its work (`main`); the command line has no verb of its own."""
+    import argparse
+
+    from sweep import cli
+    from sweep.commands import COMMANDS
+
+    made = []
+    for command in COMMANDS:
+        verb = command.add_parser(argparse.ArgumentParser().add_subparsers())
+        made.append(verb.prog.split()[-1])
+        assert made[-1] == command.__name__.rsplit(".", 1)[1].replace("_", "-")
+        assert verb.get_default("func") is command.main
+    verbs = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(verbs.choices) == made

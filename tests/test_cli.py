@@ -152,8 +152,8 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
 
 
 def test_the_driver_does_not_import_torch_or_accelerate():
-    code = ("import sys, sweep.cli, sweep.commands.assembly, sweep.runner.driver, "
-            "sweep.gpus.monitor, sweep.runner.progress\n"
+    code = ("import sys, sweep.cli, sweep.commands.assembly, sweep.commands.dry_run, "
+            "sweep.runner.driver, sweep.gpus.monitor, sweep.runner.progress\n"
             "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -172,10 +172,10 @@ def test_on_a_terminal_run_shows_a_live_table_of_budget_gpus_and_best(write_stud
 
     from rich.console import Console
 
-    from sweep import cli
+    from sweep.commands import run
 
     screen = io.StringIO()
-    monkeypatch.setattr(cli, "Console", lambda **kw: Console(
+    monkeypatch.setattr(run, "Console", lambda **kw: Console(
         file=screen, force_terminal=True, width=120, **kw))
     study = write_study(study={"n_trials": 4}, trainer={"args": ["--sleep", "1.5"]})
     assert run_cli("run", str(study)) == 0
@@ -337,7 +337,7 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     import optuna
 
     import sweep
-    from sweep.commands import assembly as app
+    from sweep.commands import assembly
     from sweep.spec import config
     from sweep.study.storage import find
 
@@ -366,7 +366,7 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     spec = config.load(study)
     optuna.load_study(study_name="probe", storage=spec.storage_url).ask()
     with find(spec) as found:
-        assert app.spent(spec, found) is None
+        assert assembly.spent(spec, found) is None
     assert run_cli("run", str(study)) == 2
     assert "no GPUs found" in capsys.readouterr().err
 

@@ -232,7 +232,7 @@ def test_the_lock_folders_are_made_sticky_and_shared(own_lock_dir):
 def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
         write_study, own_lock_dir, tmp_path):
     from sweep._core.errors import UsageError
-    from sweep.commands import assembly as app
+    from sweep.commands.assembly import execute
     from sweep.spec import config
     from sweep.study.storage import find
 
@@ -243,7 +243,7 @@ def test_a_run_refuses_an_untrusted_lock_folder_in_one_line_before_storage(
     with pytest.raises(UsageError, match=r"^the host's lock folder: .*locks is a symbolic "
                        r"link or not a folder: remove it, or set \$SWEEP_LOCK_DIR"), find(
                            spec) as found:
-        app.execute(spec, [], found)
+        execute(spec, [], found)
     assert not (tmp_path / "s.db").exists() and list(elsewhere.iterdir()) == []
 
 
@@ -253,7 +253,7 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
     `UnsafePath: ... (run with --debug for the traceback)`, exit 1, to run and `sweep gpus`."""
     from sweep import cli
     from sweep._core.errors import UsageError
-    from sweep.commands import assembly as app
+    from sweep.commands.assembly import execute
     from sweep.gpus.hostlock import LockFileError, lock_dir, usable_lock_dir
     from sweep.spec import config
     from sweep.study.ownership import host_name
@@ -271,7 +271,7 @@ def test_a_planted_lock_file_link_is_refused_in_one_line_before_anything_is_writ
     assert str(refused.value) == line
     spec = config.load(write_study(study={"storage": f"sqlite:///{tmp_path}/s.db"}))
     with pytest.raises(UsageError) as refused, find(spec) as found:
-        app.execute(spec, fake_devices("1"), found)
+        execute(spec, fake_devices("1"), found)
     assert str(refused.value) == line
     assert not (tmp_path / "s.db").exists() and not victim.exists()
     capsys.readouterr()

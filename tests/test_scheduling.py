@@ -1397,7 +1397,7 @@ def carries(origin: int, number: int, n: int) -> dict[str, Any]:
 def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
                  scheduler: dict[str, Any] = ASHA, **trainer: Any) -> tuple[Sweep, Trainer]:
     """An asha sweep on fakes over the study file's own storage (SQLite), holding `stored`
-    first: what `app.spent` and `app.dry_run` read is what the driver runs."""
+    first: what `assembly.spent` and `dry_run` read is what the driver runs."""
     from sweep.runner.driver import Driver
     from sweep.study.connect import connect
 
@@ -1432,20 +1432,20 @@ def lineage_left_waiting() -> list[Any]:
 def test_a_continuation_left_queued_runs_when_the_configurations_are_all_started(tmp_path):
     """n_trials counts configurations: a lineage carried on is none, so its queued
     continuation runs though 9 of 9 configurations (and 9 attempts) are finished."""
-    from sweep.commands import assembly as app
+    from sweep.commands.assembly import RunResult, spent
     from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 9, lineage_left_waiting())
     try:
         with find(s.spec) as found:
-            assert app.spent(s.spec, found) is None
+            assert spent(s.spec, found) is None
         result = s.driver.run()
         assert result.exit_code == 0
         assert result.message == "9/9 configurations: 9 trained to the end, 0 paused"
         assert len(s.trials) == 12  # no new configuration
         assert s.trials[11].state is TrialState.COMPLETE
         with find(s.spec) as found:
-            assert app.spent(s.spec, found) == app.RunResult(0, (
+            assert spent(s.spec, found) == RunResult(0, (
                 "the budget is spent (9/9 configurations): nothing to run; raise "
                 "study.n_trials (or --n-trials) to run more"))
     finally:
@@ -1467,15 +1467,16 @@ def promoted_to_the_end() -> list[Any]:
 def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
     """`--n-trials 10` on 9 configurations of 11 finished attempts: one more configuration,
     said so by the dry run and run by the run."""
-    from sweep.commands import assembly as app
+    from sweep.commands.assembly import spent
+    from sweep.commands.dry_run import dry_run
     from sweep.gpus.pool import fake_devices
     from sweep.study.storage import find
 
     s, trainer = stored_sweep(tmp_path, 10, promoted_to_the_end())
     try:
         with find(s.spec) as found:
-            assert app.spent(s.spec, found) is None
-            dry = app.dry_run(s.spec, fake_devices("2"), found)
+            assert spent(s.spec, found) is None
+            dry = dry_run(s.spec, fake_devices("2"), found)
         assert dry[0] == ("# dry run: the next 1 trials (9/10 configurations in storage; "
                           "queued continuations first; params sampled in memory)")
         assert s.driver.run().exit_code == 0
@@ -1516,7 +1517,7 @@ SHORT = ("pbt starts its population (4, all started) and adds a configuration on
 def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
     """pbt adds configurations by exploits only: once its population has trained to the end
     it can make no more, and the run's last line says why it ended short of n_trials."""
-    from sweep.commands import assembly as app
+    from sweep.commands.assembly import RunResult, spent
     from sweep.study.storage import find
 
     s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
@@ -1529,7 +1530,7 @@ def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
         assert result.message == (f"{made}/12 configurations: {done} trained to the end, 0 "
                                   f"paused; {SHORT}")
         with find(s.spec) as found:
-            assert app.spent(s.spec, found) == app.RunResult(
+            assert spent(s.spec, found) == RunResult(
                 0, f"nothing to run ({made}/12 configurations): {SHORT}")
     finally:
         s.store.close()
@@ -1540,12 +1541,12 @@ def test_a_rerun_under_a_scheduler_says_it_makes_one_configuration_more(tmp_path
     """Hostile pass of issue 31: `sweep rerun` of a study of 9/9 configurations queued one
     more, silently past n_trials (a queued trial runs whatever the budget says). It still
     runs, before new configurations, and `rerun` says it makes 10 of 9."""
-    from sweep.commands import assembly as app
+    from sweep.commands.rerun import rerun
 
     done = [attempt(0.5 + i / 20, TrialState.COMPLETE, range(18)) for i in range(9)]
     s, _ = stored_sweep(tmp_path, 9, done)
     try:
-        told = app.rerun(s.spec.source, 3)
+        told = rerun(s.spec.source, 3)
         assert told == ("queued trial 3's params again; it runs at the next `sweep run`, "
                         "before new configurations, 1 more than study.n_trials (10 "
                         "configurations of 9: a queued trial runs whatever the budget says)")

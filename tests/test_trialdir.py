@@ -21,7 +21,8 @@ from conftest import study_dict
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import logs
-from sweep.commands import assembly as app
+from sweep.commands.assembly import execute
+from sweep.commands.dry_run import dry_run
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
@@ -131,7 +132,7 @@ def test_a_second_study_is_refused_its_output_dir_before_storage_is_touched(tmp_
     second = load(tmp_path, "b.yaml", study={"name": "b", "output_dir": str(out),
                                                "storage": f"sqlite:///{tmp_path}/b.db"})
     with pytest.raises(UsageError) as refused, find(second) as found:
-        app.execute(second, [], found)
+        execute(second, [], found)
     assert str(refused.value) == (
         f"{second.source}: study.output_dir: {out} holds the trials of study 'a' (storage "
         f"sqlite:///{tmp_path}/a.db), see {out}/study.json: give this study another "
@@ -167,7 +168,7 @@ def test_logs_of_a_study_never_show_another_studys_files(tmp_path):
         list(logs.trial_log(mine.source, 0))
     assert list(logs.trial_log(theirs.source, 0)) == ["study b's trial 0\n"]
     with pytest.raises(UsageError, match="holds the trials of study 'b'"), find(mine) as found:
-        app.dry_run(mine, [], found)  # as a run would
+        dry_run(mine, [], found)  # as a run would
 
 
 # ---- item 6: no link followed, no other user's folder trusted -------------------------
@@ -487,7 +488,7 @@ def test_a_linked_drivers_or_trials_folder_is_refused_before_the_storage_is_made
     folders.claim_output_dir(out, folders.owner_of(spec), spec.source)
     (out / folder).symlink_to(victim)
     with pytest.raises(UsageError) as refused, find(spec) as found:
-        app.execute(spec, fake_devices("1"), found)
+        execute(spec, fake_devices("1"), found)
     assert str(refused.value) == (f"{spec.source}: study.output_dir: {out}/{folder} is a "
                                   "symbolic link; use a folder of your own")
     assert not (tmp_path / "s.db").exists()

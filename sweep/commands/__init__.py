@@ -1,5 +1,14 @@
-"""The verbs of the command line and what they do; `assembly` puts a run together around the
-driver (also `sweep.run`).
+"""The verbs of the command line, one module each: its arguments (`add_parser`) and its work
+(`main`, given the parsed arguments, returns the exit code). `COMMANDS` lists them as
+`sweep --help` does. A module imports what its work needs when it runs, so that the command
+line starts fast; `assembly` puts a run together around the driver (also `sweep.run`).
 
 Imports _core, spec, gpus, trial, study, runner and analysis.
 """
+
+from __future__ import annotations
+
+from sweep.commands import gpus, logs, report, rerun, run, status, storage_proxy, summary
+
+COMMANDS = (run, summary, report, gpus, status, logs, rerun, storage_proxy)
+__all__ = ["COMMANDS"]

@@ -1,56 +1,40 @@
-"""A sweep put together: its study opened once, its output folder claimed, then storage,
-pool, monitor and progress around the driver.
+"""A run put together: its study opened once, its output folder claimed, then storage, pool,
+monitor and progress around the driver.
 
-`run`, `dry_run` and `rerun` are what the verbs do; the command line only parses
-and reports. `run_file` is `sweep.run` from Python.
+`run` is what `sweep run` does, `run_file` what `sweep.run` does; `spent` says when a run has
+nothing to do, before any device is looked for.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
-import shlex
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from sweep._core.errors import SweepError, UsageError
+from sweep._core.errors import SweepError
 from sweep._core.safefs import UnsafePath
 from sweep.gpus import hostlock, pool
 from sweep.gpus.hostlock import HostSlots, lock_dir
 from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, SampleReader
 from sweep.gpus.nvml import Nvml, NvmlUnavailable
-from sweep.gpus.placement import Refusal
 from sweep.gpus.pool import Device, Pool, Rules
 from sweep.runner import schedule_budget
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
-from sweep.runner.schedulers import Pbt
-from sweep.runner.starter import Starter
-from sweep.spec import config, schema, searchspace
+from sweep.spec import config
 from sweep.spec.schema import Spec
-from sweep.study import lineages
-from sweep.study.attrs import RERUN_OF, Owner, OwnerRecord
+from sweep.study.attrs import Owner
 from sweep.study.connect import check_not_moved, connect
-from sweep.study.opening import check_stored, sample
+from sweep.study.opening import check_stored
 from sweep.study.ownership import host_name
-from sweep.study.storage import (
-    Found,
-    describe,
-    find,
-    reading,
-    storage_errors,
-    storage_lost_errors,
-    unreachable,
-)
-from sweep.study.store import FINISHED, Asked
-from sweep.trial import command_script, folders, launch_plan, launchers, provenance
-from sweep.trial.lineage import Lineage
+from sweep.study.storage import Found, describe, find, storage_lost_errors
+from sweep.study.store import FINISHED
+from sweep.trial import folders, launchers, provenance
 
 
 def nvml_reader(devices: list[Device]) -> tuple[SampleReader, Nvml | None]:
@@ -246,176 +230,3 @@ def make_pool(spec: Spec, devices: list[Device], reader: SampleReader, nvml: boo
     slots = HostSlots(lock_dir(host_name()), capacity) if host else None
     return Pool(devices, capacity, host=slots, rules=rules,
                 probe=NvmlProbe(reader) if nvml else None, width=spec.trainer.gpus_per_trial)
-
-
-def dry_run(spec: Spec, devices: list[Device], found: Found) -> list[str]:
-    """The commands of the next trials `run` would start, sampled in memory from a copy of the
-    stored study `found` (if there is one), each a shell line that runs the trial when pasted (see
-    `runnable`), each trial built by the run's own `Starter` (dry: it writes nothing and spawns
-    nothing). Writes nothing, to storage or to disk. Refuses, as `run` would, an output_dir
-    that holds another study's trials."""
-    import optuna
-
-    folders.check_belongs(spec.output_dir, folders.owner_of(spec), spec.source)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        sampler=searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source)),
-        directions=spec.study.objective_directions)
-    if found.study is not None:  # checked against the file as `run` checks it
-        check_stored(spec, found.study)
-    for stored in found.trials():
-        study.add_trial(stored)
-    for params in spec.study.enqueue:
-        study.enqueue_trial(params, skip_if_exists=True)
-    trials = study.get_trials(deepcopy=False)
-    started = sum(1 for t in trials if t.state in FINISHED or t.state.name == "RUNNING")
-    reader, nvml = nvml_reader(devices)
-    try:  # placed as a run would (its rules, NVLink first), other sweeps aside
-        lease = make_pool(spec, devices, reader, nvml is not None)
-        if spec.study.scheduler is None:
-            n = max(0, min(lease.slots, spec.study.n_trials - started))
-            lines = [f"# dry run: the next {n} of {spec.study.n_trials} trials ({started} "
-                     "done or running in storage; params sampled in memory)"]
-        else:  # n_trials counts configurations; queued continuations run whatever it says
-            n, header = _scheduled_dry(spec, trials, lease.slots)
-            lines = [header]
-        if lease.slots == 0:
-            lines.append(f"# no trial can start: {lease.acquire()}")
-        ports = iter(hostlock.PORTS)  # the run leases free ones
-        own = folders.driver_dir(spec.output_dir, host_name(), os.getpid())  # as a run would
-        launcher = launchers.make(spec, host_name(), own, dry=True)
-        starter = Starter(spec, launcher, own, time.monotonic, lambda: None, dry=True)
-        lines += launcher.header()
-        hidden = command_script.arg_secrets(spec.trainer.args, os.environ)
-        for _ in range(n):
-            held = lease.acquire()
-            if isinstance(held, Refusal):
-                shown = held.text if held.kind.ends_run else "devices full"
-                lines.append(f"# no room for more now: {shown}")
-                break
-            trial = study.ask()
-            params = sample(study, trial, spec.searched, (lambda n: searchspace.build_sampler(
-                spec.study.sampler, spec.searched, str(spec.source), n))
-                if searchspace.reseeds(spec.study.sampler) else None)
-            held.bind(trial.number)
-            port = next(ports) if spec.trainer.gpus_per_trial > 1 else None
-            note = launcher.note({**params, **spec.fixed})
-            if note is not None:
-                lines.append(note)
-            run = starter.start(Asked(trial, trial.number, params,
-                                      Lineage.of(trial.user_attrs, trial.number)), held, port)
-            plan, params = run.process.plan, run.params
-            line = runnable(plan, launch_plan.script_params(params, spec.params), hidden)
-            if line != runnable(plan, launch_plan.script_params(params, spec.params)) and (
-                    LEFT_OUT not in lines):
-                lines.append(LEFT_OUT)
-            lines.append(line)
-    finally:
-        if nvml is not None:
-            nvml.close()
-    return lines
-
-
-def _scheduled_dry(spec: Spec, trials: Sequence[Any], slots: int) -> tuple[int, str]:
-    """How many trials a scheduler's dry run shows (queued attempts, then new configurations:
-    a promotion is decided by the run, so it is counted, not shown), and its first line."""
-    decide = schedule_budget.decisions(spec)
-    configs = schedule_budget.configurations(trials)
-    jobs = schedule_budget.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
-    promotable = 0 if isinstance(decide, Pbt) else len(decide.promotable(lineages.read(trials)))
-    n = max(0, min(slots, jobs - promotable))
-    return n, (f"# dry run: the next {n} trials ({configs}/{spec.study.n_trials} "
-               "configurations in storage; queued continuations first; params sampled in "
-               "memory)" + (f"; {promotable} paused trial{'s' if promotable > 1 else ''} "
-                            "promotable, not shown" if promotable else ""))
-
-
-LEFT_OUT = ("# secrets are left out of these lines, as of command.sh: set the variables they "
-            "name in your environment, and put back what is written as ***")
-
-
-def runnable(plan: launch_plan.LaunchPlan, params: Mapping[str, Any],
-             secrets: Mapping[str, str] | None = None) -> str:
-    """A trial's command as a dry run prints it: one shell line that runs when pasted, its
-    trial folder and params.json made first (a run makes them; a dry run writes nothing).
-    With `secrets` (`command_script.arg_secrets`), secrets are left out as command.sh leaves them
-    out: a variable's value by a reference to it, a password or token in an argument as
-    `***`."""
-    folder, file = shlex.quote(str(plan.paths.dir)), shlex.quote(str(plan.paths.params))
-    text = shlex.quote(json.dumps(dict(params)))
-    cwd = "" if plan.cwd is None else (  # `trainer.workdir`: made, and run in
-        f"mkdir -p {shlex.quote(str(plan.cwd))} && cd {shlex.quote(str(plan.cwd))} && ")
-    command = (plan.command_line() if secrets is None else
-               command_script.command_script(plan, secrets).rstrip("\n").splitlines()[-1])
-    return f"mkdir -p {folder} && printf '%s\\n' {text} > {file} && {cwd}{command}"
-
-
-def _same_params(path: str | Path, number: int, params: Mapping[str, Any],
-                 spec: schema.Spec) -> None:
-    """UsageError unless the study file searches exactly the params trial `number` ran with:
-    a param it no longer has, has fixed to a value, or has newly would make the rerun run
-    something else than that trial."""
-    for name, value in params.items():
-        if name in spec.fixed and spec.fixed[name] != value:
-            raise UsageError(
-                f"{path}: params.{name}: trial {number} ran {name}={value!r}, the file now "
-                f"fixes it at {spec.fixed[name]!r}: a rerun would not run trial {number}; "
-                f"search params.{name} again to rerun it")
-        if name not in spec.params:
-            raise UsageError(
-                f"{path}: params.{name}: trial {number} ran {name}={value!r}, the file no "
-                f"longer has it: a rerun would not run trial {number}; put params.{name} back "
-                "to rerun it")
-    new = sorted(set(spec.searched) - set(params))
-    if new and params:
-        raise UsageError(
-            f"{path}: params.{new[0]}: trial {number} had no {new[0]} (the file searches it "
-            f"since): a rerun would sample it anew; make it `type: fixed` or remove it to "
-            f"rerun trial {number}")
-
-
-def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
-    """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
-    spec = config.load(path, runnable=False, storage=storage)
-    with reading(spec) as study:
-        trials = study.get_trials(deepcopy=False) if study is not None else []
-        if study is None or number < 0 or number >= len(trials):
-            raise UsageError(f"{path}: no trial {number} in study {spec.study.name!r}")
-        check_stored(spec, study)
-        old = trials[number]
-        if not old.params and spec.searched:
-            raise UsageError(f"{path}: trial {number} has no params yet ({old.state.name})")
-        _same_params(path, number, old.params, spec)
-        for name, value in old.params.items():
-            param = spec.searched.get(name)
-            problem = None if param is None else searchspace.outside(param, value)
-            if problem is not None:
-                raise UsageError(
-                    f"{path}: params.{name}: trial {number}'s value {problem}: the file no "
-                    f"longer searches it; widen params.{name} to rerun this trial")
-        try:
-            study.enqueue_trial(dict(old.params), user_attrs={RERUN_OF: number},
-                                skip_if_exists=False)
-        except storage_errors() as e:  # a read-only database, one gone: its own words
-            raise unreachable(spec, e, "write to") from None
-    # the budget once every trial that is running or queued (this one too) has run
-    needed = 1 + sum(1 for t in trials
-                     if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))
-    budget = spec.study.n_trials
-    if spec.study.scheduler is not None:  # a queued trial runs whatever n_trials says
-        made = schedule_budget.configurations(trials) + 1
-        note = "it runs at the next `sweep run`, before new configurations" + (
-            "" if made <= budget else f", {made - budget} more than study.n_trials "
-            f"({made} configurations of {budget}: a queued trial runs whatever the budget "
-            "says)")
-    elif needed <= budget:
-        note = "it runs at the next `sweep run`, before new trials"
-    else:
-        note = (f"the budget of {budget} leaves no room for it: `sweep run {path} "
-                f"--n-trials {needed}` runs it (and what is running or queued before it)")
-    now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
-    record = OwnerRecord.of(old.user_attrs)
-    then = provenance.recorded(old.user_attrs, record.dir if record else None)
-    changed = provenance.differences(then, now.versions())
-    told = f"queued trial {number}'s params again; {note}"
-    return told if changed is None else f"{told} (note: since trial {number} ran, {changed})"
