@@ -1630,7 +1630,7 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
 
 
 def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
-    from sweep.runner.scheduling import _bytes
+    from sweep.runner.checkpoint_tidy import _bytes
 
     assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499,
                                 20_334_000_000)] == [

@@ -25,6 +25,8 @@ from sweep.runner.events import Events, Finished, Running, Started, View
 from sweep.runner.follow import Follower
 from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.runner.reclaim import Reclaimer
+from sweep.runner.resume_check import ResumeCheck
+from sweep.runner.scheduler_api import NotStarted
 from sweep.runner.starter import POLL_SECONDS, LineageBusy, Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
@@ -36,7 +38,7 @@ from sweep.study.lineages import EXPLOIT_STEP
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Asked, Store
 from sweep.trial import exploit, folders, launchers, process, provenance
-from sweep.trial.lineage import Lineage, Start
+from sweep.trial.lineage import Lineage
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
@@ -70,7 +72,10 @@ class Driver:
         self._blocked = False  # the pool's last refusal: others hold the devices (look again)
         self._went_around = False  # the last start went around a stuck budget lock
         self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
-        self.follow = Follower(spec, store, monitor, self.clock.now, self.events)
+        self.scheduler = scheduling.of(spec, store, lambda text: self.events.message(text))
+        resume = ResumeCheck(spec, store, lambda text: self.events.message(text))
+        self.follow = Follower(spec, store, monitor, self.clock.now, self.events,
+                               self.scheduler, resume)
         self.reclaim = Reclaimer(spec, store, self.events)
         self.reclaim.runs_lineage = lambda origin: any(
             run.lineage.origin == origin for run in self.running.values())
@@ -78,7 +83,6 @@ class Driver:
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
         self.record = record  # what every trial's env.json shares (None: none is written)
-        self.scheduling: scheduling.Scheduling | None = None  # study.scheduler: made in run
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
@@ -90,27 +94,18 @@ class Driver:
         self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
                                        self.events.message, self._stopping, self.spawn)
         self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note, self._on_start,
-                               say=lambda text: self.events.message(text))
+                               self.clock.wake, self.record, self.store.note, self.scheduler,
+                               self.follow.resume, say=lambda text: self.events.message(text))
         try:
             return self._run()
         finally:
             self.launcher.close()
 
-    def _on_start(self, asked: Asked, start: Start) -> Start:
-        """Where `asked` starts from: the scheduler's word (a PBT exploit's copy), then what
-        its first step must come after (the resume check)."""
-        if self.scheduling is not None:
-            start = self.scheduling.on_start(asked, start)
-        self.follow.resume.started(asked, start)
-        return start
-
     def _run(self) -> RunResult:
         assert self.launcher is not None
         self.launcher.prepare()
         self.devices.begin()
-        self.scheduling = self.follow.scheduling = scheduling.of(self.spec, self.store,
-                                                                 self.events.message)
+        self.scheduler.begin()
         try:
             with signals_to(self._on_signal), self.heartbeat, (
                 self.monitor or contextlib.nullcontext()
@@ -127,9 +122,7 @@ class Driver:
                 self.clock.close()
         result = self.policy.result(self.store.counts())
         self._say_savings()
-        if self.scheduling is None:
-            return result
-        return self.scheduling.result(result, stopped=self.policy.stop_reason is not None)
+        return self.scheduler.result(result, stopped=self.policy.stop_reason is not None)
 
     def _say_savings(self) -> None:
         """One of the run's closing lines, where a scheduler or pruner stopped trials early:
@@ -166,14 +159,15 @@ class Driver:
             return False
         return self.reclaim.waits or bool(self.parked) or (
             self._blocked and self._room() > 0) or (
-            self.scheduling is not None and self.tally.get().running > 0)  # may promote ours
+            self.scheduler.waits_on_running and self.tally.get().running > 0)
 
     def _room(self) -> int:
-        """How many trials may start now: the policy's room, or the scheduler's (promotions,
-        and configurations while n_trials allows)."""
-        if self.scheduling is None or self.policy.stop_reason is not None:
+        """How many trials may start now: the scheduler's word on the policy's room (a
+        scheduler counts promotions, and configurations while n_trials allows); the policy's
+        alone once it stopped starting trials."""
+        def allowed() -> int:
             return self.policy.room(self.tally.get())
-        return self.scheduling.room()
+        return allowed() if self.policy.stop_reason is not None else self.scheduler.room(allowed)
 
     def _stopping(self) -> bool:
         """A signal came that the loop has not reacted to yet."""
@@ -275,14 +269,13 @@ class Driver:
                 self.tally.forget()
                 if self._room() <= 0 or self._stopping():
                     return
-                job = self.scheduling.before_ask() if self.scheduling is not None else None
-                queued = self.tally.get().waiting > 0 or (  # study.enqueue one at a time:
-                    self.scheduling is None and self.store.enqueue_next(spec.study.enqueue))
+                job = self.scheduler.before_ask()  # None: what is queued, else study.enqueue
+                queued = self.tally.get().waiting > 0 or (  # one at a time, else the sampler
+                    job is None and self.store.enqueue_next(spec.study.enqueue))
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
                     lease.devices)
-                if self.scheduling is not None:
-                    self.scheduling.after_ask(asked, job)
+                self.scheduler.after_ask(asked, job)
         except LockAbandoned:
             return
         self.tally.add(running=1, waiting=-1 if queued else 0)
@@ -325,7 +318,7 @@ class Driver:
             self.tally.add(running=-1)
             self.events.message(f"trial {asked.number} is called off: {e}")
             return
-        except scheduling.NotStarted as e:  # its lineage gave way to an exploit meanwhile,
+        except NotStarted as e:  # its lineage gave way to an exploit meanwhile,
             # or is paused at a rung its last attempt reached unjudged
             self.pool.release(lease)
             self.heartbeat.discard(asked.number)
@@ -480,8 +473,7 @@ class Driver:
         del self.running[run.number]
         run.process.close()
         self.pool.release(run.lease, oom=run.oom)
-        if self.scheduling is not None:  # its lineage may never continue now
-            self.scheduling.ended(run.number, self._stopping)
+        self.scheduler.ended(run.number, self._stopping)  # its lineage may never continue now
 
     # ---- the end ------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
+from sweep.runner.resume_check import ResumeCheck
+from sweep.runner.scheduler_api import NO_SCHEDULER, TrialScheduler
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked
 from sweep.trial import (
@@ -64,13 +66,15 @@ class Starter:
     def __init__(self, spec: Spec, launcher: Launcher, own: Path, now: Callable[[], float],
                  wake: Callable[[], None], record: RunRecord | None = None,
                  note: Callable[[Any, Mapping[str, Any]], None] | None = None,
-                 on_start: Callable[[Asked, lineage.Start], lineage.Start] | None = None,
+                 scheduler: TrialScheduler = NO_SCHEDULER, resume: ResumeCheck | None = None,
                  dry: bool = False, say: Callable[[str], None] = lambda _: None) -> None:
         self.spec, self.launcher, self.own = spec, launcher, own
         self.dry = dry  # a dry run's: nothing is written, nothing spawned
         self.now, self.wake = now, wake
         self.record, self.note = record, note  # env.json's shared part, and where its attrs go
-        self.on_start = on_start  # the scheduler's word on where the attempt starts from
+        # the scheduler's word on where an attempt starts from, then the resume check's note
+        # of what its first step must come after (none in a dry run)
+        self.scheduler, self.resume = scheduler, resume
         self.say, self._said_unlocked = say, False  # what the user is told goes to `say`
 
     def start(self, asked: Asked, lease: Lease, port: int | None) -> RunningTrial:
@@ -110,8 +114,9 @@ class Starter:
     def _start(self, asked: Asked, lease: Lease, port: int | None, params: dict[str, Any],
                start: lineage.Start, hold: tuple[int, ...]) -> RunningTrial:
         spec, line = self.spec, asked.lineage
-        if self.on_start is not None:
-            start = self.on_start(asked, start)
+        start = self.scheduler.on_start(asked, start)
+        if self.resume is not None:
+            self.resume.started(asked, start)
         plan = self.launcher.plan(asked.number, params, lease.device, ",".join(lease.pins),
                                   port, start=start)
         secrets = command_script.arg_secrets(spec.trainer.args, os.environ)
