@@ -28,6 +28,7 @@ from sweep.runner.reclaim import Reclaimer
 from sweep.runner.resume_check import ResumeCheck
 from sweep.runner.scheduler_api import NotStarted
 from sweep.runner.starter import POLL_SECONDS, LineageBusy, Starter
+from sweep.runner.trials import Owned, Trials
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study import savings
@@ -57,17 +58,15 @@ class Driver:
         self._own_clock = clock is None
         self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
                                 self.clock.now())
-        self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
         self.own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
         self.launcher: launchers.Launcher | None = None  # made when the run starts
         self.starter: Starter  # made with it
-        self.running: dict[int, RunningTrial] = {}
-        # asked, not started: their lineage's folder is still in use, or a PBT exploit's donor
-        # has no state to copy yet (LineageBusy), with their lease if they wait on it
-        self.parked: dict[int, tuple[Asked, Lease | None, int | None]] = {}
+        # what it owns, one record a trial, and their one way out; the study's counts, as
+        # last read, plus what this driver did since
+        self.trials = Trials(store, pool, Heartbeat(store, spec.study.heartbeat_interval),
+                             Tally(store.counts, grid=store.grid), self.clock.now)
+        self.tally = self.trials.tally
         self._signals = 0
-        self.tally = Tally(store.counts, grid=store.grid)  # the study's counts, as last read
-        self._next_look = -math.inf  # when storage is read again for orphans and the budget
         self._announced = False
         self._blocked = False  # the pool's last refusal: others hold the devices (look again)
         self._went_around = False  # the last start went around a stuck budget lock
@@ -76,9 +75,7 @@ class Driver:
         resume = ResumeCheck(spec, store, lambda text: self.events.message(text))
         self.follow = Follower(spec, store, monitor, self.clock.now, self.events,
                                self.scheduler, resume)
-        self.reclaim = Reclaimer(spec, store, self.events)
-        self.reclaim.runs_lineage = lambda origin: any(
-            run.lineage.origin == origin for run in self.running.values())
+        self.reclaim = Reclaimer(spec, store, self.events, self.trials)
         if monitor is not None:  # its samples on this clock; a sick device wakes the loop
             monitor.clock = self.clock.now
             monitor.on_sick = self.clock.wake
@@ -107,7 +104,7 @@ class Driver:
         self.devices.begin()
         self.scheduler.begin()
         try:
-            with signals_to(self._on_signal), self.heartbeat, (
+            with signals_to(self._on_signal), self.trials.heartbeat, (
                 self.monitor or contextlib.nullcontext()
             ):
                 try:
@@ -143,7 +140,7 @@ class Driver:
             self._start_trials()
             if self._stopping():  # a signal came while starting: react to it first
                 continue
-            if not self.running and not self._waiting():
+            if not self.trials.running() and not self._waiting():
                 if not self.tally.adjusted:
                     return
                 self.tally.forget()  # others' trials may have failed since: look once more
@@ -157,7 +154,7 @@ class Driver:
         ours to reclaim, or other sweeps of this host hold the devices the budget needs."""
         if self.policy.stop_reason:
             return False
-        return self.reclaim.waits or bool(self.parked) or (
+        return self.reclaim.waits or bool(self.trials.parked()) or (
             self._blocked and self._room() > 0) or (
             self.scheduler.waits_on_running and self.tally.get().running > 0)
 
@@ -181,29 +178,26 @@ class Driver:
         """Signals, `study.timeout`, and the periodic look at storage (orphans, budget)."""
         while self._signals > self.policy.signals:
             kill = self.policy.on_signal() is OnSignal.KILL_ALL
-            for run in self.running.values():
+            for run in self.trials.running():
                 run.hurry()  # a flooded backlog of values cannot hold the run's end
                 run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
         self.policy.check_clock(now)
-        if now >= self._next_look:
-            self.reclaim.look(set(self.running) | set(self.parked), now)
+        if self.reclaim.look(now):  # the study was read: the budget is read again too
             self.tally.forget()
-            wait = math.inf if self.reclaim.wait is None else self.reclaim.wait
-            self._next_look = now + min(self.spec.study.heartbeat_interval, wait)
-        if self.reclaim.follow(now):  # a dead driver's trial told FAIL, its lineage queued
-            self.tally.forget()
+        self.reclaim.follow(now)
         if self.policy.stop_reason and not self._announced:
             self._announced = True
+            running = len(self.trials.running())
             self.events.message(f"{self.policy.stop_reason}: no new trials" + (
-                f"; waiting for {len(self.running)}" if self.running else ""))
+                f"; waiting for {running}" if running else ""))
 
     def _next_wakeup(self, now: float) -> float:
-        times = [self._next_look, self.reclaim.next_wakeup(now)]
-        if self._blocked or self.parked:  # others hold the devices, or a lineage: look again
-            times.append(now + POLL_SECONDS)
+        times = [self.reclaim.next_wakeup(now)]
+        if self._blocked or self.trials.parked():  # others hold the devices, or a lineage:
+            times.append(now + POLL_SECONDS)  # look again
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
-        for run in self.running.values():
+        for run in self.trials.running():
             due = run.next_wakeup(now, POLL_SECONDS)
             times.append(math.inf if due is None else due)
         return max(0.0, min(times) - now)
@@ -215,17 +209,17 @@ class Driver:
         ends the run gives up. Parked trials are tried first."""
         if self.policy.stop_reason is not None:  # a signal, the timeout, a give-up
             self._drop_parked()
-        for asked, lease, port in list(self.parked.values()):
+        for owned in self.trials.parked():
             if self._stopping():
                 break
-            if lease is None:  # it gave its devices back: the next free ones
+            if owned.lease is None:  # it gave its devices back: the next free ones
                 got = self.pool.acquire()
                 if isinstance(got, Refusal):
                     self._refused(got)
                     continue
-                got.bind(asked.number)
-                lease = got
-            self._launch(asked, lease, port, again=True)
+                got.bind(owned.number)
+                owned.lease = got
+            self._launch(owned, again=True)
         while self._room() > 0 and not self._stopping():
             got = self.pool.acquire()
             if isinstance(got, Refusal):
@@ -236,7 +230,7 @@ class Driver:
                 self._start_one(got)
             finally:
                 if got.trial is None:  # not asked after all (a signal, the budget spent)
-                    self.pool.release(got)
+                    self.trials.give_back(got)
         self.devices.say_out()
 
     def _refused(self, refusal: Refusal) -> None:
@@ -251,7 +245,7 @@ class Driver:
         return View(
             self.spec.study.name, self.spec.study.n_trials, counts.finished,
             tuple(Running(r.number, r.device, r.params, now - r.began)
-                  for r in self.running.values()),
+                  for r in self.trials.running()),
             tuple(d.index for d in self.pool.devices), frozenset(self.pool.quarantined),
             self.store.best)
 
@@ -286,65 +280,49 @@ class Driver:
                 "while, so n_trials may be passed by one")
         self._went_around = not locked
         lease.bind(asked.number)
-        self._launch(asked, lease, None)
+        self._launch(self.trials.own(asked, lease))
 
-    def _launch(self, asked: Asked, lease: Lease, port: int | None, again: bool = False) -> None:
-        """Start `asked` on `lease` (bound to it). One whose lineage's folder another process
-        still holds, or a PBT exploit whose donor has no state to copy yet, is parked, beating,
-        and tried again each pass (`again`): on its lease (`LineageBusy.keeps_device`), or,
-        its devices given back to the pool meanwhile, on the devices free then, before any
-        other trial starts."""
-        self.parked.pop(asked.number, None)
+    def _launch(self, owned: Owned, again: bool = False) -> None:
+        """Start `owned` on its lease (bound to it). One whose lineage's folder another process
+        still holds, or a PBT exploit whose donor has no state to copy yet, stays parked,
+        beating, and is tried again each pass (`again`): on its lease
+        (`LineageBusy.keeps_device`), or, its devices given back to the pool meanwhile, on the
+        devices free then, before any other trial starts."""
+        asked, lease = owned.asked, owned.lease
+        assert lease is not None
         try:
-            if port is None and len(lease.devices) > 1:
-                port = self.pool.hold_port(lease, self.store.owner.host)
+            if owned.port is None and len(lease.devices) > 1:
+                owned.port = self.pool.hold_port(lease, self.store.owner.host)
             if again:  # on other devices, maybe, than it was asked on: recorded before
                 self.store.moved(asked.trial, lease.device, lease.devices)  # anything runs
-            run = self.starter.start(asked, lease, port)
+            run = self.starter.start(asked, lease, owned.port)
         except LineageBusy as e:
-            if e.keeps_device:
-                self.parked[asked.number] = (asked, lease, port)
-            else:
-                self.pool.release(lease)
-                self.parked[asked.number] = (asked, None, None)
+            self.trials.park(owned, e.keeps_device)
             if not again:
-                self.heartbeat.add(asked.trial)
                 self.events.message(f"trial {asked.number} waits to start: {e}")
             return
         except exploit.CalledOff as e:  # a PBT exploit whose donor trained to the end first
-            self.pool.release(lease)
-            self.heartbeat.discard(asked.number)
-            self.store.tell_failed(asked.trial, f"exploit called off: {e}")
-            self.tally.add(running=-1)
+            self.trials.finish(owned, TrialState.FAIL, f"exploit called off: {e}")
             self.events.message(f"trial {asked.number} is called off: {e}")
             return
         except NotStarted as e:  # its lineage gave way to an exploit meanwhile,
             # or is paused at a rung its last attempt reached unjudged
-            self.pool.release(lease)
-            self.heartbeat.discard(asked.number)
-            self.store.tell(asked.trial, TrialState.PRUNED, None, {})
-            self.tally.forget()
+            self.trials.finish(owned, TrialState.PRUNED)
             self.events.message(f"trial {asked.number} does not start: {e}")
             return
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
-            self.pool.release(lease)
-            self.heartbeat.discard(asked.number)  # a parked one's
             # nothing ran: its continuation runs in the next run, once the folder is fixed
             # (no retry spent; a promotion is not lost)
             self._again(asked, "could not be prepared")
-            self.store.tell_failed(asked.trial, f"could not prepare the trial: {e.why}")
-            self.tally.add(running=-1)
+            self.trials.finish(owned, TrialState.FAIL, f"could not prepare the trial: {e.why}")
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
             return
         except BaseException as e:
-            self.pool.release(lease)
-            self.heartbeat.discard(asked.number)
             with contextlib.suppress(Exception):  # nothing of it runs: its place is kept
                 self._again(asked, "could not be started")
-            self.store.tell_failed(asked.trial, f"could not start the trial: {e}")
+            self.trials.finish(owned, TrialState.FAIL, f"could not start the trial: {e}")
             raise
-        self.heartbeat.add(asked.trial)
-        self.running[asked.number] = run
+        owned.started(run)
         if self.monitor is not None:
             self.monitor.trial_started(asked.number, lease.devices)
         line = run.lineage
@@ -363,10 +341,10 @@ class Driver:
             self._react(now)  # their trials were interrupted, whichever ends first
         if self.monitor is not None:
             for index, why in sorted(self.monitor.take_sick().items()):
-                again = self.devices.take_out(index, why, now, list(self.running.values()))
+                again = self.devices.take_out(index, why, now, self.trials.running())
                 if again:
                     self.tally.add(waiting=again)
-        for run in list(self.running.values()):
+        for run in self.trials.running():
             run.tick(now)
             exited = run.process.command_exited  # before the read: it sees all it wrote
             if run.phase is Phase.RUNNING and not exited:
@@ -388,7 +366,7 @@ class Driver:
         usage = {} if self.monitor is None else self.monitor.trial_finished(
             run.number, shared=run.lease.shared)
         fault, again = self.devices.judged(run, verdict.state, verdict.cuda_error, now,
-                                           list(self.running.values()))
+                                           self.trials.running())
         if again:
             self.tally.add(waiting=again)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
@@ -404,18 +382,14 @@ class Driver:
                                     verdict.study_fix)),
                 fault or self.policy.continues(verdict.state, interrupted),
                 "failed on a GPU taken out of the pool" if fault else "interrupted")
-        told, exhausted = self.store.tell_verdict(
-            run.trial, verdict, run.device, run.attempt, usage, run.devices)
+        # TOLD only once told: a driver error before it tells it FAIL (`_abandon`)
+        told, exhausted = self.trials.finish(self.trials.record(run.number), verdict.state,
+                                             verdict=verdict, usage=usage)
         self.follow.ended(run, verdict.state)
         run.oom = verdict.oom
         if self.devices.learns and verdict.state is not TrialState.FAIL:
             self.devices.learn(usage.get("gpu_mem_peak_mb"))
-        run.judged_now(now)  # only once told: a driver error before it tells it FAIL
-        self.heartbeat.discard(run.number)
-        if told:
-            self.tally.add(finished=verdict.state is not TrialState.FAIL, running=-1)
-        else:
-            self.tally.forget()
+        if not told:
             self.events.message(f"trial {run.number} was already told by another driver")
         if exhausted:
             self.policy.stop_starting("the sampler has searched its whole space")
@@ -470,40 +444,33 @@ class Driver:
                 if on[index] & run.process.seen_pids:
                     self.pool.quarantine(index, reason)
                     self.events.message(f"GPU {index} taken out of the pool: {reason}")
-        del self.running[run.number]
         run.process.close()
-        self.pool.release(run.lease, oom=run.oom)
+        self.trials.end(self.trials.record(run.number), oom=run.oom)
         self.scheduler.ended(run.number, self._stopping)  # its lineage may never continue now
 
     # ---- the end ------------------------------------------------------------------------
 
     def _drop_parked(self) -> None:
-        """Parked trials never started: told FAIL `interrupted`, continued as interrupted
-        ones, their devices given back."""
-        for asked, lease, _ in self.parked.values():
-            if lease is not None:
-                self.pool.release(lease)
-            self.heartbeat.discard(asked.number)
+        """Parked trials never started: continued as interrupted ones, told FAIL
+        `interrupted`, their devices given back."""
+        for owned in self.trials.parked():
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                self._again(asked, "interrupted")
-            self.store.tell_failed(asked.trial, Stop.INTERRUPTED.value,
-                                   None if lease is None else lease.device, asked.attempt)
-        self.parked.clear()
+                self._again(owned.asked, "interrupted")
+            self.trials.finish(owned, TrialState.FAIL, Stop.INTERRUPTED)
 
     def _abandon(self) -> None:
         """On the way out with trials still running (a driver error): stop and tell them,
-        and the parked ones (`_drop_parked`)."""
+        and the parked ones (`_drop_parked`); every device goes back."""
         self._drop_parked()
-        runs = list(self.running.values())
+        runs = self.trials.running()
         stop_all(runs, Stop.DRIVER_ERROR, self.spec.trainer.stop_grace, self.clock.now())
         for run in runs:
-            self.pool.release(run.lease)
-            if not run.judged:
-                if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
-                    with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                        self._carry_on(run.params, run.number, run.lineage, False, True)
-                self.store.tell_failed(run.trial, (run.stop_reason or Stop.DRIVER_ERROR).value,
-                                       run.device, run.attempt)
-                run.judged_now(self.clock.now())
-        self.running.clear()
+            owned = self.trials.record(run.number)
+            if run.judged:
+                self.trials.end(owned)
+                continue
+            if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
+                with contextlib.suppress(Exception):  # storage gone: reclaimed later
+                    self._carry_on(run.params, run.number, run.lineage, False, True)
+            self.trials.finish(owned, TrialState.FAIL, run.stop_reason or Stop.DRIVER_ERROR)
 

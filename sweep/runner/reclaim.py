@@ -7,7 +7,8 @@ lineage's folder (`decide`): on this host, no process that runs for its trial fo
 them: SIGTERM unless its guard lives and already stops them, `trainer.stop_grace`, SIGKILL),
 and, on any host, no process holding its lineage's lock (`lineage_lock`: a frozen driver's
 trainer on another host sharing the file system). Each is followed on the driver's clock
-between its passes, never by blocking it.
+between its passes, never by blocking it, and told through the driver's one way out
+(`trials.Trials.finish`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from optuna.trial import TrialState
 
 from sweep.gpus.monitor import SAMPLES_NAME, last_seen
 from sweep.runner.events import Events
+from sweep.runner.trials import Trials
 from sweep.spec.schema import Spec
 from sweep.study.attrs import BEAT, Owner
 from sweep.study.ownership import Orphan
@@ -83,26 +86,27 @@ Find = Callable[[str], list[psutil.Process]]  # a trial folder -> the processes 
 
 
 class Reclaimer:
-    """The reclaims of one run. `find`, `is_guard` and `send` (the processes of a trial folder,
-    whether one is its guard, a signal to them) and `locked` (whether a lineage's lock is held)
-    are fakes in tests."""
+    """The reclaims of one run, beside the trials this driver owns (`trials`: never orphans;
+    their way out is the orphans' too). `find`, `is_guard` and `send` (the processes of a
+    trial folder, whether one is its guard, a signal to them) and `locked` (whether a
+    lineage's lock is held) are fakes in tests."""
 
-    def __init__(self, spec: Spec, store: Store, events: Events,
+    def __init__(self, spec: Spec, store: Store, events: Events, trials: Trials,
                  find: Find = process.leftovers,
                  is_guard: Callable[[psutil.Process], bool] = process.is_guard,
                  send: Callable[[list[psutil.Process], int], list[int]] = process.signal_all,
                  locked: Callable[[Path, int], bool] = lineage_lock.busy) -> None:
         self.store, self.events = store, events  # what the user is told goes to events
+        self.trials = trials
         self.output_dir, self.grace = spec.output_dir, spec.trainer.stop_grace
+        self.interval = spec.study.heartbeat_interval  # between looks at the study's trials
         self.find, self.is_guard, self.send, self.locked = find, is_guard, send, locked
         # in how many seconds a trial whose owner is unknown may become an orphan (None: none)
         self.wait: float | None = None
         self.ending: dict[int, Ending] = {}
+        self._look_at = -math.inf  # when the study is looked at again for orphans
         self._next = math.inf  # when the endings are looked at again
         self._mine: set[int] = set()  # this driver's own trials, as of the last look
-        # whether this driver runs an attempt of a lineage (set by the driver): its guard
-        # holds the lineage's lock, which then says nothing of the orphan's processes
-        self.runs_lineage: Callable[[int], bool] = lambda origin: False
 
     @property
     def waits(self) -> bool:
@@ -111,16 +115,23 @@ class Reclaimer:
         return self.wait is not None or bool(self.ending)
 
     def next_wakeup(self, now: float) -> float:
-        """When `follow` has something to do next (inf: nothing)."""
-        return self._next if self.ending else math.inf
+        """When `look` or `follow` has something to do next (inf: nothing)."""
+        return min(self._look_at, self._next if self.ending else math.inf)
 
-    def look(self, mine: set[int], now: float) -> bool:
-        """Reclaim the trials of drivers that are gone (`mine`: this driver's own trials'
-        numbers): each is told FAIL, and queued again, at once if nothing of it is left, else
-        once it ended (`follow`). True if any was told (the counts changed)."""
-        self._mine = mine
+    def look(self, now: float) -> bool:
+        """When due (every heartbeat_interval, sooner where a trial may become an orphan
+        before), reclaim the trials of drivers that are gone: each is told FAIL, and queued
+        again, at once if nothing of it is left, else once it ended (`follow`). True if it
+        looked (the study's trials were read)."""
+        if now < self._look_at:
+            return False
+        self._reclaim(now)
+        self._look_at = now + min(self.interval, math.inf if self.wait is None else self.wait)
+        return True
+
+    def _reclaim(self, now: float) -> None:
+        mine = self._mine = self.trials.numbers()
         orphans, self.wait = self.store.orphans(mine | set(self.ending))
-        told = False
         for orphan in orphans:
             procs = self.find(orphan.trial_dir) if orphan.trial_dir else []
             guarded = any(self.is_guard(p) for p in procs)
@@ -130,17 +141,14 @@ class Reclaimer:
             ending = Ending(orphan, Lineage.of(orphan.trial.user_attrs, orphan.trial.number)
                             .origin, kill_at)
             self.ending[orphan.trial.number] = ending
-            told |= self._step(ending, now, procs)
+            self._step(ending, now, procs)
         if self.ending and self._next == math.inf:  # the ones already ending keep their pace
             self._next = now + POLL_SECONDS
-        return told
 
-    def follow(self, now: float) -> bool:
-        """Look again, when due, at the orphans whose processes were ending. True if any was
-        told (the counts changed)."""
+    def follow(self, now: float) -> None:
+        """Look again, when due, at the orphans whose processes were ending."""
         if not self.ending or now < self._next:
-            return False
-        told = False
+            return
         still: set[int] | None = None  # the endings still orphans: looked at before a tell
         for ending in list(self.ending.values()):
             trial_dir = ending.orphan.trial_dir
@@ -154,16 +162,15 @@ class Reclaimer:
                     self.events.message(f"trial {ending.orphan.trial.number}: its driver is "
                                         "back (or it was told): not reclaimed")
                     continue
-            told |= self._step(ending, now, procs)
+            self._step(ending, now, procs)
         self._next = now + POLL_SECONDS if self.ending else math.inf
-        return told
 
     def _held(self, origin: int) -> bool:
         """Whether lineage `origin`'s lock is held by another than this driver's own attempt
         of it (a continuation this driver started once the orphan's guard had ended)."""
-        return self.locked(self.output_dir, origin) and not self.runs_lineage(origin)
+        return self.locked(self.output_dir, origin) and not self.trials.runs_lineage(origin)
 
-    def _step(self, ending: Ending, now: float, procs: list[psutil.Process]) -> bool:
+    def _step(self, ending: Ending, now: float, procs: list[psutil.Process]) -> None:
         orphan = ending.orphan
         locked = self._held(ending.origin)
         step = decide(bool(procs), locked, now, ending.kill_at, ending.killed)
@@ -178,10 +185,10 @@ class Reclaimer:
                        f"({lineage_lock.lock_path(self.output_dir, ending.origin)} is held)")
                 self.events.message(f"trial {orphan.trial.number}: {orphan.reason}; {why}, "
                                     "then it is told FAIL and continued")
-            return False
+            return
         del self.ending[orphan.trial.number]
-        if not self.store.fail_orphan(orphan, last_alive(orphan, self.output_dir)):
-            return False
-        self.events.message(
-            f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")
-        return True
+        told, _ = self.trials.finish(orphan, TrialState.FAIL, orphan.reason,
+                                     alive_until=last_alive(orphan, self.output_dir))
+        if told:
+            self.events.message(
+                f"trial {orphan.trial.number}: {orphan.reason}; told FAIL, queued again")

@@ -368,16 +368,17 @@ class Store:
 
     def tell_failed(
         self, trial: optuna.Trial, reason: str, gpu: int | None = None, attempt: int | None = None
-    ) -> None:
+    ) -> bool:
         """Tell FAIL with `reason` (and where it ran), as far as the storage still can (not
-        at all into a study file replaced meanwhile)."""
+        at all into a study file replaced meanwhile). True if it was told (not: another
+        driver told it first, or the storage could not be reached)."""
         attrs: dict[str, Any] = {FAIL_REASON: reason, HOST: self.owner.host}
         if gpu is not None:
             attrs[GPU] = gpu
         if gpu is not None or attempt is not None:
             attrs[ATTEMPT] = attempt or 0
         try:
-            self.tell(trial, TrialState.FAIL, None, attrs)
+            return self.tell(trial, TrialState.FAIL, None, attrs)[0]
         except StudyFileReplaced:
             log.debug("trial %d not told: the study file is gone", trial.number)
         except storage_lost_errors() as e:  # the run's last line says it, with the count
@@ -386,6 +387,7 @@ class Store:
             log.debug("could not tell trial %d: %s", trial.number, describe(e))
         except Exception as e:
             log.error("could not tell trial %d: %s", trial.number, describe(e))
+        return False
 
     def lose(self, error: BaseException) -> None:
         """The storage is gone for this run (`error` said so first): what fails against it

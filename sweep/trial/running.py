@@ -2,8 +2,9 @@
 
 `RunningTrial` carries a trial from its start until its processes are gone: its process, its
 lineage and lease, its intermediate values, its deadlines, and its phase (RUNNING -> STOPPING ->
-TOLD -> ENDED, checked against `MOVES`); it decides from an injected clock when to stop the
-trial. `stop_all` stops many at once on the way out."""
+TOLD -> ENDED, checked against `MOVES`; before it, the driver's record of the trial is PARKED);
+it decides from an injected clock when to stop the trial. `stop_all` stops many at once on the
+way out."""
 
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ class Stop(str, enum.Enum):
 
 
 class Phase(enum.Enum):
-    """Where a running trial is in its life, as the driver has seen it (`RunningTrial`)."""
+    """Where a trial is in its life, as the driver has seen it (`RunningTrial`'s phase, and
+    PARKED before it: the driver's record of a trial asked, not started)."""
 
+    PARKED = "parked"  # asked, not started: no process yet (it may wait for its lineage)
     RUNNING = "running"  # its command runs (or exited, not judged yet); reports are followed
     STOPPING = "stopping"  # a `Stop` reason was given: the guard escalates TERM -> KILL
     TOLD = "told"  # the command exited, the trial was judged and told; leftovers get the grace
@@ -55,6 +58,7 @@ class Phase(enum.Enum):
 
 # The moves `RunningTrial._move` allows: a trial is told once, after which no stop counts.
 MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.PARKED: frozenset({Phase.RUNNING}),  # the record's: or told unstarted, and gone
     Phase.RUNNING: frozenset({Phase.STOPPING, Phase.TOLD}),
     Phase.STOPPING: frozenset({Phase.TOLD}),
     Phase.TOLD: frozenset({Phase.ENDED}),
