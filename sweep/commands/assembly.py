@@ -23,6 +23,7 @@ from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, Sampl
 from sweep.gpus.nvml import Nvml, NvmlUnavailable
 from sweep.gpus.pool import Device, Pool, Rules
 from sweep.runner import schedule_budget
+from sweep.runner.clock import WallClock
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
 from sweep.runner.progress import Progress
@@ -176,8 +177,10 @@ def execute(
     reader, nvml = nvml_reader(devices)
     lease = make_pool(spec, devices, reader, nvml is not None, notes, host=True)
     own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
+    clock = WallClock()  # the driver's; the monitor's samples on it, a sick device wakes it
     monitor = Monitor(reader, lease, own / SAMPLES_NAME, spec.gpus.sample_interval,
-                      host=store.owner.host, history_s=spec.trainer.hang_after or 3600.0)
+                      host=store.owner.host, history_s=spec.trainer.hang_after or 3600.0,
+                      clock=clock.now, on_sick=clock.wake)
     # What is loaded now (the modules, the study's trials: Optuna caches them all) lives
     # through the run: kept out of the collector's passes, whose cost grows with the study
     # (at 10,000 trials, about 3 ms of every trial); given back after (a notebook's process).
@@ -190,12 +193,13 @@ def execute(
                 spec, launchers.accelerate_record(spec),
                 {d.index: {"name": d.name, "uuid": d.uuid} for d in devices},
                 store.owner.host, nvml.system() if nvml is not None else (None, None))
-            return Driver(spec, store, lease, monitor, progress, record=record).run(), \
-                store.study
+            return Driver(spec, store, lease, monitor, progress, clock=clock,
+                          record=record).run(), store.study
     except storage_lost_errors() as e:
         raise SweepError(lost_line(spec, store.lost or describe(e), store.untold)) from e
     finally:
         gc.unfreeze()
+        clock.close()
         store.close()
         if nvml is not None:
             nvml.close()

@@ -175,9 +175,11 @@ class Monitor:
         self, reader: SampleReader, pool: Pool, csv_path: Path, interval: float = 1.0,
         host: str = "", history_s: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        on_sick: Callable[[], None] = lambda: None,
     ) -> None:
         """`history_s`: how long each trial's utilisation samples are kept (`samples_of`);
-        `clock`: the driver's, for their times."""
+        `clock`: the driver's, for their times; `on_sick`: called (from the sampler's thread)
+        when a device is found sick (the driver's wake)."""
         self.reader = reader
         self.host = host
         self.pool = pool
@@ -190,7 +192,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self.history_s = history_s
         self.clock = clock
-        self.on_sick: Callable[[], None] = lambda: None  # called from the sampler's thread
+        self.on_sick = on_sick
         self._sick: dict[int, str] = {}  # devices found sick, not taken yet by the driver
         self._said_sick: set[int] = set()
 

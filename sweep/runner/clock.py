@@ -102,7 +102,10 @@ class WallClock:
                 pass
 
     def close(self) -> None:
+        """Its pipe closed; again, nothing more."""
         with self._closing:
+            if self._closed:
+                return
             self._closed = True
             self._selector.close()
             os.close(self._r)

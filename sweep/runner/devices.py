@@ -1,8 +1,10 @@
-"""What the driver learns of its devices while trials run, and what follows: a sick device is
-taken out of the pool (said in one line, recorded for `sweep gpus`), the trials on it are
-stopped and those that failed on it in a row run again elsewhere; devices others use are said
-to go out and come back; with `gpu_memory_gb: auto` each trial is promised the largest peak
-seen. The decisions are `health`'s and `placement`'s; this module acts on them.
+"""What the driver learns of its devices while trials run, and what follows: the pool's leases
+taken (a refusal that ends the run gives up), a sick device is taken out of the pool (said in
+one line, recorded for `sweep gpus`), the trials on it are stopped and those that failed on it
+in a row run again elsewhere; devices others use are said to go out and come back; with
+`gpu_memory_gb: auto` each trial is promised the largest peak seen; a trial's devices are freed
+once none of its processes holds them. The decisions are `health`'s and `placement`'s; this
+module acts on them, and is the driver's one reader of the `monitor`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep.gpus import health, placement, sicklist
-from sweep.gpus.pool import Pool
+from sweep.gpus.monitor import Monitor
+from sweep.gpus.placement import Refusal, Why
+from sweep.gpus.pool import Lease, Pool
 from sweep.runner.events import Events
 from sweep.runner.policy import Policy
 from sweep.spec.schema import Spec
@@ -26,17 +30,64 @@ Failed = tuple[int, dict[str, Any], int, int, dict[str, Any]]
 
 
 class DeviceCare:
-    """The driver's reactions to its devices' health and use (one per run)."""
+    """The driver's reactions to its devices' health and use (one per run), as the pool and the
+    `monitor` (None: no GPU is sampled) say it."""
 
     def __init__(self, spec: Spec, pool: Pool, store: Store, policy: Policy,
-                 events: Events) -> None:
+                 events: Events, monitor: Monitor | None = None) -> None:
         self.spec, self.pool, self.store, self.policy = spec, pool, store, policy
-        self.events = events  # what the user is told goes there
+        self.events, self.monitor = events, monitor  # what the user is told goes to events
+        self.blocked = False  # the pool's last refusal: others hold the devices (look again)
         self.learns = spec.trainer.gpu_memory_gb == "auto" and pool.probe is not None
         self._peaks: list[float] = []
         self._out: set[int] = set()  # devices said to be in use by others
         self._failing: health.FailingDevices[Failed] = health.FailingDevices()
         self.sick: set[int] = set()  # devices taken out of the pool as sick
+
+    def acquire(self) -> Lease | None:
+        """The devices for one more trial; None if the pool refuses (`blocked`: others hold
+        them; a refusal that ends the run gives up)."""
+        got = self.pool.acquire()
+        self.blocked = isinstance(got, Refusal) and got.kind is Why.BLOCKED
+        if not isinstance(got, Refusal):
+            return got
+        if got.kind.ends_run:
+            self.policy.give_up(got.text)
+        return None
+
+    def started(self, number: int, devices: tuple[int, ...]) -> None:
+        """Trial `number` started on `devices`: its GPU use is followed."""
+        if self.monitor is not None:
+            self.monitor.trial_started(number, devices)
+
+    def usage(self, run: RunningTrial) -> dict[str, float]:
+        """`run`'s GPU use, now that its command exited (none without a monitor)."""
+        if self.monitor is None:
+            return {}
+        return self.monitor.trial_finished(run.number, shared=run.lease.shared)
+
+    def take_sick(self, now: float, running: list[RunningTrial]) -> int:
+        """The devices the monitor found sick since the last call taken out (`take_out`); how
+        many trials were queued again."""
+        found = self.monitor.take_sick() if self.monitor is not None else {}
+        return sum(self.take_out(index, why, now, running)
+                   for index, why in sorted(found.items()))
+
+    def cleared(self, run: RunningTrial, now: float) -> bool:
+        """Whether `run`'s devices (its processes are gone) may go back to the pool now: none
+        of its processes holds memory on them, or those that survived SIGKILL made them
+        unusable (taken out of the pool). False: look again."""
+        on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in run.devices}
+        clear = run.clear_device(set().union(*on.values()), now)
+        if clear is None:
+            return False
+        if not clear:
+            reason = f"processes of trial {run.number} still hold it after SIGKILL"
+            for index in run.devices:
+                if on[index] & run.process.seen_pids:
+                    self.pool.quarantine(index, reason)
+                    self.events.message(f"GPU {index} taken out of the pool: {reason}")
+        return True
 
     def begin(self) -> None:
         """`gpu_memory_gb: auto`: start from the peaks the study's trials reached so far."""

@@ -1,22 +1,24 @@
 """The loop of one sweep: ask -> lease -> launch -> follow -> judge and tell -> release.
 
 The loop only decides when to look, and judges. `policy` says what may happen, `store` speaks
-to Optuna, `starter` prepares and spawns a trial into its one record (`RunningTrial`), `follow`
-reads what it reports, `devices` acts on what the trials and NVML say of the devices (`pool`
-holds them), `reclaim` ends and continues dead drivers' trials. Every trial asked is told,
-whatever happens: a crash, a timeout, pruning, Ctrl-C, a driver error.
+to Optuna, `trials` holds one record of each trial asked and is its one way out (given back,
+told, counted), `starter` prepares and spawns a trial (its `RunningTrial`), `follow` reads what
+it reports, `scheduler` decides on its results (`scheduler_api`), `devices` acts on what the
+trials and NVML say of the devices (`pool` holds them), `reclaim` ends and continues dead
+drivers' trials. Every trial asked is told, whatever happens: a crash, a timeout, pruning,
+Ctrl-C, a driver error. Each collaborator is given what it needs when it is made.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
 from sweep.gpus.monitor import Monitor
-from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
 from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
@@ -33,90 +35,82 @@ from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study import savings
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
-from sweep.study.counts import Tally
-from sweep.study.heartbeat import Heartbeat
-from sweep.study.lineages import EXPLOIT_STEP
 from sweep.study.storage import storage_lost_errors
-from sweep.study.store import Asked, Store
+from sweep.study.store import Store
 from sweep.trial import exploit, folders, launchers, process, provenance
-from sweep.trial.lineage import Lineage
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
 class Driver:
-    """Runs `spec` on `pool` until the budget, the timeout, a signal or too many failures."""
+    """Runs `spec` on `pool` until the budget, the timeout, a signal or too many failures.
+    `monitor` samples the devices (its clock should be `clock`'s, and a sick device should
+    wake it), `events` is told what happens, `spawn` starts a trial's processes, `clock` is
+    the run's (a `WallClock` by default; closed when the run ends), `record` what every
+    trial's env.json shares (None: none is written)."""
 
     def __init__(
         self, spec: Spec, store: Store, pool: Pool, monitor: Monitor | None = None,
         events: Events | None = None, spawn: process.Spawn = process.TrialProcess,
         clock: Any = None, record: provenance.RunRecord | None = None,
     ) -> None:
-        self.spec, self.store, self.pool, self.monitor = spec, store, pool, monitor
+        self.spec, self.store, self.pool, self.record = spec, store, pool, record
         self.events = events or Events()
         self.spawn = spawn
         self.clock = clock or WallClock()
-        self._own_clock = clock is None
         self.policy = Policy.of(spec, searchspace.grid_size(spec.study.sampler, spec.searched),
                                 self.clock.now())
-        self.own = folders.driver_dir(spec.output_dir, store.owner.host, store.owner.pid)
-        self.launcher: launchers.Launcher | None = None  # made when the run starts
-        self.starter: Starter  # made with it
-        # what it owns, one record a trial, and their one way out; the study's counts, as
-        # last read, plus what this driver did since
-        self.trials = Trials(store, pool, Heartbeat(store, spec.study.heartbeat_interval),
-                             Tally(store.counts, grid=store.grid), self.clock.now)
-        self.tally = self.trials.tally
-        self._signals = 0
-        self._announced = False
-        self._blocked = False  # the pool's last refusal: others hold the devices (look again)
-        self._went_around = False  # the last start went around a stuck budget lock
-        self.devices = DeviceCare(spec, pool, store, self.policy, self.events)
-        self.scheduler = scheduling.of(spec, store, lambda text: self.events.message(text))
-        resume = ResumeCheck(spec, store, lambda text: self.events.message(text))
+        self.trials = Trials(spec, store, pool, self.clock.now, self._say)
+        self.devices = DeviceCare(spec, pool, store, self.policy, self.events, monitor)
+        self.scheduler = scheduling.of(spec, store, self._say)
         self.follow = Follower(spec, store, monitor, self.clock.now, self.events,
-                               self.scheduler, resume)
+                               self.scheduler, ResumeCheck(spec, store, self._say))
         self.reclaim = Reclaimer(spec, store, self.events, self.trials)
-        if monitor is not None:  # its samples on this clock; a sick device wakes the loop
-            monitor.clock = self.clock.now
-            monitor.on_sick = self.clock.wake
-        self.record = record  # what every trial's env.json shares (None: none is written)
+        self.starter: Starter  # made when the run starts, with its launcher
+
+    @property
+    def monitor(self) -> Monitor | None:
+        return self.devices.monitor
+
+    @property
+    def own(self) -> Path:
+        """This driver's folder in output_dir."""
+        return folders.driver_dir(self.spec.output_dir, self.store.owner.host,
+                                  self.store.owner.pid)
+
+    def _say(self, text: str) -> None:
+        """One line to the user (through `events` as it is when said)."""
+        self.events.message(text)
 
     def run(self) -> RunResult:
         """Run to the end. Always tells every trial it asked; restores signal handlers; ends
-        what the launcher holds (warm's fork server)."""
-        folders.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
-        older = folders.older_trial_folders(self.spec.output_dir)
-        if older:  # said once here, not one refused folder a run
-            self.events.message(folders.older_note(self.spec.output_dir, older))
-        self.launcher = launchers.make(self.spec, self.store.owner.host, self.own,
-                                       self.events.message, self._stopping, self.spawn)
-        self.starter = Starter(self.spec, self.launcher, self.own, self.clock.now,
-                               self.clock.wake, self.record, self.store.note, self.scheduler,
-                               self.follow.resume, say=lambda text: self.events.message(text))
-        try:
-            return self._run()
-        finally:
-            self.launcher.close()
+        what the launcher holds (warm's fork server); closes the clock."""
+        with contextlib.closing(self.clock):
+            folders.prepare_output_dir(self.spec.output_dir, self.own, source=self.spec.source)
+            older = folders.older_trial_folders(self.spec.output_dir)
+            if older:  # said once here, not one refused folder a run
+                self._say(folders.older_note(self.spec.output_dir, older))
+            launcher = launchers.make(self.spec, self.store.owner.host, self.own, self._say,
+                                      self._stopping, self.spawn)
+            self.starter = Starter(self.spec, launcher, self.own, self.clock.now,
+                                   self.clock.wake, self.record, self.store.note,
+                                   self.scheduler, self.follow.resume, say=self._say)
+            with contextlib.closing(launcher):
+                return self._run()
 
     def _run(self) -> RunResult:
-        assert self.launcher is not None
-        self.launcher.prepare()
+        self.starter.launcher.prepare()
         self.devices.begin()
         self.scheduler.begin()
-        try:
-            with signals_to(self._on_signal), self.trials.heartbeat, (
-                self.monitor or contextlib.nullcontext()
-            ):
-                try:
-                    self._loop()
-                except storage_lost_errors() as e:  # said once, by the run's last line
-                    self.store.lose(e)
-                    raise
-                finally:
-                    self._abandon()
-        finally:
-            if self._own_clock:
-                self.clock.close()
+        with signals_to(self._on_signal), self.trials.heartbeat, (
+            self.monitor or contextlib.nullcontext()
+        ):
+            try:
+                self._loop()
+            except storage_lost_errors() as e:  # said once, by the run's last line
+                self.store.lose(e)
+                raise
+            finally:
+                self._abandon()
         result = self.policy.result(self.store.counts())
         self._say_savings()
         return self.scheduler.result(result, stopped=self.policy.stop_reason is not None)
@@ -131,7 +125,7 @@ class Driver:
             return
         found = savings.of_study(trials, None if sched is None else sched.max_steps)
         if found is not None:
-            self.events.message(found.line())
+            self._say(found.line())
 
     def _loop(self) -> None:
         while True:
@@ -141,9 +135,9 @@ class Driver:
             if self._stopping():  # a signal came while starting: react to it first
                 continue
             if not self.trials.running() and not self._waiting():
-                if not self.tally.adjusted:
+                if not self.trials.tally.adjusted:
                     return
-                self.tally.forget()  # others' trials may have failed since: look once more
+                self.trials.tally.forget()  # others' trials may have failed since: look again
                 continue
             self.events.tick(self.view())
             self.clock.wait(self._next_wakeup(now))
@@ -155,46 +149,44 @@ class Driver:
         if self.policy.stop_reason:
             return False
         return self.reclaim.waits or bool(self.trials.parked()) or (
-            self._blocked and self._room() > 0) or (
-            self.scheduler.waits_on_running and self.tally.get().running > 0)
+            self.devices.blocked and self._room() > 0) or (
+            self.scheduler.waits_on_running and self.trials.tally.get().running > 0)
 
     def _room(self) -> int:
         """How many trials may start now: the scheduler's word on the policy's room (a
         scheduler counts promotions, and configurations while n_trials allows); the policy's
         alone once it stopped starting trials."""
         def allowed() -> int:
-            return self.policy.room(self.tally.get())
+            return self.policy.room(self.trials.tally.get())
         return allowed() if self.policy.stop_reason is not None else self.scheduler.room(allowed)
 
     def _stopping(self) -> bool:
         """A signal came that the loop has not reacted to yet."""
-        return self._signals > self.policy.signals
+        return self.policy.pending
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals += 1
+        self.policy.signalled()
         self.clock.wake()
 
     def _react(self, now: float) -> None:
         """Signals, `study.timeout`, and the periodic look at storage (orphans, budget)."""
-        while self._signals > self.policy.signals:
+        while self.policy.pending:
             kill = self.policy.on_signal() is OnSignal.KILL_ALL
             for run in self.trials.running():
                 run.hurry()  # a flooded backlog of values cannot hold the run's end
                 run.kill(now) if kill else run.stop(Stop.INTERRUPTED, now)
         self.policy.check_clock(now)
         if self.reclaim.look(now):  # the study was read: the budget is read again too
-            self.tally.forget()
+            self.trials.tally.forget()
         self.reclaim.follow(now)
-        if self.policy.stop_reason and not self._announced:
-            self._announced = True
-            running = len(self.trials.running())
-            self.events.message(f"{self.policy.stop_reason}: no new trials" + (
-                f"; waiting for {running}" if running else ""))
+        news = self.policy.stop_news(len(self.trials.running()))
+        if news is not None:
+            self._say(news)
 
     def _next_wakeup(self, now: float) -> float:
         times = [self.reclaim.next_wakeup(now)]
-        if self._blocked or self.trials.parked():  # others hold the devices, or a lineage:
-            times.append(now + POLL_SECONDS)  # look again
+        if self.devices.blocked or self.trials.parked():  # others hold the devices, or a
+            times.append(now + POLL_SECONDS)  # lineage: look again
         if self.policy.deadline is not None and self.policy.stop_reason is None:
             times.append(self.policy.deadline)
         for run in self.trials.running():
@@ -213,19 +205,15 @@ class Driver:
             if self._stopping():
                 break
             if owned.lease is None:  # it gave its devices back: the next free ones
-                got = self.pool.acquire()
-                if isinstance(got, Refusal):
-                    self._refused(got)
+                owned.lease = self.devices.acquire()
+                if owned.lease is None:
                     continue
-                got.bind(owned.number)
-                owned.lease = got
+                owned.lease.bind(owned.number)
             self._launch(owned, again=True)
         while self._room() > 0 and not self._stopping():
-            got = self.pool.acquire()
-            if isinstance(got, Refusal):
-                self._refused(got)
+            got = self.devices.acquire()
+            if got is None:
                 break
-            self._blocked = False
             try:
                 self._start_one(got)
             finally:
@@ -233,15 +221,10 @@ class Driver:
                     self.trials.give_back(got)
         self.devices.say_out()
 
-    def _refused(self, refusal: Refusal) -> None:
-        self._blocked = refusal.kind is Why.BLOCKED
-        if refusal.kind.ends_run:
-            self.policy.give_up(refusal.text)
-
     def view(self) -> View:
         """The run now, for a progress display (the counts as last read: the loop has just
         read them to decide on starting, so this reads no storage)."""
-        counts, now = self.tally.get(), self.clock.now()
+        counts, now = self.trials.tally.get(), self.clock.now()
         return View(
             self.spec.study.name, self.spec.study.n_trials, counts.finished,
             tuple(Running(r.number, r.device, r.params, now - r.began)
@@ -252,19 +235,18 @@ class Driver:
     def _start_one(self, lease: Lease) -> None:
         """Ask a trial for `lease`'s devices, bind the lease to it, and start it. Returns
         without asking (the lease unbound) on a signal or once the budget is spent."""
-        spec, device, launcher = self.spec, lease.device, self.launcher
-        assert launcher is not None
-        launcher.get_ready()  # before asking: a signal may end the wait
+        spec, device, tally = self.spec, lease.device, self.trials.tally
+        self.starter.launcher.get_ready()  # before asking: a signal may end the wait
         if self._stopping():
             return
         try:
             with self.store.budget_lock(abort=self._stopping) as locked:
                 # other drivers of the study may have spent the budget
-                self.tally.forget()
+                tally.forget()
                 if self._room() <= 0 or self._stopping():
                     return
                 job = self.scheduler.before_ask()  # None: what is queued, else study.enqueue
-                queued = self.tally.get().waiting > 0 or (  # one at a time, else the sampler
+                queued = tally.get().waiting > 0 or (  # one at a time, else the sampler
                     job is None and self.store.enqueue_next(spec.study.enqueue))
                 asked = self.store.ask(
                     spec.searched, device, lambda n: str(folders.trial_dir(spec.output_dir, n)),
@@ -272,13 +254,11 @@ class Driver:
                 self.scheduler.after_ask(asked, job)
         except LockAbandoned:
             return
-        self.tally.add(running=1, waiting=-1 if queued else 0)
-        if not locked and not self._went_around:
-            self.events.message(
-                f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s with no "
-                "new trial (a stopped or frozen driver?): starting trials without it for a "
-                "while, so n_trials may be passed by one")
-        self._went_around = not locked
+        tally.add(running=1, waiting=-1 if queued else 0)
+        if self.policy.around_lock(locked):
+            self._say(f"the study's budget lock has been held for over {LOCK_PATIENCE:.0f} s "
+                      "with no new trial (a stopped or frozen driver?): starting trials "
+                      "without it for a while, so n_trials may be passed by one")
         lease.bind(asked.number)
         self._launch(self.trials.own(asked, lease))
 
@@ -313,18 +293,17 @@ class Driver:
         except folders.TrialFileError as e:  # a full, read-only or removed output_dir
             # nothing ran: its continuation runs in the next run, once the folder is fixed
             # (no retry spent; a promotion is not lost)
-            self._again(asked, "could not be prepared")
+            self.trials.again(asked, "could not be prepared")
             self.trials.finish(owned, TrialState.FAIL, f"could not prepare the trial: {e.why}")
             self.policy.give_up(f"trial {asked.number} could not be prepared: {e.why}")
             return
         except BaseException as e:
             with contextlib.suppress(Exception):  # nothing of it runs: its place is kept
-                self._again(asked, "could not be started")
+                self.trials.again(asked, "could not be started")
             self.trials.finish(owned, TrialState.FAIL, f"could not start the trial: {e}")
             raise
         owned.started(run)
-        if self.monitor is not None:
-            self.monitor.trial_started(asked.number, lease.devices)
+        self.devices.started(asked.number, lease.devices)
         line = run.lineage
         if line.continues is not None:
             self.events.message(
@@ -339,11 +318,9 @@ class Driver:
     def _supervise(self, now: float) -> None:
         if self._stopping():  # a signal that reached the trainers too (a Slurm job step's):
             self._react(now)  # their trials were interrupted, whichever ends first
-        if self.monitor is not None:
-            for index, why in sorted(self.monitor.take_sick().items()):
-                again = self.devices.take_out(index, why, now, self.trials.running())
-                if again:
-                    self.tally.add(waiting=again)
+        again = self.devices.take_sick(now, self.trials.running())
+        if again:
+            self.trials.tally.add(waiting=again)
         for run in self.trials.running():
             run.tick(now)
             exited = run.process.command_exited  # before the read: it sees all it wrote
@@ -363,12 +340,11 @@ class Driver:
         verdict = run.verdict(self.spec.study.objective_metrics, trainer.timeout,
                               trainer.result.patterns if trainer.result else [],
                               trainer.result.stream if trainer.result else "stdout")
-        usage = {} if self.monitor is None else self.monitor.trial_finished(
-            run.number, shared=run.lease.shared)
+        usage = self.devices.usage(run)
         fault, again = self.devices.judged(run, verdict.state, verdict.cuda_error, now,
                                            self.trials.running())
         if again:
-            self.tally.add(waiting=again)
+            self.trials.tally.add(waiting=again)
         # A retry is queued before the tell (once: `Store.requeue`), so a kill between the two
         # leaves it queued; a reclaimer that tells the trial FAIL meanwhile queues no second.
         # A trial told by another driver (TAKEN) is that driver's to queue again.
@@ -377,7 +353,7 @@ class Driver:
         interrupted = run.stop_reason is Stop.INTERRUPTED
         queued = False
         if run.stop_reason is not Stop.TAKEN:  # a device fault is no failure of the trial
-            queued = self._carry_on(run.params, run.number, line, not fault and (
+            queued = self.trials.carry_on(run.params, run.number, line, not fault and (
                 self.policy.retries(verdict.state, line.retries, verdict.oom, interrupted,
                                     verdict.study_fix)),
                 fault or self.policy.continues(verdict.state, interrupted),
@@ -403,47 +379,12 @@ class Driver:
                           verdict.fail_reason, see=str(see), device_fault=fault,
                           number=run.number, study_fix=verdict.study_fix)
         if queued:
-            self.tally.add(waiting=1)
-
-    def _carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
-                  resume: bool, why: str = "interrupted",
-                  attrs: dict[str, Any] | None = None) -> bool:
-        """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
-        the continuation (`resume`) of a trial that was interrupted or failed on a sick device
-        (`why`), with `attrs` if given (else `Lineage.next_attrs`'s). True if this call
-        queued it."""
-        if not (retry or resume):
-            return False
-        searched = {k: v for k, v in params.items() if k in self.spec.searched}
-        if attrs is None:
-            attrs = line.next_attrs(number, retry=retry,
-                                    clean=self.spec.trainer.retry_from == "clean")
-        queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
-        if queued and resume:
-            self.events.message(f"trial {number} {why}: queued to continue (same params, "
-                                "its checkpoint folder)")
-        return queued
-
-    def _again(self, asked: Asked, why: str) -> None:
-        """Queue the attempt that takes the place of `asked`, which never ran (`why`): it
-        starts as `asked` would have (`Lineage.again_attrs`; a PBT copy made for it kept)."""
-        kept = EXPLOIT_STEP in asked.trial.user_attrs
-        self._carry_on(asked.params, asked.number, asked.lineage, False, True, why,
-                       asked.lineage.again_attrs(asked.number, kept))
+            self.trials.tally.add(waiting=1)
 
     def _end(self, run: RunningTrial, now: float) -> None:
         """The trial's processes are gone: free its devices once none holds memory on them."""
-        devices = run.devices
-        on = {i: self.monitor.processes_on(i) if self.monitor else set() for i in devices}
-        clear = run.clear_device(set().union(*on.values()), now)
-        if clear is None:
+        if not self.devices.cleared(run, now):
             return
-        if not clear:
-            reason = f"processes of trial {run.number} still hold it after SIGKILL"
-            for index in devices:
-                if on[index] & run.process.seen_pids:
-                    self.pool.quarantine(index, reason)
-                    self.events.message(f"GPU {index} taken out of the pool: {reason}")
         run.process.close()
         self.trials.end(self.trials.record(run.number), oom=run.oom)
         self.scheduler.ended(run.number, self._stopping)  # its lineage may never continue now
@@ -455,7 +396,7 @@ class Driver:
         `interrupted`, their devices given back."""
         for owned in self.trials.parked():
             with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                self._again(owned.asked, "interrupted")
+                self.trials.again(owned.asked, "interrupted")
             self.trials.finish(owned, TrialState.FAIL, Stop.INTERRUPTED)
 
     def _abandon(self) -> None:
@@ -471,6 +412,6 @@ class Driver:
                 continue
             if run.stop_reason is Stop.INTERRUPTED:  # queued first, as in `_judge`
                 with contextlib.suppress(Exception):  # storage gone: reclaimed later
-                    self._carry_on(run.params, run.number, run.lineage, False, True)
+                    self.trials.carry_on(run.params, run.number, run.lineage, False, True)
             self.trials.finish(owned, TrialState.FAIL, run.stop_reason or Stop.DRIVER_ERROR)
 

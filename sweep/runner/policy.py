@@ -1,5 +1,5 @@
 """The run's decisions, with no side effects: may another trial start, what follows a verdict,
-what a signal means, and the exit code.
+what a signal means, what is said once, and the exit code.
 
 The driver feeds it counts from storage and verdicts from `outcome`, and carries out what it
 says. Everything here is decided from its arguments and its own small state, so it is tested
@@ -50,10 +50,13 @@ class Policy:
     timeout: float | None = None
     grid_size: int | None = None
     streak: int = 0
-    signals: int = 0
+    signals: int = 0  # the stop signals reacted to (`on_signal`)
     stop_reason: str | None = None
     gave_up: bool = False
     streak_of: list[int] = field(default_factory=list)  # the trials of `streak` (when given)
+    received: int = 0  # the stop signals received (`signalled`), reacted to or not
+    said_stop: bool = False  # `stop_news` was said
+    went_around: bool = False  # the last ask went around a stuck budget lock
 
     @classmethod
     def of(cls, spec: Spec, grid_size: int | None, now: float) -> Policy:
@@ -96,6 +99,31 @@ class Policy:
         if self.grid_size is not None:
             left = min(left, self.grid_size - counts.grid_started)
         return max(0, left)
+
+    def signalled(self) -> None:
+        """A stop signal came (in a signal handler: the loop reacts to it, `pending`)."""
+        self.received += 1
+
+    @property
+    def pending(self) -> bool:
+        """A signal came that `on_signal` has not been told of yet."""
+        return self.received > self.signals
+
+    def stop_news(self, running: int) -> str | None:
+        """The line that says no new trial starts (once, after the first stop reason), with
+        how many are still `running`."""
+        if self.stop_reason is None or self.said_stop:
+            return None
+        self.said_stop = True
+        return f"{self.stop_reason}: no new trials" + (
+            f"; waiting for {running}" if running else "")
+
+    def around_lock(self, locked: bool) -> bool:
+        """An ask held the budget lock (`locked`), or went around it: whether to say so (the
+        first of a streak without it)."""
+        say = not locked and not self.went_around
+        self.went_around = not locked
+        return say
 
     def on_signal(self) -> OnSignal:
         """Ctrl-C or SIGTERM: the first stops trials gently, any further one kills them."""

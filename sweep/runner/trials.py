@@ -6,22 +6,26 @@ A record's phase is PARKED from the ask until its processes start (asked, not st
 lineage's folder is in use, or a PBT exploit's donor has no state to copy yet, and it waits,
 with its lease or without it), then its `RunningTrial`'s. This module is the only one of the
 runner that gives a lease back, discards a heartbeat or tells a trial: always in that order,
-then the counts (`Tally`). What carries a trial's lineage on is queued by the caller before it
-finishes the trial (a kill between the two leaves it queued: `Store.requeue`).
+then the counts (`Tally`). What carries a trial's lineage on (`carry_on`, `again`) is queued
+before the trial is finished (a kill between the two leaves it queued: `Store.requeue`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from optuna.trial import TrialState
 
 from sweep.gpus.pool import Lease, Pool
+from sweep.spec.schema import Spec
 from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
+from sweep.study.lineages import EXPLOIT_STEP
 from sweep.study.ownership import Orphan
 from sweep.study.store import Asked, Store
+from sweep.trial.lineage import Lineage
 from sweep.trial.outcome import Outcome
 from sweep.trial.running import MOVES, Phase, PhaseError, RunningTrial, Stop
 
@@ -54,14 +58,16 @@ class Owned:
 
 
 class Trials:
-    """The trials one driver owns (see the module's docstring): `store` tells them, `pool`
-    takes their leases back, `heartbeat` beats them, `tally` counts what this driver did;
-    `now`, the driver's clock."""
+    """The trials one driver of `spec` owns (see the module's docstring): `store` tells them,
+    `pool` takes their leases back, `heartbeat` beats them, `tally` holds the study's counts
+    as last read plus what this driver did since; `now` is the driver's clock, `say` gives
+    the user one line."""
 
-    def __init__(self, store: Store, pool: Pool, heartbeat: Heartbeat, tally: Tally,
-                 now: Callable[[], float]) -> None:
-        self.store, self.pool, self.heartbeat, self.tally = store, pool, heartbeat, tally
-        self.now = now
+    def __init__(self, spec: Spec, store: Store, pool: Pool, now: Callable[[], float],
+                 say: Callable[[str], None]) -> None:
+        self.spec, self.store, self.pool, self.now, self.say = spec, store, pool, now, say
+        self.heartbeat = Heartbeat(store, spec.study.heartbeat_interval)
+        self.tally = Tally(store.counts, grid=store.grid)
         self._owned: dict[int, Owned] = {}
 
     def own(self, asked: Asked, lease: Lease) -> Owned:
@@ -108,6 +114,32 @@ class Trials:
         del self._owned[owned.number]
         if owned.lease is not None:
             self.give_back(owned.lease, oom)
+
+    def carry_on(self, params: dict[str, Any], number: int, line: Lineage, retry: bool,
+                 resume: bool, why: str = "interrupted",
+                 attrs: dict[str, Any] | None = None) -> bool:
+        """Queue the next attempt of trial `number`'s lineage: a retry after a real failure, or
+        the continuation (`resume`) of a trial that was interrupted or failed on a sick device
+        (`why`), with `attrs` if given (else `Lineage.next_attrs`'s). True if this call
+        queued it."""
+        if not (retry or resume):
+            return False
+        searched = {k: v for k, v in params.items() if k in self.spec.searched}
+        if attrs is None:
+            attrs = line.next_attrs(number, retry=retry,
+                                    clean=self.spec.trainer.retry_from == "clean")
+        queued = self.store.requeue(searched, line.origin, line.attempt + 1, attrs)
+        if queued and resume:
+            self.say(f"trial {number} {why}: queued to continue (same params, its checkpoint "
+                     "folder)")
+        return queued
+
+    def again(self, asked: Asked, why: str) -> None:
+        """Queue the attempt that takes the place of `asked`, which never ran (`why`): it
+        starts as `asked` would have (`Lineage.again_attrs`; a PBT copy made for it kept)."""
+        kept = EXPLOIT_STEP in asked.trial.user_attrs
+        self.carry_on(asked.params, asked.number, asked.lineage, False, True, why,
+                      asked.lineage.again_attrs(asked.number, kept))
 
     def finish(self, trial: Owned | Orphan, state: TrialState, reason: Stop | str | None = None,
                verdict: Outcome | None = None, usage: Mapping[str, float] | None = None,

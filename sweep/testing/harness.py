@@ -76,7 +76,8 @@ class Sweep:
                          width=self.spec.trainer.gpus_per_trial)
         monitor = None
         if reader is not None:
-            monitor = Monitor(reader, self.pool, folder / "samples.csv", 3600)
+            monitor = Monitor(reader, self.pool, folder / "samples.csv", 3600,
+                              clock=self.clock.now, on_sick=self.clock.wake)
         self.driver = Driver(self.spec, self.store, self.pool, monitor,
                              spawn=self.spawn, clock=self.clock)
 
