@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from sweep._core.errors import UsageError
 from sweep.spec import config, searchspace
-from sweep.study import attrs, ownership
+from sweep.study import attrs, carried, ownership
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 from sweep.study.opening import open_study
@@ -128,7 +128,7 @@ def test_a_trial_cut_right_after_its_params_has_its_run_id(tmp_path, monkeypatch
     def killed(*args: object) -> None:
         raise Killed
 
-    monkeypatch.setattr(s, "_carry_curve", killed)
+    monkeypatch.setattr(carried, "curve", killed)
     with pytest.raises(Killed):
         s.ask(searched(s), gpu=0, trial_dir=lambda number: f"/trials/{number}")
     [frozen] = s.study.get_trials(deepcopy=False)

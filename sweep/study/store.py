@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from sweep.spec.searchspace import Searched
+from sweep.study import carried
 from sweep.study.attrs import (
     ALIVE_UNTIL,
     ATTEMPT,
@@ -188,58 +189,16 @@ class Store:
             record = OwnerRecord(self.owner, gpu, trial_dir(trial.number),
                                  ",".join(map(str, gpus)) if len(gpus) > 1 else None)
             self.beat(trial)
-            line = self._carry_lineage(trial)  # its run id before anything runs
+            line = carried.lineage_of(self.study, trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
-            params = sample(self.study, trial, self._lineage_params(trial, line, searched),
+            params = sample(self.study, trial,
+                            carried.params(self.storage, self.study, trial, line, searched),
                             self.sampler_for)
-            reached = self._carry_curve(trial, line)
+            reached = carried.curve(self.study, trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise
         return Asked(trial, trial.number, params, line, reached)
-
-    def _carry_lineage(self, trial: optuna.Trial) -> lineage.Lineage:
-        """The lineage of a trial just asked; a new one gets its run id, written before its
-        owner record and params (a trial that has params has its run id: a kill in between
-        left a continuation without one)."""
-        line = lineage.Lineage.of(trial.user_attrs, trial.number)
-        if line.run_id is None:
-            run_id = lineage.new_run_id(self.study.study_name, line.origin)
-            trial.set_user_attr(lineage.RUN_ID, run_id)
-            line = dataclasses.replace(line, run_id=run_id)
-        return line
-
-    def _lineage_params(self, trial: optuna.Trial, line: lineage.Lineage,
-                        searched: Mapping[str, Searched]) -> Mapping[str, Searched]:
-        """What a trial just asked samples: every searched param; an attempt that carries a
-        lineage on, none the file added after its lineage began (no trial up to its first
-        had it): its script's default, as in its earlier attempts. A param its lineage
-        should have had but was not queued with (a driver killed while it sampled the first
-        attempt) is sampled."""
-        if line.continues is None:
-            return searched
-        queued = self.storage.get_trial(trial_id(trial)).system_attrs.get("fixed_params")
-        if not queued:  # queued with no params (by hand): it samples, as a new trial
-            return searched
-        known = {name for t in self.study.get_trials(deepcopy=False)
-                 if t.number <= line.origin for name in t.distributions}
-        return {name: p for name, p in searched.items() if name in queued or name in known}
-
-    def _carry_curve(self, trial: optuna.Trial, line: lineage.Lineage) -> int:
-        """An attempt that resumes gets the curve (intermediate values) its lineage's earlier
-        attempts reached, so the pruner compares what the trial really reached; reported
-        through the trial, so a step it reports again keeps the earlier value (Optuna ignores
-        a step already reported). Returns the curve's last step (0: none carried)."""
-        if not line.resumes or len(self.study.directions) > 1:  # Optuna prunes one objective
-            return 0
-        earlier = [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
-                   for t in self.study.get_trials(deepcopy=False)
-                   if t.number != trial.number and t.state.is_finished()
-                   and int(t.user_attrs.get(RETRY_OF, t.number)) == line.origin]
-        curve = lineage.merged_curve(earlier)
-        for step, value in sorted(curve.items()):
-            trial.report(value, step)
-        return max(curve, default=0)
 
     @contextlib.contextmanager
     def budget_lock(self, abort: Callable[[], bool] = lambda: False) -> Iterator[bool]:
