@@ -145,3 +145,78 @@ def test_every_verb_is_one_module_of_commands():
         assert verb.get_default("func") is command.main
     verbs = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(verbs.choices) == made
+
+
+# modules still over MAX_LINES, each to be split by job (issue 39)
+LONG = {"_core.safefs", "analysis.figures", "analysis.summary", "spec.container"}
+MAX_LINES = 450
+
+
+def test_a_module_is_at_most_450_lines():
+    long = {name for name, path in modules()
+            if len(path.read_text().splitlines()) > MAX_LINES}
+    assert long <= LONG, sorted(long - LONG)
+
+
+def calls_in(path: Path, methods: set[tuple[str, str]]) -> set[str]:
+    """The top-level functions and classes of `path` that call one of `methods` ((what it is
+    called on, named as the code names it: `store`, `self.store`; the method))."""
+    found = set()
+    for top in ast.parse(path.read_text()).body:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                on = node.func.value
+                name = on.attr if isinstance(on, ast.Attribute) else getattr(on, "id", "")
+                if (name, node.func.attr) in methods:
+                    found.add(getattr(top, "name", "<module>"))
+    return found
+
+
+def test_one_place_in_the_runner_ends_a_trial():
+    """Every way out of a trial the runner ends, the driver's own and a dead driver's, goes
+    through `trials.Trials` (`finish`): the one place that tells one, discards its heartbeat
+    and gives its lease back (the store's telling forms are the storage shim)."""
+    ways_out = {("store", "tell"), ("store", "tell_failed"), ("store", "tell_verdict"),
+                ("store", "fail_orphan"), ("pool", "release"), ("heartbeat", "discard")}
+    where = {(name, place) for name, path in modules() if name.startswith("runner.")
+             for place in calls_in(path, ways_out)}
+    assert where == {("runner.trials", "Trials")}
+
+
+def test_the_driver_is_given_its_collaborators_whole():
+    """Driver.__init__ sets at most 15 attributes, each its own (`self.x`), and the driver
+    never rewires a collaborator after building it (`self.x.y = ...`, `monitor.on_sick =`)."""
+    tree = ast.parse((PACKAGE / "runner" / "driver.py").read_text())
+    [driver] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Driver"]
+    [init] = [n for n in driver.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+
+    def targets(node: ast.AST) -> list[ast.expr]:
+        found: list[ast.expr] = []
+        for n in ast.walk(node):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    found += t.elts if isinstance(t, ast.Tuple) else [t]
+            elif isinstance(n, (ast.AnnAssign, ast.AugAssign)):
+                found.append(n.target)
+        return found
+
+    own = {t.attr for t in targets(init) if isinstance(t, ast.Attribute)
+           and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    others = [ast.unparse(t) for t in targets(init) if isinstance(t, ast.Attribute)
+              and not (isinstance(t.value, ast.Name) and t.value.id == "self")]
+    assert len(own) <= 15 and not others, (sorted(own), others)
+    rewired = [ast.unparse(t) for t in targets(tree) if isinstance(t, ast.Attribute)
+               and isinstance(t.value, ast.Attribute) and isinstance(t.value.value, ast.Name)
+               and t.value.value.id == "self"]
+    assert not rewired, rewired
+
+
+def test_no_scheduler_is_tested_for_none_in_the_runner():
+    """A study without study.scheduler has `NoScheduler`: the runner asks the scheduler
+    object, never whether there is one (the study file's setting, `study.scheduler`, is read
+    where the object is made)."""
+    tests = re.compile(r"(?<!study\.)\bschedul\w* is (not )?None")
+    found = [f"{name}: {line.strip()}" for name, path in modules()
+             if name.startswith("runner.") for line in path.read_text().splitlines()
+             if tests.search(line)]
+    assert not found, found
