@@ -22,6 +22,7 @@ LAYERS = [
     {"spec"},  # the study file -> Spec
     {"gpus"},  # devices, the pool, placement, health, the monitor
     {"trial"},  # one trial as files and processes
+    {"launch"},  # how a trial starts: the launchers, the warm server, containers
     {"study"},  # the Optuna storage
     {"runner"},  # the driver's loop and its policy
     {"analysis"},  # summary, figures, report

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from sweep._core.errors import ConfigError
+from sweep.launch import container, engine
 from sweep.spec import container as containerspec
 from sweep.spec.container import ContainerSection
-from sweep.trial import container, engine, lineage
+from sweep.trial import lineage
 from sweep.trial.folders import TrialPaths
 from sweep.trial.launch_plan import LaunchPlan
 
@@ -954,8 +955,8 @@ def test_the_report_names_the_images_the_trials_ran_in() -> None:
 def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real_devices(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sweep.gpus.pool import FAKE_ENV
+    from sweep.launch import make as launchers
     from sweep.spec import config
-    from sweep.trial import launchers
     from tests.conftest import study_dict
 
     study = write_study(study_dict(trainer={"container": {"image": "reg/t:latest",
@@ -1006,8 +1007,8 @@ class EndingProcess:
 def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_itself(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not left to the reclaim of containers that outlived their trials (which says so)."""
+    from sweep.launch import make as launchers
     from sweep.spec import config
-    from sweep.trial import launchers
     from tests.conftest import study_dict
 
     spec = config.load(write_study(study_dict(trainer={"container": {

@@ -196,11 +196,12 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     for chain in parents["accelerate"]:
         assert chain[0][1:3] == ["-m", "accelerate.commands.launch"]
         assert chain[1][1:3] == ["-I", "-S"] and chain[1][3].endswith("guard.py")
-        assert not any("sweep.trial.warm" in word for ancestor in chain for word in ancestor)
+        assert not any("sweep.launch.warm_server" in word
+                       for ancestor in chain for word in ancestor)
     for chain in parents["direct"]:
         assert chain[0][3].endswith("guard.py")
     for chain in parents["warm"]:  # the guard, a fork of the server
-        assert chain[0][1:3] == ["-m", "sweep.trial.warm"]
+        assert chain[0][1:3] == ["-m", "sweep.launch.warm_server"]
     new = "accelerate"
     assert seen["direct"] == seen[new]
     assert seen["warm"] == seen[new]

@@ -192,7 +192,7 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
 
 
 def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_path, monkeypatch):
-    from sweep.trial.accelenv import AccelerateEnv
+    from sweep.launch.direct import AccelerateEnv
 
     calls = []
 
@@ -218,7 +218,7 @@ def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_pat
 @pytest.mark.slow
 def test_options_accelerate_refuses_are_one_line(tmp_path):
     from sweep._core.errors import SweepError
-    from sweep.trial.accelenv import AccelerateEnv
+    from sweep.launch.direct import AccelerateEnv
 
     env = AccelerateEnv(tmp_path, "h", python=sys.executable)
     with pytest.raises(SweepError, match="accelerate refused the options --no_such_option"):
@@ -238,8 +238,8 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     """`launchers.make` is the one place that reads `trainer.launcher`; the default starts
     `accelerate launch` per trial, with sweep's config from the package (a file that exists
     wherever sweep is installed: a command sweep prints runs when pasted)."""
-    from sweep.trial import launchers
-    from sweep.trial.accelenv import AccelerateEnv
+    from sweep.launch import make as launchers
+    from sweep.launch.direct import AccelerateEnv
 
     monkeypatch.setattr(AccelerateEnv, "get", lambda self, options: {"A": "1"})
     kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
@@ -268,12 +268,12 @@ def test_no_module_but_the_factory_asks_which_launcher_a_run_has():
     asks = re.compile(r"\.launcher\s*(==|!=|in\b|not in\b)|launcher\s*==\s*\"")
     found = [p.relative_to(package).as_posix() for p in package.rglob("*.py")
              if asks.search(p.read_text())]
-    assert sorted(found) == ["spec/checks.py", "spec/container.py", "spec/schema.py",
-                            "trial/launchers.py"]  # the checks, and the factory
+    assert sorted(found) == ["launch/make.py",  # the factory, and the checks
+                             "spec/checks.py", "spec/container.py", "spec/schema.py"]
 
 
 def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
-    from sweep.trial import launchers
+    from sweep.launch import make as launchers
 
     said: list[str] = []
     launchers.make(_spec(tmp_path, fork_launcher=False, preload=["json"]), "h", tmp_path,

@@ -18,8 +18,9 @@ import yaml
 from conftest import ROOT, load_trials, run_cli, spawn_cli, study_dict
 
 from sweep._core.errors import ConfigError
+from sweep.launch import provenance
 from sweep.spec import accelconfig, config, interpreter, schema
-from sweep.trial import launch_plan, provenance
+from sweep.trial import launch_plan
 from sweep.trial.folders import TrialPaths
 
 TEAM = ROOT / "studies" / "accelerate" / "fsdp.yaml"
@@ -571,7 +572,7 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
 
 
 def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
-    from sweep.trial import launchers
+    from sweep.launch import make as launchers
 
     python = make_venv(tmp_path / "venv", with_accelerate=True)
     assert not launchers.other_interpreter(None)
@@ -661,7 +662,7 @@ def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path):
-    from sweep.trial import launchers
+    from sweep.launch import make as launchers
 
     said: list[str] = []
     launcher = launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append)

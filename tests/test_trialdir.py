@@ -546,7 +546,7 @@ def test_values_that_are_secrets_by_their_form_stay_out_of_command_sh_and_env_js
         tmp_path, monkeypatch):
     """Issue 32: GitHub tokens, Slack webhooks, Sentry DSNs and AWS keys passed the
     name-based masking into env.json and command.sh (`NOTIFY`, `GH`, `DSN` say nothing)."""
-    from sweep.trial import provenance
+    from sweep.launch import provenance
 
     environ = {**os.environ, "UPLOAD": OAUTH}
     monkeypatch.setenv("UPLOAD", OAUTH)

@@ -19,15 +19,15 @@ import psutil
 import pytest
 from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
+import sweep.launch.warm_client
+import sweep.launch.warm_server
 import sweep.spec.schema
-import sweep.trial.warm
-import sweep.trial.warm_client
+from sweep.launch import make as launchers
+from sweep.launch.warm_client import WarmServer, cannot_take, server_modules
+from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
-from sweep.trial import launchers
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
 from sweep.trial.process import TrialProcess
-from sweep.trial.warm import TESTED_PYTHONS, WarmError
-from sweep.trial.warm_client import WarmServer, cannot_take, server_modules
 
 PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
 
@@ -481,7 +481,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
     stopping = threading.Event()
     for name, patience, why in (("patience", 1.0, "no answer in 1 s"),
                                 ("signal", 6.0, "the run is stopping")):
-        monkeypatch.setattr(sweep.trial.warm_client, "FORK_PATIENCE", patience)
+        monkeypatch.setattr(sweep.launch.warm_client, "FORK_PATIENCE", patience)
         warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)},
                           tmp_path / f"{name}.log", abort=stopping.is_set)
         warm.ready(30)
@@ -490,7 +490,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
         began = time.monotonic()
         if name == "signal":
             threading.Timer(0.3, stopping.set).start()
-        with pytest.raises(sweep.trial.warm.WarmError, match=why):
+        with pytest.raises(sweep.launch.warm_server.WarmError, match=why):
             TrialProcess(p, 1.0, server=warm)
         took = time.monotonic() - began
         assert took < 3.0
@@ -563,7 +563,7 @@ def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
         params={"x": {"type": "float", "low": 0, "high": 1}})
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
     forks = lambda: [p for p in processes_mentioning(str(tmp_path))  # noqa: E731
-                     if "sweep.trial.warm" in (p.info["cmdline"] or [])]  # read as listed:
+                     if "sweep.launch.warm_server" in (p.info["cmdline"] or [])]  # read as listed:
     # a process that ended since has no command line to ask for
     assert wait_until(lambda: len(forks()) == 5, 60)  # the server, 2 guards, 2 trainers
     run.send_signal(signal.SIGKILL)

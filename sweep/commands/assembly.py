@@ -22,6 +22,8 @@ from sweep.gpus.hostlock import HostSlots, lock_dir
 from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, SampleReader
 from sweep.gpus.nvml import Nvml, NvmlUnavailable
 from sweep.gpus.pool import Device, Pool, Rules
+from sweep.launch import make as launchers
+from sweep.launch import provenance
 from sweep.runner import schedule_budget
 from sweep.runner.clock import WallClock
 from sweep.runner.driver import Driver
@@ -35,7 +37,7 @@ from sweep.study.opening import check_stored
 from sweep.study.ownership import host_name
 from sweep.study.storage import Found, describe, find, storage_lost_errors
 from sweep.study.store import FINISHED
-from sweep.trial import folders, launchers, provenance
+from sweep.trial import folders
 
 
 def nvml_reader(devices: list[Device]) -> tuple[SampleReader, Nvml | None]:

@@ -14,6 +14,7 @@ from sweep.commands.assembly import make_pool, nvml_reader
 from sweep.gpus import hostlock
 from sweep.gpus.placement import Refusal
 from sweep.gpus.pool import Device
+from sweep.launch import make as launchers
 from sweep.runner import schedule_budget
 from sweep.runner.schedulers import Pbt
 from sweep.runner.starter import Starter
@@ -24,7 +25,7 @@ from sweep.study.opening import check_stored, sample
 from sweep.study.ownership import host_name
 from sweep.study.storage import Found
 from sweep.study.store import FINISHED, Asked
-from sweep.trial import command_script, folders, launch_plan, launchers
+from sweep.trial import command_script, folders, launch_plan
 from sweep.trial.lineage import Lineage
 
 

@@ -113,8 +113,9 @@ def _when(path: str | Path, spec: Spec, trials: list[FrozenTrial]) -> str:
 
 def _changed(spec: Spec, old: FrozenTrial) -> str | None:
     """What changed in the trial's software since trial `old` ran (None: nothing known)."""
+    from sweep.launch import make as launchers
+    from sweep.launch import provenance
     from sweep.study.attrs import OwnerRecord
-    from sweep.trial import launchers, provenance
 
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
     record = OwnerRecord.of(old.user_attrs)

@@ -20,6 +20,8 @@ from optuna.trial import TrialState
 
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.pool import Lease, Pool
+from sweep.launch import make as launchers
+from sweep.launch import provenance
 from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.devices import DeviceCare
@@ -37,7 +39,7 @@ from sweep.study import savings
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Store
-from sweep.trial import exploit, folders, launchers, process, provenance
+from sweep.trial import exploit, folders, process
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
+from sweep.launch.make import Launcher
+from sweep.launch.provenance import RunRecord, write_trial
 from sweep.runner.resume_check import ResumeCheck
 from sweep.runner.scheduler_api import NO_SCHEDULER, TrialScheduler
 from sweep.spec.schema import Spec
@@ -35,9 +37,7 @@ from sweep.trial import (
     lineage_lock,
 )
 from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.launchers import Launcher
 from sweep.trial.process import Spawn
-from sweep.trial.provenance import RunRecord, write_trial
 from sweep.trial.running import RunningTrial
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at

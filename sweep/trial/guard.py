@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
-STOP, KILL = b"T", b"K"
+STOP, KILL = b"T", b"K"  # on CONTROL: stop the tree (TERM, grace, KILL); kill it at once
+GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
 
 
 def descendants(root: int) -> list[int]:

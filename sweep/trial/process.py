@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -24,8 +24,6 @@ from sweep.trial import guard
 from sweep.trial.folders import open_log
 from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.outcome import read_text
-from sweep.trial.warm import GO
-from sweep.trial.warm_client import WarmServer
 
 GUARD = Path(guard.__file__)
 # How long past its grace period a guard may take to end the tree before the driver kills it.
@@ -59,6 +57,18 @@ class Process(Protocol):
     def close(self) -> None: ...
 
 
+class Forker(Protocol):
+    """What forks a trial's guard and trainer instead of starting new interpreters
+    (`sweep.launch.warm_client.WarmServer`, for `launcher: warm`)."""
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, grace: float,
+             trial_dir: str, fds: Sequence[int]) -> int:
+        """Fork one trial: its guard's pid; the guard waits for `guard.GO` on its control
+        pipe (`fds`: control, status, stdout, stderr, then what the guard holds). WarmError
+        if the server cannot."""
+        ...
+
+
 Spawn = Callable[..., Process]  # (plan, grace, on_change, hold=(fds...)) -> Process
 
 
@@ -72,7 +82,7 @@ class TrialProcess:
 
     def __init__(
         self, plan: LaunchPlan, grace: float, on_change: Callable[[], None] = lambda: None,
-        hold: Sequence[int] = (), server: WarmServer | None = None,
+        hold: Sequence[int] = (), server: Forker | None = None,
     ) -> None:
         """`hold`: descriptors the guard keeps open while the tree lives (the device's
         host-wide slot lock, so it outlives a killed driver until the trial is gone).
@@ -89,7 +99,7 @@ class TrialProcess:
                         plan.argv, {**os.environ, **plan.env}, str(plan.cwd or os.getcwd()), grace,
                         str(plan.paths.dir),
                         (control_r, status_w, out.fileno(), err.fileno(), *hold))
-                    os.write(self._control, GO)  # a guard not told so starts nothing
+                    os.write(self._control, guard.GO)  # a guard not told so starts nothing
                 else:
                     # isolated and without site: the guard needs the standard library only,
                     # and starts 10 ms sooner on the way from one trial to the next

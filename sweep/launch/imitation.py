@@ -1,4 +1,4 @@
-"""The interpreter imitation of `sweep.trial.warm`: a fork of the warm server made to start,
+"""The interpreter imitation of `sweep.launch.warm_server`: a fork of the warm server made to start,
 run and end as a new interpreter of the trial's environment would.
 
 `as_fresh` gives the fork the trial's sys.path (no module a file there shadows), fresh random

@@ -1,5 +1,5 @@
 """The driver's side of `trainer.launcher: warm`: `WarmServer` starts the fork server
-(`python -m sweep.trial.warm`, see that module), waits for its imports, asks it to fork each
+(`python -m sweep.launch.warm_server`, see that module), waits for its imports, asks it to fork each
 trial's guard and trainer, and closes it; `cannot_take` says which trial environments a
 server cannot give (they start as direct)."""
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.trial.warm import (
+from sweep.launch.warm_server import (
     DEFAULT_PRELOAD,
     MAX_MESSAGE,
     WarmError,
@@ -60,7 +60,7 @@ class WarmServer:
         try:
             with open(log, "ab") as out:
                 self._popen = subprocess.Popen(
-                    [python, "-m", "sweep.trial.warm", str(theirs.fileno()), *self.preload],
+                    [python, "-m", "sweep.launch.warm_server", str(theirs.fileno()), *self.preload],
                     env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                     start_new_session=True, pass_fds=(theirs.fileno(),))
         except BaseException:

@@ -31,12 +31,13 @@ from typing import Any
 import yaml
 
 from sweep._core.safefs import open_for_writing, write_file
+from sweep.launch import engine
 from sweep.spec import container as containerspec
 from sweep.spec import interpreter
 from sweep.spec.accelconfig import ConfigFileError
 from sweep.spec.interpreter import Interpreter, InterpreterError
 from sweep.spec.schema import Spec
-from sweep.trial import command_script, engine, folders, launch_plan
+from sweep.trial import command_script, folders, launch_plan
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
 CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json

@@ -10,12 +10,12 @@ these; which launcher a run has is decided in `make`, and nowhere else.
 - `direct`: the script in one interpreter, with the variables accelerate's own
   `prepare_simple_launcher_cmd_env` gives it (`accelenv`, computed once per options).
 - `warm`: as `direct`, but each trial is a fork of a server that imported torch, accelerate
-  and `trainer.preload` (`sweep.trial.warm`); where it cannot serve, trials start as `direct` and
-  the user is told why, once.
+  and `trainer.preload` (`sweep.launch.warm_server`); where it cannot serve, trials start as
+  `direct` and the user is told why, once.
 - `python`: `python script.py` with the device and sweep's variables, nothing of accelerate.
 
 `accelerate`, `direct` and `python`, and the `Launcher` contract, are in
-`sweep.trial.plain_launchers`; here are `warm`, the container wrapper and `make`.
+`sweep.launch.accelerate`; here are `warm`, the container wrapper and `make`.
 """
 
 from __future__ import annotations
@@ -28,23 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import FAKE_ENV
-from sweep.protocol import TRIAL_DIR_ENV
-from sweep.spec import container as containerspec
-from sweep.spec import interpreter
-from sweep.spec.schema import Spec
-from sweep.trial import container, engine, lineage, process, provenance
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.lineage import Start
-from sweep.trial.plain_launchers import (
+from sweep.launch import container, engine, provenance
+from sweep.launch.accelerate import (
     AccelerateLauncher,
     BaseLauncher,
     DirectLauncher,
     Launcher,
     PythonLauncher,
 )
+from sweep.launch.warm_client import WarmNotYet, WarmServer, cannot_take, server_modules
+from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
+from sweep.protocol import TRIAL_DIR_ENV
+from sweep.spec import container as containerspec
+from sweep.spec import interpreter
+from sweep.spec.schema import Spec
+from sweep.trial import lineage, process
+from sweep.trial.launch_plan import LaunchPlan
+from sweep.trial.lineage import Start
 from sweep.trial.process import Process, Spawn
-from sweep.trial.warm import TESTED_PYTHONS, WarmError
-from sweep.trial.warm_client import WarmNotYet, WarmServer, cannot_take, server_modules
 
 WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
 
@@ -171,7 +172,7 @@ END_PATIENCE = 10.0  # s the run's end waits for a trial's tree to end, to remov
 
 class ContainerLauncher:
     """Another launcher's trials, each inside a container of `trainer.container.image`
-    (`sweep.trial.container`): the image pinned to its ID once per run, the lineage kept in the
+    (`sweep.launch.container`): the image pinned to its ID once per run, the lineage kept in the
     image it started in, the study's containers that outlived their trials removed when the run
     starts and ends (`engine.reclaim`)."""
 

@@ -1,7 +1,7 @@
 """The launchers that start each trial as a new interpreter (`accelerate`, `python`,
 `direct`), and `Launcher`, the contract every launcher keeps.
 
-`sweep.trial.launchers` says what each launcher does and chooses one per run (`make`); the
+`sweep.launch.make` says what each launcher does and chooses one per run (`make`); the
 `warm` launcher builds on `DirectLauncher` there.
 """
 
@@ -11,11 +11,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from sweep.launch import engine
+from sweep.launch.direct import AccelerateEnv
 from sweep.spec import accelconfig, interpreter
 from sweep.spec import container as containerspec
 from sweep.spec.schema import Spec
-from sweep.trial import engine, launch_plan, process
-from sweep.trial.accelenv import AccelerateEnv
+from sweep.trial import launch_plan, process
 from sweep.trial.launch_plan import LaunchPlan
 from sweep.trial.lineage import Start
 from sweep.trial.process import Process, Spawn

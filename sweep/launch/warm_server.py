@@ -1,6 +1,6 @@
 """`trainer.launcher: warm`: a fork server that has imported what trainers import.
 
-The warm launcher starts one server (`python -m sweep.trial.warm FD MODULE...`, through
+The warm launcher starts one server (`python -m sweep.launch.warm_server FD MODULE...`, through
 `warm_client.WarmServer`) when the run starts. It imports the modules (torch, accelerate,
 `trainer.preload`), never touches CUDA, says whether importing them initialised CUDA or left
 threads running (either makes forks unsafe), then serves trial starts over a Unix socket: for
@@ -23,11 +23,11 @@ are dropped (a fork runs only those its script registers). A preload that initia
 import, or that leaves a thread running (its locks would be held forever in a fork), makes
 forks unsafe: the server says so and the launcher falls back to `direct`.
 
-The interpreter imitation (`sweep.trial.imitation`) uses CPython internals and is tested on
+The interpreter imitation (`sweep.launch.imitation`) uses CPython internals and is tested on
 the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
 
 This module imports only the standard library, `sweep.trial.guard` and
-`sweep.trial.imitation`.
+`sweep.launch.imitation`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sweep.trial import guard, imitation
+from sweep.launch import imitation
+from sweep.trial import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
 # The Pythons whose internals the interpreter imitation has been tested on (tests/test_warm.py
@@ -55,7 +56,6 @@ TESTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 # does not replace them in a fork (in a new interpreter, most are loaded before sys.path
 # is looked at). Modules preloaded or imported later do give way to the script's files.
 _BASE: frozenset[str] = frozenset()
-GO = b"G"  # on a warm guard's CONTROL: the driver has its pid; start the trainer
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 64
@@ -211,7 +211,7 @@ def _guard(sock: socket.socket, message: dict[str, Any], fds: list[int]) -> None
         os.setsid()
         control, status, out, err, *hold = fds
         mine = [control, status, *hold]
-        if os.read(control, 1) != GO:  # the driver never learnt of this guard: start nothing
+        if os.read(control, 1) != guard.GO:  # the driver never learnt of this guard: start nothing
             return
 
         def start() -> int:
