@@ -39,16 +39,24 @@ with open(os.environ["SWEEP_RESULT_FILE"], "w") as f:
 RUN = """
 import json, sys, time
 from sweep import cli
-try:  # the packages (issue 30); an older checkout: the flat modules
+try:  # the packages (issue 30; sweep.launch since issue 39); an older checkout: flat modules
     from sweep.runner import driver
     from sweep.study import store
-    from sweep.trial import launchers, process
+    from sweep.trial import process
+    try:
+        from sweep.launch.accelerate import BaseLauncher
+        from sweep.launch.warm import WarmLauncher
+        spawners = (BaseLauncher, WarmLauncher)
+    except ImportError:
+        from sweep.trial import launchers
+        spawners = (launchers.BaseLauncher, launchers.WarmLauncher)
 except ImportError:
     from sweep import driver, process, store
     try:
         from sweep import launchers
+        spawners = (launchers.BaseLauncher, launchers.WarmLauncher)
     except ImportError:
-        launchers = None
+        spawners = ()
 marks = []
 
 def timed(cls, name, kind, number):
@@ -62,8 +70,8 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
-if launchers is not None:  # the launchers' spawn (warm's is its own); older: the driver's
-    for launcher in (launchers.BaseLauncher, launchers.WarmLauncher):
+if spawners:  # the launchers' spawn (warm's is its own); older: the driver's
+    for launcher in spawners:
         timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
 else:
     timed(driver.Driver, "_spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))

@@ -99,6 +99,16 @@ def test_no_import_cycle_inside_a_package():
         visit(name, [])
 
 
+def test_how_a_trial_starts_is_launch_and_its_contract_has_a_module_of_its_own():
+    """Every launcher is in `launch/`; `launch/launcher.py` holds the `Launcher` contract alone."""
+    elsewhere = [name for name, path in modules() if part_of(name) != "launch"
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ClassDef) and node.name.endswith("Launcher")]
+    assert not elsewhere, elsewhere
+    contract = ast.parse((PACKAGE / "launch" / "launcher.py").read_text())
+    assert [n.name for n in contract.body if isinstance(n, ast.ClassDef)] == ["Launcher"]
+
+
 def test_no_two_classes_share_a_name():
     seen: dict[str, str] = {}
     twice = []

@@ -955,7 +955,7 @@ def test_the_report_names_the_images_the_trials_ran_in() -> None:
 def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real_devices(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sweep.gpus.pool import FAKE_ENV
-    from sweep.launch import make as launchers
+    from sweep.launch.make import make
     from sweep.spec import config
     from tests.conftest import study_dict
 
@@ -968,7 +968,7 @@ def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real
     monkeypatch.setattr(engine, "reclaim", lambda c, name, out: [])
     said: list[str] = []
     for _ in range(2):
-        launcher = launchers.make(spec, "host", tmp_path / "own", said.append)
+        launcher = make(spec, "host", tmp_path / "own", said.append)
         launcher.prepare()
     latest = ("trainer.container.image reg/t:latest names a tag that moves (latest): a rerun, "
               "or a trial carried on later, may get another image; this run pins {}. Give a "
@@ -1007,7 +1007,8 @@ class EndingProcess:
 def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_itself(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not left to the reclaim of containers that outlived their trials (which says so)."""
-    from sweep.launch import make as launchers
+    from sweep.launch.in_container import ContainerLauncher
+    from sweep.launch.make import make
     from sweep.spec import config
     from tests.conftest import study_dict
 
@@ -1019,8 +1020,8 @@ def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_i
     monkeypatch.setattr(engine, "reclaim", lambda c, name, out: at_reclaim.append(removed[:])
                         or [])
     said: list[str] = []
-    launcher = launchers.make(spec, "host", tmp_path / "own", said.append)
-    assert isinstance(launcher, launchers.ContainerLauncher)
+    launcher = make(spec, "host", tmp_path / "own", said.append)
+    assert isinstance(launcher, ContainerLauncher)
     launcher._ended["sweep-s-0"] = EndingProcess(0.3)  # type: ignore[assignment]
     launcher.close()
     assert at_reclaim == [["sweep-s-0"]] and said == []

@@ -235,29 +235,31 @@ def _spec(tmp_path, **trainer):
 
 
 def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
-    """`launchers.make` is the one place that reads `trainer.launcher`; the default starts
+    """`make` is the one place that reads `trainer.launcher`; the default starts
     `accelerate launch` per trial, with sweep's config from the package (a file that exists
     wherever sweep is installed: a command sweep prints runs when pasted)."""
-    from sweep.launch import make as launchers
-    from sweep.launch.direct import AccelerateEnv
+    from sweep.launch.accelerate import AccelerateLauncher, PythonLauncher
+    from sweep.launch.direct import AccelerateEnv, DirectLauncher
+    from sweep.launch.make import make
+    from sweep.launch.warm import WarmLauncher
 
     monkeypatch.setattr(AccelerateEnv, "get", lambda self, options: {"A": "1"})
-    kinds = {name: type(launchers.make(_spec(tmp_path, launcher=name), "h", tmp_path,
+    kinds = {name: type(make(_spec(tmp_path, launcher=name), "h", tmp_path,
                                        spawn=lambda *a, **k: None))
              for name in ("accelerate", "direct", "warm", "python")}
-    assert kinds == {"accelerate": launchers.AccelerateLauncher,
-                     "direct": launchers.DirectLauncher,
-                     "warm": launchers.WarmLauncher, "python": launchers.PythonLauncher}
-    default = launchers.make(_spec(tmp_path), "h", tmp_path)
+    assert kinds == {"accelerate": AccelerateLauncher,
+                     "direct": DirectLauncher,
+                     "warm": WarmLauncher, "python": PythonLauncher}
+    default = make(_spec(tmp_path), "h", tmp_path)
     plan = default.plan(3, {"x": 0.5}, 1)
     assert plan.argv[1:5] == ["-m", "accelerate.commands.launch", "--config_file",
                               str(launch_plan.ACCELERATE_CONFIG_FILE)]
     assert launch_plan.ACCELERATE_CONFIG_FILE.read_text() == launch_plan.ACCELERATE_CONFIG
     assert "distributed_type: 'NO'" in launch_plan.ACCELERATE_CONFIG
-    direct = launchers.make(_spec(tmp_path, launcher="direct"), "h", tmp_path)
+    direct = make(_spec(tmp_path, launcher="direct"), "h", tmp_path)
     assert direct.plan(3, {"x": 0.5}, 1).argv[1:] == ["/t/train.py", "--x", "0.5"]
     assert direct.plan(3, {"x": 0.5}, 1).env["A"] == "1"
-    python = launchers.make(_spec(tmp_path, launcher="python"), "h", tmp_path)
+    python = make(_spec(tmp_path, launcher="python"), "h", tmp_path)
     assert "A" not in python.plan(3, {"x": 0.5}, 1).env
 
 
@@ -273,10 +275,10 @@ def test_no_module_but_the_factory_asks_which_launcher_a_run_has():
 
 
 def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
-    from sweep.launch import make as launchers
+    from sweep.launch.make import make
 
     said: list[str] = []
-    launchers.make(_spec(tmp_path, fork_launcher=False, preload=["json"]), "h", tmp_path,
+    make(_spec(tmp_path, fork_launcher=False, preload=["json"]), "h", tmp_path,
                    said.append)
     assert said == [
         "trainer.preload is for launcher: warm; launcher is accelerate: nothing is preloaded",
@@ -284,7 +286,7 @@ def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
         "(launcher: warm is the fast path for trials of seconds); remove it from the study "
         "file"]
     said.clear()
-    launchers.make(_spec(tmp_path, fork_launcher=True), "h", tmp_path, said.append, dry=True)
+    make(_spec(tmp_path, fork_launcher=True), "h", tmp_path, said.append, dry=True)
     assert said == []  # a dry run says nothing of it
 
 

@@ -572,18 +572,19 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
 
 
 def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
-    from sweep.launch import make as launchers
+    from sweep.launch.make import make
+    from sweep.launch.warm import WarmLauncher, other_interpreter
 
     python = make_venv(tmp_path / "venv", with_accelerate=True)
-    assert not launchers.other_interpreter(None)
-    assert not launchers.other_interpreter(sys.executable)
-    assert launchers.other_interpreter(str(python))
+    assert not other_interpreter(None)
+    assert not other_interpreter(sys.executable)
+    assert other_interpreter(str(python))
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study_dict(trainer={"launcher": "warm",
                                                        "python": str(python)})))
     said: list[str] = []
-    warm = launchers.make(config.load(path), "host", tmp_path / "own", said.append)
-    assert isinstance(warm, launchers.WarmLauncher) and warm.server is None
+    warm = make(config.load(path), "host", tmp_path / "own", said.append)
+    assert isinstance(warm, WarmLauncher) and warm.server is None
     assert said == [f"launcher: warm: trainer.python is another interpreter ({python}) than the "
                     "driver's, whose fork server it cannot be; starting trials as launcher: "
                     "direct"]
@@ -662,10 +663,10 @@ def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path):
-    from sweep.launch import make as launchers
+    from sweep.launch.make import make
 
     said: list[str] = []
-    launcher = launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append)
+    launcher = make(config.load(team_study(tmp_path)), "h", tmp_path, said.append)
     assert said == ["trainer.accelerate.config_file: distributed_type FSDP needs several "
                     "processes, and trials have one device (gpus_per_trial: 1): they run "
                     "without FSDP"]
@@ -675,7 +676,7 @@ def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path
     assert yaml.safe_load(used.read_text())["distributed_type"] == "NO"
     assert used.parent == tmp_path / "probe" / "cache" and "--multi_gpu" not in plan.argv
     said.clear()
-    launchers.make(config.load(team_study(tmp_path)), "h", tmp_path, said.append, dry=True)
+    make(config.load(team_study(tmp_path)), "h", tmp_path, said.append, dry=True)
     assert said == []  # a dry run prints its header instead
 
 

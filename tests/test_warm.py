@@ -19,10 +19,12 @@ import psutil
 import pytest
 from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
 
+import sweep.launch.warm
 import sweep.launch.warm_client
 import sweep.launch.warm_server
 import sweep.spec.schema
-from sweep.launch import make as launchers
+from sweep.launch.make import make
+from sweep.launch.warm import WarmLauncher
 from sweep.launch.warm_client import WarmServer, cannot_take, server_modules
 from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
@@ -95,7 +97,7 @@ def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, 
     assert (fresh.returncode if fresh.returncode >= 0 else 128 - fresh.returncode) == code
     assert said in p.paths.stderr.read_text()
     if said:  # the traceback starts at the script, as python's does
-        assert "warm.py" not in p.paths.stderr.read_text()
+        assert "warm_server.py" not in p.paths.stderr.read_text()
 
 
 def test_forks_do_not_share_random_state(server, tmp_path):
@@ -241,9 +243,9 @@ def test_a_preload_that_leaves_a_thread_running_is_refused_and_trials_start_as_d
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
     said: list[str] = []
     (tmp_path / "own").mkdir()
-    launcher = launchers.make(spec, "h", tmp_path / "own", said.append)
+    launcher = make(spec, "h", tmp_path / "own", said.append)
     try:
-        assert isinstance(launcher, launchers.WarmLauncher) and launcher.server is not None
+        assert isinstance(launcher, WarmLauncher) and launcher.server is not None
         launcher.get_ready()
         assert launcher.server is None
         assert said == ["launcher: warm: importing the preloaded modules left threads running "
@@ -363,7 +365,7 @@ def test_warm_on_a_python_it_was_not_tested_on_starts_trials_as_direct(tmp_path)
         "trainer": {"script": str(PROBE), "launcher": "warm"},
         "params": {"x": {"type": "float", "low": 0, "high": 1}}})
     said: list[str] = []
-    launcher = launchers.WarmLauncher(spec, "h", tmp_path, said.append, lambda: False,
+    launcher = WarmLauncher(spec, "h", tmp_path, said.append, lambda: False,
                                       python=(3, 99))
     assert launcher.server is None
     assert said == ["launcher: warm: its fork server imitates a new interpreter of Python "
@@ -590,7 +592,7 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
 
     opener = threading.Thread(target=open_gate, daemon=True)
     opener.start()
-    monkeypatch.setattr(launchers, "WARM_WAIT", 0.3)
+    monkeypatch.setattr(sweep.launch.warm, "WARM_WAIT", 0.3)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     seen = {}

@@ -1,8 +1,9 @@
-"""How a trial starts: the `Launcher` a run has (`trainer.launcher`: accelerate, python, direct,
-warm; any of them inside a container), the warm fork server and its client, the container
-engine, and the record of what ran (provenance). The trial's files and processes it starts
-are `sweep.trial`'s.
+"""How a trial starts: the `Launcher` a run has (`launcher.py` its contract, `make.py` the
+choice by `trainer.launcher`: accelerate, python, direct, warm; any of them inside a container),
+the warm fork server and its client, the container engine, and the record of what ran
+(provenance). The trial's plan, files and processes are `sweep.trial`'s.
 Imports `_core`, `protocol`, `spec`, `gpus` and `trial`; never Optuna.
 
-Nothing is imported here: `python -m sweep.launch.warm_server` imports this package first,
-and its server must start with the standard library alone."""
+Nothing is imported here: `python -m sweep.launch.warm_server` imports this package first, and
+the server must start with the standard library, `trial.guard` and `imitation` alone.
+"""

@@ -1,13 +1,12 @@
-"""What `accelerate launch` would put in a one-process trial's environment, computed by
-accelerate's own code (`_validate_launch_command`, then `prepare_simple_launcher_cmd_env`) in
-a helper process, once per set of launch options, and cached: `trainer.launcher: direct`
-then starts each trial with one interpreter instead of two. The driver never imports
-accelerate (nor torch).
+"""Launcher `direct`: the script in one interpreter, with the variables `accelerate launch`
+would put in a one-process trial's environment, computed by accelerate's own code
+(`_validate_launch_command`, then `prepare_simple_launcher_cmd_env`) in a helper process, once
+per set of launch options, and cached (`AccelerateEnv`): each trial starts one interpreter
+instead of two. The driver never imports accelerate (nor torch).
 
 The cache is a JSON file per host and options in `<output_dir>/cache/`; the key holds the
 accelerate version, the interpreter, the options and the variables accelerate reads.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -17,11 +16,21 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from sweep._core.errors import SweepError
+from sweep.launch import engine
+from sweep.launch.accelerate import BaseLauncher
+from sweep.spec import container as containerspec
+from sweep.spec import interpreter
+from sweep.spec.schema import Spec
+from sweep.trial import launch_plan, process
+from sweep.trial.launch_plan import LaunchPlan
+from sweep.trial.lineage import Start
+from sweep.trial.process import Spawn
 
 # Run as `python -c HELPER OPTIONS_JSON`: prints the variables accelerate sets or changes.
 HELPER = """
@@ -76,7 +85,7 @@ class AccelerateEnv:
         return self.cache_dir / f"accelerate_env.{safe}.{self.key(options)}.json"
 
     def get(self, options: list[str]) -> dict[str, str]:
-        """The variables for `options` (`launch.direct_settings`): from memory, the cache, or
+        """The variables for `options` (`launch_plan.direct_settings`): from memory, the cache, or
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
         env = self.cached(options)  # each trial start asks: from memory, no hashing, no files
         if env is None:
@@ -103,3 +112,54 @@ class AccelerateEnv:
                              f"{' '.join(options)}: {last[:200]}")
         env = json.loads(done.stdout.strip().splitlines()[-1])
         return {k: str(v) for k, v in env.items() if k not in OURS}
+
+
+class DirectLauncher(BaseLauncher):
+    """The script in one interpreter, with the variables `accelerate launch` would set."""
+
+    def __init__(self, spec: Spec, host: str, spawn: Spawn = process.TrialProcess,
+                 dry: bool = False) -> None:
+        """`dry`: for a dry run, which computes nothing: the variables come from the cache
+        alone."""
+        super().__init__(spec, spawn)
+        python, inside = spec.trainer.python, spec.trainer.container
+        # in a container: accelerate's variables are asked of the image's accelerate, by
+        # image ID (the tag may move), with the config file the options name mounted
+        prefix: list[str] = []
+        if inside is not None:
+            pinned = inside if inside.engine == "apptainer" else inside.model_copy(
+                update={"image": engine.pin(inside, spec.source.parent).id})
+            prefix = containerspec.probe_prefix(pinned, spec.source.parent, [self.config.path])
+            python = launch_plan.trial_python(spec)
+        version = None if python is None else interpreter.probe(
+            python, prefix=prefix).packages.get("accelerate")
+        self.accelerate_env = AccelerateEnv(spec.output_dir / "cache", host,
+                                            python or sys.executable, version=version,
+                                            prefix=prefix)
+        self._dry = dry
+
+    def prepare(self) -> None:
+        super().prepare()
+        if all(p.where == "script" for p in self.spec.params.values()):
+            self.accelerate_env.get(launch_plan.direct_settings(self.spec, {}, self.config))
+
+    def _variables(self, params: Mapping[str, Any]) -> dict[str, str] | None:
+        options = launch_plan.direct_settings(self.spec, params, self.config)
+        return self.accelerate_env.cached(options) if self._dry else \
+            self.accelerate_env.get(options)
+
+    def plan(self, number: int, params: Mapping[str, Any], device: int,
+             pin: str | None = None, port: int | None = None,
+             start: Start | None = None) -> LaunchPlan:
+        """As the base's, with accelerate's variables beneath sweep's: for launch options not
+        seen before (a searched `where: accelerate` param) they are asked of accelerate once
+        (a few seconds) and cached; then the plan is pure again."""
+        return launch_plan.plan_trial(self.spec, number, params, device, pin, port,
+                                      self._variables(params), through_accelerate=False,
+                                      config=self.config, start=start)
+
+    def note(self, params: Mapping[str, Any]) -> str | None:
+        if self._variables(params) is None:
+            return ("# plus the variables `accelerate launch` would set: computed and cached "
+                    "at the first run")
+        return None

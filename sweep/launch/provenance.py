@@ -233,7 +233,7 @@ class RunRecord:
              host: str | None = None, system: tuple[str | None, str | None] = (None, None),
              run: Run = run_in_session) -> RunRecord:
         """The record of a run of `spec` starting now: git (`run` runs it), the interpreter
-        probe; `accelerate` the config it launches with (`launchers.accelerate_record`);
+        probe; `accelerate` the config it launches with (`make.accelerate_record`);
         `gpus` (index -> name, uuid) and `system` (the GPU driver's and CUDA's versions:
         `Nvml.system`) as the pool's NVML session knows them."""
         folder = _code_folder(spec)
@@ -296,7 +296,7 @@ def _code_folder(spec: Spec) -> Path:
 
 def accelerate_record(spec: Spec) -> dict[str, Any]:
     """The accelerate config trials of `spec` launch with: the study's file and the merged
-    config, or sweep's own (for launchers that run accelerate: `launchers.accelerate_record`
+    config, or sweep's own (for launchers that run accelerate: `make.accelerate_record`
     says which)."""
     try:
         config, merged = launch_plan.launch_config(spec)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import Lease
-from sweep.launch.make import Launcher
+from sweep.launch.launcher import Launcher
 from sweep.launch.provenance import RunRecord, write_trial
 from sweep.runner.resume_check import ResumeCheck
 from sweep.runner.scheduler_api import NO_SCHEDULER, TrialScheduler

@@ -1,7 +1,7 @@
 """A trial as a command: its argv, environment and files, decided from its inputs (pure).
 
 `build_launch` decides everything about a trial's process from its inputs and is unit-tested;
-each launcher of `sweep.launch.make` plans with it, and `sweep.trial.process` carries the
+each launcher of `sweep.launch` plans with it, and `sweep.trial.process` carries the
 plan out.
 """
 
