@@ -28,9 +28,10 @@ from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from sweep._core import safefs
+from sweep._core import removal, userfiles
 from sweep._core.errors import UsageError
-from sweep._core.safefs import UnsafePath, remove_tree
+from sweep._core.removal import remove_tree
+from sweep._core.safefs import UnsafePath
 from sweep.runner.scheduling import Scheduling
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
@@ -513,11 +514,11 @@ def test_the_kernels_mount_list_is_read_with_its_escapes_undone(tmp_path, monkey
     table.write_text(f"22 1 0:21 / / rw - ext4 /dev/root rw\n"
                      f"45 22 254:0 /data {escaped}/inner rw - ext4 /dev/vda rw\n"
                      f"46 22 254:0 /data {escaped}x rw - ext4 /dev/vda rw\n")
-    monkeypatch.setattr(safefs, "MOUNTINFO", table)
-    assert safefs.mounts_at_or_under(folder) == ["inner"]
-    assert safefs.mounts_at_or_under(tmp_path / "elsewhere") == []
-    monkeypatch.setattr(safefs, "MOUNTINFO", tmp_path / "none")  # not Linux: st_dev only
-    assert safefs.mount_points() is None and safefs.mounts_at_or_under(folder) == []
+    monkeypatch.setattr(removal, "MOUNTINFO", table)
+    assert removal.mounts_at_or_under(folder) == ["inner"]
+    assert removal.mounts_at_or_under(tmp_path / "elsewhere") == []
+    monkeypatch.setattr(removal, "MOUNTINFO", tmp_path / "none")  # not Linux: st_dev only
+    assert removal.mount_points() is None and removal.mounts_at_or_under(folder) == []
 
 
 def test_a_command_sh_of_the_users_makes_no_folder_sweeps(tmp_path):
@@ -641,7 +642,7 @@ def test_a_folder_bind_mounted_after_the_check_is_never_crossed(tmp_path, monkey
     user = user_tree(tmp_path / "data")
     folder = marked_trial_folder(tmp_path / "out", 0)
     with contextlib.ExitStack() as stack:
-        mounted_on_check(monkeypatch, safefs, user, folder / depth, stack)
+        mounted_on_check(monkeypatch, removal, user, folder / depth, stack)
         with pytest.raises(UnsafePath) as refused:
             remove_tree(folder, True)
         assert str(refused.value) == (f"{folder} holds {folder / depth}, where a file system "
@@ -676,25 +677,25 @@ def test_a_mark_that_cannot_be_written_leaves_no_file_sweep_would_refuse(tmp_pat
     written left a report sweep refused to write over ever after. The mark goes first now;
     a failure at either step leaves nothing, or a file the mark names."""
     path = tmp_path / "report.html"
-    safefs.output_mark(path).mkdir()  # the mark cannot be written
+    userfiles.output_mark(path).mkdir()  # the mark cannot be written
     with pytest.raises(OSError):
-        safefs.replace_output(path, "one")
+        userfiles.replace_output(path, "one")
     assert not path.exists()
-    safefs.output_mark(path).rmdir()
-    safefs.replace_output(path, "two")
-    assert path.read_text() == "two" and safefs.wrote(path)
+    userfiles.output_mark(path).rmdir()
+    userfiles.replace_output(path, "two")
+    assert path.read_text() == "two" and userfiles.wrote(path)
 
     def full(*_: Any) -> None:
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(safefs, "replace_file", full)
+        m.setattr(userfiles, "replace_file", full)
         with pytest.raises(OSError, match="No space left"):
-            safefs.replace_output(path, "three")
-    assert path.read_text() == "two" and safefs.wrote(path)
-    safefs.replace_output(path, "four")
-    assert path.read_text() == "four" and safefs.wrote(path)
-    assert safefs.output_mark(path).read_text().splitlines() == [
+            userfiles.replace_output(path, "three")
+    assert path.read_text() == "two" and userfiles.wrote(path)
+    userfiles.replace_output(path, "four")
+    assert path.read_text() == "four" and userfiles.wrote(path)
+    assert userfiles.output_mark(path).read_text().splitlines() == [
         hashlib.sha256(b"four").hexdigest()]
 
 
@@ -707,7 +708,7 @@ def test_two_writers_of_one_report_never_leave_it_unmarked(tmp_path):
     def writer(name: str) -> None:
         try:
             for i in range(200):
-                safefs.replace_output(path, f"{name} {i}\n" * 100)
+                userfiles.replace_output(path, f"{name} {i}\n" * 100)
         except BaseException as e:
             failed.append(e)
 
@@ -716,7 +717,7 @@ def test_two_writers_of_one_report_never_leave_it_unmarked(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert failed == [] and safefs.wrote(path)
+    assert failed == [] and userfiles.wrote(path)
 
 
 def test_the_storages_side_files_and_locks_are_never_written_even_before_they_exist(
@@ -739,8 +740,8 @@ def test_the_storages_side_files_and_locks_are_never_written_even_before_they_ex
     for side in ("-wal", ".lock"):
         target = Path(f"{db}{side}")
         with pytest.raises(UnsafePath, match=r"is the study's storage's -wal file|budget lock"):
-            safefs.replace_output(target, "<html>", own_files(spec))
-        assert not target.exists() and not safefs.output_mark(target).exists()
+            userfiles.replace_output(target, "<html>", own_files(spec))
+        assert not target.exists() and not userfiles.output_mark(target).exists()
     journal = tmp_path / "j.log"
     spec = config.load(study_file, runnable=False, storage=f"journal://{journal}")
     assert [(str(p), w) for p, w in own_files(spec)][1:] == [

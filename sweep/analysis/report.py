@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sweep._core import safefs
+from sweep._core import userfiles
 from sweep._core.errors import UsageError
 from sweep.analysis import figures, lineage_figures
 from sweep.analysis.summary import Summary, gpu_table, own_files, read_samples, trials_frame
@@ -189,11 +189,11 @@ def _failure_table(frame: Any) -> str:
 
 def write(s: Summary, study: Any, path: Path | None = None) -> Path:
     """Write the report (default `<output_dir>/report.html`) atomically, never over a file
-    sweep did not write, nor the study's own files (`safefs.replace_output`); its path."""
+    sweep did not write, nor the study's own files (`userfiles.replace_output`); its path."""
     path = path or s.spec.output_dir / REPORT_NAME
     text = render(s, study)
     path.parent.mkdir(parents=True, exist_ok=True)
-    safefs.replace_output(path, text, own_files(s.spec))
+    userfiles.replace_output(path, text, own_files(s.spec))
     return path
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweep._core import safefs
+from sweep._core import userfiles
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
@@ -55,10 +55,10 @@ class Summary:
     def save(self, path: Path | None = None) -> Path:
         """Write the trials table as CSV (default `<output_dir>/summary.csv`), never over a
         file sweep did not write, nor the study's own files (`own_files`,
-        `safefs.replace_output`)."""
+        `userfiles.replace_output`)."""
         path = path or self.spec.output_dir / "summary.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        safefs.replace_output(path, self.trials.to_csv(index=False), own_files(self.spec))
+        userfiles.replace_output(path, self.trials.to_csv(index=False), own_files(self.spec))
         return path
 
 

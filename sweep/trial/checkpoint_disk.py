@@ -23,14 +23,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sweep._core.safefs import (
-    UnsafePath,
-    mounts_at_or_under,
-    own_folder_problem,
-    removable,
-    remove_tree,
-    write_file,
-)
+from sweep._core.removal import mounts_at_or_under, removable, remove_tree
+from sweep._core.safefs import UnsafePath, own_folder_problem, write_file
 from sweep.trial import lineage, lineage_lock
 
 TRASH = re.compile(r"^\.(\d+)\.removing-[0-9a-f]{8}$")  # a retired folder, not purged yet
@@ -97,7 +91,7 @@ def retire(output_dir: Path, origin: int) -> Path | None:
     None, with nothing done, if the folder is not there, another process holds the lock, or
     the lock cannot be had now (another time). UnsafePath, with nothing done, if
     `checkpoints/` is not this user's real folder, or the folder is not one sweep made (no
-    marker beside it: then only an empty one goes), or `safefs.removable` refuses it (a
+    marker beside it: then only an empty one goes), or `removal.removable` refuses it (a
     link, a mount point, another study's output_dir inside), or a file system or a folder
     was mounted in it meanwhile (found once renamed: it is renamed back)."""
     try:
@@ -156,7 +150,7 @@ def purge(output_dir: Path) -> tuple[list[Path], list[UnsafePath]]:
     driver's: each with its mark beside it, which goes last), each holding its lineage's lock
     (a trash folder another driver is removing is left to it). A folder of a trash name
     without its mark is not sweep's: left alone, unsaid. Returns the folders removed, and an
-    UnsafePath for each that `safefs.remove_tree` refused (a file system mounted in it since)."""
+    UnsafePath for each that `removal.remove_tree` refused (a file system mounted in it since)."""
     parent = output_dir / lineage.CHECKPOINTS
     try:
         if own_folder_problem(os.lstat(parent)):

@@ -6,7 +6,7 @@ does an output_dir inside another study's. A trial's folder `trials/<number>/` i
 before the trial starts, so no file in it is older than the trial; a declared result file
 elsewhere is never removed, and counts only if the trial wrote it. sweep removes only
 folders it made (its marker `trials/.<number>.sweep` beside each, written before the folder
-is made), never through a link or a mount point (`safefs.remove_tree`). Trial folders are 0700 and
+is made), never through a link or a mount point (`removal.remove_tree`). Trial folders are 0700 and
 their files 0600 (`command.sh` 0700, written by `command_script`), never written through a
 symbolic link.
 """
@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweep._core.errors import UsageError
+from sweep._core.removal import MARKER, remove_tree
 from sweep._core.safefs import (
-    MARKER,
     UnsafePath,
     check_output_dir,
     make_own_folder,
     open_for_writing,
-    remove_tree,
     write_file,
 )
 from sweep.spec.schema import Spec
@@ -364,7 +363,7 @@ def prepare_trial_dir(plan: Plan, params: Mapping[str, Any],
     """Make the trial's folder anew (0700), with command.sh and params.json (the script's
     params). The folder is sweep's only if its marker (`TrialPaths.made`) is beside it,
     written before the folder is made: a folder an earlier trial of that number left is
-    removed then (`safefs.remove_tree`: never through a link, across a mount point, or with
+    removed then (`removal.remove_tree`: never through a link, across a mount point, or with
     another study's output_dir in it); a link, a file, or a folder with anything in it and
     no marker beside it (whatever it holds: a `command.sh` makes no folder sweep's) is
     refused. The declared result file is never

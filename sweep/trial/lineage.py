@@ -22,7 +22,8 @@ from typing import Any
 
 from sweep import protocol
 from sweep._core.placeholders import fill
-from sweep._core.safefs import UnsafePath, make_own_folder, removable, remove_tree, write_file
+from sweep._core.removal import removable, remove_tree
+from sweep._core.safefs import UnsafePath, make_own_folder, write_file
 
 ATTEMPT, RETRY_OF = "attempt", "retry_of"
 CONTINUES = "continues"  # the number of the attempt this one carries on
@@ -172,7 +173,7 @@ def prepare(output_dir: Path, lineage: Lineage) -> Start:
     UnsafePath, for every attempt: it is neither removed nor taken for the lineage's
     checkpoints, and no marker is written beside it. A first attempt or a clean retry
     removes the lineage's folder, never through a link, across a mount point, or with
-    another study's output_dir in it (`safefs.remove_tree`). OSError if it cannot."""
+    another study's output_dir in it (`removal.remove_tree`). OSError if it cannot."""
     folder = checkpoint_dir(output_dir, lineage.origin)
     make_checkpoints(output_dir)
     marker = made_marker(output_dir, lineage.origin)
