@@ -70,6 +70,31 @@ def test_every_package_has_a_layer_and_says_its_job():
             assert doc and "Imports" in doc, f"{init}: say the package's job and its imports"
 
 
+def said_imports(doc: str) -> set[str]:
+    """The packages a package docstring's "Imports ..." sentence names ("Imports nothing of
+    sweep": none)."""
+    m = re.search(r"\bImports\b(.*?)(?:[.;]\s|[.;]?$)", doc, flags=re.S)
+    assert m, "no 'Imports ...' sentence"
+    named = set(re.findall(r"[A-Za-z_]+", m.group(1)))
+    return {name for layer in LAYERS for name in layer} & named
+
+
+def test_each_package_imports_what_its_docstring_says():
+    """Issue 39: a package's "Imports ..." sentence is the packages it imports, no more, no
+    fewer (TYPE_CHECKING imports count: they are a dependency too)."""
+    wrong = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        package = init.parent.name
+        if package == "testing":
+            continue
+        measured = {part_of(i) for name, path in modules() if part_of(name) == package
+                    for i in sweep_imports(path)} - {package}
+        said = said_imports(ast.get_docstring(ast.parse(init.read_text())) or "")
+        if said != measured:
+            wrong.append(f"{package}: says {sorted(said)}, imports {sorted(measured)}")
+    assert not wrong, wrong
+
+
 def test_imports_go_one_way():
     layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
     upward = []
