@@ -7,7 +7,8 @@ takes `--save` s, as a checkpoint does: the driver's decision on the report come
 on SIGTERM (`should_stop`) it stops after the step it is in, its state saved. Its own log, a
 JSON file per process in the folder `--log`: the trial, its checkpoint folder's name, the
 step it started and stopped at, the steps it trained, whether it resumed and whether it was
-stopped before the end, and when its process started (the kernel's record) and ended.
+stopped before the end, and when its process and its parent (sweep's guard, under `launcher: python`) started
+(the kernel's records) and when it ended.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from pathlib import Path
 from sweep.protocol import report, should_stop, write_result
 
 
-def started() -> float:
-    """When this process started (epoch s), from the kernel's record (to a clock tick)."""
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+def started(pid: int | str = "self") -> float:
+    """When process `pid` started (epoch s), from the kernel's record (to a clock tick)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - age
 
@@ -77,6 +78,7 @@ def main() -> int:
               "start_step": first,
               "end_step": step, "steps": step - first, "resumed": first > 0,
               "stopped": stopped, "started": started(),
+              "parent_started": started(os.getppid()),
               "ended": time.time()}
     log = Path(args.log)
     log.mkdir(parents=True, exist_ok=True)
