@@ -20,6 +20,7 @@ from sweep.analysis.plotting import COLOURS, empty, go
 from sweep.analysis.summary import Summary
 from sweep.runner.schedulers import rungs
 from sweep.study import lineages
+from sweep.study.attrs import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, STEPS_REPEATED
 
 # kind: (symbol, colour, offset from its bar's row): a pause above the bar pointing down at
 # its end, a promotion below pointing up at its start, so the two at one moment both show
@@ -48,7 +49,7 @@ def tree(s: Summary, study: Any) -> pd.DataFrame:
                                 if k in s.spec.searched),
             "first_step": min(line.curve) if line.curve else None,
             "last_step": line.last_step, "attempts": len(attempts[origin]),
-            "pauses": sum(lineages.PAUSED_AT in t.user_attrs for t in attempts[origin]),
+            "pauses": sum(PAUSED_AT in t.user_attrs for t in attempts[origin]),
             "state": line.latest.state.name,
             "value": line.latest.value if done else None})
     frame = pd.DataFrame(rows, columns=columns)
@@ -70,14 +71,14 @@ def flagged(s: Summary) -> pd.DataFrame:
     t = s.trials
     rows = []
     for r in t.to_dict("records") if not t.empty else []:
-        if pd.notna(r.get(lineages.STEPS_REPEATED)):
+        if pd.notna(r.get(STEPS_REPEATED)):
             rows.append((r["number"], r["lineage"], f"did not resume: reported step "
-                         f"{int(r[lineages.RESUMED_AT])} first, "
-                         f"{int(r[lineages.STEPS_REPEATED])} steps repeated"))
-        if isinstance(r.get(lineages.RESTORED_PARAMS), str):
+                         f"{int(r[RESUMED_AT])} first, "
+                         f"{int(r[STEPS_REPEATED])} steps repeated"))
+        if isinstance(r.get(RESTORED_PARAMS), str):
             rows.append((r["number"], r["lineage"], "ran with its donor's params restored "
                          f"from the checkpoint, not the perturbed ones: logged "
-                         f"{r[lineages.RESTORED_PARAMS]}"))
+                         f"{r[RESTORED_PARAMS]}"))
     return pd.DataFrame(rows, columns=columns)
 
 

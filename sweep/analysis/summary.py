@@ -24,7 +24,8 @@ from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
 from sweep.spec.storageurl import StorageKind
-from sweep.study import attrs, lineages, storage
+from sweep.study import attrs, storage
+from sweep.study.attrs import EXPLOIT_OF, PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, STEPS_REPEATED
 
 ATTR_COLUMNS = [
     "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
@@ -35,8 +36,8 @@ ATTR_COLUMNS = [
 # study.scheduler's records (`sweep.study.lineages`): a paused attempt's step, a PBT exploit's
 # donor, a continuation that did not resume from its checkpoint, and an exploit that ran with
 # its donor's params (`name=logged value`)
-SCHEDULER_COLUMNS = [lineages.PAUSED_AT, lineages.EXPLOIT_OF, lineages.RESUMED_AT,
-                     lineages.STEPS_REPEATED, lineages.RESTORED_PARAMS]
+SCHEDULER_COLUMNS = [PAUSED_AT, EXPLOIT_OF, RESUMED_AT,
+                     STEPS_REPEATED, RESTORED_PARAMS]
 # trial numbers and counts that a row may lack (a trial an older sweep left RUNNING has no
 # attempt): integers still, not floats
 INTEGER_COLUMNS = ("attempt", "retry_of", "rerun_of", "continues")
@@ -142,9 +143,9 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
                                   if isinstance(alive, int | float) else None)
         for key in SCHEDULER_COLUMNS:
             row[key] = t.user_attrs.get(key)
-        restored = row[lineages.RESTORED_PARAMS]
+        restored = row[RESTORED_PARAMS]
         if isinstance(restored, dict):
-            row[lineages.RESTORED_PARAMS] = ", ".join(f"{k}={v:g}" for k, v in restored.items())
+            row[RESTORED_PARAMS] = ", ".join(f"{k}={v:g}" for k, v in restored.items())
         row.update({k: v for k, v in t.user_attrs.items() if k.startswith(attrs.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -346,7 +347,7 @@ def _stopped_early(summary: Summary, t: Any, top: int, failed: int) -> Any:
     if "value" in pruned:
         minimize = summary.spec.study.objective_directions[0] == "minimize"
         pruned = pruned.sort_values("value", ascending=minimize)
-    cols = [c for c in ("number", "value", lineages.PAUSED_AT, "gpu", "duration_s")
+    cols = [c for c in ("number", "value", PAUSED_AT, "gpu", "duration_s")
             if c in pruned and pruned[c].notna().any()]
     none = ", and none failed" if not failed else f" ({failed} failed, below)"
     return _table(pruned[cols].head(top),
@@ -391,13 +392,13 @@ def render(summary: Summary, top: int = 5) -> Any:
         shown_best = shown_best.assign(image=shown_best["image"].map(short_image))
     keep = 1 + sum(c.startswith("value") for c in shown_best.columns)  # number and values
     parts = [head, _table(shown_best, title, keep)]
-    repeated = t[t[lineages.STEPS_REPEATED].notna()] if lineages.STEPS_REPEATED in t else t[:0]
+    repeated = t[t[STEPS_REPEATED].notna()] if STEPS_REPEATED in t else t[:0]
     if not repeated.empty:
         parts.append(Text(
             f"{len(repeated)} continuations did not resume from their checkpoint "
             f"(trials {', '.join(map(str, repeated['number']))}: steps_repeated); have the "
             "script load $SWEEP_CHECKPOINT_DIR or set trainer.resume_args", style="yellow"))
-    restored = (t[t[lineages.RESTORED_PARAMS].notna()] if lineages.RESTORED_PARAMS in t
+    restored = (t[t[RESTORED_PARAMS].notna()] if RESTORED_PARAMS in t
                 else t[:0])
     if not restored.empty:
         parts.append(Text(

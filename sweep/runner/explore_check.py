@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sweep.runner import explored
 from sweep.spec.schema import Spec
 from sweep.study import lineages
+from sweep.study.attrs import LOGGED, RESTORED_PARAMS
 from sweep.study.store import Store
 from sweep.trial import intermediate, launch_plan, lineage
 from sweep.trial.lineage import Start
@@ -75,7 +76,7 @@ class ExploreCheck:
             notes = self._notes.setdefault(run.number, {})
             for name, value in latest.items():
                 notes.setdefault(name, {})[str(at)] = value
-            self.store.note(run.trial, {lineages.LOGGED: notes})
+            self.store.note(run.trial, {LOGGED: notes})
         if run.number in self._first and run.number in self._explores:
             self._check_explore(run.number, final=False)
 
@@ -94,7 +95,7 @@ class ExploreCheck:
         donor_notes: dict[str, dict[str, float]] = {}
         for t in trials:
             if int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == donor:
-                for name, notes in dict(t.user_attrs.get(lineages.LOGGED, {})).items():
+                for name, notes in dict(t.user_attrs.get(LOGGED, {})).items():
                     donor_notes.setdefault(name, {}).update(notes)
         own = self._notes.get(number, {})
         pairs: dict[str, tuple[float, float | None]] = {}  # name -> (its value, the donor's)
@@ -118,7 +119,7 @@ class ExploreCheck:
                 found[name] = value
         if not found:
             return
-        self.store.note(run.trial, {lineages.RESTORED_PARAMS: found})
+        self.store.note(run.trial, {RESTORED_PARAMS: found})
         if self._said_restored:
             return
         self._said_restored = True

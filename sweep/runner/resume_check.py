@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.spec.schema import Spec
 from sweep.study import lineages
+from sweep.study.attrs import EXPLOIT_STEP, RESUMED_AT, STEPS_REPEATED
 from sweep.study.store import Asked, Store
 from sweep.trial import lineage
 from sweep.trial.lineage import Start
@@ -38,14 +39,14 @@ class ResumeCheck:
     def started(self, asked: Asked, start: Start) -> None:
         """`asked` starts from `start`: what its first reported step must come after."""
         attrs = asked.trial.user_attrs
-        if not (lineages.EXPLOIT_STEP in attrs or asked.lineage.resumes):
+        if not (EXPLOIT_STEP in attrs or asked.lineage.resumes):
             return
         trials = self.store.study.get_trials(deepcopy=False)
         line = lineages.read(trials)[asked.origin]
         fresh = _first(trials, asked.origin if line.exploit_of is None else line.exploit_of,
                        asked.number)
-        if lineages.EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
-            self._expect[asked.number] = (int(attrs[lineages.EXPLOIT_STEP]), start,
+        if EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)
+            self._expect[asked.number] = (int(attrs[EXPLOIT_STEP]), start,
                                           fresh)
             return
         reached = _reached(trials, asked.origin, asked.number)
@@ -68,8 +69,8 @@ class ResumeCheck:
         if steps[0] > expect or (run.reports is not None and run.reports.counted):
             return
         first, repeated = steps[0], expect - steps[0] + 1
-        self.store.note(run.trial, {lineages.RESUMED_AT: first,
-                                    lineages.STEPS_REPEATED: repeated})
+        self.store.note(run.trial, {RESUMED_AT: first,
+                                    STEPS_REPEATED: repeated})
         if self._said:
             return
         self._said = True

@@ -53,6 +53,7 @@ from sweep.runner.schedulers import (
 )
 from sweep.spec.schema import Spec
 from sweep.study import lineages
+from sweep.study.attrs import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.study.budget import LockAbandoned
 from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
@@ -185,8 +186,8 @@ class Scheduling:
     def after_ask(self, asked: Asked, job: Job | None) -> None:
         """A new configuration of a Hyperband study records its bracket."""
         if (isinstance(job, NewConfiguration) and job.bracket
-                and asked.attempt == 0 and lineages.BRACKET not in asked.trial.user_attrs):
-            self.store.note(asked.trial, {lineages.BRACKET: job.bracket})
+                and asked.attempt == 0 and BRACKET not in asked.trial.user_attrs):
+            self.store.note(asked.trial, {BRACKET: job.bracket})
 
     def on_start(self, asked: Asked, start: Start) -> Start:
         """A trial starts (its lineage's lock held): a PBT exploit whose donor's state is not
@@ -195,7 +196,7 @@ class Scheduling:
         Replaced: it carries on a lineage an exploit replaces (it does not start)."""
         line = self.lineages().get(asked.origin)
         if line is not None and line.replaced and asked.attempt > 0:
-            self.store.note(asked.trial, {lineages.PAUSED_AT: line.last_step or 0})
+            self.store.note(asked.trial, {PAUSED_AT: line.last_step or 0})
             raise Replaced(asked.number, asked.origin)
         before = None
         if line is not None and line.curve and asked.attempt > 0:  # where its rungs stand
@@ -230,13 +231,13 @@ class Scheduling:
         assert isinstance(self.decide, Halving)
         decision = self.decide.before_continuing(self.lineages(), asked.origin)
         if isinstance(decision, Pause):
-            self.store.note(asked.trial, {lineages.PAUSED_AT: decision.step,
-                                          lineages.RUNG: decision.rung})
+            self.store.note(asked.trial, {PAUSED_AT: decision.step,
+                                          RUNG: decision.rung})
             raise PausedAtRung(asked.number, asked.origin, decision.step, decision.rung,
                                self.decide.rungs[decision.rung],
                                self.decide.reduction_factor)
         if isinstance(decision, GoOn) and decision.rung is not None:
-            self.store.note(asked.trial, {lineages.PASSED_RUNG: decision.rung})
+            self.store.note(asked.trial, {PASSED_RUNG: decision.rung})
 
     def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
         """Whether lineage `run.origin` (at `step`) is a donor an exploit waits on whose plain
@@ -249,7 +250,7 @@ class Scheduling:
             exploit.Donor(True, False, step), self.decide.spec.max_steps, self.exploits.counted)
         if not (isinstance(choice, exploit.Wait) and choice.pause):
             return False
-        self.store.note(run.trial, {lineages.PAUSED_AT: step})
+        self.store.note(run.trial, {PAUSED_AT: step})
         self.say(f"trial {run.number} paused at step {step}: an exploit copies its checkpoint "
                  "folder, then it continues")
         return True
@@ -280,10 +281,10 @@ class Scheduling:
         decision = self.decide.on_report(lines, run.origin, before, step)
         if isinstance(decision, GoOn) and decision.rung is not None:  # judged there: a
             # continuation after a stop is not judged there again (`_judge_before_continuing`)
-            self.store.note(run.trial, {lineages.PASSED_RUNG: decision.rung})
+            self.store.note(run.trial, {PASSED_RUNG: decision.rung})
         if isinstance(decision, Pause):
-            self.store.note(run.trial, {lineages.PAUSED_AT: decision.step,
-                                        lineages.RUNG: decision.rung})
+            self.store.note(run.trial, {PAUSED_AT: decision.step,
+                                        RUNG: decision.rung})
             self.say(f"trial {run.number} paused at step {decision.step}: outside the top "
                      f"1/{self.decide.reduction_factor} of rung {decision.rung} (step "
                      f"{self.decide.rungs[decision.rung]}) for now")
@@ -299,15 +300,15 @@ class Scheduling:
             return OnResult.GO_ON
         with self.store.budget_lock():
             fresh = self.lineages()
-            if any(int(v.first.get(lineages.REPLACES, -1)) == run.origin
+            if any(int(v.first.get(REPLACES, -1)) == run.origin
                    for v in fresh.values()):
                 return OnResult.REPLACE  # another driver decided it first
             if not self._room_for_exploit(fresh):  # another driver took the last place
                 return OnResult.GO_ON
             self.store.study.enqueue_trial(
                 decision.params, skip_if_exists=False,
-                user_attrs={lineages.EXPLOIT_OF: decision.donor,
-                            lineages.REPLACES: run.origin})
+                user_attrs={EXPLOIT_OF: decision.donor,
+                            REPLACES: run.origin})
         self.say(f"trial {run.number} is in the bottom of the population at step {step}: "
                  f"replaced by an exploit of trial {decision.donor}")
         return OnResult.REPLACE

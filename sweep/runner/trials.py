@@ -20,9 +20,9 @@ from optuna.trial import TrialState
 
 from sweep.gpus.pool import Lease, Pool
 from sweep.spec.schema import Spec
+from sweep.study.attrs import EXPLOIT_STEP
 from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
-from sweep.study.lineages import EXPLOIT_STEP
 from sweep.study.ownership import Orphan
 from sweep.study.store import Asked, Store
 from sweep.trial.lineage import Lineage

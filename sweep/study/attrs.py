@@ -26,6 +26,25 @@ BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
 # (its `beat`, its driver's last GPU sample of it): when it stopped holding its devices
 ALIVE_UNTIL = "alive_until"
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
+# A scheduler's decisions (`study.scheduler`), recorded on a lineage's attempts so every driver
+# of the study reads the same lineages (`sweep.study.lineages`): PAUSED_AT (the step a paused
+# attempt was stopped at; set before it is told), RUNG (the rung it was paused at), PASSED_RUNG
+# (the highest rung an attempt was judged at and went on from), BRACKET (a Hyperband lineage's
+# bracket), EXPLOIT_OF, EXPLOIT_STEP and REPLACES (a PBT lineage copied from a donor's
+# checkpoint folder, in place of a lineage; EXPLOIT_STEP, the step of the state copied, is set
+# once the copy is made), CALLED_OFF (an exploit that never started, whose donor had no state
+# with a step left: the lineage it was to replace goes on); RESUMED_AT, STEPS_REPEATED (a
+# continuation whose first step did not come after the step its lineage had reached), LOGGED
+# (the values a PBT trial's script logged for its `trainer.logged_params`, at each `interval`
+# boundary) and RESTORED_PARAMS (an exploit whose script logged its donor's value of a param,
+# not its perturbed one).
+PAUSED_AT, RUNG = "paused_at", "rung"
+PASSED_RUNG = "passed_rung"
+BRACKET = "bracket"
+EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
+CALLED_OFF = "called_off"
+RESUMED_AT, STEPS_REPEATED = "resumed_at", "steps_repeated"
+LOGGED, RESTORED_PARAMS = "logged_params", "restored_params"
 
 
 @dataclass(frozen=True)

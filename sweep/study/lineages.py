@@ -2,18 +2,8 @@
 its params, its curve over all its attempts, and where it stands (running, queued, paused,
 done), read from the trials' states and user attributes (pure: trials in, views out).
 
-A scheduler's decisions are recorded in user attributes, so every driver of the study reads
-the same lineages: `PAUSED_AT` (the step a paused attempt was stopped at; set before it is
-told), `RUNG` (the rung it was paused at), `PASSED_RUNG` (the highest rung an attempt was
-judged at and went on from), `BRACKET` (a Hyperband lineage's bracket), `EXPLOIT_OF`,
-`EXPLOIT_STEP` and `REPLACES` (a PBT lineage copied from a donor's checkpoint folder, in
-place of a lineage; `EXPLOIT_STEP`, the step of the state copied, is set once the copy is made;
-`CALLED_OFF`, an exploit that never started, whose donor had no state with a step left: the
-lineage it was to replace goes on), and
-`RESUMED_AT`, `STEPS_REPEATED` (a continuation whose first step did not come after the step its
-lineage had reached), `LOGGED` (the values a PBT trial's script logged for its
-`trainer.logged_params`, at each `interval` boundary) and `RESTORED_PARAMS` (an exploit whose
-script logged its donor's value of a param, not its perturbed one).
+A scheduler's decisions are recorded in the attempts' user attributes (their names and what
+each holds: `sweep.study.attrs`), so every driver of the study reads the same lineages.
 """
 
 from __future__ import annotations
@@ -25,15 +15,17 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.study.attrs import (
+    BRACKET,
+    CALLED_OFF,
+    EXPLOIT_OF,
+    EXPLOIT_STEP,
+    PASSED_RUNG,
+    PAUSED_AT,
+    REPLACES,
+    RUNG,
+)
 from sweep.trial import lineage
-
-PAUSED_AT, RUNG = "paused_at", "rung"
-PASSED_RUNG = "passed_rung"  # the highest rung an attempt was judged at and went on from
-BRACKET = "bracket"
-EXPLOIT_OF, EXPLOIT_STEP, REPLACES = "exploit_of", "exploit_step", "replaces"
-CALLED_OFF = "called_off"  # an exploit never started: the lineage it was to replace goes on
-RESUMED_AT, STEPS_REPEATED = "resumed_at", "steps_repeated"
-LOGGED, RESTORED_PARAMS = "logged_params", "restored_params"
 
 
 class Standing(enum.Enum):

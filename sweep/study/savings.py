@@ -18,8 +18,7 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.study import lineages
-from sweep.study.attrs import ALIVE_UNTIL, GPUS
+from sweep.study.attrs import ALIVE_UNTIL, EXPLOIT_STEP, GPUS, PAUSED_AT, RESUMED_AT
 from sweep.trial import lineage
 
 
@@ -105,13 +104,13 @@ def steps_trained(trials: Iterable[FrozenTrial]) -> dict[int, int]:
     out: dict[int, int] = {}
     for attempts in by_origin.values():
         attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
-        copied = [int(t.user_attrs[lineages.EXPLOIT_STEP]) for t in attempts
-                  if lineages.EXPLOIT_STEP in t.user_attrs]
+        copied = [int(t.user_attrs[EXPLOIT_STEP]) for t in attempts
+                  if EXPLOIT_STEP in t.user_attrs]
         reached: int | None = copied[0] if copied else None
         for t in attempts:
             steps = t.intermediate_values
             own = [s for s in steps if reached is None or s > reached]
-            resumed_at = t.user_attrs.get(lineages.RESUMED_AT)
+            resumed_at = t.user_attrs.get(RESUMED_AT)
             if isinstance(resumed_at, int) and steps:  # started over: steps again, then its own
                 out[t.number] = max(0, max(steps) - before(resumed_at))
             elif not own:
@@ -151,7 +150,7 @@ def savings(trials: Iterable[FrozenTrial], hours: Mapping[int, float],
         return None
     ran = {int(t.user_attrs.get(lineage.RETRY_OF, t.number)) for t in trials
            if t.datetime_start is not None}
-    pauses = sum(lineages.PAUSED_AT in t.user_attrs for t in trials)
+    pauses = sum(PAUSED_AT in t.user_attrs for t in trials)
     stops = sum(t.state is TrialState.PRUNED for t in trials)
     return Savings(sum(hours.get(t.number, 0.0) for t in trials), steps, len(ran), max_steps,
                    pauses, stops)
