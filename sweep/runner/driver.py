@@ -12,6 +12,7 @@ Ctrl-C, a driver error. Each collaborator is given what it needs when it is made
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.runner.reclaim import Reclaimer
 from sweep.runner.resume_check import ResumeCheck
 from sweep.runner.scheduler_api import NotStarted
-from sweep.runner.starter import POLL_SECONDS, LineageBusy, Starter
+from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.runner.trials import Owned, Trials
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
@@ -40,6 +41,7 @@ from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Store
 from sweep.trial import exploit, folders, process
+from sweep.trial.lineage_lock import LineageBusy
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
 
@@ -115,7 +117,8 @@ class Driver:
                 self._abandon()
         result = self.policy.result(self.store.counts())
         self._say_savings()
-        return self.scheduler.result(result, stopped=self.policy.stop_reason is not None)
+        return dataclasses.replace(result, message=self.scheduler.last_line(
+            result.message, result.exit_code, stopped=self.policy.stop_reason is not None))
 
     def _say_savings(self) -> None:
         """One of the run's closing lines, where a scheduler or pruner stopped trials early:

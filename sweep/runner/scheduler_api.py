@@ -7,7 +7,7 @@ The hooks, in the order of a trial's life: the run begins (`begin`); how many jo
 trial starts from (`on_start`, which may refuse it: `NotStarted`); what a trial does after its
 results (`on_result`: go on, pause, or be replaced, `OnResult`); all its results read
 (`results_read`); its processes gone (`ended`, which tidies the checkpoint disk: `tidy`); and
-the run's last line (`result`). The driver never asks which scheduler it has.
+the run's last line (`last_line`). The driver never asks which scheduler it has.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sweep.runner.policy import RunResult
 from sweep.runner.schedulers import NewConfiguration, Promote
 from sweep.study.store import Asked
 from sweep.trial.lineage import Start
@@ -95,9 +94,10 @@ class TrialScheduler(Protocol):
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
         """The checkpoint folders of lineages that can never continue removed."""
 
-    def result(self, result: RunResult, stopped: bool = False) -> RunResult:
-        """The run's last line, as this scheduler counts (`stopped`: no new trials were to
-        start: study.timeout, a signal, a give-up)."""
+    def last_line(self, line: str, exit_code: int, stopped: bool = False) -> str:
+        """The run's last line (`line`, of a run that exits with `exit_code`), as this
+        scheduler counts (`stopped`: no new trials were to start: study.timeout, a signal, a
+        give-up)."""
         ...
 
 
@@ -136,8 +136,8 @@ class NoScheduler:
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
         pass
 
-    def result(self, result: RunResult, stopped: bool = False) -> RunResult:
-        return result
+    def last_line(self, line: str, exit_code: int, stopped: bool = False) -> str:
+        return line
 
 
 NO_SCHEDULER = NoScheduler()  # it keeps nothing: one serves every caller

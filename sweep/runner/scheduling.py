@@ -31,7 +31,6 @@ from optuna.trial import TrialState
 from sweep.runner.checkpoint_tidy import CheckpointTidy
 from sweep.runner.exploit_start import ExploitStart, queue_next
 from sweep.runner.explore_check import ExploreCheck
-from sweep.runner.policy import RunResult
 from sweep.runner.schedule_budget import (
     continuable,
     decisions,
@@ -137,22 +136,22 @@ class Scheduling:
         assert isinstance(self.decide, Halving)
         return promotable(self.decide, lines, closed, self.spec.output_dir)
 
-    def result(self, result: RunResult, stopped: bool = False) -> RunResult:
-        """The run's last line in configurations: `n_trials` counts them, not attempts; a run
-        not `stopped` (by study.timeout, a signal, a give-up) that ends short of them says
-        why (`short_of`)."""
+    def last_line(self, line: str, exit_code: int, stopped: bool = False) -> str:
+        """The run's last line (`line`, of a run that exits with `exit_code`) in
+        configurations: `n_trials` counts them, not attempts; a run not `stopped` (by
+        study.timeout, a signal, a give-up) that ends short of them says why (`short_of`)."""
         lines = self.lineages()
         done = sum(v.latest.state is TrialState.COMPLETE for v in lines.values())
         paused = sum(v.standing is Standing.PAUSED for v in lines.values())
         counted = re.sub(r"\d+/\d+ trials finished",
                          f"{len(lines)}/{self.spec.study.n_trials} configurations: {done} "
-                         f"trained to the end, {paused} paused", result.message, count=1)
+                         f"trained to the end, {paused} paused", line, count=1)
         trials = self.store.study.get_trials(deepcopy=False)
         running = any(t.state is TrialState.RUNNING for t in trials)
-        why = None if stopped or result.exit_code or running else short_of(
+        why = None if stopped or exit_code or running else short_of(
             self.decide, self.spec.study.n_trials, trials) or (
             self._too_few if not done and lines else None)
-        return dataclasses.replace(result, message=counted + (f"; {why}" if why else ""))
+        return counted + (f"; {why}" if why else "")
 
     def before_ask(self) -> Job | None:
         """Under the budget lock (the caller holds it), before an ask: with nothing queued,

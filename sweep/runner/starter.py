@@ -43,23 +43,6 @@ from sweep.trial.running import RunningTrial
 POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at
 
 
-class LineageBusy(Exception):
-    """An attempt not started: another process holds its lineage's lock (an earlier attempt's
-    guard, still ending; a frozen driver's trainer, on this host or another). `keeps_device`:
-    whether it waits on its devices (a wait the run itself ends soon) or gives them back (a
-    wait on another process, however long)."""
-
-    keeps_device = False
-
-    def __init__(self, origin: int, path: Path) -> None:
-        super().__init__(origin, path)
-        self.origin, self.path = origin, path
-
-    def __str__(self) -> str:
-        return (f"its lineage's checkpoint folder is still in use (the lock {self.path} is "
-                "held: an earlier attempt's processes are still ending)")
-
-
 class Starter:
     """Prepares and spawns the trials of one run (`launcher` is the run's, made once)."""
 
@@ -103,7 +86,8 @@ class Starter:
                 self.say(f"{e}: two attempts of one lineage are not kept from running at once "
                          "on this file system (mount it with locking)")
         if lock is None:
-            raise LineageBusy(line.origin, lineage_lock.lock_path(spec.output_dir, line.origin))
+            raise lineage_lock.LineageBusy(
+                line.origin, lineage_lock.lock_path(spec.output_dir, line.origin))
         try:
             start = folders.prepare_checkpoint_dir(spec.output_dir, line)
             yield start, (lock,) if lock >= 0 else ()

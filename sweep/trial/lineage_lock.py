@@ -40,6 +40,23 @@ class Unsupported(Exception):
         return f"cannot lock {self.path}: {self.why}"
 
 
+class LineageBusy(Exception):
+    """An attempt not started: another process holds its lineage's lock (an earlier attempt's
+    guard, still ending; a frozen driver's trainer, on this host or another). `keeps_device`:
+    whether it waits on its devices (a wait the run itself ends soon) or gives them back (a
+    wait on another process, however long)."""
+
+    keeps_device = False
+
+    def __init__(self, origin: int, path: Path) -> None:
+        super().__init__(origin, path)
+        self.origin, self.path = origin, path
+
+    def __str__(self) -> str:
+        return (f"its lineage's checkpoint folder is still in use (the lock {self.path} is "
+                "held: an earlier attempt's processes are still ending)")
+
+
 def lock_path(output_dir: Path, origin: int) -> Path:
     """The lock file of lineage `origin`: `<output_dir>/checkpoints/.<origin>.lock`."""
     return output_dir / CHECKPOINTS / f".{origin}.lock"
