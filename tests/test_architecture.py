@@ -24,6 +24,7 @@ LAYERS = [
     {"trial"},  # one trial as files and processes
     {"launch"},  # how a trial starts: the launchers, the warm server, containers
     {"study"},  # the Optuna storage
+    {"schedulers"},  # study.scheduler: its decisions, budget, checkpoint disk, carrying out
     {"runner"},  # the driver's loop and its policy
     {"analysis"},  # summary, figures, report
     {"commands"},  # one module per verb, and a run put together (assembly)

@@ -12,8 +12,8 @@ from sweep._core.errors import ConfigError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import summary
 from sweep.runner.driver import Driver
+from sweep.schedulers import history
 from sweep.spec import config
-from sweep.study import lineages
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep
 from sweep.trial import lineage
@@ -301,7 +301,7 @@ def test_counted_steps_go_on_from_the_lineages_last_step_after_a_resume(tmp_path
     assert s.trials[0].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4}
     assert s.trials[1].intermediate_values == {1: 46.9, 2: 96.9, 3: 59.4,
                                                4: 50.0, 5: 100.0, 6: 93.75}
-    curve = lineages.read(s.trials)[0].curve
+    curve = history.read(s.trials)[0].curve
     assert curve == {1: 46.9, 2: 96.9, 3: 59.4, 4: 50.0, 5: 100.0, 6: 93.75}
 
 
@@ -320,7 +320,7 @@ def test_a_step_a_continuation_reports_again_keeps_its_earlier_value(tmp_path):
     assert s.run() == 130
     assert s.rerun() == 0
     assert s.trials[1].intermediate_values == {1: 0.9, 2: 0.8, 3: 0.7}
-    assert lineages.read(s.trials)[0].curve == {1: 0.9, 2: 0.8, 3: 0.7}
+    assert history.read(s.trials)[0].curve == {1: 0.9, 2: 0.8, 3: 0.7}
 
 
 @pytest.mark.parametrize(("saves", "resume_args", "base", "fix"), [

@@ -44,7 +44,7 @@ def test_without_a_step_group_the_match_count_is_the_step_and_the_metric_names_t
 
 
 def test_a_report_section_says_whether_sweep_counts_its_steps():
-    """What `schedulers` and `exploit.choose` need to know before any value is read: a
+    """What `schedulers` and `exploit_copy.choose` need to know before any value is read: a
     pattern with no `step` group gives counts (no step of the trainer's)."""
     section = schema.ReportSection
     assert section(stdout=r"loss=(?P<value>\S+)").counts_steps

@@ -9,10 +9,9 @@ from optuna.trial import TrialState
 from test_schedulers import ASHA, PBT, load, paused, trial
 
 from sweep._core.errors import ConfigError
-from sweep.runner import retention
-from sweep.runner.retention import Removal
-from sweep.runner.schedulers import Halving, Pbt
-from sweep.study import lineages
+from sweep.schedulers import history, retention
+from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.retention import Removal
 
 H = Halving.of(ASHA, minimize=True)  # rungs at steps 2 and 6, reduction factor 3
 
@@ -44,15 +43,15 @@ def test_below_the_cut_of_a_full_rung_a_paused_lineage_can_never_continue():
     ts = [paused(0, {2: 1.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0})]
     # three configurations, all at rung 0: its top third (lineage 0) is promotable, the rest
     # can never continue
-    assert retention.never_continue(lineages.read(ts), H, n_trials=3) == {1, 2}
+    assert retention.never_continue(history.read(ts), H, n_trials=3) == {1, 2}
     # a fourth configuration may still come, or is still below the rung: the rung is not full
-    assert retention.never_continue(lineages.read(ts), H, n_trials=4) == set()
+    assert retention.never_continue(history.read(ts), H, n_trials=4) == set()
     running = [*ts, trial(3, {0: 9.0, 1: 9.0})]
-    assert retention.never_continue(lineages.read(running), H, n_trials=4) == set()
+    assert retention.never_continue(history.read(running), H, n_trials=4) == set()
     # ... nor one that failed before the rung: a device taken out as sick runs its failed
     # trials again (and a failed lineage's folder is what its user debugs)
     failed = [*ts, trial(3, {0: 9.0, 1: 9.0}, TrialState.FAIL)]
-    assert retention.never_continue(lineages.read(failed), H, n_trials=4) == set()
+    assert retention.never_continue(history.read(failed), H, n_trials=4) == set()
 
 
 def test_a_later_rung_is_full_once_every_lineage_of_the_bracket_reached_it_or_is_out():
@@ -62,11 +61,11 @@ def test_a_later_rung_is_full_once_every_lineage_of_the_bracket_reached_it_or_is
     # paused there; 3 is the top of rung 1 (promotable), 5 is out
     ts += [trial(0, {2: 1.0, 6: 0.9, 17: 0.8}, TrialState.COMPLETE),
            paused(3, {2: 2.0, 6: 0.5}), paused(5, {2: 3.0, 6: 4.0})]
-    got = lineages.read(ts)
+    got = history.read(ts)
     assert retention.never_continue(got, H, n_trials=9) == {0, 1, 2, 4, 5, 6, 7, 8}
     # while 5 still runs below rung 1, rung 1 is not full: 3 and 5's fates are open
     ts[-1] = trial(5, {2: 3.0, 4: 3.0})
-    assert retention.never_continue(lineages.read(ts), H, n_trials=9) == {
+    assert retention.never_continue(history.read(ts), H, n_trials=9) == {
         0, 1, 2, 4, 6, 7, 8}
 
 
@@ -76,7 +75,7 @@ def test_hyperband_brackets_fill_on_their_own():
                                        reduction_factor=3), minimize=True)
     ts = [paused(0, {2: 1.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0}),
           trial(3, {5: 1.0}, bracket=1)]  # bracket 1 (first rung at 6) still runs
-    assert retention.never_continue(lineages.read(ts), hb, n_trials=4) == {1, 2}
+    assert retention.never_continue(history.read(ts), hb, n_trials=4) == {1, 2}
 
 
 def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for_its_copy():
@@ -87,7 +86,7 @@ def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for
     # 1 is replaced and 0 finished, but the exploit has not copied 0's folder yet, and it may
     # be called off (1 then goes on): 1's folder goes only while over a bound (first then:
     # the copy needs room), never under one
-    got = lineages.read(ts)
+    got = history.read(ts)
     assert retention.never_continue(got, pbt, n_trials=4) == frozenset()
     assert retention.spared(got) == {1}
     sizes = {0: 100, 1: 100, 2: 0, 3: 100}
@@ -97,12 +96,12 @@ def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for
     assert retention.plan(got, frozenset(), sizes, 1, 250e-9, True,
                           frozenset({1})) == retention.Removal((1,), 200, False)
     ts[2] = trial(2, {}, exploit_of=0, exploit_step=5, replaces=1)  # copied, no report yet
-    assert retention.never_continue(lineages.read(ts), pbt, n_trials=4) == {1}
+    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {1}
     ts[2] = trial(2, {6: 1.5}, exploit_of=0, exploit_step=5, replaces=1)  # it reported
-    assert retention.never_continue(lineages.read(ts), pbt, n_trials=4) == {0, 1}
+    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1}
     # a replaced lineage still winding down may yet write in its folder
     ts[1] = trial(1, {5: 9.0})
-    assert retention.never_continue(lineages.read(ts), pbt, n_trials=4) == {0}
+    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0}
 
 
 FINISHED = [trial(0, {17: 1.0}, TrialState.COMPLETE), trial(1, {17: 2.0}, TrialState.COMPLETE),
@@ -112,7 +111,7 @@ SIZES = {0: 100, 1: 100, 2: 100, 3: 100, 4: 500}
 
 
 def test_every_dead_folder_goes_but_the_best_finished_ones_keep_checkpoints_keeps():
-    lines = lineages.read(FINISHED)
+    lines = history.read(FINISHED)
     assert retention.plan(lines, DEAD, SIZES, 1, None, True) == Removal((1, 2, 3), 600, False)
     assert retention.plan(lines, DEAD, SIZES, 2, None, True) == Removal((2, 3), 700, False)
     assert retention.plan(lines, DEAD, SIZES, 0, None, True) == Removal((0, 1, 2, 3), 500, False)
@@ -124,7 +123,7 @@ def test_every_dead_folder_goes_but_the_best_finished_ones_keep_checkpoints_keep
 
 
 def test_over_the_bound_kept_folders_go_worst_first_never_the_best_nor_a_live_one():
-    lines = lineages.read(FINISHED)
+    lines = history.read(FINISHED)
     # all kept, 700 bytes allowed: the paused one first, then the worst finished
     assert retention.plan(lines, DEAD, SIZES, "all", 700e-9, True) == Removal((3, 2), 700, False)
     # 550 bytes: 1 goes too, and still over: 0 (the best) and 4 (running) stay

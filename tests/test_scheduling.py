@@ -21,14 +21,14 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from sweep.analysis import summary
-from sweep.runner.schedulers import Promote
-from sweep.runner.scheduling import NO_RESUME_ARGS, Scheduling
-from sweep.study import lineages
+from sweep.schedulers import disk, exploit_copy, history
+from sweep.schedulers.halving import Promote
+from sweep.schedulers.run import NO_RESUME_ARGS, Scheduling
 from sweep.study.ownership import Owner
 from sweep.study.store import Store
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep, capture_messages
-from sweep.trial import checkpoint_disk, exploit, lineage, lineage_lock
+from sweep.trial import lineage, lineage_lock
 from sweep.trial.lineage import CHECKPOINT_ENV
 
 DIST = {"x": FloatDistribution(0.0, 1.0)}
@@ -74,7 +74,7 @@ class Trainer:
                 state.write_text(json.dumps({"next": step + 1, "x": x}))
                 if self.weights:
                     (folder / "weights.bin").write_bytes(b"w" * self.weights)
-                    self.disk.append(sum(checkpoint_disk.folder_bytes(p) for p in
+                    self.disk.append(sum(disk.folder_bytes(p) for p in
                                          folder.parent.iterdir() if p.is_dir()))
 
         reports, output = [], []
@@ -129,7 +129,7 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     assert result.message == "9/9 configurations: 1 trained to the end, 8 paused"
     trials = s.trials
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
-    lines = lineages.read(trials)
+    lines = history.read(trials)
     assert len(lines) == 9  # n_trials counts configurations
     paused = [t for t in trials if "paused_at" in t.user_attrs]
     assert paused and all(t.state.name == "PRUNED" for t in paused)
@@ -188,7 +188,7 @@ def test_a_study_of_fewer_configurations_than_its_rungs_need_trains_its_best_to_
     box.append(s)
     result = s.driver.run()
     assert result.message == "4/4 configurations: 1 trained to the end, 3 paused"
-    lines = lineages.read(s.trials)
+    lines = history.read(s.trials)
     best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
     assert best.latest.state.name == "COMPLETE" and best.last_step == 17
     # it went on at rung 0 (the top third of 4), paused alone at rung 1, then continued once
@@ -298,7 +298,7 @@ def test_an_exploit_whose_copy_fails_is_called_off_and_the_run_goes_on(tmp_path,
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(exploit, "start_from_donor", full)
+    monkeypatch.setattr(exploit_copy, "start_from_donor", full)
     box: list[Sweep] = []
     s = Sweep(tmp_path, Trainer(box, steps=20), gpus=4,
               study={"n_trials": 6, "enqueue": [{"x": x} for x in (0.3, 0.5, 0.7, 0.9)],
@@ -429,8 +429,8 @@ def test_no_exploit_starts_from_a_torn_copy_of_a_donor_that_writes_two_files(tmp
         assert f"trial {t.number} exploits trial {donor} at step {at}: its checkpoint " \
                "folder copied" in " ".join(said)
     # every donor paused for a copy continued, and every lineage ended
-    lines = lineages.read(s.trials)
-    assert [o for o, v in lines.items() if v.standing is not lineages.Standing.DONE] == []
+    lines = history.read(s.trials)
+    assert [o for o, v in lines.items() if v.standing is not history.Standing.DONE] == []
     assert sum(t.state.name == "COMPLETE" for t in s.trials) == 4
 
 
@@ -648,7 +648,7 @@ def test_exploits_never_take_the_places_of_population_members_not_started(tmp_pa
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     assert s.run() == 0
-    assert len(lineages.read(s.trials)) == n_trials
+    assert len(history.read(s.trials)) == n_trials
     assert sum("exploit_of" in t.user_attrs for t in s.trials) == n_trials - 4
     assert sorted({t.params["x"] for t in s.trials if "exploit_of" not in t.user_attrs}) == [
         0.3, 0.5, 0.7, 0.9]  # every member started
@@ -676,7 +676,7 @@ def test_an_exploit_continued_and_then_called_off_gives_the_lineage_it_replaced_
     assert s.run() == 0
     assert s.trials[3].user_attrs["called_off"] is True
     assert "trial 1 goes on in its place" in "\n".join(said)
-    assert not lineages.read(s.trials)[1].replaced
+    assert not history.read(s.trials)[1].replaced
     went_on = [t for t in s.trials if t.user_attrs.get("retry_of") == 1]
     assert [t.state.name for t in went_on] == ["COMPLETE"]
 
@@ -708,7 +708,7 @@ def test_a_continuation_of_a_replaced_lineage_does_not_start(tmp_path):
     assert went.state.name == "PRUNED" and went.user_attrs["paused_at"] == 5
     assert ("trial 3 does not start: its lineage, trial 1, is replaced by a PBT exploit"
             in said)
-    assert lineages.read(s.trials)[1].standing is lineages.Standing.DONE
+    assert history.read(s.trials)[1].standing is history.Standing.DONE
 
 
 class HfCounting(Trainer):
@@ -747,7 +747,7 @@ def test_an_exploit_counts_its_steps_on_from_the_state_it_copied(tmp_path):
                        "report": {"stdout": r"acc (?P<value>\S+)"}})
     box.append(s)
     assert s.run() == 0
-    copied = [v for v in lineages.read(s.trials).values() if v.exploit_of is not None]
+    copied = [v for v in history.read(s.trials).values() if v.exploit_of is not None]
     assert copied and all(v.exploit_step is not None for v in copied)
     assert [min(v.curve) for v in copied] == [v.exploit_step + 1 for v in copied]
 
@@ -807,7 +807,7 @@ def test_an_exploit_called_off_but_not_told_before_its_driver_died_does_not_star
     assert s.trials[3].user_attrs["fail_reason"] == (
         "exploit called off: it had been called off already (its driver was stopped before "
         "it told it)")
-    assert not lineages.read(s.trials)[1].replaced
+    assert not history.read(s.trials)[1].replaced
     assert [m for m in said if m.startswith("trial 3 is called off")] == [
         "trial 3 is called off: it had been called off already (its driver was stopped "
         "before it told it)"]
@@ -968,7 +968,7 @@ def test_two_drivers_deciding_at_once_promote_a_lineage_once(tmp_path):
             queued.user_attrs["continues"]) == (0, 1, 0)
     assert queued.system_attrs["fixed_params"] == {"x": 0.35}
     # once it runs it is no longer paused: nothing more to promote from rung 0 (1 of 3)
-    assert lineages.read(s.trials)[0].standing is lineages.Standing.QUEUED
+    assert history.read(s.trials)[0].standing is history.Standing.QUEUED
     assert mine.before_ask() is None and theirs.room() == 1 + 6
 
 
@@ -1016,7 +1016,7 @@ def test_hyperband_brackets_pause_at_their_own_first_rung(tmp_path):
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     assert s.run() == 0
-    lines = lineages.read(s.trials)
+    lines = history.read(s.trials)
     brackets = {o: v.bracket for o, v in lines.items()}
     assert sorted(brackets.values()).count(2) >= 1 and 1 in brackets.values()
     for o, v in lines.items():
@@ -1119,12 +1119,12 @@ def test_an_exploit_called_off_while_the_lineage_it_replaces_still_stops_lets_it
     s.spec.output_dir.mkdir(parents=True)
     sched = Scheduling(s.spec, s.store, lambda _: None)
     start = sched.on_start  # the exploit's start finds its donor finished
-    with pytest.raises(exploit.CalledOff, match="trial 1 goes on in its place"):
+    with pytest.raises(exploit_copy.CalledOff, match="trial 1 goes on in its place"):
         start(asked, lineage.Start(s.spec.output_dir / "checkpoints" / str(asked.number)))
     assert study.trials[1].user_attrs["paused_at"] == 5
     study.tell(replaced, state=TrialState.PRUNED)
     lines = sched.lineages()
-    assert not lines[1].replaced and lines[1].standing is lineages.Standing.PAUSED
+    assert not lines[1].replaced and lines[1].standing is history.Standing.PAUSED
     assert sched.room() == 1 and sched.before_ask() == Promote(1, 0)
     assert [t.user_attrs.get("retry_of") for t in study.get_trials(
         states=(TrialState.WAITING,))] == [1]
@@ -1159,7 +1159,7 @@ def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume
     box.append(s)
     assert s.run() == 0
     assert not [t.number for t in s.trials if "steps_repeated" in t.user_attrs]
-    lines = lineages.read(s.trials)
+    lines = history.read(s.trials)
     promoted = [v for v in lines.values() if v.latest.user_attrs.get("attempt", 0) > 0]
     assert promoted
     for line in promoted:
@@ -1285,16 +1285,16 @@ def test_a_large_folder_is_removed_with_the_budget_lock_free(tmp_path, monkeypat
         folder = finished_lineage(spec, store)
         (folder / "model.pt").write_text("weights")
         free_while_removing: list[bool] = []
-        remove_tree = checkpoint_disk.remove_tree
+        remove_tree = disk.remove_tree
 
         def slow_remove(path: Path, made: Any) -> None:
             assert not folder.exists()  # out of its place already
-            assert checkpoint_disk.removed(spec.output_dir, 0)  # never promoted from now
+            assert disk.removed(spec.output_dir, 0)  # never promoted from now
             with other.budget_lock(abort=lambda: True) as held:  # another driver's ask
                 free_while_removing.append(held)
             remove_tree(path, made)
 
-        monkeypatch.setattr(checkpoint_disk, "remove_tree", slow_remove)
+        monkeypatch.setattr(disk, "remove_tree", slow_remove)
         said: list[str] = []
         Scheduling(spec, store, said.append).ended(0)
         assert free_while_removing == [True]
@@ -1321,7 +1321,7 @@ def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_th
     try:
         folder = finished_lineage(spec, store)
         (folder / "model.pt").write_text("weights")
-        trash = checkpoint_disk.retire(spec.output_dir, 0)
+        trash = disk.retire(spec.output_dir, 0)
         assert trash is not None and trash.parent == folder.parent and not folder.exists()
         mark = trash.with_name(trash.name + ".sweep")
         assert mark.is_file()
@@ -1482,7 +1482,7 @@ def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
         assert s.driver.run().exit_code == 0
         assert [name for name, _ in trainer.starts] == ["11"]
         assert "retry_of" not in s.trials[11].user_attrs
-        assert len(lineages.read(s.trials)) == 10
+        assert len(history.read(s.trials)) == 10
     finally:
         s.store.close()
 
@@ -1523,10 +1523,10 @@ def test_a_pbt_run_that_ends_short_of_n_trials_says_why(tmp_path):
     s, _ = stored_sweep(tmp_path, 12, [], PBT, steps=8)
     try:
         result = s.driver.run()
-        made = len(lineages.read(s.trials))
+        made = len(history.read(s.trials))
         assert result.exit_code == 0 and made < 12
         done = sum(v.latest.state is TrialState.COMPLETE
-                   for v in lineages.read(s.trials).values())
+                   for v in history.read(s.trials).values())
         assert result.message == (f"{made}/12 configurations: {done} trained to the end, 0 "
                                   f"paused; {SHORT}")
         with find(s.spec) as found:
@@ -1554,7 +1554,7 @@ def test_a_rerun_under_a_scheduler_says_it_makes_one_configuration_more(tmp_path
         assert result.exit_code == 0
         again = s.trials[9]  # it ran, and was paused at a rung as any lineage would be
         assert again.user_attrs["rerun_of"] == 3 and again.user_attrs["paused_at"] >= 2
-        assert len(lineages.read(s.trials)) == 10  # and no other configuration
+        assert len(history.read(s.trials)) == 10  # and no other configuration
         assert result.message.startswith("10/9 configurations: 9 trained to the end, 1 paused")
     finally:
         s.store.close()
@@ -1630,7 +1630,7 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
 
 
 def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
-    from sweep.runner.checkpoint_tidy import _bytes
+    from sweep.schedulers._tidy import _bytes
 
     assert [_bytes(n) for n in (812, 3_400_000, 1_204_000_000, 999_999, 999_499,
                                 20_334_000_000)] == [

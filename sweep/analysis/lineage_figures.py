@@ -18,8 +18,8 @@ import pandas as pd
 from sweep.analysis.figures import with_costs
 from sweep.analysis.plotting import COLOURS, empty, go
 from sweep.analysis.summary import Summary
-from sweep.runner.schedulers import rungs
-from sweep.study import lineages
+from sweep.schedulers import history
+from sweep.schedulers.halving import rungs
 from sweep.study.attrs import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, STEPS_REPEATED
 
 # kind: (symbol, colour, offset from its bar's row): a pause above the bar pointing down at
@@ -36,7 +36,7 @@ def tree(s: Summary, study: Any) -> pd.DataFrame:
     columns = ["origin", "donor", "copied_at", "params", "first_step", "last_step",
                "attempts", "pauses", "state", "value"]
     trials = study.get_trials(deepcopy=False)
-    lines = lineages.read(trials)
+    lines = history.read(trials)
     attempts: dict[int, list[Any]] = {}
     for t in trials:
         attempts.setdefault(int(t.user_attrs.get("retry_of", t.number)), []).append(t)
@@ -98,7 +98,7 @@ def fidelity(s: Summary, study: Any) -> pd.DataFrame:
     it (their curve spans it: at the first step reported at or after it), and `rho`, the
     Spearman rank correlation of those values with the lineages' final values (NaN under 3
     lineages, or when one side has a single rank)."""
-    lines = lineages.read(study.get_trials(deepcopy=False))
+    lines = history.read(study.get_trials(deepcopy=False))
     done = {o: line for o, line in lines.items() if line.latest.state.name == "COMPLETE"
             and line.latest.value is not None and line.curve}
     rows = []

@@ -33,7 +33,7 @@ ATTR_COLUMNS = [
 ]
 
 
-# study.scheduler's records (`sweep.study.lineages`): a paused attempt's step, a PBT exploit's
+# study.scheduler's records (`sweep.schedulers.history`): a paused attempt's step, a PBT exploit's
 # donor, a continuation that did not resume from its checkpoint, and an exploit that ran with
 # its donor's params (`name=logged value`)
 SCHEDULER_COLUMNS = [PAUSED_AT, EXPLOIT_OF, RESUMED_AT,

@@ -3,7 +3,7 @@
 `sweep --help` does. A module imports what its work needs when it runs, so that the command
 line starts fast; `assembly` puts a run together around the driver (also `sweep.run`).
 
-Imports _core, spec, gpus, trial, launch, study, runner and analysis.
+Imports _core, spec, gpus, trial, launch, study, schedulers, runner and analysis.
 """
 
 from __future__ import annotations

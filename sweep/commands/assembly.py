@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sweep import schedulers
 from sweep._core.errors import SweepError
 from sweep._core.safefs import UnsafePath
 from sweep.gpus import hostlock, pool
@@ -24,7 +25,6 @@ from sweep.gpus.nvml import Nvml, NvmlUnavailable
 from sweep.gpus.pool import Device, Pool, Rules
 from sweep.launch import make as launchers
 from sweep.launch import provenance
-from sweep.runner import schedule_budget
 from sweep.runner.clock import WallClock
 from sweep.runner.driver import Driver
 from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
@@ -126,22 +126,22 @@ def spent(spec: Spec, found: Found) -> RunResult | None:
 
 def _room(spec: Spec, trials: Sequence[Any]) -> int:
     """How many trials may start on the stored `trials`, as the driver counts them: under a
-    scheduler, its jobs (`schedule_budget.jobs`: a lineage carried on runs whatever the budget,
+    scheduler, its jobs (`schedulers.jobs`: a lineage carried on runs whatever the budget,
     and `n_trials` counts configurations); else the budget less the finished trials."""
     if spec.study.scheduler is not None:
-        return schedule_budget.jobs(schedule_budget.decisions(spec), spec.study.n_trials, trials,
+        return schedulers.jobs(schedulers.decisions(spec), spec.study.n_trials, trials,
                                spec.output_dir)
     return spec.study.n_trials - sum(t.state in FINISHED for t in trials)
 
 
 def _spent(spec: Spec, trials: Sequence[Any]) -> RunResult:
     n = spec.study.n_trials
-    why = None if spec.study.scheduler is None else schedule_budget.short_of(
-        schedule_budget.decisions(spec), n, trials)
+    why = None if spec.study.scheduler is None else schedulers.short_of(
+        schedulers.decisions(spec), n, trials)
     if why is not None:  # pbt: configurations come from exploits only, and none can come
-        return RunResult(EXIT_OK, f"nothing to run ({schedule_budget.configurations(trials)}/{n} "
+        return RunResult(EXIT_OK, f"nothing to run ({schedulers.configurations(trials)}/{n} "
                                   f"configurations): {why}")
-    counted = (f"{schedule_budget.configurations(trials)}/{n} configurations"
+    counted = (f"{schedulers.configurations(trials)}/{n} configurations"
                if spec.study.scheduler is not None else
                f"{sum(t.state in FINISHED for t in trials)}/{n} trials finished")
     return RunResult(EXIT_OK, f"the budget is spent ({counted}): nothing to run; raise "

@@ -10,17 +10,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sweep import schedulers
 from sweep.commands.assembly import make_pool, nvml_reader
 from sweep.gpus import hostlock
 from sweep.gpus.placement import Refusal
 from sweep.gpus.pool import Device
 from sweep.launch import make as launchers
-from sweep.runner import schedule_budget
-from sweep.runner.schedulers import Pbt
 from sweep.runner.starter import Starter
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
-from sweep.study import lineages
 from sweep.study.opening import check_stored, sample
 from sweep.study.ownership import host_name
 from sweep.study.storage import Found
@@ -100,10 +98,11 @@ def dry_run(spec: Spec, devices: list[Device], found: Found) -> list[str]:
 def _scheduled_dry(spec: Spec, trials: Sequence[Any], slots: int) -> tuple[int, str]:
     """How many trials a scheduler's dry run shows (queued attempts, then new configurations:
     a promotion is decided by the run, so it is counted, not shown), and its first line."""
-    decide = schedule_budget.decisions(spec)
-    configs = schedule_budget.configurations(trials)
-    jobs = schedule_budget.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
-    promotable = 0 if isinstance(decide, Pbt) else len(decide.promotable(lineages.read(trials)))
+    decide = schedulers.decisions(spec)
+    configs = schedulers.configurations(trials)
+    jobs = schedulers.jobs(decide, spec.study.n_trials, trials, spec.output_dir)
+    promotable = 0 if isinstance(decide, schedulers.Pbt) else len(decide.promotable(
+        schedulers.history.read(trials)))
     n = max(0, min(slots, jobs - promotable))
     return n, (f"# dry run: the next {n} trials ({configs}/{spec.study.n_trials} "
                "configurations in storage; queued continuations first; params sampled in "

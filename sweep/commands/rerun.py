@@ -92,7 +92,7 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
 
 def _when(path: str | Path, spec: Spec, trials: list[FrozenTrial]) -> str:
     """When the trial queued on `trials` runs: at the next run, or with a larger budget."""
-    from sweep.runner import schedule_budget
+    from sweep import schedulers
     from sweep.study.store import FINISHED
 
     # the budget once every trial that is running or queued (this one too) has run
@@ -100,7 +100,7 @@ def _when(path: str | Path, spec: Spec, trials: list[FrozenTrial]) -> str:
                      if t.state in FINISHED or t.state.name in ("RUNNING", "WAITING"))
     budget = spec.study.n_trials
     if spec.study.scheduler is not None:  # a queued trial runs whatever n_trials says
-        made = schedule_budget.configurations(trials) + 1
+        made = schedulers.configurations(trials) + 1
         return "it runs at the next `sweep run`, before new configurations" + (
             "" if made <= budget else f", {made - budget} more than study.n_trials "
             f"({made} configurations of {budget}: a queued trial runs whatever the budget "

@@ -3,7 +3,7 @@
 The loop only decides when to look, and judges. `policy` says what may happen, `store` speaks
 to Optuna, `trials` holds one record of each trial asked and is its one way out (given back,
 told, counted), `starter` prepares and spawns a trial (its `RunningTrial`), `follow` reads what
-it reports, `scheduler` decides on its results (`scheduler_api`), `devices` acts on what the
+it reports, `scheduler` decides on its results (`sweep.schedulers`), `devices` acts on what the
 trials and NVML say of the devices (`pool` holds them), `reclaim` ends and continues dead
 drivers' trials. Every trial asked is told, whatever happens: a crash, a timeout, pruning,
 Ctrl-C, a driver error. Each collaborator is given what it needs when it is made.
@@ -19,11 +19,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep import schedulers
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.pool import Lease, Pool
 from sweep.launch import make as launchers
 from sweep.launch import provenance
-from sweep.runner import scheduling
 from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.devices import DeviceCare
 from sweep.runner.events import Events, Finished, Running, Started, View
@@ -31,16 +31,16 @@ from sweep.runner.follow import Follower
 from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.runner.reclaim import Reclaimer
 from sweep.runner.resume_check import ResumeCheck
-from sweep.runner.scheduler_api import NotStarted
 from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.runner.trials import Owned, Trials
+from sweep.schedulers import CalledOff, NotStarted
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.study import savings
 from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
 from sweep.study.storage import storage_lost_errors
 from sweep.study.store import Store
-from sweep.trial import exploit, folders, process
+from sweep.trial import folders, process
 from sweep.trial.lineage_lock import LineageBusy
 from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
 
@@ -65,7 +65,7 @@ class Driver:
                                 self.clock.now())
         self.trials = Trials(spec, store, pool, self.clock.now, self._say)
         self.devices = DeviceCare(spec, pool, store, self.policy, self.events, monitor)
-        self.scheduler = scheduling.of(spec, store, self._say)
+        self.scheduler = schedulers.of(spec, store, self._say)
         self.follow = Follower(spec, store, monitor, self.clock.now, self.events,
                                self.scheduler, ResumeCheck(spec, store, self._say))
         self.reclaim = Reclaimer(spec, store, self.events, self.trials)
@@ -286,7 +286,7 @@ class Driver:
             if not again:
                 self.events.message(f"trial {asked.number} waits to start: {e}")
             return
-        except exploit.CalledOff as e:  # a PBT exploit whose donor trained to the end first
+        except CalledOff as e:  # a PBT exploit whose donor trained to the end first
             self.trials.finish(owned, TrialState.FAIL, f"exploit called off: {e}")
             self.events.message(f"trial {asked.number} is called off: {e}")
             return

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from sweep.gpus.monitor import Monitor
 from sweep.runner.events import Events
 from sweep.runner.resume_check import ResumeCheck
-from sweep.runner.scheduler_api import TrialScheduler
+from sweep.schedulers import TrialScheduler
 from sweep.spec.schema import Spec
 from sweep.study.store import Store, Taken
 from sweep.trial import hang, stacks

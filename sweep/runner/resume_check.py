@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep.schedulers import history
 from sweep.spec.schema import Spec
-from sweep.study import lineages
 from sweep.study.attrs import EXPLOIT_STEP, RESUMED_AT, STEPS_REPEATED
 from sweep.study.store import Asked, Store
 from sweep.trial import lineage
@@ -42,7 +42,7 @@ class ResumeCheck:
         if not (EXPLOIT_STEP in attrs or asked.lineage.resumes):
             return
         trials = self.store.study.get_trials(deepcopy=False)
-        line = lineages.read(trials)[asked.origin]
+        line = history.read(trials)[asked.origin]
         fresh = _first(trials, asked.origin if line.exploit_of is None else line.exploit_of,
                        asked.number)
         if EXPLOIT_STEP in attrs:  # it has just copied its donor's state (`on_start`)

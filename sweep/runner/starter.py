@@ -24,7 +24,7 @@ from sweep.gpus.pool import Lease
 from sweep.launch.launcher import Launcher
 from sweep.launch.provenance import RunRecord, write_trial
 from sweep.runner.resume_check import ResumeCheck
-from sweep.runner.scheduler_api import NO_SCHEDULER, TrialScheduler
+from sweep.schedulers import NO_SCHEDULER, TrialScheduler
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked
 from sweep.trial import (

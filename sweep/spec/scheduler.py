@@ -3,7 +3,7 @@
 
 A study uses `study.scheduler` or `study.pruner`, not both: a pruner only stops, a scheduler
 pauses a trial at a rung and may bring it back later from its checkpoint folder. What the
-schedulers decide is in `sweep.runner.schedulers`; this module only says what a study file
+schedulers decide is in `sweep.schedulers.halving`; this module only says what a study file
 may ask for.
 """
 
@@ -29,7 +29,7 @@ class _Disk(Section):
     (below the cut of a full rung, replaced in PBT, finished): `keep_checkpoints` the folders
     of that many of the best lineages trained to the end (`all`: every folder), and
     `max_checkpoint_gb`, a bound on `<output_dir>/checkpoints/` past which the kept folders go
-    too, worst first, but for the best one (see `sweep.runner.retention`)."""
+    too, worst first, but for the best one (see `sweep.schedulers.retention`)."""
 
     keep_checkpoints: Annotated[int, Field(ge=0)] | Literal["all"] = 1
     max_checkpoint_gb: Annotated[float, Field(gt=0)] | None = None

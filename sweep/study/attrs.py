@@ -27,7 +27,7 @@ BEAT = "beat"  # the driver's heartbeat where the storage has none of Optuna's
 ALIVE_UNTIL = "alive_until"
 METRIC_PREFIX = "metric_"  # the result's other numeric keys, in a namespace of their own
 # A scheduler's decisions (`study.scheduler`), recorded on a lineage's attempts so every driver
-# of the study reads the same lineages (`sweep.study.lineages`): PAUSED_AT (the step a paused
+# of the study reads the same lineages (`sweep.schedulers.history`): PAUSED_AT (the step a paused
 # attempt was stopped at; set before it is told), RUNG (the rung it was paused at), PASSED_RUNG
 # (the highest rung an attempt was judged at and went on from), BRACKET (a Hyperband lineage's
 # bracket), EXPLOIT_OF, EXPLOIT_STEP and REPLACES (a PBT lineage copied from a donor's

@@ -1,8 +1,8 @@
 """The checkpoint disk of a scheduler's study tidied: the folders of lineages that can never
 continue (or, over `max_checkpoint_gb`, the ones `retention` picks) measured before the budget
-lock, decided and taken out of their place under it (`checkpoint_disk.retire`, a rename), where
+lock, decided and taken out of their place under it (`disk.retire`, a rename), where
 every promotion and exploit is decided, and their contents removed after it
-(`checkpoint_disk.purge`), so a large folder never holds the lock. The decisions are
+(`disk.purge`), so a large folder never holds the lock. The decisions are
 `retention`'s; this module measures, removes and says.
 """
 
@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sweep._core.safefs import UnsafePath
-from sweep.runner import retention
-from sweep.runner.schedulers import Halving, Pbt
+from sweep.schedulers import disk, history, retention
+from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.history import LineageView
 from sweep.spec.schema import Spec
-from sweep.study import lineages
-from sweep.study.lineages import LineageView
 from sweep.study.store import Store
-from sweep.trial import checkpoint_disk, lineage
+from sweep.trial import lineage
 
 
 class CheckpointTidy:
@@ -33,13 +32,13 @@ class CheckpointTidy:
         self._refused_trash: set[str] = set()  # retired folders it would not purge, likewise
 
     def lineages(self) -> dict[int, LineageView]:
-        return lineages.read(self.store.study.get_trials(deepcopy=False))
+        return history.read(self.store.study.get_trials(deepcopy=False))
 
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
         """Remove the checkpoint folders of lineages that can never continue, as `retention`
         decides: measured before the budget lock, decided and taken out of their place
-        (`checkpoint_disk.retire`, a rename) under it, where every promotion and exploit is
-        decided, and their contents removed after it (`checkpoint_disk.purge`), so a large
+        (`disk.retire`, a rename) under it, where every promotion and exploit is
+        decided, and their contents removed after it (`disk.purge`), so a large
         folder never holds the lock; over `max_checkpoint_gb` with nothing left to remove,
         say so once."""
         sched = self.spec.study.scheduler
@@ -61,7 +60,7 @@ class CheckpointTidy:
                 if origin in self._refused:
                     continue
                 try:
-                    if checkpoint_disk.retire(out, origin) is None:
+                    if disk.retire(out, origin) is None:
                         continue  # a straggler of it still ends: another time
                 except UnsafePath as e:
                     self._refused.add(origin)
@@ -87,12 +86,12 @@ class CheckpointTidy:
         can never continue."""
         wanted = lines if bounded else retention.never_continue(
             lines, self.decide, self.spec.study.n_trials)
-        return checkpoint_disk.sizes(self.spec.output_dir, sorted(wanted))
+        return disk.sizes(self.spec.output_dir, sorted(wanted))
 
     def _purge(self) -> None:
-        """The retired folders' contents removed (`checkpoint_disk.purge`); each refused is
+        """The retired folders' contents removed (`disk.purge`); each refused is
         said once."""
-        for e in checkpoint_disk.purge(self.spec.output_dir)[1]:
+        for e in disk.purge(self.spec.output_dir)[1]:
             if e.path not in self._refused_trash:
                 self._refused_trash.add(e.path)
                 self.say(f"a retired checkpoint folder is kept: {e}")

@@ -22,9 +22,9 @@ from typing import Literal
 
 from optuna.trial import TrialState
 
-from sweep.runner.schedulers import Halving, Pbt
+from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.history import LineageView, Standing
 from sweep.study.attrs import REPLACES
-from sweep.study.lineages import LineageView, Standing
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 

@@ -3,7 +3,7 @@ pauses at a rung, or is replaced (PBT); which job a free device gets (a promotio
 configuration); a Hyperband lineage's bracket; a PBT exploit's donor and perturbed params, and
 the donors paused for a copy that may continue.
 
-Everything is decided from the study's lineages (`study.lineages.read`) and the step a trial
+Everything is decided from the study's lineages (`history.read`) and the step a trial
 reached, so every driver of a study decides the same, and it is tested in microseconds.
 Successive halving follows Li et al., "A System for Massively Parallel Hyperparameter Tuning"
 (MLSys 2020): rungs at min_steps * rf**k below max_steps; a trial reaching a rung outside the
@@ -21,6 +21,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep.schedulers.exploit_copy import has_steps_left
+from sweep.schedulers.history import LineageView, Standing
 from sweep.spec.scheduler import (
     AshaScheduler,
     HyperbandScheduler,
@@ -28,8 +30,6 @@ from sweep.spec.scheduler import (
     Scheduler,
 )
 from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
-from sweep.study.lineages import LineageView, Standing
-from sweep.trial.exploit import has_steps_left
 
 
 @dataclass(frozen=True)

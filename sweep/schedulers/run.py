@@ -1,12 +1,12 @@
-"""`study.scheduler` carried out: the one place a scheduler's decisions (`schedulers`) touch the
-study and the trials, behind the hooks of `scheduler_api.TrialScheduler`: how many jobs may
-start (`room`), under the budget lock just before an ask (`before_ask`: a promotion is queued, a
+"""`study.scheduler` carried out: the one place a scheduler's decisions (`halving`) touch the
+study and the trials, behind the hooks of `api.TrialScheduler`: how many jobs may start
+(`room`), under the budget lock just before an ask (`before_ask`: a promotion is queued, a
 bracket chosen, a PBT donor paused for a copy continued), when a trial starts (`on_start`: a PBT
-exploit's consistent copy of its donor's state, `exploit.choose`), with each batch of a trial's
-results (`on_result`: the explore check of `trainer.logged_params`, `explore_check`, then go on,
-pause (at a rung, or a PBT donor an exploit waits on) or replace; the resume check of every
-study is `resume_check`'s), and when a trial's processes are gone (`ended`: the checkpoint
-folders of lineages that can never continue removed, `checkpoint_tidy`).
+exploit's consistent copy of its donor's state, `exploit_copy.choose`), with each batch of a
+trial's results (`on_result`: the explore check of `trainer.logged_params`, `_explore_check`,
+then go on, pause (at a rung, or a PBT donor an exploit waits on) or replace; the resume check
+of every study is `resume_check`'s), and when a trial's processes are gone (`ended`: the
+checkpoint folders of lineages that can never continue removed, `_tidy`).
 
 Every decision is recorded in the study before it is acted on, under the budget lock where two
 drivers could take it both: a promotion is its lineage's next attempt queued once
@@ -28,10 +28,12 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import TrialState
 
-from sweep.runner.checkpoint_tidy import CheckpointTidy
-from sweep.runner.exploit_start import ExploitStart, queue_next
-from sweep.runner.explore_check import ExploreCheck
-from sweep.runner.schedule_budget import (
+from sweep.schedulers import exploit_copy, history
+from sweep.schedulers._exploit_start import ExploitStart, queue_next
+from sweep.schedulers._explore_check import ExploreCheck
+from sweep.schedulers._tidy import CheckpointTidy
+from sweep.schedulers.api import Job, NoScheduler, NotStarted, OnResult, TrialScheduler
+from sweep.schedulers.budget import (
     continuable,
     decisions,
     jobs,
@@ -40,8 +42,7 @@ from sweep.runner.schedule_budget import (
     too_few,
     unstarted,
 )
-from sweep.runner.scheduler_api import Job, NoScheduler, NotStarted, OnResult, TrialScheduler
-from sweep.runner.schedulers import (
+from sweep.schedulers.halving import (
     GoOn,
     Halving,
     NewConfiguration,
@@ -50,13 +51,12 @@ from sweep.runner.schedulers import (
     Promote,
     Replace,
 )
+from sweep.schedulers.history import LineageView, Standing
 from sweep.spec.schema import Spec
-from sweep.study import lineages
 from sweep.study.attrs import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.study.budget import LockAbandoned
-from sweep.study.lineages import LineageView, Standing
 from sweep.study.store import Asked, Store
-from sweep.trial import exploit, folders, lineage
+from sweep.trial import folders, lineage
 from sweep.trial.lineage import Start
 from sweep.trial.running import RunningTrial
 
@@ -120,7 +120,7 @@ class Scheduling:
             self.say(NO_RESUME_ARGS)
 
     def lineages(self) -> dict[int, LineageView]:
-        return lineages.read(self.store.study.get_trials(deepcopy=False))
+        return history.read(self.store.study.get_trials(deepcopy=False))
 
     def _configurations(self, lines: dict[int, LineageView]) -> int:
         return len(lines)
@@ -211,7 +211,7 @@ class Scheduling:
             else line.exploit_of
         if donor is not None and line is not None and line.called_off:  # its driver was
             # stopped between calling it off and telling it: the lineage it replaced goes on
-            raise exploit.CalledOff(asked.number, donor, None, "it had been called off "
+            raise exploit_copy.CalledOff(asked.number, donor, None, "it had been called off "
                                     "already (its driver was stopped before it told it)")
         if donor is not None:
             if asked.attempt > 0:  # a cut attempt's folder holds at most a part of a copy
@@ -244,10 +244,11 @@ class Scheduling:
         assert isinstance(self.decide, Pbt)
         if not any(v.awaits_copy and v.exploit_of == run.origin for v in lines.values()):
             return False
-        choice = exploit.choose(
-            exploit.listing(lineage.checkpoint_dir(self.spec.output_dir, run.origin)),
-            exploit.Donor(True, False, step), self.decide.spec.max_steps, self.exploits.counted)
-        if not (isinstance(choice, exploit.Wait) and choice.pause):
+        choice = exploit_copy.choose(
+            exploit_copy.listing(lineage.checkpoint_dir(self.spec.output_dir, run.origin)),
+            exploit_copy.Donor(True, False, step), self.decide.spec.max_steps,
+            self.exploits.counted)
+        if not (isinstance(choice, exploit_copy.Wait) and choice.pause):
             return False
         self.store.note(run.trial, {PAUSED_AT: step})
         self.say(f"trial {run.number} paused at step {step}: an exploit copies its checkpoint "
@@ -335,7 +336,7 @@ class Scheduling:
 
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
         """The checkpoint folders of lineages that can never continue removed
-        (`checkpoint_tidy`; `abort` true gives up waiting for the budget lock)."""
+        (`_tidy`; `abort` true gives up waiting for the budget lock)."""
         self.disk.tidy(abort)
 
 

@@ -16,7 +16,7 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from sweep.runner.schedulers import NewConfiguration, Promote
+from sweep.schedulers.halving import NewConfiguration, Promote
 from sweep.study.store import Asked
 from sweep.trial.lineage import Start
 from sweep.trial.running import RunningTrial, Stop
@@ -77,7 +77,7 @@ class TrialScheduler(Protocol):
 
     def on_start(self, asked: Asked, start: Start) -> Start:
         """Where `asked` starts from (its lineage's lock held); NotStarted, a `LineageBusy`
-        or `exploit.CalledOff` if it does not start now."""
+        or `exploit_copy.CalledOff` if it does not start now."""
         ...
 
     def on_result(self, run: RunningTrial, steps: Sequence[int],

@@ -9,22 +9,20 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.runner import schedulers
-from sweep.runner.schedulers import (
+from sweep.schedulers import disk, halving, history
+from sweep.schedulers.halving import (
     Halving,
     Pbt,
     Promote,
 )
+from sweep.schedulers.history import LineageView
 from sweep.spec.schema import Spec
-from sweep.study import lineages
-from sweep.study.lineages import LineageView
-from sweep.trial import checkpoint_disk
 
 
 def decisions(spec: Spec) -> Halving | Pbt:
     """The decisions of `spec.study.scheduler` (which it must have)."""
     assert spec.study.scheduler is not None
-    return schedulers.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
+    return halving.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
 
 
 def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
@@ -34,7 +32,7 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
     a lineage carried on is no new configuration, so it runs whatever the budget), every
     promotable lineage, and new configurations while `n_trials` (configurations, not
     attempts) allows (PBT: up to its population; its exploits are queued within n_trials)."""
-    lines = lineages.read(trials)
+    lines = history.read(trials)
     queued = sum(1 for t in trials if t.state is TrialState.WAITING)
     if isinstance(decide, Pbt):  # and its lineages paused that may go on
         return (queued + len(continuable(decide, lines, output_dir))
@@ -55,7 +53,7 @@ def continuable(decide: Pbt, lines: Mapping[int, LineageView],
     """`Pbt.continuable`, less the lineages whose checkpoint folder in `output_dir` was
     removed (paused under another scheduler whose rungs it could never pass again)."""
     return [o for o in decide.continuable(lines)
-            if output_dir is None or not checkpoint_disk.removed(output_dir, o)]
+            if output_dir is None or not disk.removed(output_dir, o)]
 
 
 def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,
@@ -64,7 +62,7 @@ def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,
     checkpoint folder in `output_dir` was removed: they were judged never to continue, and a
     later run of more configurations keeps to that."""
     return [j for j in decide.promotable(lines, closed=closed)
-            if output_dir is None or not checkpoint_disk.removed(output_dir, j.origin)]
+            if output_dir is None or not disk.removed(output_dir, j.origin)]
 
 
 def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> str | None:
@@ -98,4 +96,4 @@ def too_few(decide: Halving | Pbt, n_trials: int) -> str | None:
 
 def configurations(trials: Sequence[FrozenTrial]) -> int:
     """The study's configurations (lineages): what `n_trials` counts under a scheduler."""
-    return len(lineages.read(trials))
+    return len(history.read(trials))
