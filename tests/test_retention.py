@@ -10,7 +10,8 @@ from test_schedulers import ASHA, PBT, load, paused, trial
 
 from sweep._core.errors import ConfigError
 from sweep.schedulers import history, retention
-from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.halving import Halving
+from sweep.schedulers.pbt import Pbt
 from sweep.schedulers.retention import Removal
 
 H = Halving.of(ASHA, minimize=True)  # rungs at steps 2 and 6, reduction factor 3

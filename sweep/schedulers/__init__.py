@@ -5,12 +5,13 @@ study without one). The runner makes the run's scheduler (`of`) and tells it; `a
 the pure modules (`history`, `halving`); the commands count a study's configurations.
 
 The decisions are pure, each module one job: `history` (a lineage as the study stores it),
-`halving` (successive halving: rungs, pause, promote, brackets; and pbt's exploit and
-explore), `explore` (whether an exploit ran with its perturbed params), `budget` (what a study
-may start, in configurations), `retention` (which checkpoint folders go). Their side effects:
-`exploit_copy` (a donor's state copied), `disk` (the checkpoint folders' bytes, one removed),
-and `run` (`Scheduling`: the one place the decisions touch the study and the trials, with
-`_exploit_start`, `_explore_check` and `_tidy`).
+`halving` (successive halving: rungs, pause, promote, brackets), `pbt` (exploit: which
+lineage is replaced, by a copy of which), `explore` (the donor's params perturbed, and whether
+an exploit ran with them), `budget` (what a study may start, in configurations), `retention`
+(which checkpoint folders go). Their side effects: `exploit_copy` (a donor's state copied),
+`disk` (the checkpoint folders' bytes, one removed), and `run` (`Scheduling`: the one place the
+decisions touch the study and the trials, with `_exploit_start`, `_explore_check` and
+`_tidy`).
 
 Imports `_core`, `spec`, `trial` and `study`; never `runner`.
 """
@@ -21,7 +22,8 @@ from sweep.schedulers import history
 from sweep.schedulers.api import NO_SCHEDULER, NoScheduler, NotStarted, OnResult, TrialScheduler
 from sweep.schedulers.budget import configurations, decisions, jobs, short_of
 from sweep.schedulers.exploit_copy import CalledOff
-from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.halving import Halving
+from sweep.schedulers.pbt import Pbt
 from sweep.schedulers.run import of
 
 __all__ = [

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from sweep._core.safefs import UnsafePath
 from sweep.schedulers import disk, history, retention
-from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import LineageView
+from sweep.schedulers.pbt import Pbt
 from sweep.spec.schema import Spec
 from sweep.study.store import Store
 from sweep.trial import lineage

@@ -9,20 +9,25 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.schedulers import disk, halving, history
-from sweep.schedulers.halving import (
-    Halving,
-    Pbt,
-    Promote,
-)
+from sweep.schedulers import disk, history
+from sweep.schedulers.halving import Halving, Promote
 from sweep.schedulers.history import LineageView
+from sweep.schedulers.pbt import Pbt
+from sweep.spec.scheduler import PbtScheduler, Scheduler
 from sweep.spec.schema import Spec
 
 
 def decisions(spec: Spec) -> Halving | Pbt:
     """The decisions of `spec.study.scheduler` (which it must have)."""
     assert spec.study.scheduler is not None
-    return halving.of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
+    return decisions_of(spec.study.scheduler, spec.study.objective_directions[0] == "minimize")
+
+
+def decisions_of(spec: Scheduler, minimize: bool) -> Halving | Pbt:
+    """The decisions of `study.scheduler` `spec`, ranking by one objective (`minimize`)."""
+    if isinstance(spec, PbtScheduler):
+        return Pbt(spec, minimize)
+    return Halving.of(spec, minimize)
 
 
 def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],

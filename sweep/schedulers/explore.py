@@ -1,6 +1,7 @@
-"""Whether a PBT exploit runs with its perturbed params or with its donor's, restored from the
-checkpoint it was copied from (an optimizer's state holds its learning rate: Ray Tune
-#62173), judged from the values the script logs (`trainer.logged_params`). Pure.
+"""PBT's explore, with no side effects: the donor's params perturbed for its exploit
+(`explore`), and whether the exploit runs with them or with its donor's, restored from the
+checkpoint it was copied from (an optimizer's state holds its learning rate: Ray Tune #62173),
+judged from the values the script logs (`trainer.logged_params`: `restored`).
 
 The script's logged value may follow a schedule (a HF Trainer logs the decayed learning
 rate; timm restores its donor's scheduler too), so the exploit's logged value is not compared
@@ -15,7 +16,11 @@ donor's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
 
 
 def boundary(before: int | None, step: int, interval: int) -> int | None:
@@ -42,3 +47,35 @@ def restored(logged: float, donor_logged: float | None, given: float,
     if min(logged, reference, given, donor_given) <= 0 or given == donor_given:
         return None
     return abs(math.log(logged / reference)) < abs(math.log(given / donor_given)) / 2
+
+
+def explore(params: dict[str, Any], searched: Mapping[str, Searched],
+            factors: Sequence[float], resample: float, rng: random.Random) -> dict[str, Any]:
+    """The donor's `params`, explored as Jaderberg et al.'s PBT (and Ray Tune's) does: each
+    param redrawn from its range with probability `resample` (a number uniformly, on a log
+    scale for a `log` one; a categorical or bool among its choices), else a number scaled by
+    one of `factors` and a categorical kept; a number kept in its range (an int rounded, a
+    stepped value on its step). Params not searched are kept."""
+    out = dict(params)
+    for name, dim in searched.items():
+        if name not in out:
+            continue
+        if isinstance(dim, (CategoricalParam, BoolParam)):
+            if rng.random() < resample:
+                out[name] = rng.choice(list(dim.choices))
+            continue
+        assert isinstance(dim, (FloatParam, IntParam))
+        redraw = resample > 0 and rng.random() < resample  # no draw for none: the same stream
+        if redraw and dim.log:
+            value = math.exp(rng.uniform(math.log(dim.low), math.log(dim.high)))
+        elif redraw and isinstance(dim, IntParam):
+            value = rng.randint(dim.low, dim.high)  # each value alike, the ends too
+        elif redraw:
+            value = rng.uniform(dim.low, dim.high)
+        else:
+            value = float(out[name]) * rng.choice(list(factors))
+        if dim.step is not None and not (isinstance(dim, IntParam) and dim.step == 1):
+            value = dim.low + round((value - dim.low) / dim.step) * dim.step
+        value = min(max(value, dim.low), dim.high)
+        out[name] = round(value) if isinstance(dim, IntParam) else value
+    return out

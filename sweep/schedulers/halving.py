@@ -1,7 +1,6 @@
-"""What a scheduler decides, with no side effects: whether a trial that just reported goes on,
-pauses at a rung, or is replaced (PBT); which job a free device gets (a promotion before a new
-configuration); a Hyperband lineage's bracket; a PBT exploit's donor and perturbed params, and
-the donors paused for a copy that may continue.
+"""Successive halving, with no side effects (asha, and hyperband in brackets): whether a
+trial that just reported goes on or pauses at a rung, which paused lineage a free device
+continues (a promotion before a new configuration), and a Hyperband lineage's bracket.
 
 Everything is decided from the study's lineages (`history.read`) and the step a trial
 reached, so every driver of a study decides the same, and it is tested in microseconds.
@@ -14,22 +13,14 @@ before it starts a new configuration.
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from optuna.trial import TrialState
 
 from sweep.schedulers.exploit_copy import has_steps_left
 from sweep.schedulers.history import LineageView, Standing
-from sweep.spec.scheduler import (
-    AshaScheduler,
-    HyperbandScheduler,
-    PbtScheduler,
-    Scheduler,
-)
-from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
+from sweep.spec.scheduler import AshaScheduler, HyperbandScheduler
 
 
 @dataclass(frozen=True)
@@ -50,19 +41,6 @@ class Pause:
 
 
 @dataclass(frozen=True)
-class Replace:
-    """PBT: the trial is in the bottom quantile at `step`: a new lineage takes its place,
-    copied from `donor`'s checkpoint folder, with `params` (the donor's, perturbed)."""
-
-    donor: int
-    step: int
-    params: dict[str, Any]
-
-
-OnReport = GoOn | Pause | Replace
-
-
-@dataclass(frozen=True)
 class Promote:
     """A free device continues the paused lineage `origin`, now in the top of the rung it
     reached (`rung`, an index into `Halving.rungs`)."""
@@ -76,9 +54,6 @@ class NewConfiguration:
     """A free device starts a new configuration (in Hyperband bracket `bracket`)."""
 
     bracket: int = 0
-
-
-Job = Promote | NewConfiguration
 
 
 def rungs(min_steps: int, max_steps: int, reduction_factor: int) -> tuple[int, ...]:
@@ -96,6 +71,11 @@ def top(values: Mapping[int, float], fraction: float, minimize: bool) -> list[in
     ties go to the lower origin (the earlier lineage)."""
     ranked = sorted(values, key=lambda o: (values[o] if minimize else -values[o], o))
     return ranked[:math.floor(len(values) * fraction + 1e-9)]
+
+
+def failed(line: LineageView) -> bool:
+    """Whether a lineage failed for good (its latest attempt FAIL, nothing queued)."""
+    return line.standing is Standing.DONE and line.latest.state is TrialState.FAIL
 
 
 @dataclass(frozen=True)
@@ -158,7 +138,7 @@ class Halving:
         return chosen
 
     def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
-                  step: int) -> OnReport:
+                  step: int) -> GoOn | Pause:
         """Lineage `origin` has reported up to `step` (`before`: the last step it had
         reported, or, continued, the step it stood at for its rungs; None: none): at the
         highest rung it has just passed, it goes on if it is in the top of that rung
@@ -178,7 +158,7 @@ class Halving:
             return GoOn(bracket + k)
         return Pause(bracket + k, step)
 
-    def before_continuing(self, lineages: Mapping[int, LineageView], origin: int) -> OnReport:
+    def before_continuing(self, lineages: Mapping[int, LineageView], origin: int) -> GoOn | Pause:
         """Lineage `origin`, about to be continued: judged (`on_report`) at the highest rung
         it reached (`reach`) above the highest it was judged at (`LineageView.judged`), as its
         reports would have been had its last attempt not been stopped first (a driver killed
@@ -251,101 +231,3 @@ class Halving:
             if 0 <= line.bracket < self.brackets:
                 counts[line.bracket] += 1
         return min(range(self.brackets), key=lambda b: ((counts[b] + 1) / share[b], b))
-
-
-@dataclass(frozen=True)
-class Pbt:
-    """Population-based training (`PbtScheduler`): exploit and explore at every `interval`
-    steps. `seed` makes a decision the same in every driver that takes it."""
-
-    spec: PbtScheduler
-    minimize: bool
-
-    def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
-                  step: int, searched: Mapping[str, Searched], room: bool) -> OnReport:
-        """Lineage `origin` reported up to `step`: if it has just passed a multiple of
-        `interval` (below max_steps), is in the bottom quantile of the live lineages' latest
-        values, and `room` (n_trials allows another configuration), it is replaced by an
-        exploit of a lineage in the top quantile."""
-        every = self.spec.interval
-        passed = (before is None or before // every < step // every) and step // every > 0
-        if not room or not passed or step >= self.spec.max_steps:
-            return GoOn()
-        live = {o: line.last_value for o, line in lineages.items()
-                if line.standing in (Standing.RUNNING, Standing.QUEUED, Standing.PAUSED)
-                and not line.replaced
-                and line.last_value is not None and line.last_value == line.last_value}
-        if origin not in live or len(live) < 2:
-            return GoOn()
-        values = {o: float(v) for o, v in live.items() if v is not None}
-        n = len(values)
-        cut = max(1, math.floor(n * self.spec.quantile + 1e-9))
-        best = top(values, 1.0, self.minimize)
-        if origin not in best[n - cut:] or origin in best[:cut]:
-            return GoOn()
-        donors = [o for o in best[:cut] if _steps_left(lineages[o], self.spec.max_steps)]
-        if not donors:  # the top is at its last step: no state with steps left to copy
-            return GoOn()
-        rng = random.Random(f"{self.spec.seed}-{origin}-{step}")
-        donor = rng.choice(donors)
-        return Replace(donor, step, explore(dict(lineages[donor].params), searched,
-                                            self.spec.perturb,
-                                            self.spec.resample_probability, rng))
-
-
-    def continuable(self, lineages: Mapping[int, LineageView]) -> list[int]:
-        """The lineages paused for an exploit's copy (a donor with a plain folder) that no
-        exploit waits on any more: they continue, lowest origin first."""
-        waited = {line.exploit_of for line in lineages.values() if line.awaits_copy}
-        return sorted(o for o, line in lineages.items()
-                      if line.standing is Standing.PAUSED and not line.replaced
-                      and o not in waited)
-
-
-def failed(line: LineageView) -> bool:
-    """Whether a lineage failed for good (its latest attempt FAIL, nothing queued)."""
-    return line.standing is Standing.DONE and line.latest.state is TrialState.FAIL
-
-
-def _steps_left(line: LineageView, max_steps: int) -> bool:
-    """Whether a lineage's latest state leaves a step to train below `max_steps`."""
-    return line.last_step is not None and has_steps_left(line.last_step, max_steps)
-
-
-def explore(params: dict[str, Any], searched: Mapping[str, Searched],
-            factors: Sequence[float], resample: float, rng: random.Random) -> dict[str, Any]:
-    """The donor's `params`, explored as Jaderberg et al.'s PBT (and Ray Tune's) does: each
-    param redrawn from its range with probability `resample` (a number uniformly, on a log
-    scale for a `log` one; a categorical or bool among its choices), else a number scaled by
-    one of `factors` and a categorical kept; a number kept in its range (an int rounded, a
-    stepped value on its step). Params not searched are kept."""
-    out = dict(params)
-    for name, dim in searched.items():
-        if name not in out:
-            continue
-        if isinstance(dim, (CategoricalParam, BoolParam)):
-            if rng.random() < resample:
-                out[name] = rng.choice(list(dim.choices))
-            continue
-        assert isinstance(dim, (FloatParam, IntParam))
-        redraw = resample > 0 and rng.random() < resample  # no draw for none: the same stream
-        if redraw and dim.log:
-            value = math.exp(rng.uniform(math.log(dim.low), math.log(dim.high)))
-        elif redraw and isinstance(dim, IntParam):
-            value = rng.randint(dim.low, dim.high)  # each value alike, the ends too
-        elif redraw:
-            value = rng.uniform(dim.low, dim.high)
-        else:
-            value = float(out[name]) * rng.choice(list(factors))
-        if dim.step is not None and not (isinstance(dim, IntParam) and dim.step == 1):
-            value = dim.low + round((value - dim.low) / dim.step) * dim.step
-        value = min(max(value, dim.low), dim.high)
-        out[name] = round(value) if isinstance(dim, IntParam) else value
-    return out
-
-
-def of(spec: Scheduler, minimize: bool) -> Halving | Pbt:
-    """The decisions of `study.scheduler`."""
-    if isinstance(spec, PbtScheduler):
-        return Pbt(spec, minimize)
-    return Halving.of(spec, minimize)

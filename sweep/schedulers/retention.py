@@ -22,8 +22,9 @@ from typing import Literal
 
 from optuna.trial import TrialState
 
-from sweep.schedulers.halving import Halving, Pbt
+from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.pbt import Pbt
 from sweep.study.attrs import REPLACES
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes

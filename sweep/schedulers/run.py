@@ -1,4 +1,4 @@
-"""`study.scheduler` carried out: the one place a scheduler's decisions (`halving`) touch the
+"""`study.scheduler` carried out: the one place a scheduler's decisions (`halving`, `pbt`) touch the
 study and the trials, behind the hooks of `api.TrialScheduler`: how many jobs may start
 (`room`), under the budget lock just before an ask (`before_ask`: a promotion is queued, a
 bracket chosen, a PBT donor paused for a copy continued), when a trial starts (`on_start`: a PBT
@@ -42,16 +42,9 @@ from sweep.schedulers.budget import (
     too_few,
     unstarted,
 )
-from sweep.schedulers.halving import (
-    GoOn,
-    Halving,
-    NewConfiguration,
-    Pause,
-    Pbt,
-    Promote,
-    Replace,
-)
+from sweep.schedulers.halving import GoOn, Halving, NewConfiguration, Pause, Promote
 from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.pbt import Pbt, Replace
 from sweep.spec.schema import Spec
 from sweep.study.attrs import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.study.budget import LockAbandoned
