@@ -13,7 +13,7 @@ from collections.abc import Callable
 from sweep._core.safefs import UnsafePath
 from sweep.schedulers import disk, history, retention
 from sweep.schedulers.halving import Halving
-from sweep.schedulers.history import LineageView
+from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
 from sweep.spec.schema import Spec
 from sweep.study.store import Store
@@ -32,7 +32,7 @@ class CheckpointTidy:
         self._refused: set[int] = set()  # folders sweep would not remove: said once each
         self._refused_trash: set[str] = set()  # retired folders it would not purge, likewise
 
-    def lineages(self) -> dict[int, LineageView]:
+    def lineages(self) -> dict[int, History]:
         return history.read(self.store.study.get_trials(deepcopy=False))
 
     def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
@@ -81,7 +81,7 @@ class CheckpointTidy:
                      "belongs to lineages that may still continue (or the best finished one): "
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
 
-    def _measure(self, lines: dict[int, LineageView], bounded: bool) -> dict[int, int]:
+    def _measure(self, lines: dict[int, History], bounded: bool) -> dict[int, int]:
         """The bytes in the folders `retention.plan` weighs, as they are now (another driver
         or the user may have removed some): every lineage's under a bound, else those that
         can never continue."""

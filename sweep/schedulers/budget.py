@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.schedulers import disk, history
 from sweep.schedulers.halving import Halving, Promote
-from sweep.schedulers.history import LineageView
+from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
 from sweep.spec.scheduler import PbtScheduler, Scheduler
 from sweep.spec.schema import Spec
@@ -46,14 +46,14 @@ def jobs(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial],
     return queued + len(promotable(decide, lines, new == 0, output_dir)) + new
 
 
-def unstarted(decide: Pbt, n_trials: int, lines: Mapping[int, LineageView]) -> int:
+def unstarted(decide: Pbt, n_trials: int, lines: Mapping[int, History]) -> int:
     """How many of a PBT population's first configurations have not started yet (up to
     `n_trials`; its exploits are configurations too, but none of the population)."""
     first = sum(1 for v in lines.values() if v.exploit_of is None)
     return max(0, min(n_trials, decide.spec.population) - first)
 
 
-def continuable(decide: Pbt, lines: Mapping[int, LineageView],
+def continuable(decide: Pbt, lines: Mapping[int, History],
                 output_dir: Path | None) -> list[int]:
     """`Pbt.continuable`, less the lineages whose checkpoint folder in `output_dir` was
     removed (paused under another scheduler whose rungs it could never pass again)."""
@@ -61,7 +61,7 @@ def continuable(decide: Pbt, lines: Mapping[int, LineageView],
             if output_dir is None or not disk.removed(output_dir, o)]
 
 
-def promotable(decide: Halving, lines: Mapping[int, LineageView], closed: bool,
+def promotable(decide: Halving, lines: Mapping[int, History], closed: bool,
                output_dir: Path | None) -> list[Promote]:
     """`Halving.promotable` (`closed`: no configuration can come), less the lineages whose
     checkpoint folder in `output_dir` was removed: they were judged never to continue, and a

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from optuna.trial import TrialState
 
 from sweep.schedulers.exploit_copy import has_steps_left
-from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.history import History, Standing
 from sweep.spec.scheduler import AshaScheduler, HyperbandScheduler
 
 
@@ -73,7 +73,7 @@ def top(values: Mapping[int, float], fraction: float, minimize: bool) -> list[in
     return ranked[:math.floor(len(values) * fraction + 1e-9)]
 
 
-def failed(line: LineageView) -> bool:
+def failed(line: History) -> bool:
     """Whether a lineage failed for good (its latest attempt FAIL, nothing queued)."""
     return line.standing is Standing.DONE and line.latest.state is TrialState.FAIL
 
@@ -98,7 +98,7 @@ class Halving:
     def rungs_of(self, bracket: int) -> tuple[int, ...]:
         return self.rungs[bracket:]
 
-    def reach(self, line: LineageView) -> int | None:
+    def reach(self, line: History) -> int | None:
         """The step a lineage stands at for its rungs: its last reported one, but for one
         paused at a rung (`rung_cap`: paused, or promoted and not reported since), at most
         that rung's step: what its trainer did while it stopped counts at no higher rung (it
@@ -109,7 +109,7 @@ class Halving:
             return last
         return min(last, self.rungs[rung])
 
-    def rung_values(self, lineages: Mapping[int, LineageView], bracket: int,
+    def rung_values(self, lineages: Mapping[int, History], bracket: int,
                     k: int) -> dict[int, float]:
         """The values at rung `k` of `bracket` of the bracket's lineages that reached it
         (`reach`): each one's at the first step it reported at or after the rung's."""
@@ -123,7 +123,7 @@ class Halving:
                     out[o] = value
         return out
 
-    def rung_top(self, lineages: Mapping[int, LineageView], bracket: int, k: int,
+    def rung_top(self, lineages: Mapping[int, History], bracket: int, k: int,
                  closed: bool = False) -> list[int]:
         """The lineages at the top of rung `k` of `bracket`, best first: floor(n/rf) places
         of the n that reached it, taken by the best of those that may still continue (one
@@ -137,7 +137,7 @@ class Halving:
             chosen = top(able, 1.0, self.minimize)[:1]
         return chosen
 
-    def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
+    def on_report(self, lineages: Mapping[int, History], origin: int, before: int | None,
                   step: int) -> GoOn | Pause:
         """Lineage `origin` has reported up to `step` (`before`: the last step it had
         reported, or, continued, the step it stood at for its rungs; None: none): at the
@@ -158,9 +158,9 @@ class Halving:
             return GoOn(bracket + k)
         return Pause(bracket + k, step)
 
-    def before_continuing(self, lineages: Mapping[int, LineageView], origin: int) -> GoOn | Pause:
+    def before_continuing(self, lineages: Mapping[int, History], origin: int) -> GoOn | Pause:
         """Lineage `origin`, about to be continued: judged (`on_report`) at the highest rung
-        it reached (`reach`) above the highest it was judged at (`LineageView.judged`), as its
+        it reached (`reach`) above the highest it was judged at (`History.judged`), as its
         reports would have been had its last attempt not been stopped first (a driver killed
         after it decided a pause, before it told it; a signal between a rung's report and its
         check). GoOn() if it reached no rung it was not judged at."""
@@ -173,7 +173,7 @@ class Halving:
             self.rungs) else None
         return self.on_report(lineages, origin, before, reach)
 
-    def rung_of(self, line: LineageView) -> int | None:
+    def rung_of(self, line: History) -> int | None:
         """The index in its bracket's rungs of the highest rung a lineage has reached
         (`reach`)."""
         last = self.reach(line)
@@ -181,7 +181,7 @@ class Halving:
         reached = [k for k, r in enumerate(own) if last is not None and last >= r]
         return reached[-1] if reached else None
 
-    def promotable(self, lineages: Mapping[int, LineageView],
+    def promotable(self, lineages: Mapping[int, History],
                    closed: bool = False) -> list[Promote]:
         """The paused lineages now in the top of the rung they reached (`rung_top`), from
         the top rung down, and best first within a rung (Li et al.'s get_job order).
@@ -205,7 +205,7 @@ class Halving:
                 found.append((-own[k], value, o, Promote(o, line.bracket + k)))
         return [p for *_, p in sorted(found, key=lambda f: f[:3])]
 
-    def final(self, lineages: Mapping[int, LineageView], bracket: int, k: int) -> bool:
+    def final(self, lineages: Mapping[int, History], bracket: int, k: int) -> bool:
         """With no new configuration to come: whether rung `k` of `bracket` can no longer
         grow, i.e. no lineage of the bracket runs or waits below it, and none paused at a
         lower rung is in the top of that rung (so none will be promoted into it)."""
@@ -217,7 +217,7 @@ class Halving:
         return not any(lineages[o].standing is Standing.PAUSED and self.rung_of(lineages[o]) == j
                        for j in range(k) for o in self.rung_top(lineages, bracket, j, True))
 
-    def bracket_for(self, lineages: Mapping[int, LineageView]) -> int:
+    def bracket_for(self, lineages: Mapping[int, History]) -> int:
         """The bracket of a new configuration: the one furthest below its Hyperband share
         (bracket b starts ceil((s+1)/(s-b+1) * rf**(s-b)) configurations per round, s the
         number of rungs), the most aggressive first on a tie."""

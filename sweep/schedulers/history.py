@@ -1,6 +1,8 @@
-"""The study's lineages as a scheduler sees them: for each lineage (the first attempt's number),
-its params, its curve over all its attempts, and where it stands (running, queued, paused,
-done), read from the trials' states and user attributes (pure: trials in, views out).
+"""A lineage's history: what the study stores of a lineage, as a scheduler reads it (for each
+lineage, by its first attempt's number: its params, its curve over all its attempts, and where
+it stands: running, queued, paused, done), read from the trials' states and user attributes
+(pure: trials in, histories out). Read only: a lineage's attempts and their folder are
+`sweep.trial.lineage`'s, the lock on that folder `sweep.trial.lineage_lock`'s.
 
 A scheduler's decisions are recorded in the attempts' user attributes (their names and what
 each holds: `sweep.study.attrs`), so every driver of the study reads the same lineages.
@@ -38,8 +40,8 @@ class Standing(enum.Enum):
 
 
 @dataclass(frozen=True)
-class LineageView:
-    """One lineage: `origin` (its first attempt's number), the searched params it runs,
+class History:
+    """One lineage's history: `origin` (its first attempt's number), the searched params it runs,
     `curve` (each step's value, from the latest attempt that reported it), its `standing`,
     and its latest attempt (to queue its continuation from)."""
 
@@ -105,7 +107,7 @@ def _status(t: FrozenTrial) -> Standing:
 
 
 def _rung_cap(attempts: Iterable[FrozenTrial]) -> int | None:
-    """`LineageView.rung_cap` of a lineage's `attempts`, in order."""
+    """`History.rung_cap` of a lineage's `attempts`, in order."""
     cap, last = None, -1
     for t in attempts:
         if t.state is TrialState.PRUNED and PAUSED_AT in t.user_attrs and RUNG in t.user_attrs:
@@ -116,7 +118,7 @@ def _rung_cap(attempts: Iterable[FrozenTrial]) -> int | None:
 
 
 def _judged(attempts: Iterable[FrozenTrial]) -> int | None:
-    """`LineageView.judged` of a lineage's `attempts`."""
+    """`History.judged` of a lineage's `attempts`."""
     rungs = [int(t.user_attrs[PASSED_RUNG]) for t in attempts if PASSED_RUNG in t.user_attrs]
     rungs += [int(t.user_attrs[RUNG]) for t in attempts
               if t.state is TrialState.PRUNED and PAUSED_AT in t.user_attrs
@@ -124,8 +126,8 @@ def _judged(attempts: Iterable[FrozenTrial]) -> int | None:
     return max(rungs, default=None)
 
 
-def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
-    """The lineages of `trials` (every trial of a study), by origin."""
+def read(trials: Iterable[FrozenTrial]) -> dict[int, History]:
+    """The history of each lineage of `trials` (every trial of a study), by origin."""
     by_origin: dict[int, list[FrozenTrial]] = {}
     for t in trials:
         origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
@@ -133,7 +135,7 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
     replaced = {int(t.user_attrs[REPLACES]) for ts in by_origin.values() for t in ts
                 if REPLACES in t.user_attrs
                 and not any(a.user_attrs.get(CALLED_OFF) for a in ts)}  # any attempt of it
-    out: dict[int, LineageView] = {}
+    out: dict[int, History] = {}
     for origin, attempts in by_origin.items():
         attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
         first, latest = attempts[0], attempts[-1]
@@ -147,7 +149,7 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, LineageView]:
         exploit = first.user_attrs.get(EXPLOIT_OF)
         copied = [t.user_attrs[EXPLOIT_STEP] for t in attempts
                   if EXPLOIT_STEP in t.user_attrs and t.state is not TrialState.WAITING]
-        out[origin] = LineageView(
+        out[origin] = History(
             origin, params, curve, standing, latest, int(first.user_attrs.get(BRACKET, 0)),
             None if exploit is None else int(exploit), origin in replaced,
             dict(first.user_attrs), int(copied[0]) if copied and exploit is not None else None,

@@ -17,7 +17,7 @@ from typing import Any
 from sweep.schedulers.exploit_copy import has_steps_left
 from sweep.schedulers.explore import explore
 from sweep.schedulers.halving import GoOn, top
-from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.history import History, Standing
 from sweep.spec.scheduler import PbtScheduler
 from sweep.spec.searchspace import Searched
 
@@ -40,7 +40,7 @@ class Pbt:
     spec: PbtScheduler
     minimize: bool
 
-    def on_report(self, lineages: Mapping[int, LineageView], origin: int, before: int | None,
+    def on_report(self, lineages: Mapping[int, History], origin: int, before: int | None,
                   step: int, searched: Mapping[str, Searched], room: bool) -> GoOn | Replace:
         """Lineage `origin` reported up to `step`: if it has just passed a multiple of
         `interval` (below max_steps), is in the bottom quantile of the live lineages' latest
@@ -71,7 +71,7 @@ class Pbt:
                                             self.spec.perturb,
                                             self.spec.resample_probability, rng))
 
-    def continuable(self, lineages: Mapping[int, LineageView]) -> list[int]:
+    def continuable(self, lineages: Mapping[int, History]) -> list[int]:
         """The lineages paused for an exploit's copy (a donor with a plain folder) that no
         exploit waits on any more: they continue, lowest origin first."""
         waited = {line.exploit_of for line in lineages.values() if line.awaits_copy}
@@ -80,6 +80,6 @@ class Pbt:
                       and o not in waited)
 
 
-def _steps_left(line: LineageView, max_steps: int) -> bool:
+def _steps_left(line: History, max_steps: int) -> bool:
     """Whether a lineage's latest state leaves a step to train below `max_steps`."""
     return line.last_step is not None and has_steps_left(line.last_step, max_steps)

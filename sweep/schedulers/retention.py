@@ -23,14 +23,14 @@ from typing import Literal
 from optuna.trial import TrialState
 
 from sweep.schedulers.halving import Halving
-from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt
 from sweep.study.attrs import REPLACES
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 
 
-def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
+def never_continue(lines: Mapping[int, History], decide: Halving | Pbt,
                    n_trials: int) -> frozenset[int]:
     """The origins of the lineages that can never continue: done (finished, replaced and
     stopped; not one that failed: a device taken out runs its failed trials again, and its
@@ -50,14 +50,14 @@ def never_continue(lines: Mapping[int, LineageView], decide: Halving | Pbt,
     return frozenset(dead - spared(lines))
 
 
-def spared(lines: Mapping[int, LineageView]) -> frozenset[int]:
+def spared(lines: Mapping[int, History]) -> frozenset[int]:
     """The lineages replaced by an exploit that has not copied its donor yet: each goes on
     if its exploit is called off (its folder is removed only under `max_checkpoint_gb`)."""
     return frozenset(int(line.first[REPLACES]) for line in lines.values()
                      if line.awaits_copy and REPLACES in line.first)
 
 
-def _below_full_cuts(lines: Mapping[int, LineageView], decide: Halving,
+def _below_full_cuts(lines: Mapping[int, History], decide: Halving,
                      done: set[int]) -> set[int]:
     """The paused lineages outside the top of a full rung, each bracket's rungs in order (a
     lineage out at one rung never reaches the next, which may then be full)."""
@@ -86,7 +86,7 @@ class Removal:
     over: bool
 
 
-def plan(lines: Mapping[int, LineageView], dead: frozenset[int], sizes: Mapping[int, int],
+def plan(lines: Mapping[int, History], dead: frozenset[int], sizes: Mapping[int, int],
          keep: int | Literal["all"], bound_gb: float | None, minimize: bool,
          spare: frozenset[int] = frozenset()) -> Removal:
     """The folders to remove, given the lineages that can never continue (`dead`) and the

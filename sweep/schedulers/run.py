@@ -43,7 +43,7 @@ from sweep.schedulers.budget import (
     unstarted,
 )
 from sweep.schedulers.halving import GoOn, Halving, NewConfiguration, Pause, Promote
-from sweep.schedulers.history import LineageView, Standing
+from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt, Replace
 from sweep.spec.schema import Spec
 from sweep.study.attrs import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
@@ -112,10 +112,10 @@ class Scheduling:
         if not self.spec.trainer.resume_args:
             self.say(NO_RESUME_ARGS)
 
-    def lineages(self) -> dict[int, LineageView]:
+    def lineages(self) -> dict[int, History]:
         return history.read(self.store.study.get_trials(deepcopy=False))
 
-    def _configurations(self, lines: dict[int, LineageView]) -> int:
+    def _configurations(self, lines: dict[int, History]) -> int:
         return len(lines)
 
     def room(self, allowed: Callable[[], int] = lambda: 0) -> int:
@@ -124,7 +124,7 @@ class Scheduling:
         return jobs(self.decide, self.spec.study.n_trials,
                     self.store.study.get_trials(deepcopy=False), self.spec.output_dir)
 
-    def _promotable(self, lines: dict[int, LineageView], closed: bool) -> list[Promote]:
+    def _promotable(self, lines: dict[int, History], closed: bool) -> list[Promote]:
         """`promotable`: see there."""
         assert isinstance(self.decide, Halving)
         return promotable(self.decide, lines, closed, self.spec.output_dir)
@@ -231,7 +231,7 @@ class Scheduling:
         if isinstance(decision, GoOn) and decision.rung is not None:
             self.store.note(asked.trial, {PASSED_RUNG: decision.rung})
 
-    def _awaited(self, run: RunningTrial, lines: dict[int, LineageView], step: int) -> bool:
+    def _awaited(self, run: RunningTrial, lines: dict[int, History], step: int) -> bool:
         """Whether lineage `run.origin` (at `step`) is a donor an exploit waits on whose plain
         folder is copied only once it stops: then it is paused (`PAUSED_AT` set first)."""
         assert isinstance(self.decide, Pbt)
@@ -284,7 +284,7 @@ class Scheduling:
             return OnResult.PAUSE
         return OnResult.GO_ON
 
-    def _pbt(self, run: RunningTrial, lines: dict[int, LineageView], before: int | None,
+    def _pbt(self, run: RunningTrial, lines: dict[int, History], before: int | None,
              step: int) -> OnResult:
         assert isinstance(self.decide, Pbt)
         decision = self.decide.on_report(lines, run.origin, before, step, self.spec.searched,
@@ -306,7 +306,7 @@ class Scheduling:
                  f"replaced by an exploit of trial {decision.donor}")
         return OnResult.REPLACE
 
-    def _room_for_exploit(self, lines: dict[int, LineageView]) -> bool:
+    def _room_for_exploit(self, lines: dict[int, History]) -> bool:
         """Whether n_trials leaves a configuration for an exploit: the population's first
         configurations not started yet keep their places."""
         assert isinstance(self.decide, Pbt)
