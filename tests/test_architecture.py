@@ -212,10 +212,12 @@ def calls_in(path: Path, methods: set[tuple[str, str]]) -> set[str]:
 def test_one_place_in_the_runner_ends_a_trial():
     """Every way out of a trial the runner ends, the driver's own and a dead driver's, goes
     through `trials.Trials` (`finish`): the one place that tells one, discards its heartbeat
-    and gives its lease back (the store's telling forms are the storage shim)."""
+    and gives its lease back (the store's telling forms are the storage shim); a scheduler
+    decides and records, and never ends one itself."""
     ways_out = {("store", "tell"), ("store", "tell_failed"), ("store", "tell_verdict"),
                 ("store", "fail_orphan"), ("pool", "release"), ("heartbeat", "discard")}
-    where = {(name, place) for name, path in modules() if name.startswith("runner.")
+    where = {(name, place) for name, path in modules()
+             if part_of(name) in ("runner", "schedulers")
              for place in calls_in(path, ways_out)}
     assert where == {("runner.trials", "Trials")}
 
@@ -249,11 +251,44 @@ def test_the_driver_is_given_its_collaborators_whole():
 
 
 def test_no_scheduler_is_tested_for_none_in_the_runner():
-    """A study without study.scheduler has `NoScheduler`: the runner asks the scheduler
-    object, never whether there is one (the study file's setting, `study.scheduler`, is read
-    where the object is made)."""
+    """A study without study.scheduler has `NoScheduler`: the runner and the schedulers ask
+    the scheduler object, never whether there is one (the study file's setting,
+    `study.scheduler`, is read where the object is made)."""
     tests = re.compile(r"(?<!study\.)\bschedul\w* is (not )?None")
     found = [f"{name}: {line.strip()}" for name, path in modules()
-             if name.startswith("runner.") for line in path.read_text().splitlines()
-             if tests.search(line)]
+             if part_of(name) in ("runner", "schedulers")
+             for line in path.read_text().splitlines() if tests.search(line)]
     assert not found, found
+
+
+def test_reading_a_study_back_never_reaches_into_a_run():
+    """Issue 39: `analysis` imports nothing of `runner`, and of `schedulers` only modules that
+    import none of its carrying out (`run`, `api` and the private ones), directly or through
+    another: the pure decisions and the lineages' history, never the package's face."""
+    carrying_out = {name for name, _ in modules() if part_of(name) == "schedulers"
+                    and (name.split(".")[1] in ("run", "api", "__init__")
+                         or name.split(".")[1].startswith("_"))}
+    inside = {name: {i for i in sweep_imports(path) if part_of(i) == "schedulers"}
+              for name, path in modules() if part_of(name) == "schedulers"}
+
+    def reaches(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        found = {name} if name in carrying_out or name == "schedulers" else set()
+        for nxt in inside.get(name, set()) - seen:
+            found |= reaches(nxt, seen | {name})
+        return found
+
+    wrong = [f"{name} -> {imported}" for name, path in modules() if part_of(name) == "analysis"
+             for imported in sweep_imports(path)
+             if part_of(imported) == "runner"
+             or (part_of(imported) == "schedulers" and reaches(imported))]
+    assert not wrong, wrong
+
+
+def test_a_private_module_is_imported_only_inside_its_package():
+    """A module whose name starts with `_` is its package's own: no other package imports it
+    (the package's `__init__` re-exports what other layers use)."""
+    wrong = [f"{name} -> {imported}" for name, path in modules()
+             for imported in sweep_imports(path)
+             if part_of(imported) != part_of(name)
+             and any(part.startswith("_") for part in imported.split(".")[1:])]
+    assert not wrong, wrong
