@@ -19,20 +19,16 @@ Imports `_core`, `spec`, `trial` and `study`; never `runner`.
 from __future__ import annotations
 
 from sweep.schedulers import history
-from sweep.schedulers.api import NO_SCHEDULER, NoScheduler, NotStarted, OnResult, TrialScheduler
+from sweep.schedulers.api import NO_SCHEDULER, NotStarted, TrialScheduler
 from sweep.schedulers.budget import configurations, decisions, jobs, short_of
 from sweep.schedulers.exploit_copy import CalledOff
-from sweep.schedulers.halving import Halving
 from sweep.schedulers.pbt import Pbt
 from sweep.schedulers.run import of
 
 __all__ = [
     "NO_SCHEDULER",
     "CalledOff",
-    "Halving",
-    "NoScheduler",
     "NotStarted",
-    "OnResult",
     "Pbt",
     "TrialScheduler",
     "configurations",
