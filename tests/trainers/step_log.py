@@ -7,8 +7,8 @@ takes `--save` s, as a checkpoint does: the driver's decision on the report come
 on SIGTERM (`should_stop`) it stops after the step it is in, its state saved. Its own log, a
 JSON file per process in the folder `--log`: the trial, its checkpoint folder's name, the
 step it started and stopped at, the steps it trained, whether it resumed and whether it was
-stopped before the end, and when its process and its parent (sweep's guard, under `launcher: python`) started
-(the kernel's records) and when it ended.
+stopped before the end, and when its process and its parent (sweep's guard, under
+`launcher: python`) started (the kernel's records) and when it ended.
 """
 
 from __future__ import annotations
