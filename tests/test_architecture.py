@@ -292,3 +292,99 @@ def test_a_private_module_is_imported_only_inside_its_package():
              if part_of(imported) != part_of(name)
              and any(part.startswith("_") for part in imported.split(".")[1:])]
     assert not wrong, wrong
+
+
+SETTERS = {"set_user_attr", "set_system_attr", "set_trial_user_attr", "set_trial_system_attr",
+           "set_study_user_attr", "set_study_system_attr"}
+
+
+def stored_names() -> tuple[set[str], set[str]]:
+    """The attribute names of `sweep._core.names`: (those of two words or more, `retry_of`,
+    which sweep writes for nothing else; one-word ones, `gpu`, `host`, common words that are
+    a stored attribute only where one is read or written)."""
+    from sweep._core import names
+
+    found = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    return {n for n in found if "_" in n}, {n for n in found if "_" not in n}
+
+
+def _tail(node: ast.AST) -> str:
+    """The last name of an expression (`t.user_attrs` -> `user_attrs`), lowercase."""
+    while isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr.lower()
+    return node.id.lower() if isinstance(node, ast.Name) else ""
+
+
+def _is_attrs(node: ast.AST) -> bool:
+    """Whether an expression names a trial's or a study's attributes (`user_attrs`, `attrs`)."""
+    return _tail(node).endswith(("attrs", "attr"))
+
+
+def attribute_keys(tree: ast.AST) -> Iterator[ast.Constant]:
+    """The string constants of `tree` used as an attribute's name: a key of a mapping of
+    attributes (`t.user_attrs["gpu"]`, `.get("gpu")`, `"gpu" in attrs`, `attrs = {"gpu": ..}`,
+    `user_attrs={"gpu": ..}`, a dict an `..attr(s)` function returns, one given to `note`),
+    or an argument of Optuna's `set_*_attr`."""
+    for node in _keys(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node
+
+
+def _keys(tree: ast.AST) -> Iterator[ast.AST]:
+    dicts: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and _is_attrs(node.value):
+            yield node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in SETTERS:
+                yield from node.args
+            elif node.func.attr in ("get", "pop", "setdefault") and _is_attrs(node.func.value):
+                yield from node.args[:1]
+            elif node.func.attr == "note" or (node.func.attr == "update"
+                                              and _is_attrs(node.func.value)):
+                dicts += node.args
+        if isinstance(node, ast.Call):
+            dicts += [k.value for k in node.keywords if k.arg and k.arg.endswith("attrs")]
+        elif isinstance(node, ast.Compare) and any(
+                isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+            if _is_attrs(node.comparators[0]):
+                yield node.left
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None and any(_is_attrs(t) for t in targets):
+                dicts.append(node.value)
+        elif isinstance(node, ast.FunctionDef) and "attr" in node.name:
+            dicts += [r.value for r in ast.walk(node)
+                      if isinstance(r, ast.Return) and r.value is not None]
+    for d in dicts:
+        if isinstance(d, ast.Dict):
+            yield from (k for k in d.keys if k is not None)
+
+
+def test_stored_attribute_names_are_spelled_only_in_the_names_module():
+    """A stored attribute's name is written out only in `sweep/_core/names.py`: a name of
+    two words or more anywhere in sweep (but a docstring), a one-word name where it is an
+    attribute's key (`attribute_keys`)."""
+    words, common = stored_names()
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "_core" / "names.py" or "__pycache__" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        keys = {id(c) for c in attribute_keys(tree)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value in words or (node.value in common and id(node) in keys)):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
+    assert not found, "use sweep._core.names: " + ", ".join(found)
+
+
+def test_the_names_check_finds_a_name_written_out():
+    """The check above finds what it is for (and passes a common word that is no key)."""
+    tree = ast.parse('t.user_attrs.get("gpu"); x = {"gpu": 1}; trial.set_user_attr("host", 1)\n'
+                     'attrs: dict = {"owner": 1}; study.enqueue_trial(p, user_attrs={"rung": 2})'
+                     '\n"dir" in t.user_attrs; store.note(t, {"clean": True}); row["gpu"] = 1')
+    assert sorted(c.value for c in attribute_keys(tree)) == [
+        "clean", "dir", "gpu", "host", "owner", "rung"]

@@ -461,9 +461,9 @@ def test_following_the_log_of_a_trial_whose_driver_is_gone_ends(write_study, tmp
     import subprocess
     import sys
 
+    from sweep._core.names import OWNER
     from sweep.analysis import logs
     from sweep.spec import config, searchspace
-    from sweep.study.attrs import OWNER
     from sweep.study.opening import open_study
     from sweep.study.ownership import host_name
     from sweep.study.storage import open_storage

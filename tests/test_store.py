@@ -16,9 +16,10 @@ import yaml
 from conftest import study_dict
 from optuna.trial import TrialState
 
+from sweep._core import names
 from sweep._core.errors import UsageError
 from sweep.spec import config, searchspace
-from sweep.study import attrs, carried, ownership
+from sweep.study import carried, ownership
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 from sweep.study.opening import open_study
@@ -108,7 +109,7 @@ def test_ownership_is_on_record_before_the_params_and_the_trainer(tmp_path):
     params_at = writes.index("INSERT INTO trial_params")
     assert writes.index("INSERT INTO trials") < heartbeat < owner_at < params_at
     assert "COMMIT" in seen[seen.index(seen[0]):]  # each step is its own commit
-    owner = frozen.user_attrs[attrs.OWNER]
+    owner = frozen.user_attrs[names.OWNER]
     assert owner == {"host": HOST, "pid": os.getpid(), "started": s.owner.started, "gpu": 3,
                      "dir": "/trials/0"}
     assert 0 <= asked.params["x"] <= 1 and (asked.attempt, asked.origin) == (0, 0)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sweep._core import names
 from sweep.analysis.plotting import COLOURS
 from sweep.analysis.plotting import empty as _empty
 from sweep.analysis.plotting import go as _go
@@ -72,7 +73,7 @@ def with_costs(s: Summary, now: datetime | None = None) -> pd.DataFrame:
     t["end"] = ends(t, s.samples, s.spec.study.reclaim_seconds, now)
     seconds = (t["end"] - t["datetime_start"]).dt.total_seconds()
     t["device_hours"] = seconds.fillna(0.0) * device_count(t) / 3600
-    t["energy_kwh"] = pd.to_numeric(t["energy_j"], errors="coerce") / 3.6e6
+    t["energy_kwh"] = pd.to_numeric(t[names.ENERGY_J], errors="coerce") / 3.6e6
     first = t["datetime_start"].min()
     t = t.sort_values("end", kind="stable", na_position="last")
     t["cum_device_hours"] = t["device_hours"].cumsum()
@@ -443,11 +444,11 @@ def failures(s: Summary, most: int = 30) -> pd.DataFrame:
     numbers, at most `most` listed)."""
     t = s.trials
     columns = ["reason", "count", "trials"]
-    if t.empty or "fail_reason" not in t:
+    if t.empty or names.FAIL_REASON not in t:
         return pd.DataFrame(columns=columns)
     failed = t[t["state"] == "FAIL"]
     rows = []
-    for reason, part in failed.groupby(failed["fail_reason"].fillna("(no reason stored)")):
+    for reason, part in failed.groupby(failed[names.FAIL_REASON].fillna("(no reason stored)")):
         numbers = sorted(int(n) for n in part["number"])
         shown = ", ".join(map(str, numbers[:most])) + (
             f", … ({len(numbers) - most} more)" if len(numbers) > most else "")

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sweep._core.names import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, RETRY_OF, STEPS_REPEATED
 from sweep.analysis.figures import with_costs
 from sweep.analysis.plotting import COLOURS, empty, go
 from sweep.analysis.summary import Summary
 from sweep.schedulers import history
 from sweep.schedulers.halving import rungs
-from sweep.study.attrs import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, STEPS_REPEATED
 
 # kind: (symbol, colour, offset from its bar's row): a pause above the bar pointing down at
 # its end, a promotion below pointing up at its start, so the two at one moment both show
@@ -39,7 +39,7 @@ def tree(s: Summary, study: Any) -> pd.DataFrame:
     lines = history.read(trials)
     attempts: dict[int, list[Any]] = {}
     for t in trials:
-        attempts.setdefault(int(t.user_attrs.get("retry_of", t.number)), []).append(t)
+        attempts.setdefault(int(t.user_attrs.get(RETRY_OF, t.number)), []).append(t)
     rows = []
     for origin, line in sorted(lines.items()):
         done = line.latest.state.name == "COMPLETE"
@@ -121,9 +121,9 @@ def timeline_marks(s: Summary) -> pd.DataFrame:
     `time`, `text`."""
     columns = ["number", "host", "gpu", "kind", "time", "step", "text"]
     t = with_costs(s)
-    if t.empty or "paused_at" not in t:
+    if t.empty or PAUSED_AT not in t:
         return pd.DataFrame(columns=columns)
-    paused = set(t.loc[t["paused_at"].notna(), "number"])
+    paused = set(t.loc[t[PAUSED_AT].notna(), "number"])
     rows: list[tuple[Any, ...]] = []
     for r in t.dropna(subset=["datetime_start", "gpu"]).itertuples():
         if pd.notna(r.paused_at) and pd.notna(r.end):

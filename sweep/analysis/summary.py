@@ -19,28 +19,26 @@ from typing import Any
 
 import pandas as pd
 
-from sweep._core import userfiles
+from sweep._core import names, userfiles
 from sweep._core.errors import UsageError
 from sweep.spec import config
 from sweep.spec.schema import Spec
 from sweep.spec.storageurl import StorageKind
 from sweep.study import attrs, storage
-from sweep.study.attrs import EXPLOIT_OF, PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, STEPS_REPEATED
 
-ATTR_COLUMNS = [
-    "gpu", "gpus", "exit_code", "fail_reason", "gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb",
-    "energy_j", "attempt", "retry_of", "code_version", "image",
-]
+# the trial's attributes shown as they are stored, each a column of its name
+ATTR_COLUMNS = [names.GPU, names.GPUS, names.EXIT_CODE, names.FAIL_REASON, *names.USAGE,
+                names.ATTEMPT, names.RETRY_OF, *names.RAN]
 
 
-# study.scheduler's records (`sweep.schedulers.history`): a paused attempt's step, a PBT exploit's
-# donor, a continuation that did not resume from its checkpoint, and an exploit that ran with
-# its donor's params (`name=logged value`)
-SCHEDULER_COLUMNS = [PAUSED_AT, EXPLOIT_OF, RESUMED_AT,
-                     STEPS_REPEATED, RESTORED_PARAMS]
+# study.scheduler's records (`names.SCHEDULER_RECORDS`): a paused attempt's step, a PBT
+# exploit's donor, a continuation that did not resume from its checkpoint, and an exploit that
+# ran with its donor's params (`name=logged value`)
+SCHEDULER_COLUMNS = [names.PAUSED_AT, names.EXPLOIT_OF, names.RESUMED_AT,
+                     names.STEPS_REPEATED, names.RESTORED_PARAMS]
 # trial numbers and counts that a row may lack (a trial an older sweep left RUNNING has no
 # attempt): integers still, not floats
-INTEGER_COLUMNS = ("attempt", "retry_of", "rerun_of", "continues")
+INTEGER_COLUMNS = (names.ATTEMPT, names.RETRY_OF, names.RERUN_OF, names.CONTINUES)
 MAX_RESULT_COLUMNS = 3  # other result keys shown in the terminal table (all are in the CSV)
 
 
@@ -130,41 +128,41 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         record = attrs.OwnerRecord.of(t.user_attrs)
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
-        if row["gpu"] is None and record is not None:  # running: its place is in the record
-            row["gpu"], row["gpus"] = record.gpu, record.gpus
+        if row[names.GPU] is None and record is not None:  # running: its place is in the record
+            row[names.GPU], row[names.GPUS] = record.gpu, record.gpus
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete
         row["duration_s"] = seconds(t.datetime_start, t.datetime_complete)
-        row["host"] = t.user_attrs.get(attrs.HOST) or (record.owner.host if record else None)
-        row["rerun_of"] = t.user_attrs.get(attrs.RERUN_OF)
-        row["continues"] = t.user_attrs.get(attrs.CONTINUES)
-        alive = t.user_attrs.get(attrs.ALIVE_UNTIL)
-        row[attrs.ALIVE_UNTIL] = (datetime.fromtimestamp(alive)
+        row[names.HOST] = t.user_attrs.get(names.HOST) or (record.owner.host if record else None)
+        row[names.RERUN_OF] = t.user_attrs.get(names.RERUN_OF)
+        row[names.CONTINUES] = t.user_attrs.get(names.CONTINUES)
+        alive = t.user_attrs.get(names.ALIVE_UNTIL)
+        row[names.ALIVE_UNTIL] = (datetime.fromtimestamp(alive)
                                   if isinstance(alive, int | float) else None)
         for key in SCHEDULER_COLUMNS:
             row[key] = t.user_attrs.get(key)
-        restored = row[RESTORED_PARAMS]
+        restored = row[names.RESTORED_PARAMS]
         if isinstance(restored, dict):
-            row[RESTORED_PARAMS] = ", ".join(f"{k}={v:g}" for k, v in restored.items())
-        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(attrs.METRIC_PREFIX)})
+            row[names.RESTORED_PARAMS] = ", ".join(f"{k}={v:g}" for k, v in restored.items())
+        row.update({k: v for k, v in t.user_attrs.items() if k.startswith(names.METRIC_PREFIX)})
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
     params = [c for c in frame.columns if c.startswith("params_")]
     order = ["number", "state", *[c for c in frame.columns if c.startswith(("value", "pareto"))],
-             *params, "gpu", "gpus", "datetime_start", "datetime_complete", "duration_s",
-             *[c for c in ATTR_COLUMNS if c not in ("gpu", "gpus")], "host",
-             attrs.ALIVE_UNTIL, "rerun_of",
-             *sorted(c for c in frame.columns if c.startswith(attrs.METRIC_PREFIX)),
-             "continues", *SCHEDULER_COLUMNS]
+             *params, names.GPU, names.GPUS, "datetime_start", "datetime_complete", "duration_s",
+             *[c for c in ATTR_COLUMNS if c not in (names.GPU, names.GPUS)], names.HOST,
+             names.ALIVE_UNTIL, names.RERUN_OF,
+             *sorted(c for c in frame.columns if c.startswith(names.METRIC_PREFIX)),
+             names.CONTINUES, *SCHEDULER_COLUMNS]
     frame = _with_lineages(frame[order])
-    for col in ("gpu_util_mean", "gpu_util_max", "gpu_mem_peak_mb", "energy_j", "duration_s"):
+    for col in (*names.USAGE, "duration_s"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    for col in ("datetime_start", "datetime_complete", attrs.ALIVE_UNTIL):  # all None: times
+    for col in ("datetime_start", "datetime_complete", names.ALIVE_UNTIL):  # all None: times
         frame[col] = frame[col].astype("datetime64[us]")
-    frame["gpu"] = pd.array(frame["gpu"], dtype="Int64")
-    frame["exit_code"] = pd.array(frame["exit_code"], dtype="Int64")
+    for col in (names.GPU, names.EXIT_CODE):
+        frame[col] = pd.array(frame[col], dtype="Int64")
     for col in INTEGER_COLUMNS:
         frame[col] = pd.array(frame[col], dtype="Int64")
     return frame
@@ -177,11 +175,11 @@ def _with_lineages(frame: pd.DataFrame) -> pd.DataFrame:
     of life for one a reclaim told, times its devices; a running one counts as far as it is
     known)."""
     frame = frame.copy()
-    origin = pd.to_numeric(frame["retry_of"], errors="coerce")
+    origin = pd.to_numeric(frame[names.RETRY_OF], errors="coerce")
     frame["lineage"] = pd.array(origin.fillna(frame["number"]), dtype="Int64")
-    width = frame["gpus"].map(lambda g: len(str(g).split(",")) if isinstance(g, str) else 1)
+    width = frame[names.GPUS].map(lambda g: len(str(g).split(",")) if isinstance(g, str) else 1)
     seconds = pd.to_numeric(frame["duration_s"], errors="coerce")
-    alive = pd.to_datetime(frame[attrs.ALIVE_UNTIL]) - pd.to_datetime(frame["datetime_start"])
+    alive = pd.to_datetime(frame[names.ALIVE_UNTIL]) - pd.to_datetime(frame["datetime_start"])
     seconds = seconds.mask(alive.notna(), alive.dt.total_seconds().clip(lower=0.0))
     device_s = seconds.fillna(0.0) * width
     by = frame.groupby("lineage")
@@ -210,9 +208,9 @@ def ends(trials: pd.DataFrame, samples: pd.DataFrame, reclaim_seconds: float = m
     end = trials["datetime_complete"].astype("datetime64[ns]")
     state = trials["state"] if "state" in trials else end.isna().map(
         {True: "RUNNING", False: "COMPLETE"})  # a frame of times only: the open ones run
-    if attrs.ALIVE_UNTIL in trials:
-        reclaimed = (state == "FAIL") & trials[attrs.ALIVE_UNTIL].notna()
-        end = end.mask(reclaimed, trials[[attrs.ALIVE_UNTIL, "datetime_start"]].astype(
+    if names.ALIVE_UNTIL in trials:
+        reclaimed = (state == "FAIL") & trials[names.ALIVE_UNTIL].notna()
+        end = end.mask(reclaimed, trials[[names.ALIVE_UNTIL, "datetime_start"]].astype(
             "datetime64[ns]").max(axis=1))
     running = state == "RUNNING"
     end = end.mask(running, moment)
@@ -347,7 +345,7 @@ def _stopped_early(summary: Summary, t: Any, top: int, failed: int) -> Any:
     if "value" in pruned:
         minimize = summary.spec.study.objective_directions[0] == "minimize"
         pruned = pruned.sort_values("value", ascending=minimize)
-    cols = [c for c in ("number", "value", PAUSED_AT, "gpu", "duration_s")
+    cols = [c for c in ("number", "value", names.PAUSED_AT, names.GPU, "duration_s")
             if c in pruned and pruned[c].notna().any()]
     none = ", and none failed" if not failed else f" ({failed} failed, below)"
     return _table(pruned[cols].head(top),
@@ -373,32 +371,32 @@ def render(summary: Summary, top: int = 5) -> Any:
             shown.append(_stopped_early(summary, t, top, len(failed)))
         if not failed.empty:
             last = failed.tail(top)
-            shown.append(_table(last[["number", "gpu", "duration_s", "fail_reason"]],
+            shown.append(_table(last[["number", names.GPU, "duration_s", names.FAIL_REASON]],
                                 f"{'the' if shown else 'no COMPLETE trial yet; the'} last "
                                 f"{len(last)} failures"))
         return Group(head, *shown, _table(summary.gpus, "GPUs"))
     title = "Pareto front" if "pareto" in t.columns else f"best {top}"
     show = [c for c in best.columns if c.startswith(("number", "value", "params_"))]
-    extras = [c for c in best.columns if c.startswith(attrs.METRIC_PREFIX)
+    extras = [c for c in best.columns if c.startswith(names.METRIC_PREFIX)
               and best[c].notna().any()]
     show += extras[:MAX_RESULT_COLUMNS]
-    if "image" in t and t["image"].notna().any():  # trials ran in a container
-        show.append("image")
-    show += ["gpu", "gpus", "duration_s", "gpu_util_mean", "gpu_mem_peak_mb"]
+    if names.IMAGE in t and t[names.IMAGE].notna().any():  # trials ran in a container
+        show.append(names.IMAGE)
+    show += [names.GPU, names.GPUS, "duration_s", names.GPU_UTIL_MEAN, names.GPU_MEM_PEAK_MB]
     if "lineage_attempts" in best and (best["lineage_attempts"] > 1).any():  # continued
-        show += ["continues", "lineage_attempts", "lineage_device_s"]
+        show += [names.CONTINUES, "lineage_attempts", "lineage_device_s"]
     shown_best = best[show].dropna(axis=1, how="all") if not best.empty else best
-    if "image" in shown_best:
-        shown_best = shown_best.assign(image=shown_best["image"].map(short_image))
+    if names.IMAGE in shown_best:
+        shown_best = shown_best.assign(**{names.IMAGE: shown_best[names.IMAGE].map(short_image)})
     keep = 1 + sum(c.startswith("value") for c in shown_best.columns)  # number and values
     parts = [head, _table(shown_best, title, keep)]
-    repeated = t[t[STEPS_REPEATED].notna()] if STEPS_REPEATED in t else t[:0]
+    repeated = t[t[names.STEPS_REPEATED].notna()] if names.STEPS_REPEATED in t else t[:0]
     if not repeated.empty:
         parts.append(Text(
             f"{len(repeated)} continuations did not resume from their checkpoint "
             f"(trials {', '.join(map(str, repeated['number']))}: steps_repeated); have the "
             "script load $SWEEP_CHECKPOINT_DIR or set trainer.resume_args", style="yellow"))
-    restored = (t[t[RESTORED_PARAMS].notna()] if RESTORED_PARAMS in t
+    restored = (t[t[names.RESTORED_PARAMS].notna()] if names.RESTORED_PARAMS in t
                 else t[:0])
     if not restored.empty:
         parts.append(Text(
@@ -407,7 +405,7 @@ def render(summary: Summary, top: int = 5) -> Any:
             f"{', '.join(map(str, restored['number']))}: restored_params); have the script "
             "set the params it is given after it loads the checkpoint", style="yellow"))
     if len(extras) > MAX_RESULT_COLUMNS:
-        left = [c.removeprefix(attrs.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
+        left = [c.removeprefix(names.METRIC_PREFIX) for c in extras[MAX_RESULT_COLUMNS:]]
         parts.append(Text(f"{len(left)} more result keys in the CSV: {', '.join(left)}",
                           style="dim"))
     return Group(*parts, _table(summary.gpus, "GPUs"))
@@ -415,7 +413,7 @@ def render(summary: Summary, top: int = 5) -> Any:
 
 HEADER_LINES = 3  # a header takes at most this many lines, its words (`a_`, `b`) whole
 TEXT_WIDTH = 8  # a text cell folds down to this many characters; a number never folds
-WHOLE = ("image",)  # columns of text that never folds (an image ID, 12 hex digits)
+WHOLE = (names.IMAGE,)  # columns of text that never folds (an image ID, 12 hex digits)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ def _same_params(path: str | Path, number: int, params: Mapping[str, Any],
 
 def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
+    from sweep._core.names import RERUN_OF
     from sweep.spec import config, searchspace
-    from sweep.study.attrs import RERUN_OF
     from sweep.study.opening import check_stored
     from sweep.study.storage import reading, storage_errors, unreachable
 

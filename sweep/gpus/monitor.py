@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from sweep._core import names
 from sweep.gpus import health
 from sweep.gpus.nvml import Counters, GpuReading, physical
 from sweep.gpus.placement import DeviceLook
@@ -115,10 +116,10 @@ class TrialUsage:
         if self.energy_start_mj is not None and energy_end_mj is not None:
             energy = (energy_end_mj - self.energy_start_mj) / 1000
         return {
-            "gpu_util_mean": self.util_sum / self.util_n if self.util_n else math.nan,
-            "gpu_util_max": self.util_max,
-            "gpu_mem_peak_mb": self.mem_peak_mb,
-            "energy_j": energy,
+            names.GPU_UTIL_MEAN: self.util_sum / self.util_n if self.util_n else math.nan,
+            names.GPU_UTIL_MAX: self.util_max,
+            names.GPU_MEM_PEAK_MB: self.mem_peak_mb,
+            names.ENERGY_J: energy,
         }
 
 

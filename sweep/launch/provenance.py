@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from sweep._core.names import CODE_VERSION, IMAGE
 from sweep._core.safefs import open_for_writing, write_file
 from sweep.launch import engine
 from sweep.spec import container as containerspec
@@ -40,9 +41,7 @@ from sweep.spec.schema import Spec
 from sweep.trial import command_script, folders, launch_plan
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"
-CODE_VERSION = "code_version"  # a user attribute of each trial, and a key of env.json
 ENV_VERSION = "env_version"  # a key of env.json
-IMAGE = "image"  # trainer.container's image ID: a user attribute of each trial, a key of env.json
 GIT_TIMEOUT = 10.0  # seconds for each git call
 UNKNOWN = "+unknown"  # a code_version's end when git could not say what differs
 MAX_PATCH = 16 << 20  # bytes: a larger diff is not copied into every trial's folder
@@ -320,7 +319,7 @@ def trial_record(run: RunRecord, number: int, devices: Sequence[int], command: s
             "repo": code.repo, "commit": code.commit, "branch": code.branch,
             "dirty": code.dirty, "untracked": list(code.untracked),
             "patch": PATCH_NAME if code.dirty and code.patch else None,
-            "patch_too_large": code.cut, "code_version": code.version,
+            "patch_too_large": code.cut, CODE_VERSION: code.version,
             **({"unknown": f"{code.unknown}: what differs from the commit is unknown"}
                if code.unknown else {})},
         "python": {"executable": py.executable, "prefix": py.prefix,

@@ -20,6 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep import schedulers
+from sweep._core.names import GPU_MEM_PEAK_MB
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.pool import Lease, Pool
 from sweep.launch import make as launchers
@@ -369,7 +370,7 @@ class Driver:
         self.follow.ended(run, verdict.state)
         run.oom = verdict.oom
         if self.devices.learns and verdict.state is not TrialState.FAIL:
-            self.devices.learn(usage.get("gpu_mem_peak_mb"))
+            self.devices.learn(usage.get(GPU_MEM_PEAK_MB))
         if not told:
             self.events.message(f"trial {run.number} was already told by another driver")
         if exhausted:

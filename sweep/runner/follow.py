@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from optuna.trial import TrialState
 
+from sweep._core.names import REPORTS_UNREAD
 from sweep.gpus.monitor import Monitor
 from sweep.runner.events import Events
 from sweep.runner.resume_check import ResumeCheck
@@ -22,8 +23,6 @@ from sweep.spec.schema import Spec
 from sweep.study.store import Store, Taken
 from sweep.trial import hang, stacks
 from sweep.trial.running import HURRIED_DRAIN, MAX_DRAIN, Phase, RunningTrial, Stop
-
-REPORTS_UNREAD = "reports_unread"  # a trial attribute: what of its values was left unread
 
 
 class Follower:

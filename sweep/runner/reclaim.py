@@ -23,11 +23,12 @@ from pathlib import Path
 import psutil
 from optuna.trial import TrialState
 
+from sweep._core.names import BEAT
 from sweep.gpus.monitor import SAMPLES_NAME, last_seen
 from sweep.runner.events import Events
 from sweep.runner.trials import Trials
 from sweep.spec.schema import Spec
-from sweep.study.attrs import BEAT, Owner
+from sweep.study.attrs import Owner
 from sweep.study.ownership import Orphan
 from sweep.study.store import Store
 from sweep.trial import folders, lineage_lock, process

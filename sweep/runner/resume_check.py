@@ -9,9 +9,15 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep._core.names import (
+    EXPLOIT_STEP,
+    FAIL_REASON,
+    RESUMED_AT,
+    RETRY_OF,
+    STEPS_REPEATED,
+)
 from sweep.schedulers import history
 from sweep.spec.schema import Spec
-from sweep.study.attrs import EXPLOIT_STEP, RESUMED_AT, STEPS_REPEATED
 from sweep.study.store import Asked, Store
 from sweep.trial import lineage
 from sweep.trial.lineage import Start
@@ -116,21 +122,21 @@ def _gentle(trials: Sequence[FrozenTrial], continued: int | None) -> bool:
     for t in trials:
         if t.number == continued:
             return (t.state is TrialState.PRUNED
-                    or t.user_attrs.get("fail_reason") == Stop.INTERRUPTED.value)
+                    or t.user_attrs.get(FAIL_REASON) == Stop.INTERRUPTED.value)
     return False
 
 
 def _first(trials: Sequence[FrozenTrial], origin: int, number: int) -> int:
     """The first step lineage `origin`'s attempts other than `number` reported."""
     return min((step for t in trials if t.number != number
-                and int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == origin
+                and int(t.user_attrs.get(RETRY_OF, t.number)) == origin
                 for step in t.intermediate_values), default=0)
 
 
 def _reached(trials: Sequence[FrozenTrial], origin: int, number: int) -> int | None:
     """The last step lineage `origin`'s attempts other than `number` reported (None: none)."""
     steps = [step for t in trials if t.number != number
-             and int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == origin
+             and int(t.user_attrs.get(RETRY_OF, t.number)) == origin
              for step in t.intermediate_values]
     return max(steps, default=None)
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from sweep._core.names import EXPLOIT_STEP
 from sweep.gpus.pool import Lease, Pool
 from sweep.spec.schema import Spec
-from sweep.study.attrs import EXPLOIT_STEP
 from sweep.study.counts import Tally
 from sweep.study.heartbeat import Heartbeat
 from sweep.study.ownership import Orphan

@@ -1,5 +1,5 @@
 """`trainer.logged_params` in a PBT study, carried out: the values a trial's script logs are read
-with its results, noted on the trial at each `interval` boundary (`LOGGED`), and an exploit's
+with its results, noted on the trial at each `interval` boundary (`LOGGED_PARAMS`), and an exploit's
 explore is checked against its donor's notes once it has logged them all: a param it runs with
 at its donor's value (restored from the checkpoint) is flagged (`RESTORED_PARAMS`) and said
 once, with the fix. The judgement is `explore`'s; this module reads, notes and says.
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sweep._core import names
+from sweep._core.names import LOGGED_PARAMS, RESTORED_PARAMS
 from sweep.schedulers import explore, history
 from sweep.spec.schema import Spec
-from sweep.study.attrs import LOGGED, RESTORED_PARAMS
 from sweep.study.store import Store
 from sweep.trial import intermediate, launch_plan, lineage
 from sweep.trial.lineage import Start
@@ -75,7 +76,7 @@ class ExploreCheck:
             notes = self._notes.setdefault(run.number, {})
             for name, value in latest.items():
                 notes.setdefault(name, {})[str(at)] = value
-            self.store.note(run.trial, {LOGGED: notes})
+            self.store.note(run.trial, {LOGGED_PARAMS: notes})
         if run.number in self._first and run.number in self._explores:
             self._check_explore(run.number, final=False)
 
@@ -83,7 +84,7 @@ class ExploreCheck:
         """Exploit `number` has logged its params: flag the ones it runs with at its donor's
         value (`explore.restored`), compared at the same step, so that a schedule (a decayed
         or stepped learning rate) cannot hide it: at the first boundary both noted
-        (`LOGGED`), once there is one for each; `final` (its processes are gone) with none,
+        (`LOGGED_PARAMS`), once there is one for each; `final` (its processes are gone) with none,
         its first logged values against the donor's at the last boundary before them."""
         run, first_step, first = self._first[number]
         donor = self._explores[number]
@@ -93,8 +94,8 @@ class ExploreCheck:
             return
         donor_notes: dict[str, dict[str, float]] = {}
         for t in trials:
-            if int(t.user_attrs.get(lineage.RETRY_OF, t.number)) == donor:
-                for name, notes in dict(t.user_attrs.get(LOGGED, {})).items():
+            if int(t.user_attrs.get(names.RETRY_OF, t.number)) == donor:
+                for name, notes in dict(t.user_attrs.get(LOGGED_PARAMS, {})).items():
                     donor_notes.setdefault(name, {}).update(notes)
         own = self._notes.get(number, {})
         pairs: dict[str, tuple[float, float | None]] = {}  # name -> (its value, the donor's)

@@ -5,7 +5,8 @@ it stands: running, queued, paused, done), read from the trials' states and user
 `sweep.trial.lineage`'s, the lock on that folder `sweep.trial.lineage_lock`'s.
 
 A scheduler's decisions are recorded in the attempts' user attributes (their names and what
-each holds: `sweep.study.attrs`), so every driver of the study reads the same lineages.
+each holds: `sweep._core.names.SCHEDULER_RECORDS`), so every driver of the study reads the
+same lineages.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.study.attrs import (
+from sweep._core.names import (
+    ATTEMPT,
     BRACKET,
     CALLED_OFF,
     EXPLOIT_OF,
     EXPLOIT_STEP,
+    FIXED_PARAMS,
     PASSED_RUNG,
     PAUSED_AT,
     REPLACES,
+    RETRY_OF,
     RUNG,
 )
 from sweep.trial import lineage
@@ -130,19 +134,19 @@ def read(trials: Iterable[FrozenTrial]) -> dict[int, History]:
     """The history of each lineage of `trials` (every trial of a study), by origin."""
     by_origin: dict[int, list[FrozenTrial]] = {}
     for t in trials:
-        origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
+        origin = int(t.user_attrs.get(RETRY_OF, t.number))
         by_origin.setdefault(origin, []).append(t)
     replaced = {int(t.user_attrs[REPLACES]) for ts in by_origin.values() for t in ts
                 if REPLACES in t.user_attrs
                 and not any(a.user_attrs.get(CALLED_OFF) for a in ts)}  # any attempt of it
     out: dict[int, History] = {}
     for origin, attempts in by_origin.items():
-        attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
+        attempts.sort(key=lambda t: (int(t.user_attrs.get(ATTEMPT, 0)), t.number))
         first, latest = attempts[0], attempts[-1]
         curve = lineage.merged_curve(
-            [(int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.intermediate_values)
+            [(int(t.user_attrs.get(ATTEMPT, 0)), t.intermediate_values)
              for t in attempts])
-        params = {**first.system_attrs.get("fixed_params", {}), **first.params}
+        params = {**first.system_attrs.get(FIXED_PARAMS, {}), **first.params}
         standing = Standing.DONE if origin in replaced else _status(latest)
         if standing is Standing.DONE and latest.state is TrialState.RUNNING:
             standing = Standing.RUNNING  # replaced, still winding down

@@ -22,10 +22,10 @@ from typing import Literal
 
 from optuna.trial import TrialState
 
+from sweep._core.names import REPLACES
 from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt
-from sweep.study.attrs import REPLACES
 
 GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import TrialState
 
+from sweep._core.names import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.schedulers import exploit_copy, history
 from sweep.schedulers._exploit_start import ExploitStart, queue_next
 from sweep.schedulers._explore_check import ExploreCheck
@@ -46,7 +47,6 @@ from sweep.schedulers.halving import GoOn, Halving, NewConfiguration, Pause, Pro
 from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt, Replace
 from sweep.spec.schema import Spec
-from sweep.study.attrs import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.study.budget import LockAbandoned
 from sweep.study.store import Asked, Store
 from sweep.trial import folders, lineage

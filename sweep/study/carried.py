@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import optuna
 
+from sweep._core.names import ATTEMPT, FIXED_PARAMS, RETRY_OF, RUN_ID
 from sweep.spec.searchspace import Searched
-from sweep.study.attrs import ATTEMPT, RETRY_OF
 from sweep.study.optuna_compat import trial_id
 from sweep.trial import lineage
 
@@ -24,7 +24,7 @@ def lineage_of(study: optuna.Study, trial: optuna.Trial) -> lineage.Lineage:
     line = lineage.Lineage.of(trial.user_attrs, trial.number)
     if line.run_id is None:
         run_id = lineage.new_run_id(study.study_name, line.origin)
-        trial.set_user_attr(lineage.RUN_ID, run_id)
+        trial.set_user_attr(RUN_ID, run_id)
         line = dataclasses.replace(line, run_id=run_id)
     return line
 
@@ -38,7 +38,7 @@ def params(storage: optuna.storages.BaseStorage, study: optuna.Study, trial: opt
     attempt) is sampled."""
     if line.continues is None:
         return searched
-    queued = storage.get_trial(trial_id(trial)).system_attrs.get("fixed_params")
+    queued = storage.get_trial(trial_id(trial)).system_attrs.get(FIXED_PARAMS)
     if not queued:  # queued with no params (by hand): it samples, as a new trial
         return searched
     known = {name for t in study.get_trials(deepcopy=False)

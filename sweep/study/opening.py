@@ -17,12 +17,11 @@ from optuna.distributions import (
 )
 
 from sweep._core.errors import ConfigError, Problem, short
+from sweep._core.names import METRICS, SCHEDULER
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec
 from sweep.spec.searchspace import FloatParam, IntParam, Searched
 
-METRICS = "metrics"  # a study attribute: the result keys the objective values come from
-SCHEDULER = "scheduler"  # a study attribute: study.scheduler's settings in its last run
 # Optuna's warnings for a queued (fixed) value outside the distribution a suggest call gives:
 # `Trial`'s, `PartialFixedSampler`'s, `GridSampler`'s
 OUT_OF_RANGE = (r"Fixed parameter .* is out of range for distribution",

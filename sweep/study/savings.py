@@ -18,8 +18,7 @@ from datetime import datetime
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.study.attrs import ALIVE_UNTIL, EXPLOIT_STEP, GPUS, PAUSED_AT, RESUMED_AT
-from sweep.trial import lineage
+from sweep._core import names
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def ended(t: FrozenTrial, now: datetime) -> datetime | None:
     never started."""
     if t.datetime_start is None:
         return None
-    alive = t.user_attrs.get(ALIVE_UNTIL)
+    alive = t.user_attrs.get(names.ALIVE_UNTIL)
     if isinstance(alive, int | float) and t.state is TrialState.FAIL:
         return max(t.datetime_start, datetime.fromtimestamp(float(alive)))
     return t.datetime_complete or now
@@ -72,7 +71,7 @@ def device_hours(t: FrozenTrial, now: datetime) -> float:
     end = ended(t, now)
     if end is None or t.datetime_start is None:
         return 0.0
-    devices = str(t.user_attrs.get(GPUS) or "").count(",") + 1
+    devices = str(t.user_attrs.get(names.GPUS) or "").count(",") + 1
     return max(0.0, (end - t.datetime_start).total_seconds()) * devices / 3600
 
 
@@ -96,21 +95,21 @@ def steps_trained(trials: Iterable[FrozenTrial]) -> dict[int, int]:
     interval = report_interval(trials)
     by_origin: dict[int, list[FrozenTrial]] = {}
     for t in trials:
-        by_origin.setdefault(int(t.user_attrs.get(lineage.RETRY_OF, t.number)), []).append(t)
+        by_origin.setdefault(int(t.user_attrs.get(names.RETRY_OF, t.number)), []).append(t)
 
     def before(first: int) -> int:
         return -1 if interval is None else max(-1, first - interval)
 
     out: dict[int, int] = {}
     for attempts in by_origin.values():
-        attempts.sort(key=lambda t: (int(t.user_attrs.get(lineage.ATTEMPT, 0)), t.number))
-        copied = [int(t.user_attrs[EXPLOIT_STEP]) for t in attempts
-                  if EXPLOIT_STEP in t.user_attrs]
+        attempts.sort(key=lambda t: (int(t.user_attrs.get(names.ATTEMPT, 0)), t.number))
+        copied = [int(t.user_attrs[names.EXPLOIT_STEP]) for t in attempts
+                  if names.EXPLOIT_STEP in t.user_attrs]
         reached: int | None = copied[0] if copied else None
         for t in attempts:
             steps = t.intermediate_values
             own = [s for s in steps if reached is None or s > reached]
-            resumed_at = t.user_attrs.get(RESUMED_AT)
+            resumed_at = t.user_attrs.get(names.RESUMED_AT)
             if isinstance(resumed_at, int) and steps:  # started over: steps again, then its own
                 out[t.number] = max(0, max(steps) - before(resumed_at))
             elif not own:
@@ -141,16 +140,16 @@ def savings(trials: Iterable[FrozenTrial], hours: Mapping[int, float],
     if max_steps is None:
         lines: dict[int, int] = {}
         for t in trials:
-            origin = int(t.user_attrs.get(lineage.RETRY_OF, t.number))
+            origin = int(t.user_attrs.get(names.RETRY_OF, t.number))
             lines[origin] = lines.get(origin, 0) + trained[t.number]
-        ends = [lines[int(t.user_attrs.get(lineage.RETRY_OF, t.number))] for t in trials
+        ends = [lines[int(t.user_attrs.get(names.RETRY_OF, t.number))] for t in trials
                 if t.state is TrialState.COMPLETE]
         max_steps = max(ends, default=0) or None
     if not steps or max_steps is None:
         return None
-    ran = {int(t.user_attrs.get(lineage.RETRY_OF, t.number)) for t in trials
+    ran = {int(t.user_attrs.get(names.RETRY_OF, t.number)) for t in trials
            if t.datetime_start is not None}
-    pauses = sum(PAUSED_AT in t.user_attrs for t in trials)
+    pauses = sum(names.PAUSED_AT in t.user_attrs for t in trials)
     stops = sum(t.state is TrialState.PRUNED for t in trials)
     return Savings(sum(hours.get(t.number, 0.0) for t in trials), steps, len(ran), max_steps,
                    pauses, stops)

@@ -22,23 +22,25 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from sweep.spec.searchspace import Searched
-from sweep.study import carried
-from sweep.study.attrs import (
+from sweep._core.names import (
     ALIVE_UNTIL,
     ATTEMPT,
     BEAT,
     EXIT_CODE,
     FAIL_REASON,
+    FIXED_PARAMS,
     GPU,
+    GPU_MEM_PEAK_MB,
     GPUS,
+    GRID_ID,
     HOST,
     METRIC_PREFIX,
     OWNER,
     RETRY_OF,
-    Owner,
-    OwnerRecord,
 )
+from sweep.spec.searchspace import Searched
+from sweep.study import carried
+from sweep.study.attrs import Owner, OwnerRecord
 from sweep.study.budget import BudgetLock
 from sweep.study.counts import Counts
 from sweep.study.opening import sample
@@ -130,7 +132,7 @@ class Store:
         before the rest of them, and drivers starting together queue each of them once."""
         if not params or self._enqueued_all:
             return False
-        seen = [{**t.system_attrs.get("fixed_params", {}), **t.params}
+        seen = [{**t.system_attrs.get(FIXED_PARAMS, {}), **t.params}
                 for t in self.study.get_trials(deepcopy=False)]
         for p in params:
             if not any(all(k in s and s[k] == v for k, v in p.items()) for s in seen):
@@ -226,16 +228,16 @@ class Store:
         by_state = collections.Counter(t.state for t in trials)
         grid = 0
         if self.grid:
-            grid = len({t.system_attrs.get("grid_id") for t in trials
+            grid = len({t.system_attrs.get(GRID_ID) for t in trials
                         if t.state != TrialState.WAITING} - {None})
         return Counts(sum(by_state[s] for s in FINISHED), by_state[TrialState.RUNNING], grid,
                       by_state[TrialState.WAITING])
 
     def peaks(self) -> list[float]:
         """The GPU memory peaks (MB) of the study's finished trials, where measured."""
-        return [float(t.user_attrs["gpu_mem_peak_mb"])
+        return [float(t.user_attrs[GPU_MEM_PEAK_MB])
                 for t in self.study.get_trials(deepcopy=False, states=FINISHED)
-                if isinstance(t.user_attrs.get("gpu_mem_peak_mb"), (int, float))]
+                if isinstance(t.user_attrs.get(GPU_MEM_PEAK_MB), (int, float))]
 
     def best(self, k: int = 3) -> list[tuple[int, list[float]]]:
         """The best trial (or up to `k` of the Pareto front) as (number, values)."""
@@ -420,7 +422,7 @@ class Store:
         if self.storage.get_trial(key).state.is_finished():
             return False  # told meanwhile (by its driver, or another reclaimer)
         # a queued trial's own params, where the driver died before it had written them all
-        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        params = {**t.system_attrs.get(FIXED_PARAMS, {}), **t.params}
         a = t.user_attrs
         if params:  # none: the driver died before sampling them, so no trainer ran
             # its continuation: a dead driver is no failure of the trial (no retry spent)

@@ -21,6 +21,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from sweep._core import names
 from sweep.spec.storageurl import StorageKind, StorageUrl
 
 KINDS = ("finished", "running", "multi", "only_fail", "asha", "pbt")
@@ -91,15 +92,15 @@ def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4
         inter = {} if multi else {s: loss * (1 + 2.0 / (s + 1)) for s in range(steps)}
         end = begin + dt.timedelta(seconds=seconds * steps / 10)
         running = state is TrialState.RUNNING
-        attrs: dict[str, Any] = {"gpu": gpu, "host": "node1", "attempt": 0}
+        attrs: dict[str, Any] = {names.GPU: gpu, names.HOST: "node1", names.ATTEMPT: 0}
         if not running:
-            attrs["exit_code"] = 0
+            attrs[names.EXIT_CODE] = 0
         if not running and not simulated:
-            attrs.update({"energy_j": seconds * 250 * steps / 10,
-                          "gpu_util_mean": rng.uniform(40, 99),
-                          "gpu_mem_peak_mb": rng.uniform(2000, 30000)})
+            attrs.update({names.ENERGY_J: seconds * 250 * steps / 10,
+                          names.GPU_UTIL_MEAN: rng.uniform(40, 99),
+                          names.GPU_MEM_PEAK_MB: rng.uniform(2000, 30000)})
         if state is TrialState.FAIL:
-            attrs.update({"fail_reason": rng.choice(REASONS), "exit_code": 1})
+            attrs.update({names.FAIL_REASON: rng.choice(REASONS), names.EXIT_CODE: 1})
         values = None
         if state is TrialState.COMPLETE:
             values = [loss, 100 - 10 * loss] if multi else [loss]
@@ -152,7 +153,7 @@ def _scheduled(kind: str, rng: random.Random, start: dt.datetime,
             number=number, state=state, value=None, values=[inter[max(inter)]],
             datetime_start=begin, datetime_complete=end, params=params,
             distributions=DISTRIBUTIONS, trial_id=number, system_attrs={},
-            user_attrs={"gpu": gpu, "host": "node1", "exit_code": 0, **attrs},
+            user_attrs={names.GPU: gpu, names.HOST: "node1", names.EXIT_CODE: 0, **attrs},
             intermediate_values=inter))
         free[gpu] = end
         return number
@@ -172,21 +173,21 @@ def _scheduled(kind: str, rng: random.Random, start: dt.datetime,
                                                  else 0)):
             stop = {worst[0]: 6, worst[1]: 11}.get(i, 20)
             numbers[i] = add(population[i], range(stop), done if stop == 20 else pruned,
-                             {"attempt": 0})
+                             {names.ATTEMPT: 0})
         for at, replaced in ((5, worst[0]), (10, worst[1])):
             add({**population[best], "lr": population[best]["lr"] * 0.8}, range(at + 1, 20),
-                done, {"attempt": 0, "exploit_of": numbers[best], "exploit_step": at,
-                       "replaces": numbers[replaced]})
+                done, {names.ATTEMPT: 0, names.EXPLOIT_OF: numbers[best],
+                       names.EXPLOIT_STEP: at, names.REPLACES: numbers[replaced]})
         return trials
     configs = [config() for _ in range(9)]
-    first = [add(c, range(3), pruned, {"attempt": 0, "paused_at": 2, "rung": 0})
+    first = [add(c, range(3), pruned, {names.ATTEMPT: 0, names.PAUSED_AT: 2, names.RUNG: 0})
              for c in configs]
     top = sorted(range(9), key=lambda i: trials[first[i]].intermediate_values[2])[:3]
     second = {i: add(configs[i], range(3, 7), pruned,
-                     {"attempt": 1, "retry_of": first[i], "continues": first[i],
-                      "paused_at": 6, "rung": 1}) for i in top}
+                     {names.ATTEMPT: 1, names.RETRY_OF: first[i], names.CONTINUES: first[i],
+                      names.PAUSED_AT: 6, names.RUNG: 1}) for i in top}
     add(configs[top[0]], range(7, 18), done,
-        {"attempt": 2, "retry_of": first[top[0]], "continues": second[top[0]]})
+        {names.ATTEMPT: 2, names.RETRY_OF: first[top[0]], names.CONTINUES: second[top[0]]})
     return trials
 
 

@@ -2,11 +2,12 @@
 after an interruption or a dead driver, a retry after a failure), and what they share: one
 checkpoint folder, one run id, one curve of intermediate values (pure, but for `prepare`).
 
-The lineage is carried in the user attributes of each attempt (`RETRY_OF` the first attempt's
-number, `ATTEMPT` its place, `CONTINUES` the attempt it carries on, `RETRIES` the retries after
-a real failure so far, `RUN_ID`, `CLEAN`), so any driver of the study that asks the queued
-attempt finds it. An interrupted attempt is not a failure of the trial: its continuation counts
-against neither `trainer.max_retries` nor `study.max_consecutive_failures`.
+The lineage is carried in the user attributes of each attempt (`sweep._core.names.LINEAGE`:
+`RETRY_OF` the first attempt's number, `ATTEMPT` its place, `CONTINUES` the attempt it carries
+on, `RETRIES` the retries after a real failure so far, `RUN_ID`, `CLEAN`), so any driver of the
+study that asks the queued attempt finds it. An interrupted attempt is not a failure of the
+trial: its continuation counts against neither `trainer.max_retries` nor
+`study.max_consecutive_failures`.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
+from sweep._core.names import ATTEMPT, CLEAN, CONTINUES, RETRIES, RETRY_OF, RUN_ID
 from sweep._core.placeholders import fill
 from sweep._core.removal import removable, remove_tree
 from sweep._core.safefs import UnsafePath, make_own_folder, write_file
-
-ATTEMPT, RETRY_OF = "attempt", "retry_of"
-CONTINUES = "continues"  # the number of the attempt this one carries on
-RETRIES = "retries"  # retries after a real failure in the lineage so far (max_retries)
-RUN_ID = "run_id"  # SWEEP_RUN_ID: the same for every attempt of the lineage
-CLEAN = "clean"  # True: this attempt starts clean (a retry, trainer.retry_from: clean)
 
 CHECKPOINT_ENV, RUN_ID_ENV = protocol.CHECKPOINT_ENV, protocol.RUN_ID_ENV
 WANDB_RUN_ID, WANDB_RESUME = "WANDB_RUN_ID", "WANDB_RESUME"
