@@ -40,7 +40,7 @@ def main() -> None:
                         choices=["journal", "sqlite"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from sweep.testing.studies import write_study
+    from sweep.testing.studies import stored_study
 
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.storage:
@@ -48,7 +48,7 @@ def main() -> None:
             folder.mkdir()
             url = None if kind == "journal" else f"sqlite:///{folder / 'study.db'}"
             start = time.perf_counter()
-            study = write_study(folder, "finished", n=args.trials, gpus=8, storage=url)
+            study = stored_study(folder, "finished", n=args.trials, gpus=8, storage=url)
             made = time.perf_counter() - start
             summary, report = [], []
             for _ in range(args.rounds):

@@ -14,17 +14,17 @@ from optuna.trial import TrialState
 
 from sweep.analysis import figures, lineage_figures, report, summary
 from sweep.spec import config
-from sweep.testing.studies import write_study
+from sweep.testing.studies import stored_study
 
 
 @pytest.fixture(scope="module")
 def asha(tmp_path_factory):
-    return report.load(write_study(tmp_path_factory.mktemp("asha"), "asha"))
+    return report.load(stored_study(tmp_path_factory.mktemp("asha"), "asha"))
 
 
 @pytest.fixture(scope="module")
 def pbt(tmp_path_factory):
-    return report.load(write_study(tmp_path_factory.mktemp("pbt"), "pbt"))
+    return report.load(stored_study(tmp_path_factory.mktemp("pbt"), "pbt"))
 
 
 def test_the_tree_says_who_was_copied_from_whom_at_which_step(pbt):

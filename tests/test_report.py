@@ -17,7 +17,7 @@ import pytest
 from conftest import load_trials, run_cli
 
 from sweep.analysis import figures, report
-from sweep.testing.studies import write_study as fake_study
+from sweep.testing.studies import stored_study
 
 CHROMIUM = shutil.which("chromium")
 ERROR_SINK = ('<script>window.addEventListener("error",function(e){var p=document.createElement('
@@ -58,7 +58,7 @@ FIGURES = ["fig-objective", "fig-intermediate", "fig-parallel", "fig-importances
 
 @pytest.fixture(scope="module")
 def big_study(tmp_path_factory) -> Path:
-    return fake_study(tmp_path_factory.mktemp("big"), "finished", n=10_000, gpus=8)
+    return stored_study(tmp_path_factory.mktemp("big"), "finished", n=10_000, gpus=8)
 
 
 @pytest.mark.slow
@@ -68,8 +68,8 @@ def big_study(tmp_path_factory) -> Path:
 def test_the_report_renders_every_figure_in_a_browser_without_a_network(
         kind, tmp_path, request):
     study = (request.getfixturevalue("big_study") if kind == "10000"
-             else fake_study(tmp_path, "finished", n=40, simulated=True)
-             if kind == "simulated" else fake_study(tmp_path, kind, n=40))
+             else stored_study(tmp_path, "finished", n=40, simulated=True)
+             if kind == "simulated" else stored_study(tmp_path, kind, n=40))
     page = tmp_path / f"{kind}.html"
     assert run_cli("report", str(study), "-o", str(page)) == 0
     text = page.read_text()
@@ -145,7 +145,7 @@ def test_no_panel_is_empty_without_a_sentence_saying_why(tmp_path, simulated):
 
     from sweep.analysis import report as report_module
 
-    s, study = report_module.load(fake_study(tmp_path, "running", n=30, simulated=simulated))
+    s, study = report_module.load(stored_study(tmp_path, "running", n=30, simulated=simulated))
     assert isinstance(study, optuna.Study)
     figs = figures.all_figures(s, study)
     assert {name: silent_panels(fig) for name, fig in figs.items()} == {n: [] for n in figs}

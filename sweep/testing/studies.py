@@ -1,7 +1,7 @@
 """Studies as sweep leaves them, written fast through Optuna's public API (`add_trials` of
 `FrozenTrial`s), without running a trainer: for the report's tests and benchmark.
 
-    path = write_study(tmp_path, "finished", n=40)   # a study file; its storage filled
+    path = stored_study(tmp_path, "finished", n=40)   # a study file; its storage filled
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ REASONS = ["exit code 1: RuntimeError: CUDA error: an illegal memory access",
            "timeout after 600 s"]
 
 
-def write_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4,
-                seed: int = 0, storage: str | None = None, simulated: bool = False) -> Path:
+def stored_study(folder: Path, kind: str = "finished", n: int = 40, gpus: int = 4,
+                 seed: int = 0, storage: str | None = None, simulated: bool = False) -> Path:
     """A study file in `folder` and its study of `n` trials on `gpus` devices of one host
     (`kind`: finished, running, multi (two objectives), only_fail; asha and pbt: a
     scheduler's study of its own size, see `_scheduled`), with GPU samples beside it
