@@ -10,13 +10,14 @@ import pytest
 from conftest import ROOT, load_trials, processes_mentioning, wait_until
 
 import sweep
+from sweep._core import names
 
 
 def test_run_returns_the_study_and_status_and_load_read_it(write_study, fake_gpus):
     study_file = write_study(study={"n_trials": 1})
     study = sweep.run(study_file, n_trials=3, gpus=[1])
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
-    assert {t.user_attrs["gpu"] for t in study.trials} == {1}
+    assert {t.user_attrs[names.GPU] for t in study.trials} == {1}
     now = sweep.status(study_file)
     assert now.counts == {"COMPLETE": 3} and now.running.empty
     assert list(sweep.load(study_file).trials["number"]) == [0, 1, 2]
@@ -35,9 +36,9 @@ def test_ctrl_c_in_python_stops_the_trials_then_raises_keyboard_interrupt(write_
     with pytest.raises(KeyboardInterrupt, match="interrupted"):
         sweep.run(study_file)
     trials = load_trials(study_file)
-    assert [t.user_attrs["fail_reason"] for t in trials[:2]] == ["interrupted"] * 2
+    assert [t.user_attrs[names.FAIL_REASON] for t in trials[:2]] == ["interrupted"] * 2
     # and their continuations are queued for the next run
-    assert [(t.state.name, t.user_attrs["retry_of"]) for t in trials[2:]] in (
+    assert [(t.state.name, t.user_attrs[names.RETRY_OF]) for t in trials[2:]] in (
         [("WAITING", 0), ("WAITING", 1)], [("WAITING", 1), ("WAITING", 0)])
     assert processes_mentioning(str(tmp_path)) == []
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from conftest import load_trials, spawn_cli, study_dict
 
+from sweep._core import names
 from sweep.spec import config
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
@@ -31,7 +32,7 @@ def three_drivers_at_once(write_study, storage: str | None = None, name: str = "
 
 def check_exact(trials: list) -> None:
     assert [t.state.name for t in trials] == ["COMPLETE"] * 7, [t.state.name for t in trials]
-    assert len({t.user_attrs["host"] for t in trials}) >= 2  # the drivers shared the work
+    assert len({t.user_attrs[names.HOST] for t in trials}) >= 2  # the drivers shared the work
     assert len({t.params["x"] for t in trials}) == 7  # no params twice
 
 

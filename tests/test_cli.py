@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import load_trials, run_cli, study_dict
 
+from sweep._core import names
 from sweep.testing import fake_pynvml
 from sweep.testing.fake_pynvml import FakeGpu
 
@@ -132,9 +133,9 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.FAIL, params={"x": 0.25},
         distributions={"x": FloatDistribution(0.0, 1.0)},
-        user_attrs={"attempt": 0, "fail_reason": "interrupted"}))
-    study.enqueue_trial({"x": 0.25}, user_attrs={"retry_of": 0, "attempt": 1, "continues": 0,
-                                                 "retries": 0})
+        user_attrs={names.ATTEMPT: 0, names.FAIL_REASON: "interrupted"}))
+    study.enqueue_trial({"x": 0.25}, user_attrs={names.RETRY_OF: 0, names.ATTEMPT: 1,
+                                                 names.CONTINUES: 0, names.RETRIES: 0})
     saved = tmp_path / "out" / "checkpoints" / "0"
     saved.mkdir(parents=True)
     (saved / "step.txt").write_text("41\n")
@@ -198,7 +199,7 @@ def test_command_line_overrides_and_sweep_storage(write_study, fake_gpus, tmp_pa
     import optuna
 
     trials = optuna.load_study(study_name="probe", storage=f"sqlite:///{other}").trials
-    assert len(trials) == 3 and {t.user_attrs["gpu"] for t in trials} == {2}
+    assert len(trials) == 3 and {t.user_attrs[names.GPU] for t in trials} == {2}
     monkeypatch.setenv("SWEEP_STORAGE", f"sqlite:///{other}")
     assert run_cli("run", str(study), "--n-trials", "4") == 0
     assert len(optuna.load_study(study_name="probe", storage=f"sqlite:///{other}").trials) == 4
@@ -223,8 +224,8 @@ def test_logs_and_rerun_of_a_trial(write_study, fake_gpus, tmp_path, capsys):
     assert "--n-trials 4` runs it" in capsys.readouterr().out
     assert run_cli("run", str(study), "--n-trials", "4") == 0
     first, second, again, again_1 = load_trials(study)
-    assert again.params == first.params and again.user_attrs["rerun_of"] == 0
-    assert again_1.params == second.params and again_1.user_attrs["rerun_of"] == 1
+    assert again.params == first.params and again.user_attrs[names.RERUN_OF] == 0
+    assert again_1.params == second.params and again_1.user_attrs[names.RERUN_OF] == 1
     assert (tmp_path / "probe" / "trials" / "2" / "params.json").exists()
     big = write_study(study_dict(study={"n_trials": 9}))
     capsys.readouterr()
@@ -241,7 +242,7 @@ def test_status_shows_running_trials_with_their_age_and_last_value(write_study, 
     storage = f"sqlite:///{study.parent / 'probe.db'}"
     s = optuna.create_study(study_name="probe", storage=storage)
     trial = s.ask()
-    trial.set_user_attr("owner", {"host": socket.gethostname(), "pid": 999_999_999,
+    trial.set_user_attr(names.OWNER, {"host": socket.gethostname(), "pid": 999_999_999,
                                   "started": 0, "gpu": 1, "dir": "/x"})
     trial.report(0.25, 3)
     assert run_cli("status", str(study)) == 0

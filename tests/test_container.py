@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.launch import container, engine
 from sweep.spec import container as containerspec
@@ -645,14 +646,14 @@ def test_four_trials_on_two_simulated_devices_complete_in_the_container(
         assert result["marker"] is True  # the image's root, not the host's
         assert result["executable"] == "/usr/bin/python3" != sys.executable
         assert result["secret"] == "t0ps3cret"
-        assert result["cuda_visible"] == str(t.user_attrs["gpu"])
+        assert result["cuda_visible"] == str(t.user_attrs[names.GPU])
         assert t.value == pytest.approx((t.params["x"] - 0.3) ** 2)
         assert read_json(out / "checkpoints" / str(t.number) / "state.json") == {"next": 3}
         env = read_json(out / "trials" / str(t.number) / "env.json")
         assert env["image"]["id"] == pinned and env["image"]["ref"] == container_image
         assert env["python"]["executable"] == "/usr/bin/python3"
         assert env["packages"]["torch"] is None  # read inside the image, which has none
-        assert t.user_attrs["image"] == pinned
+        assert t.user_attrs[names.IMAGE] == pinned
         command = (out / "trials" / str(t.number) / "command.sh").read_text()
         assert "--env MY_API_TOKEN " in command and "t0ps3cret" not in command
         assert f" {pinned} python3 {CONTAINER_PROBE} " in command
@@ -803,9 +804,9 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
     # nothing of it ran: its continuation waits for a run in the lineage's image (or one
     # that allows another), the lineage not lost
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING"]
-    assert trials[1].user_attrs["fail_reason"].startswith(
+    assert trials[1].user_attrs[names.FAIL_REASON].startswith(
         "could not prepare the trial: its lineage (checkpoints in ")
-    assert trials[2].user_attrs["continues"] == 1
+    assert trials[2].user_attrs[names.CONTINUES] == 1
     starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
     assert len(starts) == 1  # nothing ran in the other image
 
@@ -822,7 +823,7 @@ def test_a_hung_trial_in_the_container_has_its_stack_taken_through_the_hosts_pid
                             {"max_consecutive_failures": 1}, hang_after=3)
     assert run_cli("run", str(study)) != 0
     trial, = load_trials(study, "hung")
-    assert trial.user_attrs["fail_reason"].startswith("hung: no output")
+    assert trial.user_attrs[names.FAIL_REASON].startswith("hung: no output")
     stack = (tmp_path / "hung" / "trials" / "0" / "stack.txt").read_text()
     assert f"python3 {CONTAINER_PROBE} --steps 1 --sleep 300" in stack
     assert "main (container_probe.py:" in stack, stack
@@ -1114,7 +1115,7 @@ def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
     driver = spawn_cli("run", str(study))
     stdout, err = driver.communicate(timeout=60)
     trial, = load_trials(study, "late")
-    assert trial.user_attrs["fail_reason"] == "timeout after 2 s"
+    assert trial.user_attrs[names.FAIL_REASON] == "timeout after 2 s"
     assert "removed" not in stdout + err  # nothing was left for the run's end
     assert study_containers(tmp_path / "late") == []
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
+from sweep._core import names
+
 CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
 STEPS = 30
 N_TRIALS = 8
@@ -70,19 +72,19 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
     trials = load_trials(study)
     states = collections.Counter(t.state.name for t in trials)
     assert states["COMPLETE"] == N_TRIALS and states["RUNNING"] == states["WAITING"] == 0, states
-    assert all(t.user_attrs["fail_reason"].startswith(CUT) for t in trials
+    assert all(t.user_attrs[names.FAIL_REASON].startswith(CUT) for t in trials
                if t.state.name == "FAIL")
     # a kill between Optuna's ask and its params leaves a trial that never got them (no
     # trainer ran): told FAIL "driver died" (before recording itself, where the kill came
     # before its owner record too), and nothing is queued to continue it
     never_ran = [t for t in trials if t.state.name == "FAIL" and not t.params
-                 and not t.system_attrs.get("fixed_params")]
-    assert all(t.user_attrs["fail_reason"].startswith("driver died") for t in never_ran)
+                 and not t.system_attrs.get(names.FIXED_PARAMS)]
+    assert all(t.user_attrs[names.FAIL_REASON].startswith("driver died") for t in never_ran)
     assert not [r for r in trials for t in never_ran
-                if r.user_attrs.get("retry_of") == t.number], "a trial without params queued"
+                if r.user_attrs.get(names.RETRY_OF) == t.number], "a trial without params queued"
     by_lineage: dict[int, list] = collections.defaultdict(list)
     for t in (t for t in trials if t not in never_ran):
-        by_lineage[t.user_attrs.get("retry_of", t.number)].append(t)
+        by_lineage[t.user_attrs.get(names.RETRY_OF, t.number)].append(t)
     assert len(by_lineage) == N_TRIALS
     hits_total = 0
     ran = collections.Counter(lineage for lineage, _, _ in steps_logged(study))
@@ -97,14 +99,14 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
         assert steps[origin] == set(range(STEPS)), origin
         assert STEPS <= ran[origin] <= STEPS + hits, (origin, ran[origin], hits)
         # an attempt cut before its params has them queued only (fixed_params)
-        assert {{**t.system_attrs.get("fixed_params", {}), **t.params}["x"]
+        assert {{**t.system_attrs.get(names.FIXED_PARAMS, {}), **t.params}["x"]
                 for t in attempts} == {done[0].params["x"]}
-        assert {t.user_attrs["run_id"] for t in attempts} == {done[0].user_attrs["run_id"]}
+        assert {t.user_attrs[names.RUN_ID] for t in attempts} == {done[0].user_attrs[names.RUN_ID]}
         # the continuation carries the curve of the attempts before it
         assert set(done[0].intermediate_values) >= set().union(
             *(t.intermediate_values for t in attempts))
         # the retries of max_retries are not spent by interruptions
-        assert all(t.user_attrs.get("retries", 0) == 0 for t in attempts)
+        assert all(t.user_attrs.get(names.RETRIES, 0) == 0 for t in attempts)
     assert hits_total >= len(kinds), (hits_total, log)
 
 
@@ -135,10 +137,10 @@ def test_a_reclaim_gives_a_dead_drivers_trainer_its_grace_and_the_continuation_r
     assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     first, continuation = sorted(load_trials(study), key=lambda t: t.number)
-    assert first.state.name == "FAIL" and first.user_attrs["fail_reason"].startswith(
+    assert first.state.name == "FAIL" and first.user_attrs[names.FAIL_REASON].startswith(
         "driver died"), err
     assert continuation.state.name == "COMPLETE"
-    assert continuation.user_attrs["retry_of"] == 0
+    assert continuation.user_attrs[names.RETRY_OF] == 0
     folder = tmp_path / "probe" / "checkpoints" / "0"
     starts = [line.split() for line in (folder / "starts.log").read_text().splitlines()]
     assert starts[0][:2] == ["0", "0"] and starts[1][0] == "1", starts
@@ -171,7 +173,7 @@ def test_a_trial_whose_lineage_folder_another_host_still_writes_is_continued_aft
     spec = config.load(study_file)
     study = open_study(spec, open_storage(spec))
     trial = study.ask(searchspace.distributions(spec.searched))
-    trial.set_user_attr("owner", {"host": "elsewhere", "pid": 1, "started": 1.0, "gpu": 0,
+    trial.set_user_attr(names.OWNER, {"host": "elsewhere", "pid": 1, "started": 1.0, "gpu": 0,
                                   "dir": str(tmp_path / "probe" / "trials" / "0")})
     study._storage.record_heartbeat(trial._trial_id)
     folder = tmp_path / "probe" / "checkpoints" / "0"
@@ -199,7 +201,7 @@ def test_a_trial_whose_lineage_folder_another_host_still_writes_is_continued_aft
     err = capsys.readouterr().err
     trials = sorted(load_trials(study_file), key=lambda t: t.number)
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
-    assert trials[0].user_attrs["fail_reason"] == "driver on elsewhere died (no heartbeat)"
+    assert trials[0].user_attrs[names.FAIL_REASON] == "driver on elsewhere died (no heartbeat)"
     [start] = [line.split() for line in (folder / "starts.log").read_text().splitlines()]
     assert start[0] == "1" and float(start[2]) >= float(ended.read_text()), err
     assert "its lineage's checkpoint folder is still in use" in err

@@ -13,6 +13,8 @@ import optuna
 import pytest
 from conftest import load_trials, processes_mentioning, run_cli, study_dict
 
+from sweep._core import names
+
 
 def probe_records(study: Path) -> list[dict]:
     records = []
@@ -35,7 +37,7 @@ def test_three_gpus_run_in_parallel_without_sharing_a_device(write_study, fake_g
     by_number = {t.number: t for t in trials}
     for r in records:
         trial = by_number[r["number"]]
-        assert r["cvd"] == str(trial.user_attrs["gpu"])
+        assert r["cvd"] == str(trial.user_attrs[names.GPU])
         assert r["order"] == "PCI_BUS_ID"
         assert trial.value == pytest.approx((r["params"]["x"] - 0.3) ** 2)
         assert trial.user_attrs["metric_size"] == pytest.approx(r["params"]["x"] * 10)
@@ -85,7 +87,7 @@ def test_gpu_ids_restrict_the_devices_used(write_study, fake_gpus):
     fake_gpus(4)
     study = write_study(gpus={"ids": [1, 3]}, study={"n_trials": 4})
     assert run_cli("run", str(study)) == 0
-    assert {t.user_attrs["gpu"] for t in load_trials(study)} == {1, 3}
+    assert {t.user_attrs[names.GPU] for t in load_trials(study)} == {1, 3}
 
 
 def test_trials_per_gpu_shares_a_device(write_study, fake_gpus):
@@ -123,9 +125,10 @@ def test_each_trial_fault_fails_the_trial_and_the_sweep_reaches_its_budget(
     assert run_cli("run", str(study)) == 0
     faulty, *rest = load_trials(study)
     assert faulty.state.name == "FAIL"
-    assert faulty.user_attrs["fail_reason"].startswith(reason), faulty.user_attrs["fail_reason"]
-    assert "\n" not in faulty.user_attrs["fail_reason"]
-    assert faulty.user_attrs["gpu"] == 0 and "exit_code" in faulty.user_attrs
+    said = faulty.user_attrs[names.FAIL_REASON]
+    assert said.startswith(reason), said
+    assert "\n" not in said
+    assert faulty.user_attrs[names.GPU] == 0 and names.EXIT_CODE in faulty.user_attrs
     assert [t.state.name for t in rest] == ["COMPLETE", "COMPLETE"]
     assert processes_mentioning(str(tmp_path)) == []
 
@@ -174,7 +177,7 @@ def test_timeout_stops_the_whole_tree_even_a_stubborn_or_detached_one(write_stud
     trials = load_trials(study)
     assert [t.params["mode"] for t in trials][:2] == ["stubborn", "spawn"]
     assert all(t.state.name == "FAIL" for t in trials)
-    assert all(t.user_attrs["fail_reason"] == "timeout after 1.5 s" for t in trials)
+    assert all(t.user_attrs[names.FAIL_REASON] == "timeout after 1.5 s" for t in trials)
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -229,7 +232,7 @@ def test_values_are_finite_and_durations_recorded(write_study, fake_gpus):
     assert run_cli("run", str(study)) == 0
     for t in load_trials(study):
         assert math.isfinite(t.value) and t.duration.total_seconds() > 0
-        assert t.user_attrs["exit_code"] == 0
+        assert t.user_attrs[names.EXIT_CODE] == 0
 
 
 def test_a_direction_that_contradicts_the_stored_study_is_a_usage_error(write_study, fake_gpus,
@@ -269,7 +272,7 @@ def test_no_result_says_where_sweep_looked_and_quotes_the_output(write_study, fa
                         trainer={"args": ["--mode", "noresult", "--sleep", "0"],
                                  "result": {"stdout": "loss=(?P<score>[0-9.]+)"}})
     assert run_cli("run", str(study)) == 1
-    reason = load_trials(study)[0].user_attrs["fail_reason"]
+    reason = load_trials(study)[0].user_attrs[names.FAIL_REASON]
     assert reason.startswith("no result: no line of ") and "stdout.log matched" in reason
     assert reason.endswith("stdout is empty")
 
@@ -293,7 +296,7 @@ def test_a_trial_another_driver_fails_gives_its_budget_back_before_the_run_ends(
     with pytest.warns(optuna.exceptions.ExperimentalWarning):
         other.set_metric_names(["score"])
     foreign = other.ask()  # a live trial of a driver on another host
-    foreign.set_user_attr("owner", {"host": "elsewhere", "pid": 1, "gpu": 0, "dir": "/x",
+    foreign.set_user_attr(names.OWNER, {"host": "elsewhere", "pid": 1, "gpu": 0, "dir": "/x",
                                     "started": time.time()})
     storage.record_heartbeat(foreign._trial_id)
 
@@ -393,6 +396,6 @@ def test_a_trial_another_driver_failed_meanwhile_is_stopped_at_its_next_report(
     stopped = reports.parent
     assert (stopped / "stopped_gracefully").exists()  # SIGTERM'd, not run to its 30 steps
     assert not (stopped / "probe.json").exists()
-    assert not any("retry_of" in t.user_attrs for t in trials)
+    assert not any(names.RETRY_OF in t.user_attrs for t in trials)
     assert "trial 0 was already told by another driver" in capsys.readouterr().err
     assert time.monotonic() - began < 30

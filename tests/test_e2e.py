@@ -14,6 +14,8 @@ import pytest
 import yaml
 from conftest import ROOT, processes_mentioning, spawn_cli, wait_until
 
+from sweep._core import names
+
 pytestmark = pytest.mark.slow
 
 MULTI_GPU_DEFAULT = """\
@@ -89,8 +91,8 @@ def test_accelerate_pins_the_device_and_the_trainers_failure_is_reported(write_s
     first, second = optuna.load_study(
         study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
     # accelerate turns the trainer's exit 3 into its own exit 1 plus a traceback: both undone
-    assert first.user_attrs["fail_reason"] == "exit code 3: ValueError: boom"
-    assert first.user_attrs["exit_code"] == 3
+    assert first.user_attrs[names.FAIL_REASON] == "exit code 3: ValueError: boom"
+    assert first.user_attrs[names.EXIT_CODE] == 3
     assert second.state.name == "COMPLETE"
     record = json.loads((tmp_path / "probe" / "trials" / "1" / "probe.json").read_text())
     assert record["cvd"] == "1"
@@ -109,9 +111,9 @@ def test_sigint_through_accelerate_leaves_no_orphan_trainer(write_study, tmp_pat
     trials = optuna.load_study(study_name="probe",
                                storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
     told = [t for t in trials if t.state.name != "WAITING"]
-    assert {t.user_attrs["fail_reason"] for t in told} == {"interrupted"}
+    assert {t.user_attrs[names.FAIL_REASON] for t in told} == {"interrupted"}
     # each interrupted trial's continuation is queued for the next run
-    assert sorted(t.user_attrs["continues"] for t in trials if t.state.name == "WAITING") == [
+    assert sorted(t.user_attrs[names.CONTINUES] for t in trials if t.state.name == "WAITING") == [
         t.number for t in told]
 
 
@@ -150,14 +152,14 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
     assert run.returncode == 0, err
     trials = optuna.load_study(study_name="probe",
                                storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
-    assert sorted(t.user_attrs["gpus"] for t in trials) == ["0,1", "2,3"], [
-        (t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+    assert sorted(t.user_attrs[names.GPUS] for t in trials) == ["0,1", "2,3"], [
+        (t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in trials]
     seen = []
     for t in trials:
         assert t.user_attrs["metric_num_processes"] == 2 and t.value == 1.0  # ranks 0 + 1
         out = (tmp_path / "probe" / "trials" / str(t.number) / "stdout.log").read_text()
         record = json.loads(out.strip().splitlines()[-1])
-        assert record["cvd"] == t.user_attrs["gpus"] and record["backend"] == "gloo"
+        assert record["cvd"] == t.user_attrs[names.GPUS] and record["backend"] == "gloo"
         seen.append(record["port"])
     assert len(set(seen)) == 2 and None not in seen
 
@@ -275,7 +277,7 @@ def test_a_result_written_after_the_command_exited_never_counts_under_any_launch
         assert run.returncode == 0, err  # the second trial spends the budget of 1
         trials = optuna.load_study(study_name=launcher,
                                    storage=f"sqlite:///{tmp_path / (launcher + '.db')}").trials
-        verdicts[launcher] = [(t.state.name, t.value, t.user_attrs.get("fail_reason", "")
+        verdicts[launcher] = [(t.state.name, t.value, t.user_attrs.get(names.FAIL_REASON, "")
                                .split(":")[0]) for t in trials]
     assert verdicts["accelerate"] == [("FAIL", None, "no result"), ("COMPLETE", 2.0, "")]
     for launcher in ("direct", "warm", "python"):

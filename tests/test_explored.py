@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from test_schedulers import load
 
+from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.schedulers import explore
 
@@ -46,7 +47,7 @@ def test_a_value_that_follows_the_donors_schedule_is_restored_and_the_perturbed_
 def test_logged_params_load_and_are_checked_against_the_study(tmp_path):
     spec = load(tmp_path, study={"n_trials": 4, "scheduler": PBT},
                 params={"lr": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}},
-                trainer={"logged_params": LOGGED})
+                trainer={names.LOGGED_PARAMS: LOGGED})
     assert spec.trainer.logged_params["lr"].patterns == [r"lr=(?P<value>\S+)"]
     cases = [
         ({"n_trials": 4}, {"lr": {"type": "float", "low": 1e-4, "high": 1e-1}}, LOGGED,
@@ -62,7 +63,7 @@ def test_logged_params_load_and_are_checked_against_the_study(tmp_path):
     ]
     for study, params, logged, key, text in cases:
         with pytest.raises(ConfigError) as e:
-            load(tmp_path, study=study, params=params, trainer={"logged_params": logged})
+            load(tmp_path, study=study, params=params, trainer={names.LOGGED_PARAMS: logged})
         [problem] = e.value.problems
         assert (problem.key, text in problem.message) == (key, True), problem
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import load_trials, run_cli, spawn_cli
 
+from sweep._core import names
 from sweep._core.errors import UsageError
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.nvml import GpuReading
@@ -200,7 +201,7 @@ def test_a_silent_trial_is_dumped_stopped_and_failed_hung_and_its_device_goes_on
     assert s.run() == 0
     first, second = s.trials[0], s.trials[1]
     assert first.state.name == "FAIL"
-    reason = first.user_attrs["fail_reason"]
+    reason = first.user_attrs[names.FAIL_REASON]
     assert reason.startswith("hung: no output (stdout, stderr, reports, result) for 5 s, GPU use "
                              "not known"), reason
     assert reason.endswith(f"stacks in {tmp_path / 'probe' / 'trials' / '0' / 'stack.txt'}")
@@ -212,7 +213,7 @@ def test_a_silent_trial_is_dumped_stopped_and_failed_hung_and_its_device_goes_on
     assert hung.signals == ["TERM"]
     # found at the first look after 0.2 + 5 s of silence (looks every 0.5 s), told at once
     assert hung.ended_at == pytest.approx(5.5)
-    assert second.state.name == "COMPLETE" and second.user_attrs["gpu"] == 0
+    assert second.state.name == "COMPLETE" and second.user_attrs[names.GPU] == 0
     assert s.spawn.processes[1].started == pytest.approx(5.5)
 
 
@@ -228,7 +229,7 @@ def test_a_hang_is_retried_as_any_failure(tmp_path):
     s.run()
     assert s.states() == ["FAIL", "COMPLETE"]
     assert s.trials[1].params == s.trials[0].params
-    assert s.trials[1].user_attrs["attempt"] == 1
+    assert s.trials[1].user_attrs[names.ATTEMPT] == 1
 
 
 def test_chatty_trainers_are_never_hung(tmp_path):
@@ -269,7 +270,7 @@ def test_a_silent_trial_with_a_busy_gpu_is_not_hung_until_the_gpu_idles(tmp_path
         s.clock.at(t + 0.25, monitor.sample_once)
     s.clock.at(19.5, lambda: setattr(reader, "util", 1.0))
     s.run()
-    reason = s.trials[0].user_attrs["fail_reason"]
+    reason = s.trials[0].user_attrs[names.FAIL_REASON]
     # the last busy sample, at 19.25 s, leaves the 5 s window after 24.25 s: the next look
     assert reason.startswith("hung: no output (stdout, stderr, reports, result) for 24 s, GPU "
                              "use at most 1 % (below 5 %) meanwhile"), reason
@@ -310,10 +311,10 @@ def test_a_real_hung_trainer_is_failed_with_its_stack_and_its_device_takes_the_n
     assert run_cli("run", str(study)) == 0
     first, second = load_trials(study)
     assert first.state.name == "FAIL" and second.state.name == "COMPLETE"
-    assert first.user_attrs["fail_reason"].startswith("hung: no output"), first.user_attrs
+    assert first.user_attrs[names.FAIL_REASON].startswith("hung: no output"), first.user_attrs
     stack = (tmp_path / "probe" / "trials" / "0" / "stack.txt").read_text()
     assert "wait_for_the_lock_that_never_comes" in stack, stack
-    assert second.user_attrs["gpu"] == 0
+    assert second.user_attrs[names.GPU] == 0
     took = (first.datetime_complete - first.datetime_start).total_seconds()
     assert took < 30, took  # hang_after + grace + a look, and start-up: not the 600 s sleep
 
@@ -345,7 +346,8 @@ def test_every_rank_of_a_hung_two_process_trial_is_dumped(write_study, tmp_path)
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
     _, err = run.communicate(timeout=240)
     trial, = load_trials(study)
-    assert trial.state.name == "FAIL" and trial.user_attrs["fail_reason"].startswith("hung:"), err
+    assert trial.state.name == "FAIL", err
+    assert trial.user_attrs[names.FAIL_REASON].startswith("hung:"), err
     stack = (tmp_path / "probe" / "trials" / "0" / "stack.txt").read_text()
     sections = stack.split("\n## pid ")[1:]
     ranks = [s for s in sections if "rank_waits_forever" in s]

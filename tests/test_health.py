@@ -11,6 +11,7 @@ import time
 import pytest
 from conftest import load_trials, run_cli
 
+from sweep._core import names
 from sweep.gpus import health, sicklist
 from sweep.gpus.health import FailingDevices, Kind, Sick
 from sweep.gpus.hostlock import lock_dir
@@ -187,14 +188,15 @@ def test_two_cuda_failures_in_a_row_take_a_device_out_and_its_trials_run_elsewhe
         (pytest.approx(1.5), "trial 5 continues trial 2 (attempt 1 of trial 2) from scratch")]
     assert s.pool.quarantined == {1: WHY_1}
     failed = [t for t in s.trials if t.state.name == "FAIL"]
-    assert [t.user_attrs["gpu"] for t in failed] == [1, 1]
-    assert failed[0].user_attrs["fail_reason"].endswith(
+    assert [t.user_attrs[names.GPU] for t in failed] == [1, 1]
+    assert failed[0].user_attrs[names.FAIL_REASON].endswith(
         "RuntimeError: CUDA error: an illegal memory access was encountered")
     done = [t for t in s.trials if t.state.name == "COMPLETE"]
-    assert len(done) == 4 and {t.user_attrs["gpu"] for t in done} == {0}
-    again = {t.user_attrs.get("retry_of"): t.params for t in done if "retry_of" in t.user_attrs}
+    assert len(done) == 4 and {t.user_attrs[names.GPU] for t in done} == {0}
+    again = {t.user_attrs.get(names.RETRY_OF): t.params for t in done
+             if names.RETRY_OF in t.user_attrs}
     assert again == {t.number: t.params for t in failed}  # each one's params, run again
-    assert [t.user_attrs["retries"] for t in done if "retry_of" in t.user_attrs] == [0, 0]
+    assert [t.user_attrs[names.RETRIES] for t in done if names.RETRY_OF in t.user_attrs] == [0, 0]
     assert s.driver.policy.streak == 0
 
 
@@ -206,9 +208,9 @@ def test_out_of_memory_twice_does_not_take_a_device_out(tmp_path):
     messages = said(s)
     assert s.run() == 0
     assert messages == [] and s.pool.quarantined == {}
-    assert [t.user_attrs["gpu"] for t in s.trials if t.state.name == "FAIL"] == [1, 1]
-    assert 1 in {t.user_attrs["gpu"] for t in s.trials if t.state.name == "COMPLETE"}
-    assert not any("retry_of" in t.user_attrs for t in s.trials)
+    assert [t.user_attrs[names.GPU] for t in s.trials if t.state.name == "FAIL"] == [1, 1]
+    assert 1 in {t.user_attrs[names.GPU] for t in s.trials if t.state.name == "COMPLETE"}
+    assert not any(names.RETRY_OF in t.user_attrs for t in s.trials)
 
 
 def xid_sweep(tmp_path, monkeypatch, gpus: list[FakeGpu], **sections) -> Sweep:
@@ -242,13 +244,13 @@ def test_an_xid_takes_the_device_out_within_a_sample_and_its_trials_run_again(
         (pytest.approx(2.0), "trial 3 continues trial 1 (attempt 1 of trial 1) from scratch"),
         (pytest.approx(4.0), "trial 4 continues trial 2 (attempt 1 of trial 2) from scratch")]
     first, second, third = s.trials[:3]
-    assert first.state.name == "COMPLETE" and first.user_attrs["gpu"] == 0
-    assert second.state.name == "FAIL" and second.user_attrs["gpu"] == 1  # the CUDA crash
-    assert third.state.name == "FAIL" and third.user_attrs["gpu"] == 1  # running at the Xid
-    assert third.user_attrs["fail_reason"] == f"GPU 1 was taken out of the pool: {why}"
+    assert first.state.name == "COMPLETE" and first.user_attrs[names.GPU] == 0
+    assert second.state.name == "FAIL" and second.user_attrs[names.GPU] == 1  # the CUDA crash
+    assert third.state.name == "FAIL" and third.user_attrs[names.GPU] == 1  # running at the Xid
+    assert third.user_attrs[names.FAIL_REASON] == f"GPU 1 was taken out of the pool: {why}"
     done = [t for t in s.trials if t.state.name == "COMPLETE"]
-    assert len(done) == 3 and {t.user_attrs["gpu"] for t in done} == {0}
-    assert {t.user_attrs.get("retry_of") for t in done} == {None, 1, 2}
+    assert len(done) == 3 and {t.user_attrs[names.GPU] for t in done} == {0}
+    assert {t.user_attrs.get(names.RETRY_OF) for t in done} == {None, 1, 2}
     assert s.driver.policy.streak == 0  # neither failure counted
 
 
@@ -290,14 +292,14 @@ def test_a_real_sweep_on_fake_nvml_loses_a_card_to_an_xid_and_finishes(
     finally:
         over.set()
     done = load_trials(study)
-    on_b = [t for t in done if t.user_attrs["gpu"] == 1]
+    on_b = [t for t in done if t.user_attrs[names.GPU] == 1]
     assert [t.state.name for t in on_b] == ["FAIL"]
-    assert on_b[0].user_attrs["fail_reason"] == (
+    assert on_b[0].user_attrs[names.FAIL_REASON] == (
         "GPU 1 was taken out of the pool: critical Xid 79 (GPU has fallen off the bus) "
         "reported by NVML")
     complete = [t for t in done if t.state.name == "COMPLETE"]
-    assert len(complete) == 3 and {t.user_attrs["gpu"] for t in complete} == {0}
-    assert any(t.user_attrs.get("retry_of") == on_b[0].number for t in complete)
+    assert len(complete) == 3 and {t.user_attrs[names.GPU] for t in complete} == {0}
+    assert any(t.user_attrs.get(names.RETRY_OF) == on_b[0].number for t in complete)
     assert list(sicklist.marks(lock_dir(host_name()))) == ["GPU-b"]
 
 

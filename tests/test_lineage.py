@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import summary
-from sweep.runner.driver import Driver
 from sweep.schedulers import history
 from sweep.spec import config
 from sweep.testing.fakes import Script
@@ -22,9 +22,9 @@ from sweep.trial.lineage import Lineage, Start
 
 def test_a_first_attempt_is_its_own_lineage_and_old_retries_count_as_retries():
     assert Lineage.of({}, 7) == Lineage(7)
-    assert Lineage.of({"retry_of": 3, "attempt": 2}, 9) == Lineage(3, 2, retries=2)
-    line = Lineage.of({"retry_of": 3, "attempt": 2, "retries": 0, "continues": 8,
-                       "run_id": "s-3-ab"}, 9)
+    assert Lineage.of({names.RETRY_OF: 3, names.ATTEMPT: 2}, 9) == Lineage(3, 2, retries=2)
+    line = Lineage.of({names.RETRY_OF: 3, names.ATTEMPT: 2, names.RETRIES: 0, names.CONTINUES: 8,
+                       names.RUN_ID: "s-3-ab"}, 9)
     assert (line.origin, line.attempt, line.retries, line.continues, line.resumes) == (
         3, 2, 0, 8, True)
 
@@ -32,17 +32,20 @@ def test_a_first_attempt_is_its_own_lineage_and_old_retries_count_as_retries():
 def test_an_interruption_is_continued_without_spending_a_retry_and_a_retry_spends_one():
     line = Lineage(3, attempt=1, retries=0, continues=5, run_id="s-3-ab")
     assert line.next_attrs(9, retry=False) == {
-        "retry_of": 3, "attempt": 2, "continues": 9, "retries": 0, "run_id": "s-3-ab"}
+        names.RETRY_OF: 3, names.ATTEMPT: 2, names.CONTINUES: 9, names.RETRIES: 0,
+        names.RUN_ID: "s-3-ab"}
     assert line.next_attrs(9, retry=True) == {
-        "retry_of": 3, "attempt": 2, "continues": 9, "retries": 1, "run_id": "s-3-ab"}
+        names.RETRY_OF: 3, names.ATTEMPT: 2, names.CONTINUES: 9, names.RETRIES: 1,
+        names.RUN_ID: "s-3-ab"}
     clean = line.next_attrs(9, retry=True, clean=True)
     assert clean["clean"] is True and not Lineage.of(clean, 10).resumes
-    assert "clean" not in line.next_attrs(9, retry=False, clean=True)  # continuations resume
-    assert "clean" not in line.again_attrs(9)  # in place of one that never ran: as it was
-    assert Lineage(3).again_attrs(3)["clean"] is True  # a first attempt's: it starts anew
-    assert "clean" not in Lineage(3).again_attrs(3, kept=True)  # a PBT copy made for it
+    assert names.CLEAN not in line.next_attrs(9, retry=False, clean=True)  # continuations resume
+    assert names.CLEAN not in line.again_attrs(9)  # in place of one that never ran: as it was
+    assert Lineage(3).again_attrs(3)[names.CLEAN] is True  # a first attempt's: it starts anew
+    assert names.CLEAN not in Lineage(3).again_attrs(3, kept=True)  # a PBT copy made for it
     assert Lineage(3, 2, 1, 9, clean=True).again_attrs(10) == {
-        "retry_of": 3, "attempt": 3, "continues": 10, "retries": 1, "clean": True}
+        names.RETRY_OF: 3, names.ATTEMPT: 3, names.CONTINUES: 10, names.RETRIES: 1,
+        names.CLEAN: True}
 
 
 def test_the_curve_takes_each_step_from_the_latest_attempt_that_reported_it():
@@ -194,10 +197,10 @@ def test_an_interrupted_trial_continues_in_the_next_run_and_keeps_its_retry(tmp_
     assert s.rerun() == 0
     assert s.states() == ["FAIL", "FAIL", "COMPLETE"]
     attrs = [t.user_attrs for t in s.trials]
-    assert [a["fail_reason"] for a in attrs[:2]] == ["interrupted", "exit code 3: no stderr"]
-    assert [(a.get("retry_of"), a.get("continues"), a.get("retries")) for a in attrs] == [
+    assert [a[names.FAIL_REASON] for a in attrs[:2]] == ["interrupted", "exit code 3: no stderr"]
+    assert [(a.get(names.RETRY_OF), a.get("continues"), a.get("retries")) for a in attrs] == [
         (None, None, None), (0, 0, 0), (0, 1, 1)]  # the interruption spent no retry
-    assert len({a["run_id"] for a in attrs}) == 1
+    assert len({a[names.RUN_ID] for a in attrs}) == 1
     dirs = {p.plan.env["SWEEP_CHECKPOINT_DIR"] for p in s.spawn.processes}
     assert dirs == {str(s.spec.output_dir / "checkpoints" / "0")}
     assert s.store.counts().finished == 1 and s.driver.policy.streak == 0
@@ -230,7 +233,7 @@ def test_a_retry_after_a_real_failure_resumes_by_default_and_starts_clean_if_ask
             assert retry[retry.index("--resume"):][:4] == ["--resume", str(saved), "--x",
                                                            retry[-1]]
         assert saved.exists() is resumed
-        assert s.trials[1].user_attrs.get("clean", False) is not resumed
+        assert s.trials[1].user_attrs.get(names.CLEAN, False) is not resumed
 
 
 def test_a_clean_retry_that_never_ran_is_taken_up_clean_in_the_next_run(tmp_path):
@@ -247,12 +250,12 @@ def test_a_clean_retry_that_never_ran_is_taken_up_clean_in_the_next_run(tmp_path
     s.clock.at(1.0, lambda: (s.spec.output_dir / "trials" / "1").write_text("in the way"))
     assert s.run() == 1
     assert s.states() == ["FAIL", "FAIL", "WAITING"]
-    assert s.trials[1].user_attrs["fail_reason"].startswith("could not prepare the trial")
+    assert s.trials[1].user_attrs[names.FAIL_REASON].startswith("could not prepare the trial")
     (s.spec.output_dir / "trials" / "1").unlink()
     assert s.rerun() == 0
     assert s.states() == ["FAIL", "FAIL", "COMPLETE"]
-    assert [(t.user_attrs.get("continues"), t.user_attrs.get("retries"),
-             t.user_attrs.get("clean")) for t in s.trials] == [
+    assert [(t.user_attrs.get(names.CONTINUES), t.user_attrs.get(names.RETRIES),
+             t.user_attrs.get(names.CLEAN)) for t in s.trials] == [
         (None, None, None), (0, 1, True), (1, 1, True)]
     assert "--resume" not in s.spawn.processes[-1].plan.argv and not saved.exists()
 
@@ -277,7 +280,7 @@ def test_a_stopping_driver_tells_a_trainer_that_died_of_the_same_signal_interrup
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))  # as the trainer exits
     assert s.run() == 130
     assert s.states() == ["FAIL", "WAITING"]
-    assert s.trials[0].user_attrs["fail_reason"] == "interrupted"
+    assert s.trials[0].user_attrs[names.FAIL_REASON] == "interrupted"
     assert os.path.isdir(s.spec.output_dir / "checkpoints" / "0")
 
 
@@ -360,17 +363,17 @@ def test_a_continuation_that_starts_over_is_flagged_without_a_scheduler(
         s.clock.at(0.5, lambda: saved.write_text("{}"))
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
-    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    s.again()
     said = capture_messages(s)
     assert s.run() == 0
-    assert (s.trials[1].user_attrs["resumed_at"], s.trials[1].user_attrs["steps_repeated"]) \
-        == (first, 3 - older)
-    assert "steps_repeated" not in s.trials[0].user_attrs
+    flagged = s.trials[1].user_attrs
+    assert (flagged[names.RESUMED_AT], flagged[names.STEPS_REPEATED]) == (first, 3 - older)
+    assert names.STEPS_REPEATED not in s.trials[0].user_attrs
     assert [m for m in said if "steps repeated" in m] == [
         f"trial 1 continues lineage 0 but reported step {first} first, not a step after "
         f"{base + 2}: {3 - older} steps repeated; {fix}"]
     frame = summary.trials_frame(s.store.study, s.spec)
-    assert frame["steps_repeated"].tolist()[1] == 3 - older
+    assert frame[names.STEPS_REPEATED].tolist()[1] == 3 - older
 
 
 def test_a_continuation_whose_folder_was_removed_is_told_so_not_blamed_on_the_script(
@@ -391,7 +394,7 @@ def test_a_continuation_whose_folder_was_removed_is_told_so_not_blamed_on_the_sc
     s.clock.at(1.0, lambda: s.driver._on_signal(15, None))
     assert s.run() == 130
     shutil.rmtree(folder)  # its marker, .0.sweep, stays
-    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
+    s.again()
     said = capture_messages(s)
     assert s.run() == 0
     assert [m for m in said if "steps repeated" in m] == [
@@ -419,10 +422,10 @@ def test_after_a_crash_a_continuation_from_its_last_save_is_not_flagged_a_start_
         s.store.study.add_trial(optuna.trial.create_trial(
             state=TrialState.FAIL, params={"x": 0.5}, distributions=dist,
             intermediate_values={0: 0.9, 1: 0.8, 2: 0.7},
-            user_attrs={"attempt": 0, "fail_reason": "driver died (pid 1 on h)"}))
+            user_attrs={names.ATTEMPT: 0, names.FAIL_REASON: "driver died (pid 1 on h)"}))
         s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
-            "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0})
+            names.RETRY_OF: 0, names.ATTEMPT: 1, names.CONTINUES: 0, names.RETRIES: 0})
         said = capture_messages(s)
         assert s.run() == 0
-        assert ("steps_repeated" in s.trials[1].user_attrs) is flagged
+        assert (names.STEPS_REPEATED in s.trials[1].user_attrs) is flagged
         assert bool([m for m in said if "steps repeated" in m]) is flagged

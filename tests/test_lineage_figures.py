@@ -12,6 +12,7 @@ from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+from sweep._core import names
 from sweep.analysis import figures, lineage_figures, report, summary
 from sweep.spec import config
 from sweep.testing.studies import stored_study
@@ -46,7 +47,7 @@ def test_the_tree_says_who_was_copied_from_whom_at_which_step(pbt):
 def test_the_tree_counts_attempts_and_pauses_of_each_lineage(asha):
     s, study = asha
     tree = lineage_figures.tree(s, study)
-    top = study.trials[9].user_attrs["retry_of"]  # the best: promoted twice, then completed
+    top = study.trials[9].user_attrs[names.RETRY_OF]  # the best: promoted twice, then completed
     row = tree[tree["origin"] == top].iloc[0]
     assert (row["attempts"], row["pauses"], row["last_step"], row["state"]) == (
         3, 2, 17, "COMPLETE")
@@ -61,8 +62,8 @@ def test_pauses_promotions_and_exploits_are_marked_where_they_happened(asha, pbt
     trials = asha[1].trials
     for r in promoted.itertuples():  # at the promoted attempt's start, on its device
         t = trials[r.number]
-        assert (r.time, r.gpu) == (t.datetime_start, t.user_attrs["gpu"])
-        assert r.text == f"trial {r.number} continues paused trial {t.user_attrs['continues']}"
+        assert (r.time, r.gpu) == (t.datetime_start, t.user_attrs[names.GPU])
+        assert r.text == f"trial {r.number} continues paused trial {t.user_attrs[names.CONTINUES]}"
     paused = marks[marks["kind"] == "paused"]
     assert sorted(paused["step"].astype(int)) == [2] * 9 + [6] * 3
     assert all(r.time == trials[r.number].datetime_complete for r in paused.itertuples())
@@ -103,7 +104,7 @@ def test_fidelity_is_the_rank_correlation_of_each_rung_with_the_final_values(tmp
             state=TrialState.COMPLETE, value=final, params={"x": 0.5},
             distributions={"x": FloatDistribution(0.0, 1.0)},
             intermediate_values={5: at5, 10: final, 19: final},
-            user_attrs={"gpu": 0}))
+            user_attrs={names.GPU: 0}))
     study.add_trial(optuna.trial.create_trial(  # paused: not a lineage that finished
         state=TrialState.PRUNED, value=9.0, params={"x": 0.5},
         distributions={"x": FloatDistribution(0.0, 1.0)}, intermediate_values={5: 0.1}))
@@ -139,10 +140,10 @@ def test_no_lineage_panel_is_empty_without_a_sentence_saying_why(asha, pbt):
 
 def test_the_flagged_resumes_and_explores_are_listed(tmp_path):
     spec, study = pbt_study(tmp_path, population=2)
-    for attrs in ({}, {"retry_of": 0, "attempt": 1, "continues": 0, "resumed_at": 0,
-                       "steps_repeated": 6},
-                  {"exploit_of": 0, "exploit_step": 5, "replaces": 2,
-                   "restored_params": {"x": 0.5}}):
+    for attrs in ({}, {names.RETRY_OF: 0, names.ATTEMPT: 1, names.CONTINUES: 0, names.RESUMED_AT: 0,
+                       names.STEPS_REPEATED: 6},
+                  {names.EXPLOIT_OF: 0, names.EXPLOIT_STEP: 5, names.REPLACES: 2,
+                   names.RESTORED_PARAMS: {"x": 0.5}}):
         study.add_trial(optuna.trial.create_trial(
             state=TrialState.COMPLETE, value=1.0, params={"x": 0.5},
             distributions={"x": FloatDistribution(0.0, 1.0)}, user_attrs=attrs))

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sweep._core import names
 from sweep.gpus.monitor import NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.runner.driver import Driver
@@ -38,7 +39,7 @@ def test_a_stubborn_trainer_in_its_grace_period_wakes_the_loop_a_few_times(tmp_p
               trainer={"timeout": 1.0, "grace_period": 20.0})
     assert s.run() == 1
     [trial] = s.trials
-    assert trial.user_attrs["fail_reason"] == "timeout after 1 s"
+    assert trial.user_attrs[names.FAIL_REASON] == "timeout after 1 s"
     assert s.clock.t == pytest.approx(21.0)
     assert s.spawn.processes[0].signals == ["TERM"]  # the guard escalates, not the driver
     # reports polled at 0.5 s, the timeout at 1 s, then one wait through the grace period
@@ -58,10 +59,10 @@ def test_a_failed_trial_is_retried_with_its_params_then_the_budget_continues(tmp
     assert s.run() == 0
     first, retry, third = s.trials
     assert first.state.name == "FAIL"
-    assert first.user_attrs["fail_reason"] == "exit code 3: ValueError: boom"
+    assert first.user_attrs[names.FAIL_REASON] == "exit code 3: ValueError: boom"
     assert retry.params == first.params and retry.state.name == "COMPLETE"
-    assert retry.user_attrs["retry_of"] == 0 and retry.user_attrs["attempt"] == 1
-    assert third.state.name == "COMPLETE" and third.user_attrs["attempt"] == 0
+    assert retry.user_attrs[names.RETRY_OF] == 0 and retry.user_attrs[names.ATTEMPT] == 1
+    assert third.state.name == "COMPLETE" and third.user_attrs[names.ATTEMPT] == 0
 
 
 def test_out_of_memory_is_not_retried_and_a_failure_streak_stops_the_run(tmp_path):
@@ -71,8 +72,8 @@ def test_out_of_memory_is_not_retried_and_a_failure_streak_stops_the_run(tmp_pat
               trainer={"max_retries": 2})
     assert s.run() == 1
     assert s.states() == ["FAIL"] * 3
-    assert all(t.user_attrs["fail_reason"].startswith("out of memory") for t in s.trials)
-    assert not any("retry_of" in t.user_attrs for t in s.trials)
+    assert all(t.user_attrs[names.FAIL_REASON].startswith("out of memory") for t in s.trials)
+    assert not any(names.RETRY_OF in t.user_attrs for t in s.trials)
     assert "stopped after 3 failed trials in a row" in s.driver.policy.stop_reason
 
 
@@ -179,9 +180,9 @@ def test_first_signal_stops_every_trial_gently_and_a_second_kills(tmp_path):
     assert s.run() == 130
     # each interrupted trial's continuation is queued for the next run (no retry spent)
     assert s.states() == ["FAIL", "FAIL", "WAITING", "WAITING"]
-    assert {t.user_attrs["fail_reason"] for t in s.trials[:2]} == {"interrupted"}
-    assert sorted((t.user_attrs["continues"], t.user_attrs["retries"]) for t in s.trials[2:]) \
-        == [(0, 0), (1, 0)]
+    assert {t.user_attrs[names.FAIL_REASON] for t in s.trials[:2]} == {"interrupted"}
+    assert sorted((t.user_attrs[names.CONTINUES], t.user_attrs[names.RETRIES])
+                  for t in s.trials[2:]) == [(0, 0), (1, 0)]
     assert all(p.signals == ["TERM", "KILL"] for p in s.spawn.processes)
     assert s.clock.t == pytest.approx(2.0)
 
@@ -198,7 +199,7 @@ def test_a_driver_error_tells_every_trial_it_asked(tmp_path):
     s = Sweep(tmp_path, breaks_on_third, gpus=3, study={"n_trials": 4})
     with pytest.raises(OSError, match="no more processes"):
         s.run()
-    states = {t.number: (t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials}
+    states = {t.number: (t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in s.trials}
     assert states[2] == ("FAIL", "could not start the trial: no more processes")
     assert states[0] == states[1] == ("FAIL", "driver error")
     assert all(p.signals == ["TERM"] and p.ended for p in s.spawn.processes)
@@ -227,7 +228,7 @@ def test_a_gpu_held_after_a_trial_is_cleaned_without_stalling_the_loop(
     assert s.run() == 0
     _, second, third = s.spawn.processes
     assert second.started == 0.0 and third.started == pytest.approx(1.0)
-    assert s.trials[2].user_attrs["gpu"] == 1  # device 0 was still being cleaned
+    assert s.trials[2].user_attrs[names.GPU] == 1  # device 0 was still being cleaned
     assert (0 in s.pool.quarantined) is quarantined
     assert s.clock.t == pytest.approx(2.0)  # the third trial ran on device 1 meanwhile
 
@@ -341,10 +342,10 @@ def test_a_driver_killed_at_the_tell_of_a_failed_trial_leaves_its_retry_queued_o
         s.run()
 
     def retries() -> list[Any]:
-        return [t for t in s.trials if t.user_attrs.get("retry_of") == 0]
+        return [t for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 0]
 
     [retry] = retries()
-    assert retry.state.name == "WAITING" and retry.user_attrs["attempt"] == 1
+    assert retry.state.name == "WAITING" and retry.user_attrs[names.ATTEMPT] == 1
     first = s.trials[0]
     if first.state.name == "RUNNING":  # as a kill -9 leaves it
         assert s.store.fail_orphan(Orphan(first, "driver died", None))
@@ -364,7 +365,7 @@ def test_a_report_written_while_the_trial_is_being_stopped_is_kept(tmp_path):
               trainer={"timeout": 1.5, "grace_period": 3.0})
     s.run()
     trial = s.trials[0]
-    assert trial.user_attrs["fail_reason"].startswith("timeout")
+    assert trial.user_attrs[names.FAIL_REASON].startswith("timeout")
     assert trial.intermediate_values == {1: 0.5, 2: 0.25}
 
 
@@ -413,7 +414,7 @@ def test_a_failure_that_names_a_study_file_fix_is_not_retried_and_stops_the_run(
     said = capture_messages(s)
     assert s.run() == 1
     [trial] = s.trials
-    reason = trial.user_attrs["fail_reason"]
+    reason = trial.user_attrs[names.FAIL_REASON]
     assert reason.endswith("they match in stderr.log: set trainer.result.stderr instead")
     assert s.driver.policy.stop_reason == (
         f"trial 0 failed and the study file must change: {reason}")

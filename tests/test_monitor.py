@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from conftest import load_trials, run_cli
 
+from sweep._core import names
 from sweep.analysis import summary
 from sweep.gpus.monitor import Monitor, NoReader
 from sweep.gpus.nvml import Nvml
@@ -40,10 +41,10 @@ def test_per_trial_aggregates_follow_the_samples_of_its_device(monkeypatch, tmp_
         monitor.sample_once(now=1000.0 + t)
     gpus[0].energy_mj = 1_250_000
     stats = monitor.trial_finished(7, shared=False)
-    assert stats["gpu_util_mean"] == pytest.approx(50)
-    assert stats["gpu_util_max"] == 90
-    assert stats["gpu_mem_peak_mb"] == pytest.approx(3 * 1024)
-    assert stats["energy_j"] == pytest.approx(250)
+    assert stats[names.GPU_UTIL_MEAN] == pytest.approx(50)
+    assert stats[names.GPU_UTIL_MAX] == 90
+    assert stats[names.GPU_MEM_PEAK_MB] == pytest.approx(3 * 1024)
+    assert stats[names.ENERGY_J] == pytest.approx(250)
 
     samples = summary.read_samples(tmp_path)
     assert len(samples) == 6
@@ -79,17 +80,17 @@ def test_a_sweep_on_fake_nvml_stores_utilisation_and_busy_fractions(monkeypatch,
 
     trials = load_trials(study)
     for t in trials:
-        expected = {0: 40, 1: 80}[t.user_attrs["gpu"]]
-        assert t.user_attrs["gpu_util_mean"] == expected
-        assert t.user_attrs["gpu_util_max"] == expected
-        assert t.user_attrs["gpu_mem_peak_mb"] == 1024 * (1 + t.user_attrs["gpu"])
-        assert t.user_attrs["energy_j"] == 0  # the fake's energy counter does not move
+        expected = {0: 40, 1: 80}[t.user_attrs[names.GPU]]
+        assert t.user_attrs[names.GPU_UTIL_MEAN] == expected
+        assert t.user_attrs[names.GPU_UTIL_MAX] == expected
+        assert t.user_attrs[names.GPU_MEM_PEAK_MB] == 1024 * (1 + t.user_attrs[names.GPU])
+        assert t.user_attrs[names.ENERGY_J] == 0  # the fake's energy counter does not move
 
     s = summary.load(study)
     wall = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials))
     for gpu in (0, 1):
         mine = sorted((t.datetime_start, t.datetime_complete) for t in trials
-                      if t.user_attrs["gpu"] == gpu)
+                      if t.user_attrs[names.GPU] == gpu)
         busy = sum((b - a).total_seconds() for a, b in mine)  # one trial per GPU: no overlap
         row = s.gpus[s.gpus["gpu"] == gpu].iloc[0]
         assert row["trials"] == len(mine)
@@ -140,5 +141,5 @@ def test_a_gpu_still_holding_a_trials_process_is_cleaned_then_quarantined(monkey
     # the fake still lists the pid after the kill: the device leaves the pool, with a warning
     assert "GPU 0 taken out of the pool" in err
     trials = load_trials(study)
-    assert [t.user_attrs["gpu"] for t in trials].count(0) == 1
+    assert [t.user_attrs[names.GPU] for t in trials].count(0) == 1
     assert all(t.state.name == "COMPLETE" for t in trials)

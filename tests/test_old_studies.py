@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 from conftest import run_cli
 
+from sweep._core import names
+
 OLD = Path(__file__).parent / "examples" / "old_studies"
 N_TRIALS = 6
 
@@ -183,7 +185,7 @@ def test_an_old_study_resumes_its_interrupted_and_reclaimed_trials_to_its_budget
     storage = f"sqlite:///{study.parent / 'old.db'}"
     reclaimed = RECLAIMED[commit]
     before = optuna.load_study(study_name="old", storage=storage).trials[reclaimed]
-    old_pid = before.user_attrs["owner"]["pid"]
+    old_pid = before.user_attrs[names.OWNER]["pid"]
     checkpoints = study.parent / "old" / "checkpoints"
     reached = {int(f.parent.name): json.loads(f.read_text())["next"]
                for f in checkpoints.glob("*/state.json")}
@@ -196,7 +198,7 @@ def test_an_old_study_resumes_its_interrupted_and_reclaimed_trials_to_its_budget
     assert "RUNNING" not in states and "WAITING" not in states
     gone = trials[reclaimed]
     assert gone.state.name == "FAIL"
-    assert gone.user_attrs["fail_reason"] in reclaim_reasons(old_pid)
+    assert gone.user_attrs[names.FAIL_REASON] in reclaim_reasons(old_pid)
     df = summary_rows(study, tmp_path, capsys)
     added, starts = RESUMED[commit]
     first_new = added[0][0]

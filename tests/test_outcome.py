@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
+from sweep._core import names
 from sweep.trial.outcome import judge, judge_files, split_launcher_traceback
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
@@ -79,7 +80,7 @@ def test_a_trainer_killed_by_a_signal_under_accelerate_gets_the_code_other_launc
     assert verdict.exit_code == code and verdict.fail_reason == f"exit code {code}: ValueError: boom"
 
 
-@pytest.mark.parametrize(("exit_code", "stderr", "result", "stopped", "state", "reason"), [
+@pytest.mark.parametrize((names.EXIT_CODE, "stderr", "result", "stopped", "state", "reason"), [
     (0, "", '{"m": 1.5}', None, COMPLETE, None),
     (1, ACCELERATE_TAIL, '{"m": 1}', None, FAIL, "exit code 3: ValueError: boom"),
     (2, "", None, None, FAIL, "exit code 2: no stderr"),

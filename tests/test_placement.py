@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from conftest import load_trials, run_cli, wait_until
 
+from sweep._core import names
 from sweep.gpus import placement
 from sweep.gpus.monitor import Monitor, NoReader, NvmlProbe
 from sweep.gpus.nvml import Nvml
@@ -226,7 +227,7 @@ def pinned(study: Any) -> dict[int, tuple[str, str]]:
     for t in load_trials(study):
         record = json.loads((study.parent / "probe" / "trials" / str(t.number) /
                              "probe.json").read_text())
-        seen[t.user_attrs["gpu"]] = (record["cvd"], record["order"])
+        seen[t.user_attrs[names.GPU]] = (record["cvd"], record["order"])
     return seen
 
 
@@ -250,7 +251,7 @@ def test_a_sweep_leaves_a_colleagues_card_alone(write_study, nvml_gpus, capsys):
     finally:
         colleague.kill()
         colleague.wait()
-    assert [t.user_attrs["gpu"] for t in load_trials(study)] == [1, 1, 1]
+    assert [t.user_attrs[names.GPU] for t in load_trials(study)] == [1, 1, 1]
     assert f"GPU 0 left out: in use by others (pid {colleague.pid})" in capsys.readouterr().err
 
 
@@ -351,8 +352,8 @@ def test_two_concurrent_two_gpu_trials_get_their_own_devices_and_ports(tmp_path)
     assert ports[0] != ports[1] and [p.env["SWEEP_MAIN_PORT"] for p in plans] == ports
     assert all("--multi_gpu" in p.argv and option(p.argv, "--num_processes") == "2"
                for p in plans)
-    assert [t.user_attrs["gpus"] for t in s.trials] == ["0,1", "2,3"]
-    assert [t.user_attrs["gpu"] for t in s.trials] == [0, 2]
+    assert [t.user_attrs[names.GPUS] for t in s.trials] == ["0,1", "2,3"]
+    assert [t.user_attrs[names.GPU] for t in s.trials] == [0, 2]
 
 
 def test_ports_are_leased_host_wide_and_freed_with_the_trial(tmp_path):
@@ -430,7 +431,7 @@ def test_after_an_out_of_memory_the_device_waits_for_memory_before_another_trial
     assert s.run() == 0
     starts = [p.started for p in s.spawn.processes]
     assert starts == [0.0, 0.0, 3.0]  # not at 1.0, when the out-of-memory trial ended
-    assert s.trials[1].user_attrs["fail_reason"].startswith("out of memory")
+    assert s.trials[1].user_attrs[names.FAIL_REASON].startswith("out of memory")
 
 
 @pytest.mark.slow
@@ -458,7 +459,7 @@ def test_a_card_freed_during_the_sweep_joins_it(write_study, nvml_gpus, capsys, 
         over.set()
         colleague.kill()
         colleague.wait()
-    gpus = [t.user_attrs["gpu"] for t in load_trials(study)]
+    gpus = [t.user_attrs[names.GPU] for t in load_trials(study)]
     assert gpus[0] == 1 and 0 in gpus  # GPU 0 joined once its user was done
     err = capsys.readouterr().err
     assert "GPU 0 left out: in use by others" in err and "GPU 0 is free again" in err
@@ -526,6 +527,6 @@ def test_a_card_others_use_joins_the_sweep_once_freed_and_the_user_is_told(tmp_p
     s.driver.events.message = said.append  # type: ignore[method-assign]
     assert s.run() == 0
     assert [p.started for p in s.spawn.processes] == [0.0, 1.0, 1.5, 2.0]
-    assert [t.user_attrs["gpu"] for t in s.trials] == [1, 1, 0, 1]
+    assert [t.user_attrs[names.GPU] for t in s.trials] == [1, 1, 0, 1]
     assert said == ["GPU 0 left out: in use by others (pid 4242)",
                     "GPU 0 is free again: back in the pool"]

@@ -9,6 +9,8 @@ import optuna
 import pytest
 from conftest import spawn_cli, study_dict
 
+from sweep._core import names
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.xdist_group("postgres")]  # one server for them all (conftest)
 
@@ -29,7 +31,7 @@ def test_two_drivers_share_one_study_to_its_budget(postgres_url, write_study):
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(complete) == 8  # the budget lock: never one more, whoever starts the last
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    pids = {t.user_attrs["owner"]["pid"] for t in complete}
+    pids = {t.user_attrs[names.OWNER]["pid"] for t in complete}
     assert len(pids) == 2, "both drivers ran trials"
     assert len({t.number for t in trials}) == len(trials)
 

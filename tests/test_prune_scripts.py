@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, load_trials, run_cli
 
+from sweep._core import names
+
 EXAMPLES = ROOT / "tests" / "examples"
 NUMBER = r"[-+.0-9eE]+|nan|inf"  # the pattern docs/how-to/prune.md gives for a number
 PRUNER = {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 0}
@@ -108,7 +110,8 @@ def test_a_nan_after_a_number_fails_the_trial(write_study, fake_gpus):
     run_cli("run", str(study))
     trial = load_trials(study)[0]
     assert trial.state.name == "FAIL"  # not COMPLETE with the 2.5 printed before
-    assert trial.user_attrs["fail_reason"] == "metric 'loss' matched in stdout but diverged: 'nan'"
+    assert trial.user_attrs[names.FAIL_REASON] == (
+        "metric 'loss' matched in stdout but diverged: 'nan'")
 
 
 @pytest.mark.slow
@@ -135,7 +138,7 @@ def test_a_timm_style_script_logging_to_stderr_has_its_result_read_there(
                         trainer={**script, "result": {"stdout": best}}, params=params,
                         name="wrong.yaml")
     run_cli("run", str(wrong))
-    reason = load_trials(wrong, "wrong")[0].user_attrs["fail_reason"]
+    reason = load_trials(wrong, "wrong")[0].user_attrs[names.FAIL_REASON]
     assert reason.startswith("no result: no line of ")
     assert reason.endswith("; stdout is empty; they match in stderr.log: set "
                            "trainer.result.stderr instead")

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, load_trials, run_cli, spawn_cli, wait_until
 
+from sweep._core import names
+
 EXAMPLES = ROOT / "tests" / "examples"
 
 
@@ -90,8 +92,8 @@ def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_c
     assert rerun.returncode == 0, err
     trials = load_trials(study, "hf-resume")
     assert sum(t.state.name == "COMPLETE" for t in trials) == 4
-    for first in (t for t in trials if t.user_attrs.get("fail_reason") == "interrupted"):
-        then = next(t for t in trials if t.user_attrs.get("continues") == first.number)
+    for first in (t for t in trials if t.user_attrs.get(names.FAIL_REASON) == "interrupted"):
+        then = next(t for t in trials if t.user_attrs.get(names.CONTINUES) == first.number)
         assert then.state.name == "COMPLETE" and then.params == first.params
         ran = [json.loads(line)["step"] for line in
                (out / "trials" / str(first.number) / "stdout.log").read_text().splitlines()]
@@ -107,7 +109,7 @@ def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_c
         assert results["global_step"] == 60  # one run's steps, not a second run's
         assert results["train_steps_this_run"] == 60 - saved
         assert then.value == results["eval_loss"]
-    assert sum(t.user_attrs.get("fail_reason") == "interrupted" for t in trials) == 2
+    assert sum(t.user_attrs.get(names.FAIL_REASON) == "interrupted" for t in trials) == 2
 
 
 @pytest.mark.slow
@@ -130,22 +132,22 @@ def test_a_hf_trainer_style_script_is_paused_and_promoted_through_last_checkpoin
     assert rerun.returncode == 0, err
     trials = load_trials(study, "hf-asha")
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
-    promoted = [t for t in trials if "paused_at" in
-                trials[t.user_attrs.get("continues", t.number)].user_attrs
-                and "continues" in t.user_attrs]
+    promoted = [t for t in trials if names.PAUSED_AT in
+                trials[t.user_attrs.get(names.CONTINUES, t.number)].user_attrs
+                and names.CONTINUES in t.user_attrs]
     assert promoted, err
     for then in promoted:
         log = (out / "trials" / str(then.number) / "stdout.log").read_text()
         saved = int(log.split("will skip to saved global_step ")[1].split()[0])
-        origin = then.user_attrs["retry_of"]
+        origin = then.user_attrs[names.RETRY_OF]
         command = (out / "trials" / str(then.number) / "command.sh").read_text()
         assert f"--resume_from_checkpoint {out}/checkpoints/{origin}/checkpoint-{saved}" \
             in command
         first_step = json.loads(log.splitlines()[1])["step"]
         assert first_step == saved + 1
-        assert "steps_repeated" not in then.user_attrs
+        assert names.STEPS_REPEATED not in then.user_attrs
     best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     results = json.loads((out / "checkpoints" / str(best.user_attrs.get(
-        "retry_of", best.number)) / "all_results.json").read_text())
+        names.RETRY_OF, best.number)) / "all_results.json").read_text())
     assert results["global_step"] == 45 and best.value == results["eval_loss"]
     assert sum(t.state.name == "COMPLETE" for t in trials) < 9  # not all trained to the end

@@ -17,6 +17,7 @@ from conftest import wait_until
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+from sweep._core import names
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.runner.reclaim import Next, decide
 from sweep.testing.fakes import FakeClock, Script
@@ -73,8 +74,8 @@ def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None 
     s.store.study.add_trial(optuna.trial.create_trial(
         state=TrialState.RUNNING, params={"x": 0.5},
         distributions={"x": FloatDistribution(0.0, 1.0)},
-        user_attrs={"owner": {"host": "test-host", "pid": os.getpid(), "started": 1.0,
-                              "gpu": 0, "dir": folder}, "attempt": 0}))
+        user_attrs={names.OWNER: {"host": "test-host", "pid": os.getpid(), "started": 1.0,
+                              "gpu": 0, "dir": folder}, names.ATTEMPT: 0}))
     sent: list[Any] = []
     procs: list[Leftover] = live(s.clock)
 
@@ -93,7 +94,7 @@ def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None 
 
 
 def told(s: Sweep) -> list[tuple[str, Any, Any]]:
-    return [(t.state.name, t.user_attrs.get("fail_reason"), t.user_attrs.get("retry_of"))
+    return [(t.state.name, t.user_attrs.get(names.FAIL_REASON), t.user_attrs.get(names.RETRY_OF))
             for t in s.trials]
 
 
@@ -152,9 +153,9 @@ def queued_continuation(s: Sweep, **attrs: Any) -> Path:
     dist = {"x": FloatDistribution(0.0, 1.0)}
     s.store.study.add_trial(optuna.trial.create_trial(
         state=TrialState.FAIL, params={"x": 0.5}, distributions=dist,
-        user_attrs={"attempt": 0, "fail_reason": "interrupted"}))
+        user_attrs={names.ATTEMPT: 0, names.FAIL_REASON: "interrupted"}))
     s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
-        "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0, **attrs})
+        names.RETRY_OF: 0, names.ATTEMPT: 1, names.CONTINUES: 0, names.RETRIES: 0, **attrs})
     folder = s.spec.output_dir / "checkpoints" / "0"
     folder.mkdir(parents=True)
     (folder / "step.txt").write_text("41\n")
@@ -175,10 +176,10 @@ def test_an_orphan_whose_driver_beats_again_while_its_lock_is_held_is_not_told(t
     key = trial_id(s.trials[0])
     back = {"host": "test-host", "pid": os.getpid(), "started": psutil.Process().create_time(),
             "gpu": 0, "dir": str(s.spec.output_dir / "trials" / "0")}
-    s.clock.at(3.0, lambda: s.store.storage.set_trial_user_attr(key, "owner", back))
+    s.clock.at(3.0, lambda: s.store.storage.set_trial_user_attr(key, names.OWNER, back))
     assert s.run() == 0
     assert sent == [] and s.spawn.processes == []  # the budget is its driver's to spend
-    assert [(t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials] == [
+    assert [(t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in s.trials] == [
         ("RUNNING", None)]
     assert "trial 0: its driver is back (or it was told): not reclaimed" in said
 
@@ -190,14 +191,14 @@ def test_an_orphan_is_told_though_this_drivers_own_continuation_holds_its_lineag
     orphan any more, which is told at once, not once its continuation ends."""
     s, sent = with_orphan(tmp_path, locked_until=1e9, n_trials=2)
     s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
-        "retry_of": 0, "attempt": 1, "continues": 0, "retries": 0})
+        names.RETRY_OF: 0, names.ATTEMPT: 1, names.CONTINUES: 0, names.RETRIES: 0})
     s.spawn.script = lambda p: Script(runs=5.0)
     seen: list[str] = []
     s.clock.at(1.0, lambda: seen.append(s.trials[0].state.name))
     assert s.run() == 0
     assert seen == ["FAIL"] and sent == []
     assert [t.state.name for t in s.trials] == ["FAIL", "COMPLETE", "COMPLETE"]
-    assert s.trials[0].user_attrs["fail_reason"].startswith("driver died")
+    assert s.trials[0].user_attrs[names.FAIL_REASON].startswith("driver died")
 
 
 def test_a_continuation_whose_lineage_is_locked_waits_untouched_then_starts(tmp_path):
@@ -239,7 +240,7 @@ def test_a_parked_attempt_gives_its_device_back_and_starts_on_the_next_one_free(
                for p in s.spawn.processes]
     assert started == [("2", 0.0, "0"), ("1", 2.0, "1")]  # GPU 0, given back, took trial 2
     parked = s.trials[1]
-    assert parked.user_attrs["owner"]["gpu"] == parked.user_attrs["gpu"] == 1
+    assert parked.user_attrs[names.OWNER]["gpu"] == parked.user_attrs[names.GPU] == 1
 
 
 def test_a_continuation_runs_its_lineages_params_only_not_one_added_since(tmp_path):
@@ -282,9 +283,9 @@ def test_a_continuation_of_an_attempt_cut_while_it_sampled_samples_what_it_lacks
         distributions=both))
     s.store.study.add_trial(optuna.trial.create_trial(  # cut after x, by a dead driver
         state=TrialState.FAIL, params={"x": 0.5},
-        distributions={"x": both["x"]}, user_attrs={"fail_reason": "driver died"}))
+        distributions={"x": both["x"]}, user_attrs={names.FAIL_REASON: "driver died"}))
     s.store.study.enqueue_trial({"x": 0.5}, user_attrs={
-        "retry_of": 1, "attempt": 1, "continues": 1, "retries": 0})
+        names.RETRY_OF: 1, names.ATTEMPT: 1, names.CONTINUES: 1, names.RETRIES: 0})
     assert s.run() == 0
     assert seen[0]["x"] == 0.5 and set(seen[0]) == {"x", "y"}
 
@@ -301,7 +302,7 @@ def test_a_parked_attempt_at_a_stop_is_told_interrupted_and_continued(tmp_path):
     assert s.spawn.processes == []
     assert told(s) == [("FAIL", "interrupted", None), ("FAIL", "interrupted", 0),
                        ("WAITING", None, 0)]
-    assert s.trials[2].user_attrs["continues"] == 1
+    assert s.trials[2].user_attrs[names.CONTINUES] == 1
 
 
 def test_a_parked_attempt_is_not_started_after_a_stop_while_another_trial_ends(tmp_path):
@@ -319,8 +320,8 @@ def test_a_parked_attempt_is_not_started_after_a_stop_while_another_trial_ends(t
     assert [(p.plan.paths.dir.name, p.started) for p in s.spawn.processes] == [
         ("2", 0.0), ("3", 0.0)]
     assert [t.state.name for t in s.trials] == ["FAIL"] * 4 + ["WAITING"] * 3
-    assert s.trials[1].user_attrs["fail_reason"] == "interrupted"
-    assert sorted(t.user_attrs["continues"] for t in s.trials[4:]) == [1, 2, 3]
+    assert s.trials[1].user_attrs[names.FAIL_REASON] == "interrupted"
+    assert sorted(t.user_attrs[names.CONTINUES] for t in s.trials[4:]) == [1, 2, 3]
 
 
 def test_the_guard_holds_the_lineage_lock_for_its_tree_and_a_kill_9_frees_it(tmp_path):

@@ -28,7 +28,7 @@ from conftest import study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from sweep._core import removal, userfiles
+from sweep._core import names, removal, userfiles
 from sweep._core.errors import UsageError
 from sweep._core.removal import remove_tree
 from sweep._core.safefs import UnsafePath
@@ -98,7 +98,7 @@ def test_nothing_planted_where_sweep_removes_is_removed(tmp_path, place, kind):
     assert survived(at, kind, victim)
     trial = s.trials[0]
     assert trial.state.name == "FAIL"
-    reason = trial.user_attrs["fail_reason"]
+    reason = trial.user_attrs[names.FAIL_REASON]
     if (place, kind) == ("checkpoints", "folder"):  # the user's own folder: sweep adds to it
         assert reason.startswith("no result: nothing at")
         assert (at / "0").is_dir() and (at / ".0.sweep").is_file()
@@ -112,10 +112,10 @@ def test_nothing_planted_where_sweep_removes_is_removed(tmp_path, place, kind):
         assert s.rerun() == 1
         assert survived(at, kind, victim)
         if place == "trials/0":
-            assert s.trials[1].user_attrs["fail_reason"].startswith("no result: nothing at")
+            assert s.trials[1].user_attrs[names.FAIL_REASON].startswith("no result: nothing at")
         else:
             assert [t.state.name for t in s.trials] == ["FAIL", "FAIL", "WAITING"]
-            assert s.trials[1].user_attrs["fail_reason"] == reason
+            assert s.trials[1].user_attrs[names.FAIL_REASON] == reason
             assert not (tmp_path / "out" / "checkpoints" / ".0.sweep").exists()
 
 
@@ -129,7 +129,7 @@ def test_a_declared_result_file_is_never_removed(tmp_path, kind):
     s = sweep_of(tmp_path, result={"file": str(tmp_path / "results" / "{trial_number}.json")})
     assert s.run() == 1
     assert survived(at, kind, victim)
-    reason = s.trials[0].user_attrs["fail_reason"]
+    reason = s.trials[0].user_attrs[names.FAIL_REASON]
     if kind == "file":  # the user's file is not the trial's result
         assert reason == (f"no result: {at} was last written before the trial started (left "
                           "by an earlier run?)")
@@ -153,7 +153,7 @@ def test_a_folder_given_as_the_result_file_is_refused_and_kept(tmp_path, declare
     assert (tmp_path / "study.yaml").is_file()
     assert intact(tmp_path / "mydata") and intact(tmp_path / "out" / "notes")
     assert "is a folder: trainer.result.file must name a file" in (
-        s.trials[0].user_attrs["fail_reason"])
+        s.trials[0].user_attrs[names.FAIL_REASON])
 
 
 def test_a_stale_folder_sweep_made_is_still_made_anew(tmp_path):
@@ -444,7 +444,7 @@ def test_a_folder_bind_mounted_inside_a_trial_folder_is_never_emptied(tmp_path):
     with bind_mounted(user, folder / "data"):
         assert s.run() == 1
         assert [t.state for t in s.trials] == [TrialState.FAIL, TrialState.WAITING]
-        assert s.trials[0].user_attrs["fail_reason"] == (
+        assert s.trials[0].user_attrs[names.FAIL_REASON] == (
             f"could not prepare the trial: {folder} holds {folder}/data, where a file system "
             "or a folder is mounted: unmount it first")
         assert intact(folder / "data")
@@ -539,7 +539,7 @@ def test_a_command_sh_of_the_users_makes_no_folder_sweeps(tmp_path):
     assert not (project / "trials" / ".0.sweep").exists()
     first, queued = s.trials
     assert first.state is TrialState.FAIL and queued.state is TrialState.WAITING
-    assert first.user_attrs["fail_reason"] == (
+    assert first.user_attrs[names.FAIL_REASON] == (
         f"could not prepare the trial: {mine} holds files sweep did not put there: move or "
         "remove it, or give the study another output_dir")
     mine.rename(tmp_path / "moved")  # the user moves it away, as the line says

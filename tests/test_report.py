@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from conftest import load_trials, run_cli
 
+from sweep._core import names
 from sweep.analysis import figures, report
 from sweep.testing.studies import stored_study
 
@@ -167,9 +168,9 @@ def summary_of(rows: list[dict]) -> report.Summary:
         "trainer": {"script": "t.py"}})
     start = datetime(2026, 1, 1, 12, 0, 0)
     frame = pd.DataFrame([{
-        "number": i, "state": r["state"], "value": r.get("value"), "gpu": 0,
-        "gpus": r.get("gpus"), "host": "h", "energy_j": r.get("energy_j"),
-        "fail_reason": r.get("reason"),
+        "number": i, "state": r["state"], "value": r.get("value"), names.GPU: 0,
+        names.GPUS: r.get("gpus"), names.HOST: "h", names.ENERGY_J: r.get(names.ENERGY_J),
+        names.FAIL_REASON: r.get("reason"),
         "datetime_start": start + timedelta(hours=r["at"]),
         "datetime_complete": start + timedelta(hours=r["at"] + r["hours"])}
         for i, r in enumerate(rows)])
@@ -178,9 +179,9 @@ def summary_of(rows: list[dict]) -> report.Summary:
 
 def test_costs_are_device_hours_and_energy_by_state_and_until_the_best():
     s = summary_of([
-        {"state": "COMPLETE", "value": 0.5, "at": 0, "hours": 1, "energy_j": 3.6e6},
+        {"state": "COMPLETE", "value": 0.5, "at": 0, "hours": 1, names.ENERGY_J: 3.6e6},
         {"state": "FAIL", "at": 0, "hours": 0.5, "gpus": "0,1", "reason": "exit code 1: x"},
-        {"state": "COMPLETE", "value": 0.2, "at": 1, "hours": 2, "energy_j": 7.2e6},
+        {"state": "COMPLETE", "value": 0.2, "at": 1, "hours": 2, names.ENERGY_J: 7.2e6},
         {"state": "PRUNED", "value": 0.9, "at": 1, "hours": 0.25},
         {"state": "COMPLETE", "value": 0.3, "at": 3, "hours": 1},
     ])
@@ -236,7 +237,7 @@ def test_report_while_every_trial_is_running(write_study, capsys):
         study.add_trial(optuna.trial.create_trial(
             state=TrialState.RUNNING, params={"x": 0.5},
             distributions={"x": FloatDistribution(0.0, 1.0)},
-            user_attrs={"gpu": gpu, "host": "node1", "attempt": 0}))
+            user_attrs={names.GPU: gpu, names.HOST: "node1", names.ATTEMPT: 0}))
     page = study_file.parent / "report.html"
     capsys.readouterr()
     assert run_cli("report", str(study_file), "-o", str(page)) == 0, capsys.readouterr().err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.spec import config, schema
 from sweep.trial import results
@@ -292,5 +293,5 @@ def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
         log = (study.parent / name / "trials" / "0" / "stderr.log").read_text()
         if reason is not None:  # the launcher did repeat them (accelerate 1.16 and later)
             assert log.count("epoch 3 loss") == 2, (accelerate.__version__, log)
-            assert trial.user_attrs["fail_reason"] == reason
+            assert trial.user_attrs[names.FAIL_REASON] == reason
         assert trial.intermediate_values == {1: 1.0, 2: 0.5, 3: 0.3333}

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import ROOT, load_trials, run_cli, spawn_cli, study_dict
 
+from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.launch import provenance
 from sweep.spec import accelconfig, config, interpreter, schema
@@ -445,10 +446,10 @@ def test_the_code_version_is_the_commit_plus_a_hash_of_the_diff(tmp_path):
 
 
 def test_differences_say_what_changed_in_one_phrase():
-    then = {"code_version": "abc", "env_version": "e1"}
+    then = {names.CODE_VERSION: "abc", "env_version": "e1"}
     assert provenance.differences(then, then) is None
     assert provenance.differences({}, then) is None  # a trial of an older sweep
-    assert provenance.differences(then, {"code_version": "abd", "env_version": "e1"}) == (
+    assert provenance.differences(then, {names.CODE_VERSION: "abd", "env_version": "e1"}) == (
         "the code differs (it ran abc, now abd)")
     assert provenance.differences({**then, "env_version": None}, {"env_version": "e2"}) == (
         "the code differs (it ran abc, now no git repository)")  # no env.json to compare
@@ -559,12 +560,12 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
     git(clone, "apply", "--check", str(trials / "0" / "code.patch"))
-    version = json.loads((trials / "0" / "env.json").read_text())["code_version"]
+    version = json.loads((trials / "0" / "env.json").read_text())[names.CODE_VERSION]
     assert version.startswith(commit[:12] + "+")
     assert run_cli("summary", str(study)) == 0
     capsys.readouterr()
     frame = __import__("pandas").read_csv(repo / "studies" / "hydra-style" / "summary.csv")
-    assert list(frame["code_version"]) == [version] * 3
+    assert list(frame[names.CODE_VERSION]) == [version] * 3
     git(repo, "commit", "-qam", "second")
     assert run_cli("rerun", str(study), "0") == 0
     out = capsys.readouterr().out
@@ -653,12 +654,12 @@ def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path):
 
 
 def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
-    (tmp_path / "env.json").write_text(json.dumps({"env_version": "e1", "code_version": "x"}))
-    assert provenance.recorded({"code_version": "abc"}, str(tmp_path)) == {
-        "code_version": "abc", "env_version": "e1"}
+    (tmp_path / "env.json").write_text(json.dumps({"env_version": "e1", names.CODE_VERSION: "x"}))
+    assert provenance.recorded({names.CODE_VERSION: "abc"}, str(tmp_path)) == {
+        names.CODE_VERSION: "abc", "env_version": "e1"}
     assert provenance.recorded({}, str(tmp_path / "gone")) == {
-        "code_version": None, "env_version": None}
-    assert provenance.recorded({}, None) == {"code_version": None, "env_version": None}
+        names.CODE_VERSION: None, "env_version": None}
+    assert provenance.recorded({}, None) == {names.CODE_VERSION: None, "env_version": None}
 
 
 @pytest.mark.slow
@@ -774,9 +775,9 @@ def test_a_git_that_times_out_or_fails_records_the_code_as_unknown(tmp_path, mon
     assert record["code"]["dirty"] is None and record["code"]["patch"] is None
     assert record["code"]["unknown"] == ("git status took longer than 1 s: what differs from "
                                          "the commit is unknown")
-    assert record["code_version"] == commit[:12] + "+unknown"
-    assert provenance.differences({"code_version": hung.version},
-                                  {"code_version": hung.version}) == (
+    assert record[names.CODE_VERSION] == commit[:12] + "+unknown"
+    assert provenance.differences({names.CODE_VERSION: hung.version},
+                                  {names.CODE_VERSION: hung.version}) == (
         f"the code cannot be compared (it ran {hung.version}, now {hung.version}: git could "
         "not say what differed from the commit)")
 

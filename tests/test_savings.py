@@ -19,6 +19,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 from test_reclaim import with_orphan
 
+from sweep._core import names
 from sweep.analysis import figures, report
 from sweep.study import savings
 
@@ -134,7 +135,7 @@ def attempt(number: int, steps: list[int], seconds: float, state: TrialState = T
         datetime_start=begin, datetime_complete=None if state is TrialState.RUNNING
         else begin + dt.timedelta(seconds=seconds),
         params={"x": 0.5}, distributions={"x": X},
-        user_attrs={"gpu": 0, "host": "node1", "attempt": 0, **attrs}, system_attrs={},
+        user_attrs={names.GPU: 0, names.HOST: "node1", names.ATTEMPT: 0, **attrs}, system_attrs={},
         intermediate_values={s: 1.0 / (s + 1) for s in steps})
 
 
@@ -241,11 +242,11 @@ def test_a_reclaimed_trial_keeps_its_drivers_last_sign_of_life(tmp_path):
     """Item 15: the reclaim tells a dead driver's trial FAIL with `alive_until`, the later of
     its `beat` and its driver's last GPU sample of it."""
     s, _ = with_orphan(tmp_path)
-    owner = s.trials[0].user_attrs["owner"]
+    owner = s.trials[0].user_attrs[names.OWNER]
     samples_file(s.spec.output_dir, owner["host"], owner["pid"],
                  [(1000.5, "0"), (1001.5, "0;3"), (1002.5, "3")])
     assert s.run() == 0
-    assert s.trials[0].user_attrs["alive_until"] == 1001.5
+    assert s.trials[0].user_attrs[names.ALIVE_UNTIL] == 1001.5
     assert savings.ended(s.trials[0], dt.datetime.now()) == max(
         s.trials[0].datetime_start, dt.datetime.fromtimestamp(1001.5))
 

@@ -20,6 +20,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from rich.console import Console
 
+from sweep._core import names
 from sweep.analysis import summary
 from sweep.schedulers import disk, exploit_copy, history
 from sweep.schedulers.halving import Promote
@@ -111,7 +112,7 @@ def spans(s: Sweep) -> dict[int, list[tuple[float, float]]]:
     for p in s.spawn.processes:
         number = int(p.plan.paths.dir.name.split("_")[-1])
         t = s.trials[number]
-        out.setdefault(int(t.user_attrs.get("retry_of", number)), []).append(
+        out.setdefault(int(t.user_attrs.get(names.RETRY_OF, number)), []).append(
             (p.started, p.ended_at or float("inf")))
     return out
 
@@ -131,18 +132,18 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
     lines = history.read(trials)
     assert len(lines) == 9  # n_trials counts configurations
-    paused = [t for t in trials if "paused_at" in t.user_attrs]
+    paused = [t for t in trials if names.PAUSED_AT in t.user_attrs]
     assert paused and all(t.state.name == "PRUNED" for t in paused)
-    assert all("fail_reason" not in t.user_attrs for t in paused)  # no failure
-    promoted = [t for t in trials if "continues" in t.user_attrs]
+    assert all(names.FAIL_REASON not in t.user_attrs for t in paused)  # no failure
+    promoted = [t for t in trials if names.CONTINUES in t.user_attrs]
     assert promoted and any(m.startswith("trial ") and " promoted from rung" in m for m in said)
     # every promoted lineage continued from its checkpoint: its first step is the one after
     # the step it was paused at, and none is flagged
     by_dir = dict(trainer.starts)
     for t in promoted:
-        before = trials[t.user_attrs["continues"]]
-        assert by_dir[str(t.number)] == before.user_attrs["paused_at"] + 1
-        assert "steps_repeated" not in t.user_attrs
+        before = trials[t.user_attrs[names.CONTINUES]]
+        assert by_dir[str(t.number)] == before.user_attrs[names.PAUSED_AT] + 1
+        assert names.STEPS_REPEATED not in t.user_attrs
     # the best lineage (x nearest 0.3) reached max_steps and completed
     best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
     assert best.last_step == 17
@@ -169,10 +170,10 @@ def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
     s, trainer = asha_sweep(tmp_path, gpus=1)
     assert s.run() == 0
     assert trainer.starts[:5] == [("0", 0), ("1", 0), ("2", 0), ("3", 3), ("4", 0)]
-    assert s.trials[3].user_attrs["continues"] == 0
+    assert s.trials[3].user_attrs[names.CONTINUES] == 0
     assert s.trials[3].params == s.trials[0].params
-    assert [s.trials[n].user_attrs["paused_at"] for n in (0, 1, 2)] == [2, 2, 2]
-    assert s.trials[3].user_attrs["paused_at"] == 6  # first at rung 1: paused there
+    assert [s.trials[n].user_attrs[names.PAUSED_AT] for n in (0, 1, 2)] == [2, 2, 2]
+    assert s.trials[3].user_attrs[names.PAUSED_AT] == 6  # first at rung 1: paused there
 
 
 def test_a_study_of_fewer_configurations_than_its_rungs_need_trains_its_best_to_the_end(
@@ -192,8 +193,8 @@ def test_a_study_of_fewer_configurations_than_its_rungs_need_trains_its_best_to_
     best = min(lines.values(), key=lambda v: abs(v.params["x"] - 0.3))
     assert best.latest.state.name == "COMPLETE" and best.last_step == 17
     # it went on at rung 0 (the top third of 4), paused alone at rung 1, then continued once
-    assert s.trials[best.origin].user_attrs["paused_at"] == 6
-    assert [t.user_attrs["continues"] for t in s.trials if "continues" in t.user_attrs] == [
+    assert s.trials[best.origin].user_attrs[names.PAUSED_AT] == 6
+    assert [t.user_attrs[names.CONTINUES] for t in s.trials if names.CONTINUES in t.user_attrs] == [
         best.origin]
 
 
@@ -204,8 +205,8 @@ def test_configurations_of_study_enqueue_do_not_go_before_a_promotion(tmp_path):
     s, trainer = asha_sweep(tmp_path, gpus=1, enqueue=xs)
     assert s.run() == 0
     assert trainer.starts[:5] == [("0", 0), ("1", 0), ("2", 0), ("3", 3), ("4", 0)]
-    assert s.trials[3].user_attrs["continues"] == 0
-    firsts = [t for t in s.trials if "retry_of" not in t.user_attrs]
+    assert s.trials[3].user_attrs[names.CONTINUES] == 0
+    firsts = [t for t in s.trials if names.RETRY_OF not in t.user_attrs]
     assert [t.params["x"] for t in firsts] == list(xs)
 
 
@@ -213,25 +214,26 @@ def test_a_continuation_that_starts_over_is_flagged_once_with_the_fix(tmp_path):
     s, _trainer = asha_sweep(tmp_path, resumes=False)
     said = capture_messages(s)
     assert s.run() == 0
-    flagged = [t for t in s.trials if "steps_repeated" in t.user_attrs]
+    flagged = [t for t in s.trials if names.STEPS_REPEATED in t.user_attrs]
     assert flagged
     for t in flagged:
-        before = s.trials[t.user_attrs["continues"]]
-        assert t.user_attrs["resumed_at"] == 0
-        assert t.user_attrs["steps_repeated"] == before.user_attrs["paused_at"] + 1
+        before = s.trials[t.user_attrs[names.CONTINUES]]
+        assert t.user_attrs[names.RESUMED_AT] == 0
+        assert t.user_attrs[names.STEPS_REPEATED] == before.user_attrs[names.PAUSED_AT] + 1
     fixes = [m for m in said if "steps repeated" in m]
     first = min(flagged, key=lambda t: t.number)
-    before = s.trials[first.user_attrs["continues"]].user_attrs["paused_at"]
+    before = s.trials[first.user_attrs[names.CONTINUES]].user_attrs[names.PAUSED_AT]
     assert fixes == [  # resume_args is set: it is not the fix
-        f"trial {first.number} continues lineage {first.user_attrs['retry_of']} but reported "
+        f"trial {first.number} continues lineage {first.user_attrs[names.RETRY_OF]} but reported "
         f"step 0 first, not a step after {before}: {before + 1} steps repeated; the script "
         "did not resume from what trainer.resume_args names (--resume); have it load its "
         "state from there"]
     frame = summary.trials_frame(s.store.study, s.spec)
-    shown = frame[frame["steps_repeated"].notna()]
+    shown = frame[frame[names.STEPS_REPEATED].notna()]
     assert list(shown["number"]) == [t.number for t in flagged]
-    assert list(shown["resumed_at"]) == [0] * len(flagged)
-    assert frame["paused_at"].notna().sum() == sum("paused_at" in t.user_attrs for t in s.trials)
+    assert list(shown[names.RESUMED_AT]) == [0] * len(flagged)
+    assert frame[names.PAUSED_AT].notna().sum() == sum(names.PAUSED_AT in t.user_attrs
+                                                       for t in s.trials)
 
 
 def test_without_resume_args_the_run_says_once_how_a_paused_trial_continues(tmp_path):
@@ -258,22 +260,22 @@ def test_pbt_replaces_the_bottom_with_a_perturbed_copy_of_a_top_lineage(tmp_path
     said = capture_messages(s)
     assert s.run() == 0
     trials = s.trials
-    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    exploits = [t for t in trials if names.EXPLOIT_OF in t.user_attrs]
     assert len(exploits) == 2  # n_trials 6: the population of 4 and 2 exploits
     for t in exploits:
-        donor = trials[t.user_attrs["exploit_of"]]
-        replaced = trials[t.user_attrs["replaces"]]
+        donor = trials[t.user_attrs[names.EXPLOIT_OF]]
+        replaced = trials[t.user_attrs[names.REPLACES]]
         assert replaced.state.name == "PRUNED"
         assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
                                  pytest.approx(min(1.0, donor.params["x"] * 1.25)))
         # it started from the donor's checkpoint: past the step it was copied at
         first = dict(trainer.starts)[str(t.number)]
-        assert first > t.user_attrs["exploit_step"]
-        assert "steps_repeated" not in t.user_attrs
+        assert first > t.user_attrs[names.EXPLOIT_STEP]
+        assert names.STEPS_REPEATED not in t.user_attrs
     assert sum(" exploits trial " in m for m in said) == 2
     # every lineage ended: only the best finished one's checkpoint folder is kept
     best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
-    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+    assert folders_left(s) == [str(best.user_attrs.get(names.RETRY_OF, best.number))]
     assert [t.state.name for t in trials if t.state.name in ("RUNNING", "WAITING")] == []
 
 
@@ -307,10 +309,10 @@ def test_an_exploit_whose_copy_fails_is_called_off_and_the_run_goes_on(tmp_path,
               trainer={"resume_args": ["--resume"]})
     box.append(s)
     assert s.run() == 0
-    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
-    assert exploits and all(t.user_attrs.get("called_off") is True for t in exploits)
+    exploits = [t for t in s.trials if names.EXPLOIT_OF in t.user_attrs]
+    assert exploits and all(t.user_attrs.get(names.CALLED_OFF) is True for t in exploits)
     assert all("could not be copied: [Errno 28] No space left on device"
-               in t.user_attrs["fail_reason"] for t in exploits)
+               in t.user_attrs[names.FAIL_REASON] for t in exploits)
     assert "RUNNING" not in [t.state.name for t in s.trials]
 
 
@@ -320,11 +322,11 @@ def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineag
     s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=5.5e-6)
     said = capture_messages(s)
     assert s.run() == 0
-    replaced = [t.user_attrs["replaces"] for t in s.trials if "replaces" in t.user_attrs]
+    replaced = [t.user_attrs[names.REPLACES] for t in s.trials if names.REPLACES in t.user_attrs]
     assert len(replaced) == 3  # the donor pauses for each copy (1 s each)
     assert max(trainer.disk) <= 5500 < 8 * 1000
     best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
-    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+    assert folders_left(s) == [str(best.user_attrs.get(names.RETRY_OF, best.number))]
     assert not any("max_checkpoint_gb" in m for m in said)
 
 
@@ -337,11 +339,11 @@ def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
     assert "sweep removes none of those" in over[0]
     # no live lineage lost its folder: every exploit started past its donor's step
     for t in s.trials:
-        if "exploit_of" in t.user_attrs:
-            assert dict(trainer.starts)[str(t.number)] > t.user_attrs["exploit_step"]
-    assert not any("steps_repeated" in t.user_attrs for t in s.trials)
+        if names.EXPLOIT_OF in t.user_attrs:
+            assert dict(trainer.starts)[str(t.number)] > t.user_attrs[names.EXPLOIT_STEP]
+    assert not any(names.STEPS_REPEATED in t.user_attrs for t in s.trials)
     best = min((t for t in s.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
-    assert folders_left(s) == [str(best.user_attrs.get("retry_of", best.number))]
+    assert folders_left(s) == [str(best.user_attrs.get(names.RETRY_OF, best.number))]
 
 
 class TwoFileTrainer:
@@ -416,16 +418,16 @@ def test_no_exploit_starts_from_a_torn_copy_of_a_donor_that_writes_two_files(tmp
     assert s.run() == 0
     assert [start for start in trainer.starts if start[1] != start[2]] == []  # none torn
     starts = {number: model for number, model, _ in trainer.starts}
-    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
-    assert [t.user_attrs["exploit_step"] for t in exploits] == [6, 10, 15]
+    exploits = [t for t in s.trials if names.EXPLOIT_OF in t.user_attrs]
+    assert [t.user_attrs[names.EXPLOIT_STEP] for t in exploits] == [6, 10, 15]
     for t in exploits:
-        at = t.user_attrs["exploit_step"]
+        at = t.user_attrs[names.EXPLOIT_STEP]
         assert starts[t.number] == at  # the state copied is the step recorded
-        assert min(t.intermediate_values) == at + 1 and "steps_repeated" not in t.user_attrs
-        donor = t.user_attrs["exploit_of"]
-        assert [a.user_attrs["paused_at"] for a in s.trials  # it paused there, to be copied
-                if a.user_attrs.get("retry_of", a.number) == donor
-                and a.user_attrs.get("paused_at") == at] == [at]
+        assert min(t.intermediate_values) == at + 1 and names.STEPS_REPEATED not in t.user_attrs
+        donor = t.user_attrs[names.EXPLOIT_OF]
+        assert [a.user_attrs[names.PAUSED_AT] for a in s.trials  # it paused there, to be copied
+                if a.user_attrs.get(names.RETRY_OF, a.number) == donor
+                and a.user_attrs.get(names.PAUSED_AT) == at] == [at]
         assert f"trial {t.number} exploits trial {donor} at step {at}: its checkpoint " \
                "folder copied" in " ".join(said)
     # every donor paused for a copy continued, and every lineage ended
@@ -439,12 +441,12 @@ def test_an_exploit_of_a_hf_donor_copies_its_newest_complete_checkpoint_and_neve
     s, trainer = two_file_pbt(tmp_path, hf=True)
     assert s.run() == 0
     assert [start for start in trainer.starts if start[1] != start[2]] == []  # none torn
-    assert not any("paused_at" in t.user_attrs for t in s.trials)
+    assert not any(names.PAUSED_AT in t.user_attrs for t in s.trials)
     starts = {number: model for number, model, _ in trainer.starts}
-    exploits = [t for t in s.trials if "exploit_of" in t.user_attrs]
-    assert exploits and all(t.user_attrs["exploit_step"] % 2 == 1 for t in exploits)
+    exploits = [t for t in s.trials if names.EXPLOIT_OF in t.user_attrs]
+    assert exploits and all(t.user_attrs[names.EXPLOIT_STEP] % 2 == 1 for t in exploits)
     for t in exploits:
-        at = t.user_attrs["exploit_step"]
+        at = t.user_attrs[names.EXPLOIT_STEP]
         assert starts[t.number] == at
         folder = s.spec.output_dir / "checkpoints" / str(t.number)
         if folder.exists():  # still kept: it holds its copy and what it saved after
@@ -464,7 +466,7 @@ def donor_paused_for_a_copy(s: Sweep) -> Any:
     add(optuna.trial.create_trial(
         state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
         intermediate_values={st: curve(0.3, st) for st in range(7)},
-        user_attrs={"paused_at": 6}))
+        user_attrs={names.PAUSED_AT: 6}))
     add(optuna.trial.create_trial(
         state=TrialState.PRUNED, params={"x": 0.9}, distributions=DIST,
         intermediate_values={st: curve(0.9, st) for st in range(6)}))
@@ -477,7 +479,7 @@ def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(t
     continues only once the copy is made."""
     s, trainer = pair_pbt(tmp_path, gpus=2)
     donor_paused_for_a_copy(s)
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1})
     donor = s.spec.output_dir / "checkpoints" / "0"
     donor.mkdir(parents=True)
     (donor / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
@@ -494,8 +496,8 @@ def test_a_donor_folder_is_copied_only_while_no_process_holds_its_lineage_lock(t
         f"process (the lock {lock} is held): the copy waits until it is free"]
     started = spans(s)
     assert started[2][0][0] >= 3.0  # not before the lock was let go
-    assert exploit.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["2"] == 7
-    assert continued.user_attrs["retry_of"] == 0 and started[0][0][0] >= started[2][0][0]
+    assert exploit.user_attrs[names.EXPLOIT_STEP] == 6 and dict(trainer.starts)["2"] == 7
+    assert continued.user_attrs[names.RETRY_OF] == 0 and started[0][0][0] >= started[2][0][0]
     assert dict(trainer.starts)["3"] == 7
     assert exploit.state.name == continued.state.name == "COMPLETE"
 
@@ -505,10 +507,10 @@ def exploit_cut_while_it_waited(s: Sweep) -> None:
     copy (told FAIL interrupted), stored, and its continuation queued."""
     s.store.study.add_trial(optuna.trial.create_trial(
         state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
-        user_attrs={"exploit_of": 0, "replaces": 1, "attempt": 0,
-                    "fail_reason": "interrupted"}))
+        user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1, names.ATTEMPT: 0,
+                    names.FAIL_REASON: "interrupted"}))
     s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
-        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+        names.RETRY_OF: 2, names.ATTEMPT: 1, names.CONTINUES: 2, names.RETRIES: 0})
 
 
 def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tmp_path):
@@ -529,12 +531,12 @@ def test_an_exploit_cut_before_its_copy_copies_its_donor_when_it_is_continued(tm
     said = capture_messages(s)
     assert s.run() == 0
     continued = s.trials[3]
-    assert continued.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["3"] == 7
-    assert "steps_repeated" not in continued.user_attrs
+    assert continued.user_attrs[names.EXPLOIT_STEP] == 6 and dict(trainer.starts)["3"] == 7
+    assert names.STEPS_REPEATED not in continued.user_attrs
     assert continued.state.name == "COMPLETE"
     assert "trial 3 exploits trial 0 at step 6: its checkpoint folder copied" in "\n".join(said)
     # the donor went on once the copy was made
-    donor_next = [t for t in s.trials if t.user_attrs.get("retry_of") == 0]
+    donor_next = [t for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 0]
     assert [dict(trainer.starts)[str(t.number)] for t in donor_next] == [7]
 
 
@@ -561,7 +563,7 @@ def test_a_parked_exploit_keeps_its_device_while_its_running_donor_pauses_for_it
     assert started == [("0", 0.0, "0"), ("1", 0.0, "1"), ("2", 7.0, "1"), ("3", 7.0, "0"),
                        ("4", 20.5, "0")]
     assert "trial 2 waits to start: its donor trial 0 is running" in "\n".join(said)
-    assert s.trials[3].user_attrs["retry_of"] == 0  # the donor, on its own device
+    assert s.trials[3].user_attrs[names.RETRY_OF] == 0  # the donor, on its own device
 
 
 def exploit_held_back(tmp_path: Path) -> tuple[Sweep, Trainer]:
@@ -575,8 +577,8 @@ def exploit_held_back(tmp_path: Path) -> tuple[Sweep, Trainer]:
         add(optuna.trial.create_trial(
             state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
             intermediate_values={st: curve(x, st) for st in range((paused or 5) + 1)},
-            user_attrs={} if paused is None else {"paused_at": paused}))
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+            user_attrs={} if paused is None else {names.PAUSED_AT: paused}))
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1})
     out = s.spec.output_dir / "checkpoints"
     for origin, step in ((0, 7), (2, 6), (3, 6)):
         (out / str(origin)).mkdir(parents=True)
@@ -600,7 +602,7 @@ def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_b
     said = capture_messages(s)
     assert s.run() == 0
     first = [(int(s.trials[int(p.plan.paths.dir.name)].user_attrs.get(
-        "retry_of", p.plan.paths.dir.name)), p.started) for p in s.spawn.processes][:3]
+        names.RETRY_OF, p.plan.paths.dir.name)), p.started) for p in s.spawn.processes][:3]
     assert first[:2] == [(2, 0.0), (3, 0.0)]  # lineages 2 and 3 on both devices at once
     assert first[2][0] == 4 and first[2][1] > 3.0  # the exploit, on the first device free
     lock = out / ".0.lock"
@@ -608,8 +610,8 @@ def test_an_exploit_whose_donors_folder_another_process_holds_gives_its_device_b
             f"another process (the lock {lock} is held): the copy waits until it is free"
             in said)
     exploit = s.trials[4]
-    assert exploit.user_attrs["exploit_step"] == 6 and dict(trainer.starts)["4"] == 7
-    assert exploit.user_attrs["owner"]["gpu"] == exploit.user_attrs["gpu"]
+    assert exploit.user_attrs[names.EXPLOIT_STEP] == 6 and dict(trainer.starts)["4"] == 7
+    assert exploit.user_attrs[names.OWNER]["gpu"] == exploit.user_attrs[names.GPU]
 
 
 def test_a_parked_attempt_whose_new_devices_cannot_be_recorded_is_not_started(
@@ -627,10 +629,10 @@ def test_a_parked_attempt_whose_new_devices_cannot_be_recorded_is_not_started(
         s.run()
     assert sorted(p.plan.paths.dir.name for p in s.spawn.processes) == ["5", "6"]
     assert s.trials[4].state.name == "FAIL"
-    assert s.trials[4].user_attrs["fail_reason"] == (
+    assert s.trials[4].user_attrs[names.FAIL_REASON] == (
         "could not start the trial: the storage is gone")
     replacement = s.trials[-1]  # nothing of it ran: its place is kept for the next run
-    assert replacement.state.name == "WAITING" and replacement.user_attrs["continues"] == 4
+    assert replacement.state.name == "WAITING" and replacement.user_attrs[names.CONTINUES] == 4
 
 
 @pytest.mark.parametrize("n_trials", [4, 5])
@@ -649,8 +651,8 @@ def test_exploits_never_take_the_places_of_population_members_not_started(tmp_pa
     box.append(s)
     assert s.run() == 0
     assert len(history.read(s.trials)) == n_trials
-    assert sum("exploit_of" in t.user_attrs for t in s.trials) == n_trials - 4
-    assert sorted({t.params["x"] for t in s.trials if "exploit_of" not in t.user_attrs}) == [
+    assert sum(names.EXPLOIT_OF in t.user_attrs for t in s.trials) == n_trials - 4
+    assert sorted({t.params["x"] for t in s.trials if names.EXPLOIT_OF not in t.user_attrs}) == [
         0.3, 0.5, 0.7, 0.9]  # every member started
 
 
@@ -674,10 +676,10 @@ def test_an_exploit_continued_and_then_called_off_gives_the_lineage_it_replaced_
     (out / ".1.sweep").write_text("1\n")
     said = capture_messages(s)
     assert s.run() == 0
-    assert s.trials[3].user_attrs["called_off"] is True
+    assert s.trials[3].user_attrs[names.CALLED_OFF] is True
     assert "trial 1 goes on in its place" in "\n".join(said)
     assert not history.read(s.trials)[1].replaced
-    went_on = [t for t in s.trials if t.user_attrs.get("retry_of") == 1]
+    went_on = [t for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 1]
     assert [t.state.name for t in went_on] == ["COMPLETE"]
 
 
@@ -694,18 +696,18 @@ def test_a_continuation_of_a_replaced_lineage_does_not_start(tmp_path):
     add(optuna.trial.create_trial(  # lineage 1, replaced at step 5; its driver died then
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
         intermediate_values={st: curve(0.9, st) for st in range(6)},
-        user_attrs={"fail_reason": "driver died (no heartbeat)"}))
+        user_attrs={names.FAIL_REASON: "driver died (no heartbeat)"}))
     add(optuna.trial.create_trial(  # the exploit that replaces it, trained to the end
         state=TrialState.COMPLETE, params={"x": 0.36}, distributions=DIST, value=0.05,
         intermediate_values={st: curve(0.36, st) for st in range(6, 20)},
-        user_attrs={"exploit_of": 0, "replaces": 1, "exploit_step": 5}))
+        user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1, names.EXPLOIT_STEP: 5}))
     s.store.study.enqueue_trial({"x": 0.9}, user_attrs={  # the reclaim's continuation
-        "retry_of": 1, "attempt": 1, "continues": 1, "retries": 0})
+        names.RETRY_OF: 1, names.ATTEMPT: 1, names.CONTINUES: 1, names.RETRIES: 0})
     said = capture_messages(s)
     assert s.run() == 0
     assert s.spawn.processes == []
     went = s.trials[3]
-    assert went.state.name == "PRUNED" and went.user_attrs["paused_at"] == 5
+    assert went.state.name == "PRUNED" and went.user_attrs[names.PAUSED_AT] == 5
     assert ("trial 3 does not start: its lineage, trial 1, is replaced by a PBT exploit"
             in said)
     assert history.read(s.trials)[1].standing is history.Standing.DONE
@@ -773,10 +775,10 @@ def test_an_exploit_whose_copy_is_gone_counts_its_steps_from_its_own_start(tmp_p
         intermediate_values={st: curve(0.9, st) for st in range(1, 7)}))
     add(optuna.trial.create_trial(  # the exploit, cut after its copy, before its first report
         state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
-        user_attrs={"exploit_of": 0, "replaces": 1, "exploit_step": 6,
-                    "fail_reason": "interrupted"}))
+        user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1, names.EXPLOIT_STEP: 6,
+                    names.FAIL_REASON: "interrupted"}))
     s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
-        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+        names.RETRY_OF: 2, names.ATTEMPT: 1, names.CONTINUES: 2, names.RETRIES: 0})
     s.spec.output_dir.mkdir()
     lineage.prepare(s.spec.output_dir, lineage.Lineage(2)).checkpoint_dir.rmdir()  # gone
     assert s.run() == 0
@@ -797,14 +799,14 @@ def test_an_exploit_called_off_but_not_told_before_its_driver_died_does_not_star
         intermediate_values={st: curve(0.9, st) for st in range(20)}))
     add(optuna.trial.create_trial(  # the exploit, called off, its driver dead before the tell
         state=TrialState.FAIL, params={"x": 0.36}, distributions=DIST,
-        user_attrs={"exploit_of": 0, "replaces": 1, "called_off": True,
-                    "fail_reason": "driver died (no heartbeat)"}))
+        user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1, names.CALLED_OFF: True,
+                    names.FAIL_REASON: "driver died (no heartbeat)"}))
     s.store.study.enqueue_trial({"x": 0.36}, user_attrs={
-        "retry_of": 2, "attempt": 1, "continues": 2, "retries": 0})
+        names.RETRY_OF: 2, names.ATTEMPT: 1, names.CONTINUES: 2, names.RETRIES: 0})
     said = capture_messages(s)
     assert s.run() == 0
     assert s.spawn.processes == []
-    assert s.trials[3].user_attrs["fail_reason"] == (
+    assert s.trials[3].user_attrs[names.FAIL_REASON] == (
         "exploit called off: it had been called off already (its driver was stopped before "
         "it told it)")
     assert not history.read(s.trials)[1].replaced
@@ -823,15 +825,15 @@ def test_a_lineage_paused_under_asha_whose_folder_went_is_not_continued_under_pb
         add(optuna.trial.create_trial(
             state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
             intermediate_values={st: curve(x, st) for st in range(at + 1)},
-            user_attrs={"paused_at": at, "rung": 0}))
+            user_attrs={names.PAUSED_AT: at, names.RUNG: 0}))
     out = s.spec.output_dir / "checkpoints"
     (out / "0").mkdir(parents=True)
     (out / "0" / "state.json").write_text(json.dumps({"next": 7, "x": 0.3}))
     for origin in (0, 1):  # lineage 1's folder was removed: below the cut of a full rung
         (out / f".{origin}.sweep").write_text(f"{origin}\n")
     assert s.run() == 0
-    assert not [t for t in s.trials if t.user_attrs.get("retry_of") == 1]
-    assert [t.user_attrs.get("retry_of") for t in s.trials][2:3] == [0]
+    assert not [t for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 1]
+    assert [t.user_attrs.get(names.RETRY_OF) for t in s.trials][2:3] == [0]
     assert dict(trainer.starts)["2"] == 7
 
 
@@ -845,7 +847,7 @@ def logging_pbt(tmp_path: Path, interval: int, restores: bool, **kw: Any) -> Swe
                                    "max_steps": 20, "seed": 0, "perturb": [0.8, 1.25],
                                    "resample_probability": 0}},
               trainer={"resume_args": ["--resume"],
-                       "logged_params": {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
+                       names.LOGGED_PARAMS: {"x": {"stdout": r"lr=(?P<value>[0-9.e+-]+)"}}})
     box.append(s)
     return s
 
@@ -859,25 +861,25 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
     said = capture_messages(s)
     assert s.run() == 0
     trials = s.trials
-    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    exploits = [t for t in trials if names.EXPLOIT_OF in t.user_attrs]
     assert len(exploits) == 2
     for t in exploits:
-        donor = trials[t.user_attrs["exploit_of"]]
+        donor = trials[t.user_attrs[names.EXPLOIT_OF]]
         ran = donor.params["x"] if restores else t.params["x"]
         # the values it logged, noted by boundary: at 10 and 15 for the exploit of step 5
-        noted = t.user_attrs["logged_params"]["x"]
-        assert min(int(b) for b in noted) > t.user_attrs["exploit_step"]
+        noted = t.user_attrs[names.LOGGED_PARAMS]["x"]
+        assert min(int(b) for b in noted) > t.user_attrs[names.EXPLOIT_STEP]
         assert {int(b): v for b, v in noted.items()} == {
             b: pytest.approx(ran * (1 - b / 40), rel=1e-5) for b in (10, 15)
-            if b > t.user_attrs["exploit_step"]}
+            if b > t.user_attrs[names.EXPLOIT_STEP]}
         # judged at the same step as its donor: the first boundary both noted (else, on its
         # first logged value, just after the step it was copied at)
         first = min(t.intermediate_values)
-        assert first == t.user_attrs["exploit_step"] + 1
-        theirs = {b for a in trials if a.user_attrs.get("retry_of", a.number) == donor.number
-                  for b in a.user_attrs.get("logged_params", {}).get("x", {})}
+        assert first == t.user_attrs[names.EXPLOIT_STEP] + 1
+        theirs = {b for a in trials if a.user_attrs.get(names.RETRY_OF, a.number) == donor.number
+                  for b in a.user_attrs.get(names.LOGGED_PARAMS, {}).get("x", {})}
         at = min((int(b) for b in noted if b in theirs), default=first)
-        assert t.user_attrs.get("restored_params") == (
+        assert t.user_attrs.get(names.RESTORED_PARAMS) == (
             {"x": pytest.approx(ran * (1 - at / 40), rel=1e-5)} if restores else None)
     restored = [m for m in said if "restored its donor's value" in m]
     assert len(restored) == int(restores)
@@ -885,14 +887,14 @@ def test_an_exploit_that_runs_with_its_donors_restored_value_is_flagged(tmp_path
         assert restored[0].startswith(f"trial {exploits[0].number} exploits trial ")
         assert "after it loads the checkpoint" in restored[0]
     # the donors noted theirs too, at each boundary they passed
-    assert all("logged_params" in t.user_attrs for t in trials if t.params["x"] == 0.3)
+    assert all(names.LOGGED_PARAMS in t.user_attrs for t in trials if t.params["x"] == 0.3)
     # sweep summary: the column, and a line naming the trials
     frame = summary.trials_frame(s.store.study, s.spec)
-    shown = frame[frame["restored_params"].notna()]
+    shown = frame[frame[names.RESTORED_PARAMS].notna()]
     assert list(shown["number"]) == ([t.number for t in exploits] if restores else [])
     if restores:
-        assert list(shown["restored_params"]) == [
-            f"x={t.user_attrs['restored_params']['x']:g}" for t in exploits]
+        assert list(shown[names.RESTORED_PARAMS]) == [
+            f"x={t.user_attrs[names.RESTORED_PARAMS]['x']:g}" for t in exploits]
     console = Console(record=True, width=200)
     console.print(summary.render(summary.Summary(s.spec, frame, pd.DataFrame(),
                                                  pd.DataFrame())))
@@ -909,13 +911,14 @@ def test_an_exploit_that_passes_no_boundary_is_checked_too(tmp_path):
     decided at step 8; its donor pauses at its next report, 9, and is copied there.)"""
     s = logging_pbt(tmp_path, interval=8, restores=True)
     assert s.run() == 0
-    exploits = {t.user_attrs["exploit_step"]: t for t in s.trials if "exploit_of" in t.user_attrs}
+    exploits = {t.user_attrs[names.EXPLOIT_STEP]: t for t in s.trials
+                if names.EXPLOIT_OF in t.user_attrs}
     assert sorted(exploits) == [9, 16]
-    assert "logged_params" not in exploits[16].user_attrs  # it passed no boundary
+    assert names.LOGGED_PARAMS not in exploits[16].user_attrs  # it passed no boundary
     for copied_at, at in ((9, 16), (16, 17)):  # the donor's rate, where it was judged
         t = exploits[copied_at]
-        donor = s.trials[t.user_attrs["exploit_of"]]
-        assert t.user_attrs["restored_params"] == {
+        donor = s.trials[t.user_attrs[names.EXPLOIT_OF]]
+        assert t.user_attrs[names.RESTORED_PARAMS] == {
             "x": pytest.approx(donor.params["x"] * (1 - at / 40), rel=1e-5)}
 
 
@@ -933,12 +936,12 @@ def test_a_schedule_that_steps_between_the_copy_and_the_first_log_does_not_hide_
                     lr=lambda x, step: x * 0.8 ** ((step + 4) // 5))
     assert s.run() == 0
     trials = s.trials
-    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
-    assert [t.user_attrs["exploit_step"] for t in exploits] == [6, 10]
+    exploits = [t for t in trials if names.EXPLOIT_OF in t.user_attrs]
+    assert [t.user_attrs[names.EXPLOIT_STEP] for t in exploits] == [6, 10]
     for t in exploits:
-        donor = trials[t.user_attrs["exploit_of"]]
-        at = (t.user_attrs["exploit_step"] // 5 + 1) * 5  # the next boundary: both noted it
-        assert t.user_attrs.get("restored_params") == (
+        donor = trials[t.user_attrs[names.EXPLOIT_OF]]
+        at = (t.user_attrs[names.EXPLOIT_STEP] // 5 + 1) * 5  # the next boundary: both noted it
+        assert t.user_attrs.get(names.RESTORED_PARAMS) == (
             {"x": pytest.approx(donor.params["x"] * 0.8 ** ((at + 4) // 5), rel=1e-5)}
             if restores else None)
 
@@ -949,7 +952,7 @@ def stored_rung(s: Sweep) -> None:
         s.store.study.add_trial(optuna.trial.create_trial(
             state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
             intermediate_values={step: curve(x, step) for step in range(3)},
-            user_attrs={"paused_at": 2, "rung": 0, "run_id": f"r{number}"}))
+            user_attrs={names.PAUSED_AT: 2, names.RUNG: 0, names.RUN_ID: f"r{number}"}))
 
 
 def test_two_drivers_deciding_at_once_promote_a_lineage_once(tmp_path):
@@ -964,9 +967,9 @@ def test_two_drivers_deciding_at_once_promote_a_lineage_once(tmp_path):
     # that one rather than promoting it again
     assert theirs.before_ask() is None
     [queued] = [t for t in s.trials if t.state is TrialState.WAITING]
-    assert (queued.user_attrs["retry_of"], queued.user_attrs["attempt"],
-            queued.user_attrs["continues"]) == (0, 1, 0)
-    assert queued.system_attrs["fixed_params"] == {"x": 0.35}
+    assert (queued.user_attrs[names.RETRY_OF], queued.user_attrs[names.ATTEMPT],
+            queued.user_attrs[names.CONTINUES]) == (0, 1, 0)
+    assert queued.system_attrs[names.FIXED_PARAMS] == {"x": 0.35}
     # once it runs it is no longer paused: nothing more to promote from rung 0 (1 of 3)
     assert history.read(s.trials)[0].standing is history.Standing.QUEUED
     assert mine.before_ask() is None and theirs.room() == 1 + 6
@@ -994,7 +997,7 @@ def test_a_promotion_under_the_drivers_budget_lock_does_not_wait_for_that_lock(
             store.study.add_trial(optuna.trial.create_trial(
                 state=TrialState.PRUNED, params={"x": x}, distributions=DIST,
                 intermediate_values={step: curve(x, step) for step in range(3)},
-                user_attrs={"paused_at": 2, "rung": 0}))
+                user_attrs={names.PAUSED_AT: 2, names.RUNG: 0}))
 
         def waited(seconds: float) -> None:
             raise AssertionError("waited for the budget lock it holds")
@@ -1020,14 +1023,15 @@ def test_hyperband_brackets_pause_at_their_own_first_rung(tmp_path):
     brackets = {o: v.bracket for o, v in lines.items()}
     assert sorted(brackets.values()).count(2) >= 1 and 1 in brackets.values()
     for o, v in lines.items():
-        paused = [t.user_attrs["paused_at"] for t in s.trials
-                  if "paused_at" in t.user_attrs and t.user_attrs.get("retry_of", t.number) == o]
+        paused = [t.user_attrs[names.PAUSED_AT] for t in s.trials
+                  if names.PAUSED_AT in t.user_attrs
+                  and t.user_attrs.get(names.RETRY_OF, t.number) == o]
         if v.bracket == 2:  # no rung: trained to the end
             assert paused == [] and v.latest.state.name == "COMPLETE"
         if v.bracket == 1:  # its first rung is at step 6
             assert all(p >= 6 for p in paused)
-    assert [t.user_attrs.get("bracket", 0) for t in s.trials if t.user_attrs.get(
-        "attempt", 0) == 0][:5] == [0, 1, 0, 0, 2]  # shares 9, 5, 3
+    assert [t.user_attrs.get(names.BRACKET, 0) for t in s.trials if t.user_attrs.get(
+        names.ATTEMPT, 0) == 0][:5] == [0, 1, 0, 0, 2]  # shares 9, 5, 3
 
 
 def test_a_scheduler_study_whose_trials_report_nothing_says_so_once(tmp_path):
@@ -1053,11 +1057,11 @@ def test_the_steps_a_paused_trial_makes_while_it_stops_are_kept(tmp_path):
     box.append(s)
     assert s.run() == 0
     first = s.trials[0]
-    assert first.user_attrs["paused_at"] == 2
+    assert first.user_attrs[names.PAUSED_AT] == 2
     assert sorted(first.intermediate_values) == [0, 1, 2, 3]
-    [then] = [t for t in s.trials if t.user_attrs.get("continues") == 0]
+    [then] = [t for t in s.trials if t.user_attrs.get(names.CONTINUES) == 0]
     assert dict(trainer.starts)[str(then.number)] == 4
-    assert "steps_repeated" not in then.user_attrs
+    assert names.STEPS_REPEATED not in then.user_attrs
 
 
 def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its_first_report(
@@ -1074,31 +1078,32 @@ def test_a_lineage_replaced_by_a_driver_killed_before_it_stopped_it_stops_at_its
     add(optuna.trial.create_trial(  # lineage 0: its driver died as it was being replaced
         state=TrialState.FAIL, params={"x": 0.9}, distributions=DIST,
         intermediate_values={st: curve(0.9, st) for st in range(6)},
-        user_attrs={"fail_reason": "driver died"}))
+        user_attrs={names.FAIL_REASON: "driver died"}))
     add(optuna.trial.create_trial(  # lineage 1, its donor
         state=TrialState.COMPLETE, params={"x": 0.3}, distributions=DIST, value=0.1,
         intermediate_values={st: curve(0.3, st) for st in range(20)}))
-    s.store.study.enqueue_trial({"x": 0.9}, user_attrs={"retry_of": 0, "attempt": 1,
-                                                        "continues": 0})
-    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 1, "replaces": 0})
+    s.store.study.enqueue_trial({"x": 0.9}, user_attrs={names.RETRY_OF: 0, names.ATTEMPT: 1,
+                                                        names.CONTINUES: 0})
+    s.store.study.enqueue_trial({"x": 0.36}, user_attrs={names.EXPLOIT_OF: 1, names.REPLACES: 0})
     said = capture_messages(s)
     assert s.run() == 0
     continuation, exploit = s.trials[2], s.trials[3]
-    assert continuation.state.name == "PRUNED" and continuation.user_attrs["paused_at"] == 5
+    assert continuation.state.name == "PRUNED" and continuation.user_attrs[names.PAUSED_AT] == 5
     assert "2" not in dict(trainer.starts)  # never started
     # its donor trained to the end meanwhile: its final state leaves no step to train
     assert exploit.state.name == "FAIL" and not exploit.intermediate_values
     why = ("its donor trial 1 trained to the end before a state of it could be copied: its "
            "final state leaves the exploit no step to train")
-    assert exploit.user_attrs["fail_reason"] == f"exploit called off: {why}; trial 0 goes " \
+    assert exploit.user_attrs[names.FAIL_REASON] == f"exploit called off: {why}; trial 0 goes " \
         "on in its place"
     assert f"trial 3 is called off: {why}; trial 0 goes on in its place" in said
-    assert exploit.user_attrs["called_off"] is True and "exploit_step" not in exploit.user_attrs
+    assert exploit.user_attrs[names.CALLED_OFF] is True
+    assert names.EXPLOIT_STEP not in exploit.user_attrs
     # so lineage 0 is not replaced after all: it goes on from its folder, to the end
     goes_on = s.trials[4]
-    assert (goes_on.user_attrs["retry_of"], goes_on.user_attrs["attempt"]) == (0, 2)
+    assert (goes_on.user_attrs[names.RETRY_OF], goes_on.user_attrs[names.ATTEMPT]) == (0, 2)
     assert dict(trainer.starts)["4"] == 6 and goes_on.state.name == "COMPLETE"
-    assert "steps_repeated" not in goes_on.user_attrs
+    assert names.STEPS_REPEATED not in goes_on.user_attrs
     assert len(s.trials) == 5
 
 
@@ -1114,19 +1119,19 @@ def test_an_exploit_called_off_while_the_lineage_it_replaces_still_stops_lets_it
     replaced = study.ask({"x": FloatDistribution(0.0, 1.0)})  # lineage 1, stopping
     for st in range(6):
         replaced.report(curve(0.9, st), st)
-    study.enqueue_trial({"x": 0.36}, user_attrs={"exploit_of": 0, "replaces": 1})
+    study.enqueue_trial({"x": 0.36}, user_attrs={names.EXPLOIT_OF: 0, names.REPLACES: 1})
     asked = s.store.ask(s.spec.searched, 0, lambda n: str(tmp_path / str(n)))
     s.spec.output_dir.mkdir(parents=True)
     sched = Scheduling(s.spec, s.store, lambda _: None)
     start = sched.on_start  # the exploit's start finds its donor finished
     with pytest.raises(exploit_copy.CalledOff, match="trial 1 goes on in its place"):
         start(asked, lineage.Start(s.spec.output_dir / "checkpoints" / str(asked.number)))
-    assert study.trials[1].user_attrs["paused_at"] == 5
+    assert study.trials[1].user_attrs[names.PAUSED_AT] == 5
     study.tell(replaced, state=TrialState.PRUNED)
     lines = sched.lineages()
     assert not lines[1].replaced and lines[1].standing is history.Standing.PAUSED
     assert sched.room() == 1 and sched.before_ask() == Promote(1, 0)
-    assert [t.user_attrs.get("retry_of") for t in study.get_trials(
+    assert [t.user_attrs.get(names.RETRY_OF) for t in study.get_trials(
         states=(TrialState.WAITING,))] == [1]
 
 
@@ -1158,9 +1163,9 @@ def test_counted_steps_after_a_promotion_go_on_from_the_rung_and_pass_the_resume
                        "report": {"stdout": r"acc (?P<value>\S+)"}})
     box.append(s)
     assert s.run() == 0
-    assert not [t.number for t in s.trials if "steps_repeated" in t.user_attrs]
+    assert not [t.number for t in s.trials if names.STEPS_REPEATED in t.user_attrs]
     lines = history.read(s.trials)
-    promoted = [v for v in lines.values() if v.latest.user_attrs.get("attempt", 0) > 0]
+    promoted = [v for v in lines.values() if v.latest.user_attrs.get(names.ATTEMPT, 0) > 0]
     assert promoted
     for line in promoted:
         x = line.params["x"]
@@ -1182,15 +1187,15 @@ def test_a_promoted_lineage_whose_trainer_overran_its_pause_is_judged_at_the_run
         s.store.study.add_trial(optuna.trial.create_trial(
             state=TrialState.PRUNED, params={"x": 0.3}, distributions=DIST,
             intermediate_values={st: value for st in range(24 if n == 0 else 3)},
-            user_attrs={"paused_at": 2, "rung": 0}))
+            user_attrs={names.PAUSED_AT: 2, names.RUNG: 0}))
         folder = lineage.prepare(s.spec.output_dir, lineage.Lineage(n)).checkpoint_dir
         (folder / "state.json").write_text(json.dumps({"next": 24 if n == 0 else 3}))
     said = capture_messages(s)
     assert s.run() == 0
     assert "trial 4 paused at step 24: outside the top 1/3 of rung 2 (step 18) for now" in said
     assert trainer.starts == [("4", 24), ("5", 25)]
-    assert [(t.user_attrs.get("retry_of"), t.user_attrs.get("paused_at"),
-             t.user_attrs.get("rung"), t.state.name) for t in s.trials[4:]] == [
+    assert [(t.user_attrs.get(names.RETRY_OF), t.user_attrs.get(names.PAUSED_AT),
+             t.user_attrs.get(names.RUNG), t.state.name) for t in s.trials[4:]] == [
         (0, 24, 2, "PRUNED"), (0, None, None, "COMPLETE")]
 
 
@@ -1391,25 +1396,19 @@ def attempt(x: float, state: TrialState, steps: range, **attrs: Any) -> Any:
 
 def carries(origin: int, number: int, n: int) -> dict[str, Any]:
     """The user attributes of attempt `n` of lineage `origin`, carrying on trial `number`."""
-    return {"retry_of": origin, "attempt": n, "continues": number, "retries": 0}
+    return {names.RETRY_OF: origin, names.ATTEMPT: n, names.CONTINUES: number, names.RETRIES: 0}
 
 
 def stored_sweep(tmp_path: Path, n_trials: int, stored: list[Any],
                  scheduler: dict[str, Any] = ASHA, **trainer: Any) -> tuple[Sweep, Trainer]:
     """An asha sweep on fakes over the study file's own storage (SQLite), holding `stored`
     first: what `assembly.spent` and `dry_run` read is what the driver runs."""
-    from sweep.runner.driver import Driver
-    from sweep.study.connect import connect
-
     box: list[Sweep] = []
     fake = Trainer(box, **trainer)
-    s = Sweep(tmp_path, fake, gpus=2, study={"n_trials": n_trials, "scheduler": scheduler},
+    s = Sweep(tmp_path, fake, gpus=2, trials=stored, on_file=True,
+              study={"n_trials": n_trials, "scheduler": scheduler},
               trainer={"resume_args": ["--resume"]})
     box.append(s)
-    s.store = connect(s.spec, Owner("test-host", 1, 0.0))
-    for t in stored:
-        s.store.study.add_trial(t)
-    s.driver = Driver(s.spec, s.store, s.pool, spawn=s.spawn, clock=s.clock)
     return s, fake
 
 
@@ -1424,7 +1423,7 @@ def lineage_left_waiting() -> list[Any]:
             attempt(0.3, TrialState.FAIL, range(2, 4), fail_reason="interrupted",
                     **carries(9, 9, 1)),
             optuna.trial.create_trial(state=TrialState.WAITING,
-                                      system_attrs={"fixed_params": {"x": 0.3}},
+                                      system_attrs={names.FIXED_PARAMS: {"x": 0.3}},
                                       user_attrs=carries(9, 10, 2))]
 
 
@@ -1481,7 +1480,7 @@ def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
                           "queued continuations first; params sampled in memory)")
         assert s.driver.run().exit_code == 0
         assert [name for name, _ in trainer.starts] == ["11"]
-        assert "retry_of" not in s.trials[11].user_attrs
+        assert names.RETRY_OF not in s.trials[11].user_attrs
         assert len(history.read(s.trials)) == 10
     finally:
         s.store.close()
@@ -1496,8 +1495,9 @@ def test_a_promotion_whose_checkpoint_folder_is_gone_is_flagged_as_a_start_over(
     assert s.run() == 0
     assert trainer.starts[0] == ("3", 0)
     promoted = s.trials[3]
-    assert promoted.user_attrs["continues"] == 0
-    assert (promoted.user_attrs["resumed_at"], promoted.user_attrs["steps_repeated"]) == (0, 3)
+    assert promoted.user_attrs[names.CONTINUES] == 0
+    assert (promoted.user_attrs[names.RESUMED_AT],
+            promoted.user_attrs[names.STEPS_REPEATED]) == (0, 3)
     assert "trial 3 continues trial 0 (attempt 1 of trial 0) from scratch" in said
     assert [m for m in said if "steps repeated" in m] == [  # once a run
         "trial 3 continues lineage 0 but reported step 0 first, not a step after 2: 3 steps "
@@ -1553,7 +1553,7 @@ def test_a_rerun_under_a_scheduler_says_it_makes_one_configuration_more(tmp_path
         result = s.driver.run()
         assert result.exit_code == 0
         again = s.trials[9]  # it ran, and was paused at a rung as any lineage would be
-        assert again.user_attrs["rerun_of"] == 3 and again.user_attrs["paused_at"] >= 2
+        assert again.user_attrs[names.RERUN_OF] == 3 and again.user_attrs[names.PAUSED_AT] >= 2
         assert len(history.read(s.trials)) == 10  # and no other configuration
         assert result.message.startswith("10/9 configurations: 9 trained to the end, 1 paused")
     finally:
@@ -1608,7 +1608,7 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
     for x, v in ((0.1, 3.0), (0.2, 1.0)):
         s.store.study.add_trial(optuna.trial.create_trial(
             state=TrialState.PRUNED, value=v, params={"x": x}, distributions=DIST,
-            intermediate_values={2: v}, user_attrs={"paused_at": 2, "rung": 0}))
+            intermediate_values={2: v}, user_attrs={names.PAUSED_AT: 2, names.RUNG: 0}))
     console = Console(record=True, width=200)
     console.print(summary.render(summary.Summary(s.spec, summary.trials_frame(
         s.store.study, s.spec), pd.DataFrame(), pd.DataFrame())))
@@ -1619,7 +1619,7 @@ def test_the_summary_of_a_study_whose_trials_all_stopped_early_shows_them(tmp_pa
     # with a failure too (hostile pass: the paused trials were not shown at all), both
     s.store.study.add_trial(optuna.trial.create_trial(
         state=TrialState.FAIL, params={"x": 0.3}, distributions=DIST,
-        user_attrs={"fail_reason": "interrupted"}))
+        user_attrs={names.FAIL_REASON: "interrupted"}))
     console = Console(record=True, width=200)
     console.print(summary.render(summary.Summary(s.spec, summary.trials_frame(
         s.store.study, s.spec), pd.DataFrame(), pd.DataFrame())))
@@ -1639,7 +1639,7 @@ def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
 
 @pytest.mark.parametrize(("stopped", "decided"), [
     ("interrupted", {}),  # a signal between its rung's report and the check
-    ("driver died", {"paused_at": 3, "rung": 0}),  # kill -9 after "paused at step 3"
+    ("driver died", {names.PAUSED_AT: 3, names.RUNG: 0}),  # kill -9 after "paused at step 3"
 ])
 def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudged(
         tmp_path, stopped, decided):
@@ -1655,7 +1655,7 @@ def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudg
               *(attempt(x, TrialState.PRUNED, range(3), paused_at=2, rung=0)
                 for x in (0.35, 0.4, 0.45)),
               *(optuna.trial.create_trial(state=TrialState.WAITING,
-                                          system_attrs={"fixed_params": {"x": x}},
+                                          system_attrs={names.FIXED_PARAMS: {"x": x}},
                                           user_attrs=carries(o, o, 1))
                 for o, x in ((0, 0.9), (1, 0.95)))]
     for t in stored:
@@ -1670,9 +1670,9 @@ def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudg
             "1/3 of rung 0 (step 2), which its last attempt reached but was stopped before it "
             "was judged there") in said
     fifth = s.trials[5]
-    assert (fifth.state.name, fifth.user_attrs["paused_at"], fifth.user_attrs["rung"]) == (
+    assert (fifth.state.name, fifth.user_attrs[names.PAUSED_AT], fifth.user_attrs[names.RUNG]) == (
         "PRUNED", 3, 0)
     assert "5" not in dict(trainer.starts)
-    assert [t.number for t in s.trials if t.user_attrs.get("retry_of") == 0] == [5]
+    assert [t.number for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 0] == [5]
     assert dict(trainer.starts)["6"] == 4  # lineage 1 went on from where it stopped
-    assert s.trials[6].user_attrs.get("rung") == 1  # and was judged at the next rung
+    assert s.trials[6].user_attrs.get(names.RUNG) == 1  # and was judged at the next rung

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
+from sweep._core import names
+
 CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
 STEPS, N = 18, 9
 XS = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
@@ -22,7 +24,7 @@ XS = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
 
 def promoted_yet(study: Path) -> bool:
     try:
-        return any("continues" in t.user_attrs for t in load_trials(study))
+        return any(names.CONTINUES in t.user_attrs for t in load_trials(study))
     except KeyError:  # the study is not created yet
         return False
 
@@ -76,16 +78,16 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
     lineages: dict[int, list] = collections.defaultdict(list)
     for t in trials:
         if t.params:  # a kill between the ask and the owner record: no trainer ran
-            lineages[t.user_attrs.get("retry_of", t.number)].append(t)
+            lineages[t.user_attrs.get(names.RETRY_OF, t.number)].append(t)
     assert len(lineages) == N  # n_trials counts configurations
-    paused = [t for t in trials if "paused_at" in t.user_attrs]
+    paused = [t for t in trials if names.PAUSED_AT in t.user_attrs]
     assert paused and {t.state.name for t in paused} <= {"PRUNED", "FAIL"}
-    promoted = [t for t in trials if "continues" in t.user_attrs
-                and "paused_at" in trials[t.user_attrs["continues"]].user_attrs]
+    promoted = [t for t in trials if names.CONTINUES in t.user_attrs
+                and names.PAUSED_AT in trials[t.user_attrs[names.CONTINUES]].user_attrs]
     assert promoted
     # every continuation resumed from its checkpoint; a step ran twice only where an attempt
     # was cut (a pause or a kill between the step's log line and its checkpoint)
-    assert not [t.number for t in trials if "steps_repeated" in t.user_attrs]
+    assert not [t.number for t in trials if names.STEPS_REPEATED in t.user_attrs]
     ran = collections.Counter(origin for origin, _ in steps_logged(study))
     distinct = collections.defaultdict(set)
     for origin, step in steps_logged(study):
@@ -136,7 +138,7 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
                              **({"max_checkpoint_gb": 0.00055} if bounded
                                 else {"keep_checkpoints": "all"})}},
         trainer={"script": str(CKPT_PROBE), "args": args, "resume_args": ["--resume"],
-                 "logged_params": {"x": {"stdout": r"with x=(?P<value>\S+)"}}},
+                 names.LOGGED_PARAMS: {"x": {"stdout": r"with x=(?P<value>\S+)"}}},
     ))
     folder = study.parent / "probe"
     disk: list[int] = []
@@ -157,23 +159,23 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
     assert run.returncode == 0, err
     trials = load_trials(study)
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
-    exploits = [t for t in trials if "exploit_of" in t.user_attrs]
+    exploits = [t for t in trials if names.EXPLOIT_OF in t.user_attrs]
     assert len(exploits) == 2, err
     for t in exploits:
-        donor = trials[t.user_attrs["exploit_of"]]
+        donor = trials[t.user_attrs[names.EXPLOIT_OF]]
         assert t.params["x"] in (pytest.approx(donor.params["x"] * 0.8),
                                  pytest.approx(min(1.0, donor.params["x"] * 1.25)))
-        assert trials[t.user_attrs["replaces"]].state.name == "PRUNED"
+        assert trials[t.user_attrs[names.REPLACES]].state.name == "PRUNED"
         said = (folder / "trials" / str(t.number) / "stdout.log").read_text().splitlines()[0]
         step = int(said.split()[3])
         root = donor  # restoring x, a donor that is itself an exploit ran with its own donor's
-        while mode == "restores_x" and "exploit_of" in root.user_attrs:
-            root = trials[root.user_attrs["exploit_of"]]
+        while mode == "restores_x" and names.EXPLOIT_OF in root.user_attrs:
+            root = trials[root.user_attrs[names.EXPLOIT_OF]]
         ran = root.params["x"] if mode == "restores_x" else t.params["x"]
         assert said == f"starting at step {step} with x={ran}"
         # (an exploit that reported no step, its donor at the end when it was copied under a
         # loaded machine, is not judged)
-        assert t.user_attrs.get("restored_params") == (
+        assert t.user_attrs.get(names.RESTORED_PARAMS) == (
             {"x": root.params["x"]} if mode == "restores_x" and t.intermediate_values
             else None)
         # the donor's own record came with the copy: its start, and the steps it had made
@@ -185,11 +187,11 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
             assert starts[0].split()[1] == "0"  # the lineage it came from started at 0
         if fresh:
             assert step == 0
-            assert t.user_attrs["resumed_at"] == 0
-            assert t.user_attrs["steps_repeated"] == t.user_attrs["exploit_step"] + 1
+            assert t.user_attrs[names.RESUMED_AT] == 0
+            assert t.user_attrs[names.STEPS_REPEATED] == t.user_attrs[names.EXPLOIT_STEP] + 1
         else:
-            assert step > t.user_attrs["exploit_step"]
-            assert "steps_repeated" not in t.user_attrs
+            assert step > t.user_attrs[names.EXPLOIT_STEP]
+            assert names.STEPS_REPEATED not in t.user_attrs
     assert ("steps repeated" in out + err) is fresh
     assert ("restored its donor's value" in out + err) is (
         mode == "restores_x" and any(t.intermediate_values for t in exploits))
@@ -197,14 +199,14 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         assert 4 * 100_000 < max(disk) <= 550_000 < 6 * 100_000
         best = min((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
         left = sorted(p.name for p in (folder / "checkpoints").iterdir() if p.is_dir())
-        assert left == [str(best.user_attrs.get("retry_of", best.number))]  # its lineage's
+        assert left == [str(best.user_attrs.get(names.RETRY_OF, best.number))]  # its lineage's
         assert "max_checkpoint_gb" not in out + err
 
 
 def pause_decided(study: Path) -> bool:
     """Whether an attempt has its pause recorded (`paused_at`) and is not told yet."""
     try:
-        return any(t.state.name == "RUNNING" and "paused_at" in t.user_attrs
+        return any(t.state.name == "RUNNING" and names.PAUSED_AT in t.user_attrs
                    for t in load_trials(study))
     except KeyError:  # the study is not created yet
         return False
@@ -236,10 +238,11 @@ def test_a_driver_killed_right_after_it_paused_a_trial_at_a_rung_leaves_it_pause
     assert "Traceback" not in err
     trials = load_trials(study)
     killed, judged, *rest = trials
-    assert (killed.state.name, killed.user_attrs["paused_at"], killed.user_attrs["rung"]) == (
-        "FAIL", 2, 0)
-    assert (judged.state.name, judged.user_attrs["retry_of"], judged.user_attrs["paused_at"],
-            judged.user_attrs["rung"]) == ("PRUNED", 0, 2, 0)
+    assert (killed.state.name, killed.user_attrs[names.PAUSED_AT],
+            killed.user_attrs[names.RUNG]) == ("FAIL", 2, 0)
+    assert (judged.state.name, judged.user_attrs[names.RETRY_OF],
+            judged.user_attrs[names.PAUSED_AT], judged.user_attrs[names.RUNG]) == (
+        "PRUNED", 0, 2, 0)
     # it carries its lineage's curve, and reported nothing of its own: it never ran
     assert judged.intermediate_values == killed.intermediate_values
     assert not (study.parent / "probe" / "trials" / str(judged.number)).exists()

@@ -14,6 +14,8 @@ import psutil
 import pytest
 from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
+from sweep._core import names
+
 
 def running_trainers(tmp_path) -> list[psutil.Process]:
     """The probe trainers themselves (not their guards) still alive."""
@@ -33,10 +35,10 @@ def told_interrupted_and_continued(trials) -> bool:
     (its params, its lineage) for the next run."""
     cut = [t for t in trials if t.state.name != "WAITING"]
     queued = [t for t in trials if t.state.name == "WAITING"]
-    return (all(t.state.name == "FAIL" and t.user_attrs["fail_reason"] == "interrupted"
+    return (all(t.state.name == "FAIL" and t.user_attrs[names.FAIL_REASON] == "interrupted"
                 for t in cut)
-            and sorted(t.user_attrs["continues"] for t in queued) == [t.number for t in cut]
-            and all(t.system_attrs["fixed_params"] == cut[t.user_attrs["retry_of"]].params
+            and sorted(t.user_attrs[names.CONTINUES] for t in queued) == [t.number for t in cut]
+            and all(t.system_attrs[names.FIXED_PARAMS] == cut[t.user_attrs[names.RETRY_OF]].params
                     for t in queued))
 
 
@@ -117,8 +119,8 @@ def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trial
     for t in cut:
         old = by_number[t.number]
         assert old.state.name == "FAIL"
-        assert old.user_attrs["fail_reason"].startswith("driver died")
-        retries = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
+        assert old.user_attrs[names.FAIL_REASON].startswith("driver died")
+        retries = [r for r in trials if r.user_attrs.get(names.RETRY_OF) == t.number]
         assert len(retries) == 1 and retries[0].params == t.params
         assert retries[0].state.name == "COMPLETE"
     assert processes_mentioning(str(tmp_path)) == []
@@ -140,8 +142,8 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     spec = config.load(study_file)
     study = open_study(spec, open_storage(spec))
     trial = study.ask(searchspace.distributions(spec.searched))
-    trial.set_user_attr("host", "elsewhere")
-    trial.set_user_attr("driver_pid", 1)
+    trial.set_user_attr(names.HOST, "elsewhere")
+    trial.set_user_attr(names.DRIVER_PID, 1)
     study._storage.record_heartbeat(trial._trial_id)
     time.sleep(2.5)
 
@@ -151,8 +153,8 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
     trials = load_trials(study_file)
     old = trials[trial.number]
     assert old.state == optuna.trial.TrialState.FAIL
-    assert old.user_attrs["fail_reason"] == "driver on elsewhere died (no heartbeat)"
-    retry = [t for t in trials if t.user_attrs.get("retry_of") == trial.number]
+    assert old.user_attrs[names.FAIL_REASON] == "driver on elsewhere died (no heartbeat)"
+    retry = [t for t in trials if t.user_attrs.get(names.RETRY_OF) == trial.number]
     assert len(retry) == 1 and retry[0].params == old.params
     assert len([t for t in trials if t.state.name == "COMPLETE"]) == 2
 

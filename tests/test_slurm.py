@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT, load_trials, processes_mentioning, study_dict, wait_until
 
+from sweep._core import names
 from sweep.testing import slurm
 
 CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
@@ -98,17 +99,17 @@ def test_the_sbatch_recipe_is_interrupted_twice_requeued_and_every_trial_continu
     states = collections.Counter(t.state.name for t in trials)
     assert states["COMPLETE"] == N_TRIALS and states["RUNNING"] == states["WAITING"] == 0, states
     cut = [t for t in trials if t.state.name == "FAIL"]
-    assert len(cut) >= 4 and {t.user_attrs["fail_reason"] for t in cut} == {"interrupted"}
+    assert len(cut) >= 4 and {t.user_attrs[names.FAIL_REASON] for t in cut} == {"interrupted"}
     started = {number: step for _, number, step in starts(study)}
     ran = collections.Counter(lineage for lineage, _ in steps(study))
     for t in cut:  # each continued from its checkpoint: at the step after its last
-        then = next(n for n in trials if n.user_attrs.get("continues") == t.number)
+        then = next(n for n in trials if n.user_attrs.get(names.CONTINUES) == t.number)
         done_before = len({s for lineage, s in steps(study)
-                           if lineage == t.user_attrs.get("retry_of", t.number)
+                           if lineage == t.user_attrs.get(names.RETRY_OF, t.number)
                            and s < started[then.number]})
         assert started[then.number] == done_before > 0 or started[then.number] == 0
-    for origin in {t.user_attrs.get("retry_of", t.number) for t in trials}:
-        hits = sum(t.user_attrs.get("retry_of", t.number) == origin for t in cut)
+    for origin in {t.user_attrs.get(names.RETRY_OF, t.number) for t in trials}:
+        hits = sum(t.user_attrs.get(names.RETRY_OF, t.number) == origin for t in cut)
         assert STEPS <= ran[origin] <= STEPS + hits, (origin, ran[origin], hits)
     assert sum(step > 0 for step in started.values()) >= 2  # continued, not started over
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import check_exact, three_drivers_at_once
 
+from sweep._core import names
 from sweep._core.optional import import_grpc
 from sweep.analysis import status, summary
 from sweep.gpus.monitor import SAMPLES_NAME
@@ -216,7 +217,7 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
                 trials = trials_of(url, "killed")
             except Exception:
                 return False
-            return any(t.state.name == "RUNNING" and t.user_attrs.get("owner", {}).get("host")
+            return any(t.state.name == "RUNNING" and t.user_attrs.get(names.OWNER, {}).get("host")
                        == host for t in trials)
         return runs
 
@@ -238,17 +239,17 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     assert states.count("COMPLETE") == 8 and "RUNNING" not in states, states
     reclaimed = [t for t in trials if t.state.name == "FAIL"]
     # the kill may land between a trial's `ask` and its owner record: then no host is known
-    assert reclaimed and all("h0" in t.user_attrs["fail_reason"] or
-                             "no owner" in t.user_attrs["fail_reason"] for t in reclaimed)
+    assert reclaimed and all("h0" in t.user_attrs[names.FAIL_REASON] or
+                             "no owner" in t.user_attrs[names.FAIL_REASON] for t in reclaimed)
     for t in reclaimed:
-        again = [r for r in trials if r.user_attrs.get("retry_of") == t.number]
-        given = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        again = [r for r in trials if r.user_attrs.get(names.RETRY_OF) == t.number]
+        given = {**t.system_attrs.get(names.FIXED_PARAMS, {}), **t.params}
         if not given:  # cut after its ask, before its params: no trainer ran, not queued again
             assert again == [], (t.number, t.user_attrs)
             continue
         # a trial with params ran again, once, to the end, on the survivor, with those params
         assert [r.state.name for r in again] == ["COMPLETE"], (t.number, t.user_attrs)
-        assert again[0].params == given and again[0].user_attrs["host"] == "h1"
+        assert again[0].params == given and again[0].user_attrs[names.HOST] == "h1"
     assert wait_until(lambda: not processes_mentioning(str(tmp_path / "killed")), 10)
 
 

@@ -68,11 +68,12 @@ def test_a_trial_failed_by_another_driver_is_not_told_again(tmp_path):
     other = connect(config.load(tmp_path / "study.yaml"), Owner("b", 1, 0.0), 2)
     [theirs] = other.study.get_trials(deepcopy=False)
     assert other.fail_orphan(ownership.Orphan(theirs, "driver died", None))
-    assert s.tell(asked.trial, TrialState.COMPLETE, [1.0], {"exit_code": 0}) == (False, False)
-    assert s.tell(asked.trial, TrialState.FAIL, None, {"exit_code": 0}) == (False, False)
+    assert s.tell(asked.trial, TrialState.COMPLETE, [1.0], {names.EXIT_CODE: 0}) == (False, False)
+    assert s.tell(asked.trial, TrialState.FAIL, None, {names.EXIT_CODE: 0}) == (False, False)
     trial = s.storage.get_trial(trial_id(asked.trial))
     assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["fail_reason"] == "driver died" and "exit_code" not in trial.user_attrs
+    assert trial.user_attrs[names.FAIL_REASON] == "driver died"
+    assert names.EXIT_CODE not in trial.user_attrs
 
 
 def test_a_param_whose_distribution_changed_is_refused_as_optuna_refuses_it(tmp_path):
@@ -84,7 +85,7 @@ def test_a_param_whose_distribution_changed_is_refused_as_optuna_refuses_it(tmp_
         s.ask(changed, gpu=0, trial_dir=str)
     failed = s.study.get_trials(deepcopy=False)[-1]
     assert failed.state == TrialState.FAIL and failed.params == {}
-    assert failed.user_attrs["fail_reason"].startswith("could not start the trial: ")
+    assert failed.user_attrs[names.FAIL_REASON].startswith("could not start the trial: ")
 
 
 def test_the_study_names_its_objectives_for_optuna_dashboard(tmp_path):
@@ -134,7 +135,7 @@ def test_a_trial_cut_right_after_its_params_has_its_run_id(tmp_path, monkeypatch
         s.ask(searched(s), gpu=0, trial_dir=lambda number: f"/trials/{number}")
     [frozen] = s.study.get_trials(deepcopy=False)
     assert frozen.state == TrialState.RUNNING and frozen.params
-    assert frozen.user_attrs["run_id"].startswith("probe-0-")
+    assert frozen.user_attrs[names.RUN_ID].startswith("probe-0-")
 
 
 def test_a_trial_cut_between_ask_and_its_owner_is_reclaimed_after_reclaim_after(tmp_path):
@@ -210,10 +211,10 @@ def test_an_orphan_is_queued_again_with_the_params_it_was_given(tmp_path):
         assert frozen.params == {}
         assert s.fail_orphan(ownership.Orphan(frozen, "driver died", None))
     waiting = [t for t in s.study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
-    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 0.125}]
+    assert [t.system_attrs[names.FIXED_PARAMS] for t in waiting] == [{"x": 0.125}]
     # its continuation: a dead driver spends no retry (retries stays 0)
-    assert waiting[0].user_attrs == {"retry_of": queued.number, "attempt": 1,
-                                     "continues": queued.number, "retries": 0}
+    assert waiting[0].user_attrs == {names.RETRY_OF: queued.number, names.ATTEMPT: 1,
+                                     names.CONTINUES: queued.number, names.RETRIES: 0}
 
 
 @pytest.mark.parametrize("change", ["deleted", "replaced"])
@@ -233,11 +234,11 @@ def test_a_study_file_deleted_or_replaced_under_the_driver_stops_it(tmp_path, ch
         os.replace(other, db)
     for step in (lambda: s.ask(searched(s), gpu=0, trial_dir=str), s.counts,
                  lambda: s.orphans(set()),
-                 lambda: s.tell(asked.trial, "COMPLETE", [1.0], {"exit_code": 0})):
+                 lambda: s.tell(asked.trial, "COMPLETE", [1.0], {names.EXIT_CODE: 0})):
         with pytest.raises(StudyFileReplaced, match=f"the study file {db} was {change}"):
             step()
     s.tell_failed(asked.trial, "interrupted")  # quietly not told
-    assert asked.trial.user_attrs.get("fail_reason") is None
+    assert asked.trial.user_attrs.get(names.FAIL_REASON) is None
 
 
 def test_a_trial_whose_params_cannot_be_sampled_is_told_fail(tmp_path):
@@ -247,7 +248,7 @@ def test_a_trial_whose_params_cannot_be_sampled_is_told_fail(tmp_path):
         s.ask(searched(s), gpu=0, trial_dir=str)
     [trial] = s.study.get_trials(deepcopy=False)
     assert trial.state == TrialState.FAIL
-    assert trial.user_attrs["fail_reason"].startswith("could not start the trial: ")
+    assert trial.user_attrs[names.FAIL_REASON].startswith("could not start the trial: ")
 
 
 def test_a_changed_metric_is_refused_like_a_changed_direction(tmp_path):
@@ -348,9 +349,9 @@ def test_a_reclaimer_killed_at_its_fail_loses_no_point(tmp_path, cut):
     assert not second.fail_orphan(ownership.Orphan(trials[0], "driver died", None))
     trials = second.study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
-    assert trials[1].user_attrs == {"retry_of": asked.number, "attempt": 1,
-                                    "continues": asked.number, "retries": 0,
-                                    "run_id": asked.lineage.run_id}
+    assert trials[1].user_attrs == {names.RETRY_OF: asked.number, names.ATTEMPT: 1,
+                                    names.CONTINUES: asked.number, names.RETRIES: 0,
+                                    names.RUN_ID: asked.lineage.run_id}
     retry = second.ask(searched(second), gpu=0, trial_dir=str)
     assert (retry.number, retry.params, retry.origin, retry.attempt) == (
         1, asked.params, asked.number, 1)
@@ -366,7 +367,7 @@ def test_a_retry_queued_twice_is_queued_once(tmp_path):
     assert not s.requeue({"x": 0.5}, 0, 1)
     assert s.requeue({"x": 0.5}, 0, 2)
     assert [t.user_attrs for t in s.study.get_trials(deepcopy=False)] == [
-        {"retry_of": 0, "attempt": 1}, {"retry_of": 0, "attempt": 2}]
+        {names.RETRY_OF: 0, names.ATTEMPT: 1}, {names.RETRY_OF: 0, names.ATTEMPT: 2}]
 
 
 def test_a_tell_writes_only_the_attributes_the_trial_does_not_hold_already(tmp_path):
@@ -377,13 +378,14 @@ def test_a_tell_writes_only_the_attributes_the_trial_does_not_hold_already(tmp_p
     asked = s.ask(searched(s), 0, lambda n: str(tmp_path / str(n)))
     seen = watch(s)
     assert s.tell(asked.trial, TrialState.COMPLETE, [1.0],
-                  {"attempt": 1, "retry_of": 0, "gpu": 3, "exit_code": 0}) == (True, False)
+                  {names.ATTEMPT: 1, names.RETRY_OF: 0, names.GPU: 3, names.EXIT_CODE: 0}) \
+        == (True, False)
     updates = [q for q in seen if q.lstrip().upper().startswith(("INSERT", "UPDATE"))
                and "trial_user_attributes" in q]
     assert len(updates) == 2  # gpu and exit_code
     told = s.study.get_trials(deepcopy=False)[0].user_attrs
-    assert {k: told[k] for k in ("attempt", "retry_of", "gpu", "exit_code")} == {
-        "attempt": 1, "retry_of": 0, "gpu": 3, "exit_code": 0}
+    assert {k: told[k] for k in ("attempt", names.RETRY_OF, "gpu", names.EXIT_CODE)} == {
+        names.ATTEMPT: 1, names.RETRY_OF: 0, names.GPU: 3, names.EXIT_CODE: 0}
 
 
 def test_a_beat_is_silent_after_it_stayed_the_same_for_reclaim_after_of_this_drivers_clock():

@@ -21,6 +21,8 @@ from conftest import (
     wait_until,
 )
 
+from sweep._core import names
+
 ROUNDS = 10
 PER_ROUND = 3  # trials added to the budget each round, so every kill finds work left
 
@@ -81,4 +83,4 @@ def test_sigkill_at_random_moments_then_rerun_never_leaves_a_trial_running(write
         assert len(finished) == budget, (round_, moment, err)
         assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
     cut = [t for t in load_trials(study) if t.state.name == "FAIL"]
-    assert all(t.user_attrs["fail_reason"].startswith("driver died") for t in cut), log
+    assert all(t.user_attrs[names.FAIL_REASON].startswith("driver died") for t in cut), log

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import load_trials, run_cli, spawn_cli, study_dict
 
+from sweep._core import names
+
 FLOAT_X = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 QUICK = {"args": ["--sleep", "0"]}  # the trainer of a first run whose trial only has to exist
 
@@ -278,7 +280,7 @@ def test_an_output_dir_changed_in_the_file_but_not_moved_is_refused_and_a_moved_
     record = OwnerRecord(Owner(host_name(), 1, 0.0), 0, str(old / "trials" / "0"))
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.FAIL, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
-        user_attrs={"owner": record.to_attr(), "fail_reason": "interrupted"}))
+        user_attrs={names.OWNER: record.to_attr(), names.FAIL_REASON: "interrupted"}))
     path = write_study(study={"output_dir": str(new), "storage": url, "n_trials": 1},
                        trainer=QUICK)
     capsys.readouterr()
@@ -306,7 +308,7 @@ def test_a_narrowed_range_is_said_once_in_sweeps_words_and_optunas_warning_never
     for x in (0.1, 0.3, 0.9):
         stored.add_trial(optuna.trial.create_trial(
             params={"x": x}, distributions={"x": FloatDistribution(0.0, 1.0)}, value=x))
-    stored.enqueue_trial({"x": 0.95}, user_attrs={"rerun_of": 2})
+    stored.enqueue_trial({"x": 0.95}, user_attrs={names.RERUN_OF: 2})
     driver = spawn_cli("run", str(study))
     _, err = driver.communicate()
     assert driver.returncode == 0, err

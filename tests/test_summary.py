@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, load_trials, run_cli, study_dict
 
+from sweep._core import names
 from sweep.analysis import summary
 
 
@@ -57,7 +58,7 @@ def test_summary_csv_matches_storage_row_by_row(finished_study, capsys):
     for t, (_, row) in zip(trials, csv.iterrows(), strict=True):
         states.add(t.state.name)
         assert row["state"] == t.state.name
-        assert row["gpu"] == t.user_attrs["gpu"]
+        assert row["gpu"] == t.user_attrs[names.GPU]
         assert row["params_x"] == pytest.approx(t.params["x"])
         if t.value is None:
             assert math.isnan(row["value"])
@@ -65,7 +66,7 @@ def test_summary_csv_matches_storage_row_by_row(finished_study, capsys):
             assert row["value"] == pytest.approx(t.value)
         assert row["duration_s"] == pytest.approx(t.duration.total_seconds(), abs=1e-3)
         assert pd.Timestamp(row["datetime_start"]) == pd.Timestamp(t.datetime_start)
-        reason = t.user_attrs.get("fail_reason")
+        reason = t.user_attrs.get(names.FAIL_REASON)
         assert (row["fail_reason"] if isinstance(row["fail_reason"], str) else None) == reason
         assert math.isnan(row["gpu_util_mean"])  # simulated pool: never invented
     assert states == {"COMPLETE", "FAIL", "PRUNED"}
@@ -183,8 +184,8 @@ def clm_study(write_study, tmp_path, n=6):
                     "weight_decay": 0.01 * i, "warmup_ratio": 0.05,
                     "lr_scheduler_type": "cosine"},
             distributions=searchspace.distributions(spec.searched), value=3.2 - 0.1 * i,
-            user_attrs={"gpu": i % 2, "image": IMAGES[i % 2], "gpu_util_mean": 88.2,
-                        "gpu_mem_peak_mb": 21034.5, "metric_eval_accuracy": 0.41 + i / 100,
+            user_attrs={names.GPU: i % 2, names.IMAGE: IMAGES[i % 2], names.GPU_UTIL_MEAN: 88.2,
+                        names.GPU_MEM_PEAK_MB: 21034.5, "metric_eval_accuracy": 0.41 + i / 100,
                         "metric_perplexity": 24.5 - i, "metric_train_runtime": 123.4}))
     return study
 

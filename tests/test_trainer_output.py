@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import load_trials, processes_mentioning, run_cli, spawn_cli, wait_until
 
+from sweep._core import names
+
 HOSTILE = Path(__file__).parent / "trainers" / "hostile.py"
 
 CASES = [
@@ -47,8 +49,8 @@ def test_a_hostile_output_fails_only_its_own_trial(write_study, fake_gpus, tmp_p
     assert run_cli("run", str(study)) == 0
     hostile, neighbour, *rest = load_trials(study)
     assert hostile.state.name == "FAIL"
-    assert hostile.user_attrs["fail_reason"].startswith(reason), hostile.user_attrs
-    assert len(hostile.user_attrs["fail_reason"]) < 250
+    assert hostile.user_attrs[names.FAIL_REASON].startswith(reason), hostile.user_attrs
+    assert len(hostile.user_attrs[names.FAIL_REASON]) < 250
     assert neighbour.state.name == "COMPLETE" and neighbour.value == 0.5
     assert reason in capsys.readouterr().err  # printed as it is, brackets included
     assert [t.state.name for t in rest] == ["COMPLETE"]  # the budget is still met
@@ -61,9 +63,9 @@ def test_result_keys_named_like_sweeps_attributes_stay_in_their_namespace(write_
     assert run_cli("run", str(study)) == 0
     trial = load_trials(study)[0]
     assert trial.state.name == "COMPLETE"
-    assert trial.user_attrs["gpu"] in (0, 1) and trial.user_attrs["exit_code"] == 0
-    assert trial.user_attrs["attempt"] == 0 and "retry_of" not in trial.user_attrs
-    assert trial.user_attrs["owner"]["pid"] != 99 and "fail_reason" not in trial.user_attrs
+    assert trial.user_attrs[names.GPU] in (0, 1) and trial.user_attrs[names.EXIT_CODE] == 0
+    assert trial.user_attrs[names.ATTEMPT] == 0 and names.RETRY_OF not in trial.user_attrs
+    assert trial.user_attrs[names.OWNER]["pid"] != 99 and names.FAIL_REASON not in trial.user_attrs
     assert trial.user_attrs["metric_gpu"] == 99 and trial.user_attrs["metric_owner"] == 99
 
 
@@ -115,8 +117,8 @@ def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(wr
         assert "no heartbeat" not in err and "driver died" not in err, err
     trials = load_trials(study)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 4
-    assert {t.user_attrs["host"] for t in trials} == set(hosts)
-    assert len({t.user_attrs["owner"]["pid"] for t in trials}) == 2  # both drivers ran trials
+    assert {t.user_attrs[names.HOST] for t in trials} == set(hosts)
+    assert len({t.user_attrs[names.OWNER]["pid"] for t in trials}) == 2  # both drivers ran trials
     counts = [len(t.intermediate_values) for t in trials]
     assert all(n > 300 for n in counts), counts  # the drivers were busy storing them
 
@@ -157,7 +159,7 @@ def test_stdout_patterns_on_progress_bars_and_text_that_is_no_number(
     trial = load_trials(study)[0]
     assert trial.state.name == state
     if reason:
-        assert trial.user_attrs["fail_reason"] == reason
+        assert trial.user_attrs[names.FAIL_REASON] == reason
     else:
         assert trial.value == 0.25
 
@@ -202,7 +204,7 @@ def test_no_pattern_and_no_output_stall_the_driver_or_a_neighbours_timeout(write
     assert noisy.state.name == "COMPLETE" and noisy.value == 0.25, noisy.user_attrs
     assert noisy.user_attrs["metric_loss"] == 0.125
     assert sleeper.state.name == "FAIL"
-    assert sleeper.user_attrs["fail_reason"] == "timeout after 3 s"
+    assert sleeper.user_attrs[names.FAIL_REASON] == "timeout after 3 s"
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -244,9 +246,9 @@ def test_ctrl_c_ends_a_run_at_once_while_its_trainer_floods_stdout_with_reports(
     trials = load_trials(study)
     assert [t.state.name for t in trials] == ["FAIL", "WAITING"]
     cut = trials[0]
-    assert cut.user_attrs["fail_reason"] == "interrupted"
+    assert cut.user_attrs[names.FAIL_REASON] == "interrupted"
     last = max(cut.intermediate_values)
-    assert cut.user_attrs["reports_unread"] == (
+    assert cut.user_attrs[names.REPORTS_UNREAD] == (
         f"values after step {last} were left unread (the run was interrupted: read for 2 s "
         "at most after it exited)")
     assert f"trial 0: its trainer's values after step {last} were left unread" in err

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import study_dict
 
+from sweep._core import names
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import logs
@@ -74,7 +75,7 @@ def test_a_result_file_left_by_an_earlier_trial_of_that_number_never_counts(tmp_
     assert s.run() == 1
     [trial] = s.trials
     assert trial.state.name == "FAIL"
-    assert trial.user_attrs["fail_reason"] == (
+    assert trial.user_attrs[names.FAIL_REASON] == (
         f"no result: {old} was last written before the trial started (left by an earlier "
         "run?)")
     assert json.loads(old.read_text()) == {"score": 0.7524}  # never removed
@@ -293,14 +294,15 @@ def test_a_trial_that_cannot_be_prepared_fails_alone_and_the_run_stops_starting(
 
     monkeypatch.setattr(os, "mkdir", mkdir)
     assert s.run() == 1
-    states = {t.number: (t.state.name, t.user_attrs.get("fail_reason")) for t in s.trials}
+    states = {t.number: (t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in s.trials}
     reason = f"cannot write {full}: No space left on device"
     # nothing of trial 2 ran: its continuation is queued for the next run (hostile pass: a
     # promotion whose folder could not be prepared was lost for good)
     assert states == {0: ("COMPLETE", None), 1: ("COMPLETE", None),
                       2: ("FAIL", f"could not prepare the trial: {reason}"),
                       3: ("WAITING", None)}
-    assert s.trials[3].user_attrs["continues"] == 2 and s.trials[3].user_attrs["retries"] == 0
+    carried = s.trials[3].user_attrs
+    assert carried[names.CONTINUES] == 2 and carried[names.RETRIES] == 0
     assert s.driver.policy.stop_reason == f"trial 2 could not be prepared: {reason}"
     assert s.driver.policy.result(s.store.counts()).message.startswith(
         f"trial 2 could not be prepared: {reason}; 2/6 trials finished")
@@ -338,7 +340,7 @@ def test_an_output_dir_another_study_took_meanwhile_fails_the_trial_and_stops(tm
     s.driver.events.finished = taken  # type: ignore[method-assign]
     assert s.run() == 1
     assert s.states() == ["COMPLETE", "FAIL", "WAITING"]  # its continuation, for a next run
-    assert s.trials[1].user_attrs["fail_reason"] == (
+    assert s.trials[1].user_attrs[names.FAIL_REASON] == (
         f"could not prepare the trial: {s.spec.output_dir} was removed during the run and "
         "now holds the trials of study 'other' (storage sqlite:///other.db)")
 
@@ -399,7 +401,7 @@ def test_a_result_older_than_the_trial_never_counts_even_if_it_survived(tmp_path
     s.driver.spawn = restored
     assert s.run() == 1
     [trial] = s.trials
-    assert trial.user_attrs["fail_reason"] == (
+    assert trial.user_attrs[names.FAIL_REASON] == (
         f"no result: {old} was last written before the trial started (left by an earlier "
         "run?)")
     (tmp_path / "b").mkdir()
