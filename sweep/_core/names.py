@@ -123,7 +123,7 @@ SCHEDULER_RECORDS = (PAUSED_AT, RUNG, PASSED_RUNG, BRACKET, EXPLOIT_OF, EXPLOIT_
                      REPLACES, CALLED_OFF, RESUMED_AT, STEPS_REPEATED, LOGGED_PARAMS,
                      RESTORED_PARAMS)
 """`study.scheduler`'s decisions, recorded on the attempts so that every driver of the study
-reads the same lineages (`sweep.study.lineages`)."""
+reads the same lineages (`sweep.schedulers.history`)."""
 
 # ---- a study's own attributes ------------------------------------------------------------
 
