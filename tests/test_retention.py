@@ -132,3 +132,31 @@ def test_over_the_bound_kept_folders_go_worst_first_never_the_best_nor_a_live_on
     assert retention.plan(lines, DEAD, SIZES, "all", 1e-9, True) == Removal((3, 2, 1), 600, True)
     # within the bound: nothing more than keep_checkpoints says
     assert retention.plan(lines, DEAD, SIZES, "all", 1.0, True) == Removal((), 900, False)
+
+
+def test_a_copy_about_to_be_made_counts_as_held_and_room_is_made_for_it_first():
+    """An exploit's copy of its donor's state (`incoming` bytes) is counted before it is
+    made: the folders that may go go first, so that the copy does not take the disk over the
+    bound; the copy itself is never removed, and is still counted when nothing can go."""
+    lines = history.read(FINISHED)
+    # 900 bytes held, a bound of 1000: room for 100 more, not for 200
+    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+                          incoming=100) == Removal((), 1000, False)
+    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+                          incoming=200) == Removal((3,), 1000, False)
+    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+                          incoming=350) == Removal((3, 2, 1), 950, False)
+    # only the best finished and a live lineage left: over, and said
+    assert retention.plan(lines, DEAD, SIZES, "all", 1e-9, True,
+                          incoming=50) == Removal((3, 2, 1), 650, True)
+    # the lineage an exploit replaces goes first when the copy needs the room
+    pbt = Pbt(PBT, minimize=True)
+    ts = [trial(0, {5: 1.0}), trial(1, {5: 9.0}, TrialState.PRUNED),
+          trial(2, {}, exploit_of=0, replaces=1), trial(3, {5: 2.0})]
+    got = history.read(ts)
+    sizes = {0: 100, 1: 100, 2: 0, 3: 100}
+    assert retention.never_continue(got, pbt, n_trials=4) == frozenset()
+    assert retention.plan(got, frozenset(), sizes, 1, 350e-9, True,
+                          retention.spared(got)) == Removal((), 300, False)
+    assert retention.plan(got, frozenset(), sizes, 1, 350e-9, True, retention.spared(got),
+                          incoming=100) == Removal((1,), 300, False)

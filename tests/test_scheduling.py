@@ -330,6 +330,36 @@ def test_pbt_keeps_the_checkpoint_disk_within_its_bound_removing_replaced_lineag
     assert not any("max_checkpoint_gb" in m for m in said)
 
 
+def test_an_exploit_makes_room_before_its_copy_not_at_the_next_trials_end(
+        tmp_path, monkeypatch):
+    """The window of a busy machine, forced: quantile 0.5 replaces two lineages at once, and
+    both exploits copy their donors' state before any trial ends. The first copy leaves the
+    lineage it replaces never to continue; before this fix its folder stayed until the next
+    trial's end, and the second copy took the folders to 6 kB, over the 5.5 kB bound. Now each
+    copy is counted before it is made: the folders that can go have gone first."""
+    s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=5.5e-6, quantile=0.5)
+    said = capture_messages(s)
+    real = exploit_copy.start_from_donor
+    copies: list[tuple[str, list[str], int]] = []
+
+    def copy_and_look(*args: Any, **kwargs: Any) -> Any:
+        start = real(*args, **kwargs)
+        parent = s.spec.output_dir / "checkpoints"
+        there = sorted(p.name for p in parent.iterdir() if p.is_dir())
+        weights = sum(f.stat().st_size for f in parent.rglob("weights.bin"))
+        copies.append((start.checkpoint_dir.name, there, weights))
+        return start
+
+    monkeypatch.setattr(exploit_copy, "start_from_donor", copy_and_look)
+    assert s.run() == 0
+    assert copies == [("4", ["0", "1", "2", "3", "4", "5"], 5000),
+                      ("5", ["0", "1", "3", "4", "5"], 5000),  # 2 went first (4 copied)
+                      ("8", ["0", "1", "4", "5", "8"], 5000),
+                      ("9", ["0", "1", "5", "8", "9"], 5000)]  # 4 went first (8 copied)
+    assert max(trainer.disk) <= 5500
+    assert not any("max_checkpoint_gb" in m for m in said)
+
+
 def test_over_the_bound_with_only_live_lineages_left_it_says_so_once(tmp_path):
     s, trainer = pbt_sweep(tmp_path, max_checkpoint_gb=2e-6, keep_checkpoints="all")
     said = capture_messages(s)

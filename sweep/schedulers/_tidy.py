@@ -2,8 +2,11 @@
 continue (or, over `max_checkpoint_gb`, the ones `retention` picks) measured before the budget
 lock, decided and taken out of their place under it (`disk.retire`, a rename), where
 every promotion and exploit is decided, and their contents removed after it
-(`disk.purge`), so a large folder never holds the lock. The decisions are
-`retention`'s; this module measures, removes and says.
+(`disk.purge`), so a large folder never holds the lock. It is done after each trial's end,
+and under `max_checkpoint_gb` before each exploit's copy of its donor's state too
+(`make_room`: the copy counted as there already), so that sweep's own copy never takes the
+folders over the bound while a folder that may go is left. The decisions are `retention`'s;
+this module measures, removes and says.
 """
 
 from __future__ import annotations
@@ -35,13 +38,23 @@ class CheckpointTidy:
     def lineages(self) -> dict[int, History]:
         return history.read(self.store.study.get_trials(deepcopy=False))
 
-    def tidy(self, abort: Callable[[], bool] = lambda: False) -> None:
+    def make_room(self, incoming: int) -> None:
+        """Under `max_checkpoint_gb`, before a copy that adds `incoming` bytes to the folders
+        (an exploit's of its donor's state): `tidy` as if the copy were there already, so
+        the folders that may go (the lineage the exploit replaces first) are gone before it
+        is made, not at the next trial's end. Nothing without a bound."""
+        sched = self.spec.study.scheduler
+        assert sched is not None
+        if sched.max_checkpoint_gb is not None:
+            self.tidy(incoming=incoming)
+
+    def tidy(self, abort: Callable[[], bool] = lambda: False, incoming: int = 0) -> None:
         """Remove the checkpoint folders of lineages that can never continue, as `retention`
         decides: measured before the budget lock, decided and taken out of their place
         (`disk.retire`, a rename) under it, where every promotion and exploit is
         decided, and their contents removed after it (`disk.purge`), so a large
         folder never holds the lock; over `max_checkpoint_gb` with nothing left to remove,
-        say so once."""
+        say so once. `incoming`: the bytes of a copy about to be made, counted as held."""
         sched = self.spec.study.scheduler
         assert sched is not None
         if sched.keep_checkpoints == "all" and sched.max_checkpoint_gb is None:
@@ -56,7 +69,7 @@ class CheckpointTidy:
             dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
             chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
                                     sched.max_checkpoint_gb, self.minimize,
-                                    retention.spared(lines))
+                                    retention.spared(lines), incoming)
             for origin in chosen.remove:
                 if origin in self._refused:
                     continue

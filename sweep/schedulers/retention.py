@@ -10,7 +10,9 @@ started, and each lineage of its bracket has reached the rung or can never conti
 A donor's folder stays while a lineage that exploits it has not reported a step (its copy may
 not be made yet). So does the folder of a lineage an exploit replaces until the exploit has
 copied its donor (`spared`: it goes on if the exploit is called off), unless the study sets
-`max_checkpoint_gb` (the copy to come needs the room).
+`max_checkpoint_gb` (the copy to come needs the room). Before an exploit's copy, the bytes it
+will write (`incoming`) are counted as held: room is made first, so that the copy itself does
+not take the folders over the bound while a folder that may go is left.
 """
 
 from __future__ import annotations
@@ -88,13 +90,14 @@ class Removal:
 
 def plan(lines: Mapping[int, History], dead: frozenset[int], sizes: Mapping[int, int],
          keep: int | Literal["all"], bound_gb: float | None, minimize: bool,
-         spare: frozenset[int] = frozenset()) -> Removal:
+         spare: frozenset[int] = frozenset(), incoming: int = 0) -> Removal:
     """The folders to remove, given the lineages that can never continue (`dead`) and the
     bytes in each lineage folder there is (`sizes`, by origin): every dead one but the
     `keep` best finished (COMPLETE; `all`: every dead one kept); then, while over `bound_gb`,
     the kept ones too: the `spare` ones first (by origin: lineages an exploit is replacing,
     whose copy to come needs the room), then those not finished (by origin), then the
-    finished from the worst up, never the best."""
+    finished from the worst up, never the best. `incoming`: the bytes a copy about to be
+    made will add (an exploit's of its donor's state), held already and never removed."""
     finished = sorted(
         (o for o in dead if lines[o].latest.state is TrialState.COMPLETE
          and _finite(lines[o].latest.value)),
@@ -107,7 +110,7 @@ def plan(lines: Mapping[int, History], dead: frozenset[int], sizes: Mapping[int,
     else:
         kept = [o for o in reversed(finished[1:keep]) if o in sizes]
         remove = [o for o in there if o not in finished[:keep]]
-    held = sum(sizes.values()) - sum(sizes[o] for o in remove)
+    held = sum(sizes.values()) + incoming - sum(sizes[o] for o in remove)
     bound = None if bound_gb is None else bound_gb * GB
     # `spared` folders go first while over a bound (a copy may follow), never under it: a
     # called-off exploit gives its lineage back, to go on from its own folder

@@ -102,7 +102,8 @@ class Scheduling:
         self.explore = ExploreCheck(spec, store, say, self.decide.spec.interval) \
             if spec.trainer.logged_params and isinstance(self.decide, Pbt) else None
         self.disk = CheckpointTidy(spec, store, self.decide, say)
-        self.exploits = ExploitStart(spec, store, say, spec.study.scheduler.max_steps)
+        self.exploits = ExploitStart(spec, store, say, spec.study.scheduler.max_steps,
+                                     self.disk.make_room)
         # said only if the run ends with none trained to the end (a rung that can no longer
         # grow promotes its best: a finite study trains it to max_steps, however small)
         self._too_few = too_few(self.decide, spec.study.n_trials)
