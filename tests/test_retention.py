@@ -105,6 +105,19 @@ def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for
     assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0}
 
 
+def test_a_called_off_exploits_folder_can_never_continue():
+    """A PBT exploit called off (its donor trained to the end before a state of it could be
+    copied) is told FAIL and never runs: its folder, made for the copy, goes (a busy machine
+    left `checkpoints/4` and `checkpoints/5` behind at the run's end, empty, under
+    max_checkpoint_gb). A lineage that failed by itself keeps its folder."""
+    pbt = Pbt(PBT, minimize=True)
+    ts = [trial(0, {20: 1.0}, TrialState.COMPLETE), trial(1, {5: 9.0}, TrialState.PRUNED),
+          trial(2, {}, TrialState.FAIL, exploit_of=0, replaces=1, called_off=True),
+          trial(3, {5: 2.0}, TrialState.FAIL), trial(4, {20: 3.0}, TrialState.COMPLETE,
+                                                    retry_of=1, attempt=1, continues=1)]
+    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1, 2}
+
+
 FINISHED = [trial(0, {17: 1.0}, TrialState.COMPLETE), trial(1, {17: 2.0}, TrialState.COMPLETE),
             trial(2, {17: 3.0}, TrialState.COMPLETE), paused(3, {2: 9.0}), trial(4, {3: 5.0})]
 DEAD = frozenset({0, 1, 2, 3})
