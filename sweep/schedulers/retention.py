@@ -34,13 +34,13 @@ GB = 1e9  # max_checkpoint_gb counts in decimal gigabytes
 
 def never_continue(lines: Mapping[int, History], decide: Halving | Pbt,
                    n_trials: int) -> frozenset[int]:
-    """The origins of the lineages that can never continue: done (finished, replaced and
-    stopped, or a PBT exploit called off before it ran; not one that failed by itself: a
-    device taken out runs its failed trials again, and its folder is what a user debugs), or, under successive halving, paused below the cut of a
-    full rung; never a donor whose exploit has not reported yet, nor a lineage `spared`, nor
-    a lineage promotable now that no configuration can come. A lineage whose folder was
-    removed is never promoted after (`Scheduling`), even in a later run of more
-    configurations."""
+    """The origins of the lineages that can never continue: done (finished, replaced and stopped,
+    or a PBT exploit called off before it ran; not one that failed by itself: a device taken out
+    runs its failed trials again, and its folder is what a user debugs), or, under successive
+    halving, paused below the cut of a full rung; never a donor whose exploit has not reported
+    yet, nor a lineage `spared`, nor a lineage promotable now that no configuration can come. A
+    lineage whose folder was removed is never promoted after (`Scheduling`), even in a later run
+    of more configurations."""
     dead = {o for o, line in lines.items() if line.standing is Standing.DONE
             and (line.latest.state is not TrialState.FAIL or line.called_off)}
     if isinstance(decide, Halving) and len(lines) >= n_trials:
