@@ -1,7 +1,7 @@
 """study.scheduler against Optuna's stop-only pruners, in simulated time, through the real code.
 
 Each sweep is a real `Driver` on the fake clock and fake trial processes of
-`sweep.testing.fakes` (the layer of tests/test_loop.py): the real policy, store (Optuna, in
+`sweep.testing.fakes` (the layer of tests/runner/test_loop.py): the real policy, store (Optuna, in
 memory), pool, scheduler decisions and lineages; only time and the trainers are simulated. A
 simulated trainer makes one step a simulated minute, checkpoints its state after each step in
 $SWEEP_CHECKPOINT_DIR and resumes from it, so a paused trial continues where it stopped and a

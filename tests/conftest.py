@@ -1,9 +1,15 @@
-"""Shared helpers: study files in tmp_path, runs through the CLI, reading storage back."""
+"""Shared helpers of every folder of tests/: study files in tmp_path, runs through the CLI,
+reading storage back, the test trainers' and examples' paths, a figure's silent panels, a dead
+driver's trial. tests/ mirrors sweep/ (`tests/<package>/test_<module>.py`; `tests/e2e/` for the
+files that start real processes); test files' names are unique across its folders (pytest
+imports each by its name, from its folder)."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -11,16 +17,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import psutil
 import pytest
 import yaml
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
 
 from sweep import cli
-from sweep.testing.harness import probe_study
+from sweep._core import names
+from sweep.testing.fakes import Script
+from sweep.testing.harness import Sweep, probe_study
 
-PROBE = Path(__file__).parent / "trainers" / "probe.py"
 ROOT = Path(__file__).resolve().parent.parent
+TRAINERS = ROOT / "tests" / "trainers"  # the test trainers, run as real subprocesses
+EXAMPLES = ROOT / "tests" / "examples"  # scripts people already have, swept unmodified
+PROBE = TRAINERS / "probe.py"
 
 
 def study_dict(**sections: Any) -> dict[str, Any]:
@@ -141,3 +154,79 @@ def postgres_url(postgres_server: str) -> str:
 
 
 _DATABASES = itertools.count()
+
+
+# -- figures: a panel left empty must say why (test_report, test_lineage_figures) ----------
+
+
+def _numbers(values: Any) -> np.ndarray | None:
+    try:
+        return np.asarray(values if values is not None else [], dtype=float)
+    except (TypeError, ValueError):  # categories
+        return None
+
+
+def draws(trace: Any) -> bool:
+    """Whether a trace draws anything: a point with both coordinates, a bar not of 0."""
+    x, y = _numbers(trace.x), _numbers(trace.y)
+    if trace.type == "bar":
+        heights = x if trace.orientation == "h" else y
+        return heights is not None and bool((np.nan_to_num(heights) != 0).any())
+    if x is None or y is None:
+        known = y if x is None else x
+        return known is not None and bool(np.isfinite(known).any())
+    return bool((np.isfinite(x) & np.isfinite(y)).any())
+
+
+def silent_panels(fig: Any) -> list[str]:
+    """What in `fig` is empty without a sentence saying why: each subplot (by its x-axis)
+    that no trace draws in and no note sits in, each legend entry that draws nothing."""
+    layout = fig.layout.to_plotly_json()
+    if not fig.data:  # a figure of one note
+        return [] if layout.get("annotations") else ["the figure"]
+    notes = {a["xref"].split()[0] for a in layout.get("annotations", [])
+             if a.get("xref", "").endswith(" domain")}
+    silent = []
+    for key in sorted(k for k in layout if re.fullmatch(r"xaxis\d*", k)):
+        axis = "x" + key[5:]
+        if axis not in notes and not any(draws(t) for t in fig.data
+                                         if (t.xaxis or "x") == axis):
+            silent.append(f"subplot {axis}")
+    silent += [f"legend entry {t.name}" for t in fig.data
+               if t.name and t.showlegend is not False and not draws(t)]
+    return silent
+
+
+# -- a dead driver's trial left RUNNING (test_reclaim, test_savings) ------------------------
+
+
+def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None = None,
+                locked_until: float = 0.0, n_trials: int = 1,
+                **sections: Any) -> tuple[Sweep, list[Any]]:
+    """A sweep whose study holds trial 0, RUNNING, of a dead driver of this host, whose
+    processes are `live(clock)` (`guard`: the pid of the one that is its guard); its
+    lineage's lock is held until `locked_until`. Returns it and the signals the reclaimer
+    sent (test_reclaim's `Leftover`s are such processes)."""
+    s = Sweep(tmp_path, lambda p: Script(runs=1.0, result={"score": p["x"]}), gpus=1,
+              study={"n_trials": n_trials}, **sections)
+    folder = str(s.spec.output_dir / "trials" / "0")
+    s.store.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.RUNNING, params={"x": 0.5},
+        distributions={"x": FloatDistribution(0.0, 1.0)},
+        user_attrs={names.OWNER: {"host": "test-host", "pid": os.getpid(), "started": 1.0,
+                              "gpu": 0, "dir": folder}, names.ATTEMPT: 0}))
+    sent: list[Any] = []
+    procs: list[Any] = live(s.clock)
+
+    def send(found: list[Any], sig: int) -> list[int]:
+        sent.append((s.clock.t, signal.Signals(sig).name, sorted(p.pid for p in found)))
+        for p in found:
+            p.signal(sig)
+        return [p.pid for p in found]
+
+    reclaim = s.driver.reclaim
+    reclaim.find = lambda d: [p for p in procs if p.alive] if d == folder else []  # type: ignore
+    reclaim.is_guard = lambda p: p.pid == guard  # type: ignore[assignment,attr-defined]
+    reclaim.send = send  # type: ignore[assignment]
+    reclaim.locked = lambda out, origin: origin == 0 and s.clock.t < locked_until
+    return s, sent

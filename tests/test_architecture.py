@@ -166,6 +166,21 @@ def test_the_architecture_doc_lists_the_tree():
     assert set(documented()) == tree
 
 
+def test_the_tests_mirror_the_packages():
+    """Issue 39: `tests/<package>/test_<module>.py`, `tests/e2e/` for the files that start real
+    processes; at tests/ itself only the tests of the top-level modules (`sweep`'s API, cli,
+    protocol) and of the repository as a whole; no two test files of one name (pytest imports
+    each by its name)."""
+    tests = PACKAGE.parent / "tests"
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - packages == {"e2e", "trainers", "examples"}
+    assert {p.stem for p in tests.glob("test_*.py")} == {
+        "test_api", "test_architecture", "test_cli", "test_cluster", "test_docs", "test_protocol"}
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names))
+
+
 def test_every_verb_is_one_module_of_commands():
     """Issue 39: one module per verb (as accelerate's and pipx's `commands/`), holding its
     arguments (`add_parser`) and its work (`main`); the command line has no verb of its own."""

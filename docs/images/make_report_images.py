@@ -7,7 +7,8 @@
   follow the trainers running on each device, as a real card's would.
 
 Each is `sweep run`, then `sweep report`, then headless Chromium's screenshot (network off), as
-tests/test_report.py opens the report. Run from the repository root, with the project importable:
+tests/e2e/test_report.py opens the report. Run from the repository root, with the project
+importable:
 
     PYTHONPATH=. python docs/images/make_report_images.py [--out docs/images]
 """
@@ -107,7 +108,7 @@ class Load(threading.Thread):
 
 
 def screenshot(page: Path, png: Path) -> None:
-    """Headless Chromium's screenshot of `page`, network off, as tests/test_report.py."""
+    """Headless Chromium's screenshot of `page`, network off, as tests/e2e/test_report.py."""
     chromium = shutil.which("chromium")
     if chromium is None:
         sys.exit("needs Debian's chromium (apt-get install chromium)")

@@ -49,8 +49,8 @@ from sweep.launch import imitation
 from sweep.trial import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
-# The Pythons whose internals the interpreter imitation has been tested on (tests/test_warm.py
-# runs a server on each it finds).
+# The Pythons whose internals the interpreter imitation has been tested on
+# (tests/launch/test_warm.py runs a server on each it finds).
 TESTED_PYTHONS = ((3, 10), (3, 11), (3, 12), (3, 13))
 # The server's modules before it preloads (sweep's aside): a script's file of the same name
 # does not replace them in a fork (in a new interpreter, most are loaded before sys.path

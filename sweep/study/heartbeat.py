@@ -102,4 +102,4 @@ class Heartbeat:
                         self.interval)
 
 
-# ---- the private Optuna APIs sweep relies on (see tests/test_store.py's contract test) ------
+# ---- the private Optuna APIs sweep relies on (see tests/study/test_store.py's contract test) --

@@ -1,5 +1,5 @@
 """The few things sweep needs from Optuna that have no public form: each pinned by a contract test
-(tests/test_optuna_compat.py) on SQLite, PostgreSQL, a journal file and the gRPC proxy.
+(tests/e2e/test_optuna_compat.py) on SQLite, PostgreSQL, a journal file and the gRPC proxy.
 
 No other module of sweep imports a private Optuna name; the `optuna` requirement in
 pyproject.toml is bounded to the versions that test has passed on.

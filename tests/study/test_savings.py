@@ -14,16 +14,15 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import load_trials, study_dict, wait_until
+from conftest import TRAINERS, load_trials, study_dict, wait_until, with_orphan
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
-from test_reclaim import with_orphan
 
 from sweep._core import names
 from sweep.analysis import figures, report
 from sweep.study import savings
 
-STEP_LOG = Path(__file__).parent / "trainers" / "step_log.py"
+STEP_LOG = TRAINERS / "step_log.py"
 
 SWEEP_OWN_S = 0.5  # the most sweep's own work adds to an attempt on a busy machine
 # Each report interval (25 steps) takes about 10 s, its save included: sweep's own time

@@ -16,11 +16,11 @@ from typing import Any
 import optuna
 import pandas as pd
 import pytest
-from conftest import run_cli
+from conftest import EXAMPLES, run_cli
 
 from sweep._core import names
 
-OLD = Path(__file__).parent / "examples" / "old_studies"
+OLD = EXAMPLES / "old_studies"
 N_TRIALS = 6
 
 # The summary columns docs/how-to/read-results.md names, in its order (params_* after value).

@@ -4,14 +4,13 @@ while its neighbour on the other GPU completes and the driver exits 0 (issue 9, 
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import pytest
-from conftest import load_trials, processes_mentioning, run_cli, spawn_cli, wait_until
+from conftest import TRAINERS, load_trials, processes_mentioning, run_cli, spawn_cli, wait_until
 
 from sweep._core import names
 
-HOSTILE = Path(__file__).parent / "trainers" / "hostile.py"
+HOSTILE = TRAINERS / "hostile.py"
 
 CASES = [
     ("step_negative", "report line 1: step must be a whole number from 0 to 2147483647 (got -1)"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, processes_mentioning, spawn_cli, wait_until
+from conftest import ROOT, TRAINERS, processes_mentioning, spawn_cli, wait_until
 
 from sweep._core import names
 
@@ -143,7 +143,7 @@ def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_
                                                                           tmp_path):
     """A real `accelerate launch --multi_gpu` with two processes per trial (gloo on CPU), two
     such trials at once on four simulated devices, each on its own devices and port."""
-    trainer = ROOT / "tests" / "trainers" / "ddp_probe.py"
+    trainer = TRAINERS / "ddp_probe.py"
     study = write_study(study={"n_trials": 2},
                         trainer={"script": str(trainer), "launcher": "accelerate",
                                  "gpus_per_trial": 2})
@@ -173,7 +173,7 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     Issue 25: all three launch with the study's own accelerate config file (a team's
     MULTI_GPU file with debug mode and fp16: a one-device trial runs without MULTI_GPU, in
     debug mode, its searched mixed precision over the file's)."""
-    trainer = ROOT / "tests" / "trainers" / "state_probe.py"
+    trainer = TRAINERS / "state_probe.py"
     (tmp_path / "team.yaml").write_text(MULTI_GPU_DEFAULT + "debug: true\n")
     seen: dict[str, list[dict]] = {}
     parents: dict[str, list[list[list[str]]]] = {}

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, load_trials, run_cli
+from conftest import EXAMPLES, load_trials, run_cli
 
 from sweep._core import names
 
-EXAMPLES = ROOT / "tests" / "examples"
 NUMBER = r"[-+.0-9eE]+|nan|inf"  # the pattern docs/how-to/prune.md gives for a number
 PRUNER = {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 0}
 

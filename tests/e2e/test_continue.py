@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import TRAINERS, load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
 from sweep._core import names
 
-CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
+CKPT_PROBE = TRAINERS / "ckpt_probe.py"
 STEPS = 30
 N_TRIALS = 8
 CUT = ("interrupted", "driver died")
@@ -110,7 +110,7 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
     assert hits_total >= len(kinds), (hits_total, log)
 
 
-TERM_SAVER = Path(__file__).parent / "trainers" / "term_saver.py"
+TERM_SAVER = TRAINERS / "term_saver.py"
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TRAINERS
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
@@ -531,7 +532,7 @@ def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() 
 
 TEST_IMAGE = "localhost/sweep-test-python:bookworm-1"  # built once, kept in podman's store
 MARKER = "/etc/sweep-test-image"  # only the test image has it
-CONTAINER_PROBE = Path(__file__).parent / "trainers" / "container_probe.py"
+CONTAINER_PROBE = TRAINERS / "container_probe.py"
 
 
 def mirror() -> str:
@@ -611,7 +612,7 @@ def study_containers(output_dir: Path, every: bool = True) -> list[str]:
 def container_study(write_study: Any, image: str, name: str, n_trials: int,
                     args: list[str], study: dict[str, Any] | None = None,
                     **trainer: Any) -> Path:
-    from tests.conftest import study_dict
+    from conftest import study_dict
 
     return write_study(study_dict(
         study={"name": name, "n_trials": n_trials, "heartbeat_interval": 1, "reclaim_after": 2,
@@ -633,7 +634,7 @@ def test_four_trials_on_two_simulated_devices_complete_in_the_container(
     import csv
     import sys
 
-    from tests.conftest import load_trials, run_cli
+    from conftest import load_trials, run_cli
 
     study = container_study(write_study, container_image, "box", 4, [])
     assert run_cli("run", str(study)) == 0
@@ -664,7 +665,7 @@ def test_four_trials_on_two_simulated_devices_complete_in_the_container(
 
 
 def wait_for(predicate: Any, timeout: float) -> None:
-    from tests.conftest import wait_until
+    from conftest import wait_until
 
     assert wait_until(predicate, timeout)
 
@@ -674,7 +675,7 @@ def test_sigterm_continues_the_lineage_in_a_new_container_from_its_checkpoint(
         container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
     import signal
 
-    from tests.conftest import load_trials, spawn_cli
+    from conftest import load_trials, spawn_cli
 
     study = container_study(write_study, container_image, "term", 1,
                             ["--steps", "30", "--sleep", "0.1"])
@@ -728,7 +729,7 @@ def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_
     import os
     import signal
 
-    from tests.conftest import spawn_cli
+    from conftest import spawn_cli
 
     study = container_study(write_study, container_image, "nine", 1,
                             ["--steps", "600", "--sleep", "0.1"])
@@ -777,7 +778,7 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
         tmp_path: Path) -> None:
     import signal
 
-    from tests.conftest import load_trials, spawn_cli
+    from conftest import load_trials, spawn_cli
 
     moving = "localhost/sweep-test-moving:1"
     subprocess.run(["podman", "tag", container_image, moving], check=True)
@@ -816,7 +817,7 @@ def test_a_hung_trial_in_the_container_has_its_stack_taken_through_the_hosts_pid
         container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
     """The container's processes are the guard's descendants (the engine's monitor comes back
     to it, a subreaper): py-spy reads them by their pids in this namespace."""
-    from tests.conftest import load_trials, run_cli
+    from conftest import load_trials, run_cli
 
     study = container_study(write_study, container_image, "hung", 1,
                             ["--steps", "1", "--sleep", "300"],
@@ -956,10 +957,11 @@ def test_the_report_names_the_images_the_trials_ran_in() -> None:
 
 def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real_devices(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import study_dict
+
     from sweep.gpus.pool import FAKE_ENV
     from sweep.launch.make import make
     from sweep.spec import config
-    from tests.conftest import study_dict
 
     study = write_study(study_dict(trainer={"container": {"image": "reg/t:latest",
                                                           "engine": "podman"}}))
@@ -1009,10 +1011,11 @@ class EndingProcess:
 def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_itself(
         write_study: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not left to the reclaim of containers that outlived their trials (which says so)."""
+    from conftest import study_dict
+
     from sweep.launch.in_container import ContainerLauncher
     from sweep.launch.make import make
     from sweep.spec import config
-    from tests.conftest import study_dict
 
     spec = config.load(write_study(study_dict(trainer={"container": {
         "image": "reg/t:1", "engine": "podman"}})), runnable=False)
@@ -1071,7 +1074,7 @@ def run_in_host_python_image(write_study: Any, image: str, name: str, launcher: 
     COMPLETE in the image: the trial's folder and its command.sh."""
     import sys
 
-    from tests.conftest import load_trials, run_cli
+    from conftest import load_trials, run_cli
 
     study = container_study(write_study, image, name, 1, [], launcher=launcher,
                             python=sys.executable,
@@ -1107,7 +1110,7 @@ def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
     """The trainer sleeps through SIGTERM: the guard SIGKILLs the engine's command and monitor
     with it, so the engine's own --rm never runs; the container goes as the trial ends, not
     at the run's end."""
-    from tests.conftest import load_trials, spawn_cli
+    from conftest import load_trials, spawn_cli
 
     study = container_study(write_study, container_image, "late", 1,
                             ["--steps", "1", "--sleep", "300"],

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import TRAINERS, load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 
 from sweep._core import names
 
-CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
+CKPT_PROBE = TRAINERS / "ckpt_probe.py"
 STEPS, N = 18, 9
 XS = (0.3, 0.32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
 

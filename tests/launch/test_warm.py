@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, processes_mentioning, run_cli, spawn_cli, wait_until
+from conftest import ROOT, TRAINERS, processes_mentioning, run_cli, spawn_cli, wait_until
 
 import sweep.launch.warm
 import sweep.launch.warm_client
@@ -31,7 +31,7 @@ from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
 from sweep.trial.process import TrialProcess
 
-PROBE = ROOT / "tests" / "trainers" / "warm_probe.py"
+PROBE = TRAINERS / "warm_probe.py"
 
 
 @pytest.fixture(scope="module")
@@ -560,7 +560,7 @@ def test_a_warm_study_runs_crashes_alone_and_says_where_it_fell_back(write_study
 def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
     study = write_study(
         study={"name": "k", "n_trials": 4},
-        trainer={"script": str(ROOT / "tests" / "trainers" / "probe.py"), "launcher": "warm",
+        trainer={"script": str(TRAINERS / "probe.py"), "launcher": "warm",
                  "args": ["--sleep", "60"]},
         params={"x": {"type": "float", "low": 0, "high": 1}})
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import psutil
 import pytest
-from conftest import wait_until
+from conftest import wait_until, with_orphan
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
@@ -60,37 +60,6 @@ class Leftover:
             self.ends_at = min(self.ends_at or self.clock.t, self.clock.t)
         elif self.ends_after is not None and self.ends_at is None:
             self.ends_at = self.clock.t + self.ends_after
-
-
-def with_orphan(tmp_path: Path, live: Any = lambda clock: [], guard: int | None = None,
-                locked_until: float = 0.0, n_trials: int = 1,
-                **sections: Any) -> tuple[Sweep, list[Any]]:
-    """A sweep whose study holds trial 0, RUNNING, of a dead driver of this host, whose
-    processes are `live(clock)` (`guard`: the pid of the one that is its guard); its
-    lineage's lock is held until `locked_until`. Returns it and the signals the reclaimer
-    sent."""
-    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": n_trials}, **sections)
-    folder = str(s.spec.output_dir / "trials" / "0")
-    s.store.study.add_trial(optuna.trial.create_trial(
-        state=TrialState.RUNNING, params={"x": 0.5},
-        distributions={"x": FloatDistribution(0.0, 1.0)},
-        user_attrs={names.OWNER: {"host": "test-host", "pid": os.getpid(), "started": 1.0,
-                              "gpu": 0, "dir": folder}, names.ATTEMPT: 0}))
-    sent: list[Any] = []
-    procs: list[Leftover] = live(s.clock)
-
-    def send(found: list[Any], sig: int) -> list[int]:
-        sent.append((s.clock.t, signal.Signals(sig).name, sorted(p.pid for p in found)))
-        for p in found:
-            p.signal(sig)
-        return [p.pid for p in found]
-
-    reclaim = s.driver.reclaim
-    reclaim.find = lambda d: [p for p in procs if p.alive] if d == folder else []  # type: ignore
-    reclaim.is_guard = lambda p: p.pid == guard  # type: ignore[assignment,attr-defined]
-    reclaim.send = send  # type: ignore[assignment]
-    reclaim.locked = lambda out, origin: origin == 0 and s.clock.t < locked_until
-    return s, sent
 
 
 def told(s: Sweep) -> list[tuple[str, Any, Any]]:

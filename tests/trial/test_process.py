@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_until
+from conftest import ROOT, wait_until
 
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
@@ -153,7 +153,7 @@ def test_the_guard_asks_the_kernel_whether_a_child_is_left():
         print(seen)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parent.parent)
+                          check=True, cwd=ROOT)
     assert done.stdout.strip() == "[False, True, True, False]"
 
 

@@ -11,10 +11,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
-from conftest import load_trials, run_cli
+from conftest import load_trials, run_cli, silent_panels
 
 from sweep._core import names
 from sweep.analysis import figures, report
@@ -94,44 +93,6 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
         for said in ("no utilisation measured", "no memory use measured",
                      "no energy measured"):
             assert said in dom
-
-
-def _numbers(values: Any) -> np.ndarray | None:
-    try:
-        return np.asarray(values if values is not None else [], dtype=float)
-    except (TypeError, ValueError):  # categories
-        return None
-
-
-def draws(trace: Any) -> bool:
-    """Whether a trace draws anything: a point with both coordinates, a bar not of 0."""
-    x, y = _numbers(trace.x), _numbers(trace.y)
-    if trace.type == "bar":
-        heights = x if trace.orientation == "h" else y
-        return heights is not None and bool((np.nan_to_num(heights) != 0).any())
-    if x is None or y is None:
-        known = y if x is None else x
-        return known is not None and bool(np.isfinite(known).any())
-    return bool((np.isfinite(x) & np.isfinite(y)).any())
-
-
-def silent_panels(fig: Any) -> list[str]:
-    """What in `fig` is empty without a sentence saying why: each subplot (by its x-axis)
-    that no trace draws in and no note sits in, each legend entry that draws nothing."""
-    layout = fig.layout.to_plotly_json()
-    if not fig.data:  # a figure of one note
-        return [] if layout.get("annotations") else ["the figure"]
-    notes = {a["xref"].split()[0] for a in layout.get("annotations", [])
-             if a.get("xref", "").endswith(" domain")}
-    silent = []
-    for key in sorted(k for k in layout if re.fullmatch(r"xaxis\d*", k)):
-        axis = "x" + key[5:]
-        if axis not in notes and not any(draws(t) for t in fig.data
-                                         if (t.xaxis or "x") == axis):
-            silent.append(f"subplot {axis}")
-    silent += [f"legend entry {t.name}" for t in fig.data
-               if t.name and t.showlegend is not False and not draws(t)]
-    return silent
 
 
 @pytest.mark.parametrize("simulated", [True, False], ids=["simulated", "nvml"])

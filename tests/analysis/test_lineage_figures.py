@@ -8,7 +8,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
-from conftest import study_dict
+from conftest import silent_panels, study_dict
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
@@ -123,8 +123,6 @@ def test_fidelity_under_three_lineages_is_not_a_number(asha):
 
 
 def test_no_lineage_panel_is_empty_without_a_sentence_saying_why(asha, pbt):
-    from test_report import silent_panels
-
     from sweep.analysis import figures
 
     for s, study in (asha, pbt):

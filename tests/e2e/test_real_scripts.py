@@ -11,11 +11,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_trials, run_cli, spawn_cli, wait_until
+from conftest import EXAMPLES, ROOT, load_trials, run_cli, spawn_cli, wait_until
 
 from sweep._core import names
-
-EXAMPLES = ROOT / "tests" / "examples"
 
 
 @pytest.fixture

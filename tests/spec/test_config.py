@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import PROBE, study_dict
+from conftest import PROBE, ROOT, study_dict
 
 from sweep._core.errors import ConfigError
 from sweep.spec import config, searchspace
@@ -33,9 +33,8 @@ def test_relative_paths_are_relative_to_the_yaml(tmp_path, write_study):
 
 
 def test_repo_studies_load():
-    from pathlib import Path
 
-    for path in sorted((Path(__file__).parent.parent / "studies").glob("*.yaml")):
+    for path in sorted((ROOT / "studies").glob("*.yaml")):
         spec = config.load(path)
         searchspace.build_sampler(spec.study.sampler, spec.searched, str(spec.source))
         searchspace.build_pruner(spec.study.pruner, str(spec.source))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TRAINERS
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
@@ -278,7 +279,7 @@ def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
     import accelerate
     from conftest import load_trials, run_cli
 
-    trainer = Path(__file__).parent / "trainers" / "stderr_epochs.py"
+    trainer = TRAINERS / "stderr_epochs.py"
     for args, reason in (([], "exit code 3: giving up"), (["--ok"], None)):
         name = f"echo{len(args)}"
         study = write_study(study={"name": name, "n_trials": 1, "max_consecutive_failures": 1,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import load_trials, spawn_cli, study_dict
+from conftest import ROOT, load_trials, spawn_cli, study_dict
 
 from sweep._core import names
 from sweep.spec import config
@@ -157,7 +157,6 @@ def test_the_files_a_run_of_a_shipped_study_writes_beside_it_are_git_ignored():
     import subprocess
 
     import optuna
-    from conftest import ROOT
 
     from sweep.study import budget
 

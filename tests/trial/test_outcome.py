@@ -22,7 +22,7 @@ subprocess.CalledProcessError: Command '['/venv/bin/python3', '/tmp/t.py', '--lr
 
 
 # accelerate 1.16: the launcher tees the child's stderr, and raises CalledProcessError from a
-# RuntimeError holding the tail of it (verbatim, from tests/test_e2e.py's probe)
+# RuntimeError holding the tail of it (verbatim, from tests/e2e/test_accelerate.py's probe)
 ACCELERATE_116_TAIL = """Traceback (most recent call last):
   File "/tmp/probe.py", line 9, in <module>
     raise ValueError("boom")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, load_trials, processes_mentioning, study_dict, wait_until
+from conftest import ROOT, TRAINERS, load_trials, processes_mentioning, study_dict, wait_until
 
 from sweep._core import names
 from sweep.testing import slurm
 
-CKPT_PROBE = Path(__file__).parent / "trainers" / "ckpt_probe.py"
+CKPT_PROBE = TRAINERS / "ckpt_probe.py"
 STEPS, N_TRIALS = 40, 4
 
 pytestmark = [
