@@ -96,6 +96,48 @@ def test_each_package_imports_what_its_docstring_says():
     assert not wrong, wrong
 
 
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside sweep (TYPE_CHECKING too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found - {"sweep"}
+
+
+def test_what_a_package_says_it_never_imports_it_never_imports():
+    """Issue 39: a package docstring's "never Optuna" (or any library it names so) holds for
+    every module of the package; "of Optuna only `X`" names the one name it takes."""
+    wrong = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        package = init.parent.name
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        never = {w.lower() for w in re.findall(r"\bnever `?([A-Za-z_]+)`?", doc)}
+        only = dict(re.findall(r"\bof ([A-Za-z_]+) only `([A-Za-z_]+)`", doc))
+        for name, path in modules():
+            if part_of(name) != package:
+                continue
+            for lib in never & third_party_imports(path):
+                wrong.append(f"{name} imports {lib}, which sweep/{package} says it never does")
+            tree = ast.parse(path.read_text())
+            for lib, allowed in only.items():
+                taken = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                         and node.module and node.module.split(".")[0] == lib.lower()
+                         for a in node.names}
+                taken |= {lib.lower() for node in ast.walk(tree) if isinstance(node, ast.Import)
+                          for a in node.names if a.name.split(".")[0] == lib.lower()}
+                if taken - {allowed}:
+                    wrong.append(f"{name} takes {sorted(taken - {allowed})} of {lib}, and "
+                                 f"sweep/{package} says only {allowed}")
+    assert not wrong, wrong
+    # the check reads the claims it is meant to: launch says never Optuna, trial only TrialState
+    launch = ast.get_docstring(ast.parse((PACKAGE / "launch" / "__init__.py").read_text()))
+    trial = ast.get_docstring(ast.parse((PACKAGE / "trial" / "__init__.py").read_text()))
+    assert "never Optuna" in (launch or "") and "of Optuna only `TrialState`" in (trial or "")
+
+
 def test_imports_go_one_way():
     layer_of = {name: i for i, layer in enumerate(LAYERS) for name in layer}
     upward = []

@@ -4,7 +4,9 @@ One run of `python -c PROBE` answers what sweep needs to know of the interpreter
 with, without importing any of it into the driver: its real executable and version, the
 versions of torch, accelerate, optuna and deepspeed (from package metadata, and None for one
 that `importlib.util.find_spec` does not find: nothing is imported), which
-distributions provide given top-level modules, and, when asked (`keys=True`: accelerate is
+distributions provide given top-level modules (the distribution of the module's own name when
+its files hold the module; otherwise every distribution that installs it, from a scan of all
+of them), and, when asked (`keys=True`: accelerate is
 imported there, a few seconds), the keys accelerate's own `ClusterConfig` takes in a config
 file and the values of its public enums (`accelerate.utils.DistributedType`, `PrecisionType`,
 `DynamoBackend`). Answers are kept per (interpreter, question) for the life of the process.
@@ -52,11 +54,24 @@ out = {"executable": sys.executable, "prefix": sys.prefix,
        "packages": {n: version(n) if importable(n) else None
                     for n in ("torch", "accelerate", "optuna", "deepspeed")},
        "modules": {}, "keys": None, "choices": None}
-if ask["modules"]:
-    owners = metadata.packages_distributions()
-    for module in ask["modules"]:
-        for dist in owners.get(module, []):
-            out["modules"][dist] = version(dist)
+def owner(module):  # the distribution of the module's name, if it holds the module's files
+    try:
+        spec = importlib.util.find_spec(module)
+        dist = metadata.distribution(module)
+    except (ImportError, ValueError, metadata.PackageNotFoundError):
+        return None
+    if spec is None or spec.origin is None:  # not found, or a namespace package: shared
+        return None
+    listed = dist.read_text("top_level.txt") or dist.read_text("RECORD") or ""
+    top = {line.split(",")[0].split("/")[0] for line in listed.splitlines()}
+    return dist.metadata["Name"] if module in top or module + ".py" in top else None
+owners = None  # every distribution's top-level modules: a scan of all, only when needed
+for module in ask["modules"]:
+    found = owner(module)
+    if found is None:
+        owners = metadata.packages_distributions() if owners is None else owners
+    for dist in [found] if found is not None else owners.get(module, []):
+        out["modules"][dist] = version(dist)
 if ask["keys"] and out["packages"]["accelerate"]:
     import dataclasses
     from accelerate.commands.config.config_args import ClusterConfig

@@ -43,7 +43,9 @@ def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(r
     root, env = repo_copy
     study = root / "studies" / "quickstart.yaml"
     data = yaml.safe_load(study.read_text())
-    data["study"]["n_trials"] = 3  # the README's full quickstart runs 8; same path, less time
+    # the README's full quickstart runs 8 trials of 3 epochs; the same path in less time
+    data["study"]["n_trials"] = 3
+    data["trainer"]["args"] = ["--epochs", "1"]
     study.write_text(yaml.safe_dump(data, sort_keys=False))
 
     first = spawn_cli("run", str(study), env=env)

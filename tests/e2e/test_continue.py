@@ -1,9 +1,9 @@
-"""An interrupted trial continues where it stopped: the driver SIGTERMed six times and
-SIGKILLed six times at random moments while a trial runs (once it has made a step in that
-round, then a random while), each time followed by a rerun, with a trainer that
-checkpoints every step. Exactly n_trials finish, every lineage ran each of its steps once plus
-at most one per interruption that hit it, nothing is left RUNNING or queued, and no process
-outlives the end by 5 s."""
+"""An interrupted trial continues where it stopped: the driver SIGTERMed four times and SIGKILLed
+four times (SWEEP_STRESS_ROUNDS each, for more) at random moments while a trial runs (once it has
+made a step in that round, then a random while), each time followed by a rerun, with a trainer that
+checkpoints every step. Exactly n_trials finish, every lineage ran each of its steps once plus at
+most one per interruption that hit it, nothing is left RUNNING or queued, and no process outlives
+the end by 5 s."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
                  "args": ["--steps", str(STEPS), "--sleep", "0.05"]},
     ))
     env = {"SWEEP_FAKE_GPUS": "2"}
-    kinds = [signal.SIGTERM] * 6 + [signal.SIGKILL] * 6
+    each = int(os.environ.get("SWEEP_STRESS_ROUNDS", "4"))
+    kinds = [signal.SIGTERM] * each + [signal.SIGKILL] * each
     rng.shuffle(kinds)
     log = []
     for round_, kind in enumerate(kinds):

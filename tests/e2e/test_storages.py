@@ -226,7 +226,16 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     # spend the whole budget before a slow victim ran any)
     victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
     assert wait_until(runs_on("h0"), 120)
-    victim.send_signal(signal.SIGSTOP)
+    # frozen between its writes: a victim frozen inside one holds the journal's lock file, and
+    # the survivor would first wait out Optuna's 30 s grace for it (a stale lock, not a reclaim)
+    lock = tmp_path / "k.log.lock"
+    for _ in range(200):
+        victim.send_signal(signal.SIGSTOP)
+        if not lock.exists():
+            break
+        victim.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+    assert not lock.exists()
     survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
     assert wait_until(runs_on("h1"), 120)
     victim.kill()

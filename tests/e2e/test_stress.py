@@ -1,8 +1,8 @@
-"""The driver killed with SIGKILL at random moments, ten times, each kill followed by a
-rerun: no trial is ever left RUNNING, every rerun meets the budget exactly, and no process of
-a trial outlives a kill by 5 s. Each moment is taken inside the driver's loop (after its
-round's first ask, or once its k-th trial started), never by a wall clock from its start:
-on a busy machine that kill landed in the interpreter's imports and tested nothing."""
+"""The driver killed with SIGKILL at random moments, six times (SWEEP_STRESS_ROUNDS for more), each
+kill followed by a rerun: no trial is ever left RUNNING, every rerun meets the budget exactly, and
+no process of a trial outlives a kill by 5 s. Each moment is taken inside the driver's loop (after
+its round's first ask, or once its k-th trial started), never by a wall clock from its start: on a
+busy machine that kill landed in the interpreter's imports and tested nothing."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from conftest import (
 
 from sweep._core import names
 
-ROUNDS = 10
+ROUNDS = int(os.environ.get("SWEEP_STRESS_ROUNDS", "6"))
 PER_ROUND = 3  # trials added to the budget each round, so every kill finds work left
 
 
