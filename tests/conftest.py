@@ -30,6 +30,12 @@ from sweep._core import names
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep, probe_study
 
+# Bytecode is written and reused, whatever the shell says (PYTHONDONTWRITEBYTECODE): otherwise
+# every worker rewrites and compiles every test module (~8 CPU-s each) and every driver,
+# trainer and probe the tests start compiles sweep again. Set before xdist starts its workers.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS = ROOT / "tests" / "trainers"  # the test trainers, run as real subprocesses
 EXAMPLES = ROOT / "tests" / "examples"  # scripts people already have, swept unmodified
