@@ -7,7 +7,7 @@ Importable without torch, optuna or the rest of sweep:
     report(step=epoch, value=val_loss)              # one JSON line to $SWEEP_REPORT_FILE
     if should_stop(): ...                           # SIGTERM arrived (pruned, timeout, Ctrl-C)
 
-The driver reads those files with `sweep.trial.results` (and a trainer's output with
+The driver reads those files with `sweep.trial._results` (and a trainer's output with
 `sweep._core.patterns`).
 """
 

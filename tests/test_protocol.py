@@ -13,8 +13,8 @@ import pytest
 
 from sweep import protocol
 from sweep._core import patterns
-from sweep.trial import results
-from sweep.trial.results import ResultError, parse_result
+from sweep.trial import _results
+from sweep.trial._results import ResultError, parse_result
 
 
 def test_write_result_is_atomic_and_leaves_no_temp_files(tmp_path):
@@ -61,7 +61,7 @@ def test_result_values_follow_metric_order_and_numeric_extras_are_kept():
 
 def test_report_lines_partial_last_line_and_duplicates(tmp_path):
     path = tmp_path / "reports.jsonl"
-    reader = results.ReportReader(path)
+    reader = _results.ReportReader(path)
     assert reader.read() == []
     protocol.report(0, 1.5, path)
     with open(path, "a") as f:
@@ -87,7 +87,7 @@ def test_report_lines_partial_last_line_and_duplicates(tmp_path):
 def test_a_bad_report_line_stops_reading_with_a_one_line_reason(tmp_path, line, reason):
     path = tmp_path / "reports.jsonl"
     path.write_text('{"step": 0, "value": 1}\n' + line + '\n{"step": 5, "value": 1}\n')
-    reader = results.ReportReader(path)
+    reader = _results.ReportReader(path)
     assert reader.read() == [(0, 1.0)]
     assert reader.error is not None and reason in reader.error
     assert len(reader.error) < 200 and "\n" not in reader.error
@@ -97,13 +97,13 @@ def test_a_bad_report_line_stops_reading_with_a_one_line_reason(tmp_path, line, 
 def test_reports_are_read_in_bounded_batches_and_never_block(tmp_path):
     path = tmp_path / "reports.jsonl"
     path.write_text("".join(f'{{"step": {i}, "value": 1}}\n' for i in range(250)))
-    reader = results.ReportReader(path, batch=100)
+    reader = _results.ReportReader(path, batch=100)
     assert len(reader.read()) == 100 and reader.more
     assert len(reader.read()) == 100 and reader.more
     assert len(reader.read()) == 50 and not reader.more
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    reader = results.ReportReader(fifo)
+    reader = _results.ReportReader(fifo)
     assert reader.read() == [] and reader.error == "the report file is not a regular file"
 
 

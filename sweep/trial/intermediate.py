@@ -28,9 +28,8 @@ from typing import Any, Protocol
 from sweep._core.patterns import LINE_TAIL, compile_pattern
 from sweep._core.placeholders import fill
 from sweep.spec.schema import ReportSection
-from sweep.trial.folders import TrialPaths
-from sweep.trial.launcher_echo import MAX_COPY, START, echo_verdict
-from sweep.trial.results import (
+from sweep.trial._launcher_echo import MAX_COPY, START, echo_verdict
+from sweep.trial._results import (
     CHUNK,
     MAX_STEP,
     MISSING,
@@ -40,6 +39,7 @@ from sweep.trial.results import (
     drain,
     lookup,
 )
+from sweep.trial.folders import TrialPaths
 
 BATCH = 100  # values passed on per pass at most
 

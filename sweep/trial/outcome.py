@@ -14,8 +14,8 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep._core.patterns import PatternTimeout, parse_stdout
-from sweep.trial.launcher_echo import launcher_echo
-from sweep.trial.results import ResultError, parse_result
+from sweep.trial._launcher_echo import launcher_echo
+from sweep.trial._results import ResultError, parse_result
 
 COMPLETE, FAIL, PRUNED = TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED
 NO_RESULT = "no result: the trainer exited 0 but wrote no result"

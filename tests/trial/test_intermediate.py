@@ -13,7 +13,7 @@ from conftest import TRAINERS
 from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.spec import config, schema
-from sweep.trial import results
+from sweep.trial import _results
 from sweep.trial.folders import TrialPaths
 from sweep.trial.intermediate import (
     KeyedLinesReader,
@@ -83,7 +83,7 @@ def test_output_reading_is_bounded_per_pass(tmp_path):
     assert len(reader.read()) == 100 and reader.more
     assert [s for s, _ in reader.read()] == list(range(200, 250)) and not reader.more
     big = tmp_path / "big.log"  # more than a chunk of progress bar: read a chunk per pass
-    big.write_bytes(b"x" * (results.CHUNK * 2 + 10) + b" valid loss 3\n")
+    big.write_bytes(b"x" * (_results.CHUNK * 2 + 10) + b" valid loss 3\n")
     long = OutputReader(big, [r"valid loss (?P<value>\S+)"], "loss")
     assert long.read() == [] and long.more
     assert long.read_rest() == [(1, 3.0)] and long.error is None
@@ -131,7 +131,7 @@ def test_tensorboard_scalars_of_one_tag_are_read_incrementally_in_any_subfolder(
 def test_reader_for_fills_placeholders_and_defaults_to_the_report_file(tmp_path):
     paths = TrialPaths.of(tmp_path, 3)
     places = {"trial_dir": str(paths.dir), "trial_number": "3"}
-    assert isinstance(reader_for(None, paths, "loss", places), results.ReportReader)
+    assert isinstance(reader_for(None, paths, "loss", places), _results.ReportReader)
     report = schema.ReportSection(tensorboard={"dir": "{trial_dir}/runs", "tag": "t"})
     board = reader_for(report, paths, "loss", places)
     assert isinstance(board, TensorboardReader) and board.folder == paths.dir / "runs"
@@ -214,12 +214,12 @@ def test_a_json_lines_line_longer_than_a_pass_is_read_and_one_past_the_bound_ski
     and the lines after it are read."""
     path = tmp_path / "metrics.jsonl"
     big = json.dumps({"epoch": 1, "eval": {"loss": 0.5}, "histogram": [0.125] * 100_000})
-    assert len(big) > results.CHUNK
+    assert len(big) > _results.CHUNK
     path.write_text(big + "\n" + json.dumps({"epoch": 2, "eval": {"loss": 0.25}}) + "\n")
     reader = KeyedLinesReader(path, "epoch", "eval.loss")
     assert reader.read_rest() == [(1, 0.5), (2, 0.25)] and reader.error is None
 
-    monkeypatch.setattr(results, "LONGEST_LINE", 300_000)
+    monkeypatch.setattr(_results, "LONGEST_LINE", 300_000)
     huge = tmp_path / "huge.jsonl"
     huge.write_text(json.dumps({"epoch": 1, "eval": {"loss": 0.5}}) + "\n"
                     + json.dumps({"epoch": 2, "histogram": [0.125] * 500_000}) + "\n"
@@ -234,11 +234,11 @@ def test_a_file_that_ends_inside_a_line_too_long_to_read_has_nothing_more_waitin
         tmp_path, monkeypatch, capsys):
     """A trainer killed while writing a line longer than LONGEST_LINE: the reader said
     `more` forever at the end of the file, so the driver never judged the trial (and spun)."""
-    monkeypatch.setattr(results, "LONGEST_LINE", 1000)
-    monkeypatch.setattr(results, "CHUNK", 512)
+    monkeypatch.setattr(_results, "LONGEST_LINE", 1000)
+    monkeypatch.setattr(_results, "CHUNK", 512)
     path = tmp_path / "reports.jsonl"
     path.write_text('{"step": 1, "value": 0.5}\n' + "x" * 5000)  # no newline at its end
-    reader = results.ReportReader(path)
+    reader = _results.ReportReader(path)
     got = [reader.read() for _ in range(12)]
     assert got[0] == [(1, 0.5)] and not any(got[1:]) and reader.error is None
     assert reader.more is False
