@@ -2,7 +2,7 @@
 per run; the study's containers, and the removal of those whose trial is gone (the reclaim).
 
 Every call is an argv list with a timeout; the engine is the one the study file's load found
-(`spec.container_checks.resolve`).
+(`spec._container_checks.resolve`).
 """
 
 from __future__ import annotations

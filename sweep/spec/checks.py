@@ -16,7 +16,7 @@ from sweep._core import placeholders
 from sweep._core.errors import ConfigError, Problem, short
 from sweep._core.patterns import compile_pattern
 from sweep.protocol import PER_TRIAL, RESULT_ENV
-from sweep.spec import accelconfig, container_checks, interpreter, searchspace, storageurl
+from sweep.spec import _container_checks, accelconfig, interpreter, searchspace, storageurl
 from sweep.spec import container as containerspec
 from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.schema import (
@@ -193,11 +193,11 @@ def resolve(spec: Spec, path: Path, runnable: bool = True) -> Spec:
                 "missing) or a placeholder path such as \"{trial_dir}\"")
     probe = runnable  # the trainer's interpreter is asked about itself
     if trainer.container is not None:
-        mounted = container_checks.Mounted(
+        mounted = _container_checks.Mounted(
             base, output_dir, (("trainer.script", "the script", script),) if script else (),
             fixed)
         try:
-            trainer = trainer.model_copy(update={"container": container_checks.resolve(
+            trainer = trainer.model_copy(update={"container": _container_checks.resolve(
                 file, mounted, trainer.container, trainer.launcher, runnable)})
         except ConfigError as e:
             problems.extend(e.problems)

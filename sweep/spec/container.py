@@ -7,7 +7,7 @@ apptainer: the first found on PATH when not given). Here are the section and wha
 it (its mounts, its size, its image's tag), the engine found on PATH, the argv that runs the
 interpreter probe of `trainer.python` inside the image (`probe_prefix`: whether the engine can
 run a container here at all is asked that way, as the study file loads) and what its failure
-says. What is checked as the file loads is `container_checks.resolve`.
+says. What is checked as the file loads is `_container_checks.resolve`.
 """
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from conftest import TRAINERS
 from sweep._core import names
 from sweep._core.errors import ConfigError
 from sweep.launch import container, engine
+from sweep.spec import _container_checks
 from sweep.spec import container as containerspec
-from sweep.spec import container_checks
 from sweep.spec.container import ContainerSection
 from sweep.trial import lineage
 from sweep.trial.folders import TrialPaths
@@ -128,15 +128,15 @@ def test_names_and_tags() -> None:
 
 # -- the study file's checks (the engine faked) -------------------------------------------
 
-def resolve(c: ContainerSection, tmp_path: Path | container_checks.Mounted,
+def resolve(c: ContainerSection, tmp_path: Path | _container_checks.Mounted,
             launcher: str = "python", run: Any = None, which: Any = None, memory: Any = None,
             runnable: bool = True) -> ContainerSection:
     def answers(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0, "sha256:x\n", "")
 
-    mounted = tmp_path if isinstance(tmp_path, container_checks.Mounted) else \
-        container_checks.Mounted(tmp_path, tmp_path / "out")
-    return container_checks.resolve("s.yaml", mounted, c, launcher, runnable, run or answers,
+    mounted = tmp_path if isinstance(tmp_path, _container_checks.Mounted) else \
+        _container_checks.Mounted(tmp_path, tmp_path / "out")
+    return _container_checks.resolve("s.yaml", mounted, c, launcher, runnable, run or answers,
                                  which or (lambda n: f"/usr/bin/{n}"), memory or (lambda: 8 << 30))
 
 
@@ -250,7 +250,7 @@ def test_mounts_over_what_sweep_mounts_from_the_host_are_refused(tmp_path: Path)
     (and below the mount that shows them); not above sweep's mounts (the engine mounts the
     deeper ones over it), elsewhere, or a host folder at its own path."""
     script, work = tmp_path / "code" / "train.py", tmp_path / "work"
-    mounted = container_checks.Mounted(tmp_path, tmp_path / "out",
+    mounted = _container_checks.Mounted(tmp_path, tmp_path / "out",
                                     (("trainer.script", "the script", script),), work)
     (tmp_path / "data").mkdir()
     run_args = ["-v", f"/data:{tmp_path}", f"--volume=/d:{tmp_path}/out/trials",
@@ -293,7 +293,7 @@ def test_a_path_sweep_mounts_with_a_colon_or_a_comma_is_refused(tmp_path: Path,
     for study, out, script in ((odd, odd / "out", odd / "t.py"),
                                (elsewhere, odd, elsewhere / "t.py"),
                                (elsewhere, elsewhere / "out", odd / "t.py")):
-        mounted = container_checks.Mounted(study, out, (("trainer.script", "the script", script),))
+        mounted = _container_checks.Mounted(study, out, (("trainer.script", "the script", script),))
         with pytest.raises(ConfigError) as e:
             resolve(section(engine="podman"), mounted)
         what = ("trainer.container: the study's folder" if study == odd else
@@ -364,7 +364,7 @@ def test_a_study_that_could_not_run_in_its_container_is_still_read(tmp_path: Pat
     """`sweep summary`, `status`, `report` load the file not to run it: a study that ran
     before these checks (an output folder with ',' ran its trials) is still read."""
     odd = tmp_path / "a,b"
-    mounted = container_checks.Mounted(odd, odd / "out")
+    mounted = _container_checks.Mounted(odd, odd / "out")
     c = section(engine="podman", run_args=["-itd", "-v", f"/x:{odd}"], shm_size="64p")
     assert resolve(c, mounted, runnable=False) == c
     with pytest.raises(ConfigError) as e:
@@ -416,7 +416,7 @@ def test_engine_input_is_read_as_the_engine_reads_it_and_said_on_one_line(
     odd = tmp_path / "a\nb"
     (tmp_path / "da\nta").mkdir()
     with pytest.raises(ConfigError) as e:
-        resolve(section(mounts=["da\nta:/data"]), container_checks.Mounted(odd, odd / "out"))
+        resolve(section(mounts=["da\nta:/data"]), _container_checks.Mounted(odd, odd / "out"))
     assert [line for p in problems(e.value) for line in p.splitlines()] == [
         f"s.yaml: trainer.container: the study's folder {tmp_path}/a\\nb has a '\\n', which "
         "no line of a log or an error can show: use a path without one",
@@ -460,7 +460,7 @@ def test_an_engine_that_cannot_start_the_probe_is_said_whole_with_the_docs() -> 
         "docker could not start python3 in a container of the image reg/train:1.2 (exit 125: "
         "Error: x): where docker cannot run containers with its defaults, see "
         "docs/how-to/containers.md")
-    assert container_checks.gib(64 << 50) == "67,108,864 GiB"
+    assert _container_checks.gib(64 << 50) == "67,108,864 GiB"
     assert containerspec.probe_failure(c, "/opt/py", 127, "Error: not found", "...") == (
         "no /opt/py in the image reg/train:1.2 (podman exit 127: Error: not found): set "
         "trainer.python to the image's Python")
@@ -894,12 +894,12 @@ def test_what_would_fail_every_trial_in_the_container_is_refused_as_the_file_loa
             f"study.output_dir: the study's output folder {tmp_path}/{folder} has a "
             f"{char!r}, which podman cannot mount (its mount and filter options split on "
             "':' and ','): use a path without ':' or ','"]
-    memory = container_checks.host_memory()
+    memory = _container_checks.host_memory()
     assert memory is not None
     assert problems_of(shm_size="64p") == [
-        f"trainer.container.shm_size: 64p is {container_checks.gib(64 << 50)}, more than this "
-        f"host's memory ({container_checks.gib(memory)}), where /dev/shm lives: give at most "
-        f"{container_checks.gib(memory)}"]
+        f"trainer.container.shm_size: 64p is {_container_checks.gib(64 << 50)}, more than this "
+        f"host's memory ({_container_checks.gib(memory)}), where /dev/shm lives: give at most "
+        f"{_container_checks.gib(memory)}"]
     assert problems_of(run_args=["-v", f"/tmp:{tmp_path}"]) == [
         f"trainer.container.run_args.0: -v /tmp:{tmp_path} mounts over the study's folder "
         f"{tmp_path}, which sweep mounts from the host for each trial: mount it at another path"]

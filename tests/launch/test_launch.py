@@ -271,7 +271,7 @@ def test_no_module_but_the_factory_asks_which_launcher_a_run_has():
     found = [p.relative_to(package).as_posix() for p in package.rglob("*.py")
              if asks.search(p.read_text())]
     assert sorted(found) == ["launch/make.py",  # the factory, and the checks
-                             "spec/checks.py", "spec/container_checks.py", "spec/schema.py"]
+                             "spec/_container_checks.py", "spec/checks.py", "spec/schema.py"]
 
 
 def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):

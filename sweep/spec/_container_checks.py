@@ -4,7 +4,7 @@ What can be checked without running a trial: the engine is there, the image is i
 (asked of the engine), every extra mount lies inside what the study owns (the study file's
 folder, `study.output_dir`), no path sweep mounts has a `:` or `,` (the engine's mount and
 filter options split on them), `run_args` set nothing sweep sets for each trial and mount
-nothing over what sweep mounts (`runargs`), `shm_size` is a size the engine takes and the host
+nothing over what sweep mounts (`_runargs`), `shm_size` is a size the engine takes and the host
 has. Whether the engine can run a container here at all is asked by the interpreter probe of
 `trainer.python` inside the image (`container.probe_prefix`), which the study file's load runs
 too.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweep._core.errors import ConfigError, Problem, short
-from sweep.spec import runargs
+from sweep.spec import _runargs
 from sweep.spec.container import (
     DOCS,
     KEY,
@@ -179,12 +179,12 @@ def _before_a_trial(file: str, mounted: Mounted, section: ContainerSection,
                                 f"{what} {path} has a {c!r}, which {found or 'the engine'} "
                                 "cannot mount (its mount and filter options split on ':' and "
                                 "','): use a path without ':' or ','"))
-    parsed = runargs.options(section.run_args, engine)
+    parsed = _runargs.options(section.run_args, engine)
     for i in range(len(section.run_args)):
         own = [(o, why) for o in parsed if o.index == i
-               and (why := runargs.own(o, engine)) is not None]
+               and (why := _runargs.own(o, engine)) is not None]
         if own:
-            flags = [runargs.shown(o) for o, _ in own]
+            flags = [_runargs.shown(o) for o, _ in own]
             shown = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
             problems.append(Problem(
                 file, f"{KEY}.run_args.{i}", f"{escaped(short(own[0][0].text, 60))}: sweep sets "
@@ -194,16 +194,16 @@ def _before_a_trial(file: str, mounted: Mounted, section: ContainerSection,
         if option.name != "--env-file" or not option.value:
             continue
         try:
-            sets = runargs.env_file_pins(read(mounted.study_dir / option.value))
+            sets = _runargs.env_file_pins(read(mounted.study_dir / option.value))
         except (OSError, UnicodeDecodeError):
             continue  # the engine says what is wrong with it
         if sets is not None:
             problems.append(Problem(
                 file, f"{KEY}.run_args.{option.index}", f"{escaped(short(option.text, 200))}: "
                 f"the file sets {sets}, which sweep sets for each trial "
-                f"({runargs.OWN['--gpus']}): remove it from the file"))
+                f"({_runargs.OWN['--gpus']}): remove it from the file"))
     for option in parsed:
-        for target in runargs.mounts(option, engine):
+        for target in _runargs.mounts(option, engine):
             hidden = shadowed(target.path, target.host, mounted)
             if hidden is not None:
                 problems.append(Problem(
