@@ -55,10 +55,17 @@ def storage_url(path: Path, kind: str) -> str:
     return f"sqlite:///{path}" if kind == "sqlite" else f"journal://{path}"
 
 
+def has_wal(repo: Path) -> bool:
+    """Whether the checkout at `repo` creates its SQLite files in WAL mode (its SQLite module,
+    wherever that version keeps it)."""
+    return any((repo / "sweep" / p).exists()
+               for p in ("sqlite.py", "study/sqlite.py", "study/_sqlite.py"))
+
+
 def prefill(path: Path, k: int, kind: str = "sqlite", wal: bool = True) -> float:
     """A study of `k` finished trials (as the benchmark's study would have them); seconds.
-    `wal`: a SQLite file in WAL mode, as sweep creates its files since it has sweep/study/sqlite.py
-    (the last connection to it folds the log into the file)."""
+    `wal`: a SQLite file in WAL mode, as sweep creates its files since it has its SQLite
+    module (`has_wal`; the last connection to it folds the log into the file)."""
     import optuna
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
@@ -80,9 +87,9 @@ def prefill(path: Path, k: int, kind: str = "sqlite", wal: bool = True) -> float
              for i in range(k)]
     study.add_trials(batch)
     if kind == "sqlite" and wal:
-        from sweep.study import sqlite
+        from sweep.study import _sqlite
 
-        sqlite.adopt_wal(path)
+        _sqlite.adopt_wal(path)
     return time.perf_counter() - began
 
 
@@ -135,11 +142,11 @@ def optuna_floor(work: Path, template: Path | None, n: int, gpus: int, kind: str
 
         storage = JournalStorage(JournalFileBackend(str(db)))
     else:  # the file as sweep makes it: WAL, synchronous=NORMAL
-        from sweep.study import sqlite
+        from sweep.study import _sqlite
 
-        sqlite.adopt_wal(db)
+        _sqlite.adopt_wal(db)
         storage = optuna.storages.RDBStorage(storage, heartbeat_interval=60)
-        sqlite.tune(storage.engine)
+        _sqlite.tune(storage.engine)
     study = optuna.create_study(study_name="cpu", storage=storage, load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     running: list[optuna.Trial] = []
@@ -187,10 +194,10 @@ def measure(at: list[int], n1: int = 40, n2: int = 340, gpus: int = 8,
         work = Path(tmp)
         templates: dict[tuple[Path, int], Path | None] = {}
         for repo in repos:
-            wal = (repo / "sweep" / "sqlite.py").exists()
+            wal = has_wal(repo)
             for k in at:
-                done = next((t for (r, n), t in templates.items() if n == k and wal == (
-                    r / "sweep" / "sqlite.py").exists()), None)
+                done = next((t for (r, n), t in templates.items() if n == k and wal == has_wal(r)),
+                            None)
                 if k and done is None:
                     done = work / f"template{k}-{len(templates)}.{storage}"
                     took = prefill(done, k, storage, wal)

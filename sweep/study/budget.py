@@ -23,7 +23,7 @@ import sqlalchemy
 
 from sweep._core.optional import import_grpc
 from sweep.spec.storageurl import StorageKind, StorageUrl
-from sweep.study import grpclock
+from sweep.study import _grpclock
 from sweep.study.storage import describe
 
 log = logging.getLogger("sweep")
@@ -128,7 +128,7 @@ class BudgetLock:
             if self._channel is None:
                 grpc = import_grpc()
                 self._channel = grpc.insecure_channel(f"{target.where[0]}:{target.where[1]}")
-            with grpclock.Holder(self._channel, self.name) as holder:
+            with _grpclock.Holder(self._channel, self.name) as holder:
                 yield holder.try_hold
             return
         key = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "big",

@@ -1,5 +1,5 @@
 """`sweep storage-proxy`: Optuna's gRPC storage proxy in front of one database, plus the lock
-drivers take around the budget check and the `ask` (see `grpclock`).
+drivers take around the budget check and the `ask` (see `_grpclock`).
 
 Hundreds of drivers then share one pool of database connections, in this process. The
 database must be one SQLAlchemy can open; Optuna's proxy does not serve journal storages.
@@ -16,7 +16,7 @@ from typing import Any
 from sweep._core.errors import UsageError
 from sweep._core.optional import import_grpc
 from sweep.spec.storageurl import StorageUrl
-from sweep.study import grpclock, optuna_compat
+from sweep.study import _grpclock, _optuna_compat
 
 
 def make_server(url: StorageUrl, host: str, port: int, threads: int) -> tuple[Any, int]:
@@ -43,8 +43,8 @@ def make_server(url: StorageUrl, host: str, port: int, threads: int) -> tuple[An
     # locks: refuse a taken port instead.
     server = grpc.server(ThreadPoolExecutor(max_workers=threads),
                          options=[("grpc.so_reuseport", 0)])
-    optuna_compat.add_storage_service(server, storage)  # Optuna's own hides the port bound
-    server.add_generic_rpc_handlers((grpclock.LockService().handler(),))
+    _optuna_compat.add_storage_service(server, storage)  # Optuna's own hides the port bound
+    server.add_generic_rpc_handlers((_grpclock.LockService().handler(),))
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:

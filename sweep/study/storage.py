@@ -22,7 +22,7 @@ from sweep._core.errors import UsageError, short
 from sweep._core.optional import import_grpc
 from sweep.spec.schema import Spec
 from sweep.spec.storageurl import StorageKind, StorageUrl
-from sweep.study import sqlite
+from sweep.study import _sqlite
 
 
 def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage:
@@ -37,8 +37,8 @@ def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage
         return _grpc_proxy(url)
     engine_kwargs: dict[str, Any] = {}
     db_file = url.file if url.kind is StorageKind.SQLITE else None
-    if create and db_file is not None and sqlite.is_new(db_file):
-        sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
+    if create and db_file is not None and _sqlite.is_new(db_file):
+        _sqlite.adopt_wal(db_file)  # before Optuna writes its tables: no window for a kill
     if url.kind in (StorageKind.SQLITE, StorageKind.MEMORY):
         engine_kwargs["connect_args"] = {"timeout": 60}
     else:
@@ -55,7 +55,7 @@ def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage
                     skip_table_creation=not create,
                 )
             if db_file is not None:
-                sqlite.tune(rdb.engine)
+                _sqlite.tune(rdb.engine)
             return rdb
         except (IntegrityError, ProgrammingError, OperationalError,
                 optuna.exceptions.StorageInternalError) as e:
@@ -216,7 +216,7 @@ def _read(spec: Spec, run: bool = False) -> Found:
             raise unreachable(spec, e, "read") from None
     if url.kind is StorageKind.MEMORY or (url.file is not None and not url.file.exists()):
         return Found()
-    read_only = sqlite.read_only_url(url.file) if url.file is not None else None
+    read_only = _sqlite.read_only_url(url.file) if url.file is not None else None
     for attempt in (url.url, read_only or url.url):
         runs = run and attempt == url.url  # a read-only view is not the run's storage
         try:

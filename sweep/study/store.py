@@ -1,5 +1,5 @@
 """One study as one driver sees it: asking, telling, counting and reclaiming trials, through
-Optuna's public API (the few names it has no public form for are in `optuna_compat`).
+Optuna's public API (the few names it has no public form for are in `_optuna_compat`).
 
 It names the user attributes sweep stores on a trial, records who owns a running trial (its
 heartbeat and owner, before its trainer starts), and finds the trials whose driver is gone.
@@ -39,13 +39,13 @@ from sweep._core.names import (
     RETRY_OF,
 )
 from sweep.spec.searchspace import Searched
-from sweep.study import carried
+from sweep.study import _carried
+from sweep.study._optuna_compat import stale_trial_ids, trial_id
+from sweep.study._optuna_compat import tell as compat_tell
 from sweep.study.attrs import Owner, OwnerRecord
 from sweep.study.budget import BudgetLock
 from sweep.study.counts import Counts
 from sweep.study.opening import sample
-from sweep.study.optuna_compat import stale_trial_ids, trial_id
-from sweep.study.optuna_compat import tell as compat_tell
 from sweep.study.ownership import BeatWatch, Orphan, Sighting, judge
 from sweep.study.storage import (
     FileIdentity,
@@ -191,12 +191,12 @@ class Store:
             record = OwnerRecord(self.owner, gpu, trial_dir(trial.number),
                                  ",".join(map(str, gpus)) if len(gpus) > 1 else None)
             self.beat(trial)
-            line = carried.lineage_of(self.study, trial)  # its run id before anything runs
+            line = _carried.lineage_of(self.study, trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
             params = sample(self.study, trial,
-                            carried.params(self.storage, self.study, trial, line, searched),
+                            _carried.params(self.storage, self.study, trial, line, searched),
                             self.sampler_for)
-            reached = carried.curve(self.study, trial, line)
+            reached = _carried.curve(self.study, trial, line)
         except Exception as e:
             self.tell_failed(trial, f"could not start the trial: {e}".splitlines()[0])
             raise

@@ -1,4 +1,4 @@
-"""The contract of `sweep.study.optuna_compat` (what sweep needs from Optuna without a public
+"""The contract of `sweep.study._optuna_compat` (what sweep needs from Optuna without a public
 form), on every storage sweep supports: SQLite, PostgreSQL, a journal file and the gRPC proxy.
 It fails first when an Optuna release moves one of them; pyproject.toml bounds `optuna` to what
 it has passed on."""
@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from sweep.spec import schema
 from sweep.spec.storageurl import StorageUrl
-from sweep.study import optuna_compat, proxy
+from sweep.study import _optuna_compat, proxy
 from sweep.study.storage import close_storage, open_storage
 
 KINDS = ["sqlite", "journal", "grpc",
@@ -61,8 +61,8 @@ def test_trial_id_is_the_id_the_storage_takes(storage):
     trials = [study.ask(), study.ask()]
     frozen = study.get_trials(deepcopy=False)
     for trial, seen in zip(trials, frozen, strict=True):
-        key = optuna_compat.trial_id(trial)
-        assert isinstance(key, int) and optuna_compat.trial_id(seen) == key
+        key = _optuna_compat.trial_id(trial)
+        assert isinstance(key, int) and _optuna_compat.trial_id(seen) == key
         assert storage.get_trial(key).number == trial.number
         storage.set_trial_user_attr(key, "k", trial.number)
     assert [t.user_attrs["k"] for t in study.get_trials(deepcopy=False)] == [0, 1]
@@ -74,12 +74,12 @@ def test_tell_says_when_the_sampler_has_searched_its_whole_space(storage):
     first, second = study.ask(), study.ask()
     for trial in (first, second):
         trial.suggest_int("x", 0, 1)
-    assert optuna_compat.tell(study, first, [1.0], TrialState.COMPLETE) is False
-    assert optuna_compat.tell(study, second, None, TrialState.FAIL) is True  # told all the same
+    assert _optuna_compat.tell(study, first, [1.0], TrialState.COMPLETE) is False
+    assert _optuna_compat.tell(study, second, None, TrialState.FAIL) is True  # told all the same
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.COMPLETE,
                                                                    TrialState.FAIL]
     with pytest.raises(ValueError, match="Cannot tell a COMPLETE trial"):
-        optuna_compat.tell(study, first, [2.0], TrialState.COMPLETE)
+        _optuna_compat.tell(study, first, [2.0], TrialState.COMPLETE)
 
 
 @pytest.mark.parametrize("storage", KINDS, indirect=True)
@@ -92,8 +92,8 @@ def test_tell_stores_what_optunas_tell_stores_and_reads_the_trial_once(storage, 
     reads = []
     monkeypatch.setattr(study._storage, "get_trial", lambda key, _get=study._storage.get_trial:
                         reads.append(key) or _get(key))
-    assert optuna_compat.tell(study, ours, None, TrialState.PRUNED) is False
-    assert reads == [optuna_compat.trial_id(ours)]
+    assert _optuna_compat.tell(study, ours, None, TrialState.PRUNED) is False
+    assert reads == [_optuna_compat.trial_id(ours)]
     study.tell(optunas, None, state=TrialState.PRUNED)
     told = study.get_trials(deepcopy=False)
     assert [(t.state, t.values, t.intermediate_values) for t in told] == \
@@ -112,8 +112,8 @@ def test_stale_trial_ids_are_those_whose_heartbeat_is_older_than_the_grace(stora
     study_id = storage.get_study_id_from_name(study.study_name)
     beating, silent, never = study.ask(), study.ask(), study.ask()
     del never  # a RUNNING trial never heartbeaten is not stale
-    storage.record_heartbeat(optuna_compat.trial_id(silent))
-    assert optuna_compat.stale_trial_ids(storage, study_id) == set()
+    storage.record_heartbeat(_optuna_compat.trial_id(silent))
+    assert _optuna_compat.stale_trial_ids(storage, study_id) == set()
     time.sleep(2.2)  # past the 1 s grace by the database's clock (SQLite's: whole seconds)
-    storage.record_heartbeat(optuna_compat.trial_id(beating))
-    assert optuna_compat.stale_trial_ids(storage, study_id) == {optuna_compat.trial_id(silent)}
+    storage.record_heartbeat(_optuna_compat.trial_id(beating))
+    assert _optuna_compat.stale_trial_ids(storage, study_id) == {_optuna_compat.trial_id(silent)}

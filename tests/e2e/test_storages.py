@@ -23,7 +23,7 @@ from sweep._core.optional import import_grpc
 from sweep.analysis import status, summary
 from sweep.gpus.monitor import SAMPLES_NAME
 from sweep.spec import config, schema, searchspace, storageurl
-from sweep.study import grpclock, proxy
+from sweep.study import _grpclock, proxy
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 from sweep.study.heartbeat import Heartbeat, Streak
@@ -142,9 +142,9 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
     try:
         holder = subprocess.Popen([sys.executable, "-c", (
             "import grpc, sys, time\n"
-            "from sweep.study import grpclock\n"
+            "from sweep.study import _grpclock\n"
             f"c = grpc.insecure_channel('127.0.0.1:{port}')\n"
-            "with grpclock.held(c, 'k'):\n"
+            "with _grpclock.held(c, 'k'):\n"
             "    print('held', flush=True); time.sleep(120)\n")],
             stdout=subprocess.PIPE, text=True)
         assert holder.stdout and holder.stdout.readline().strip() == "held"
@@ -152,13 +152,13 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
         got = threading.Event()
 
         def take() -> None:
-            with grpclock.held(channel, "k"):
+            with _grpclock.held(channel, "k"):
                 got.set()
 
         taker = threading.Thread(target=take, daemon=True)
         taker.start()
         assert not got.wait(1.5)  # held elsewhere: we wait
-        with grpclock.held(channel, "other"):  # another name is not blocked
+        with _grpclock.held(channel, "other"):  # another name is not blocked
             pass
         holder.kill()
         killed = time.monotonic()
@@ -311,14 +311,14 @@ def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patie
 
 def test_the_proxy_takes_its_lock_back_from_a_holder_that_keeps_it_too_long(tmp_path,
                                                                              monkeypatch):
-    monkeypatch.setattr(grpclock, "MAX_HOLD", 1.0)
+    monkeypatch.setattr(_grpclock, "MAX_HOLD", 1.0)
     grpc = import_grpc()
     server, port = proxy.make_server(
         storageurl.StorageUrl.parse(f"sqlite:///{tmp_path}/p.db"), "127.0.0.1", 0, 8)
     try:
-        frozen = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
+        frozen = _grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
         assert frozen.try_hold()  # and never lets go
-        other = grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
+        other = _grpclock.Holder(grpc.insecure_channel(f"127.0.0.1:{port}"), "k")
         assert not other.try_hold()
         assert wait_until(other.try_hold, 5)
         other.__exit__()

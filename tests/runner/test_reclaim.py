@@ -138,7 +138,7 @@ def test_an_orphan_whose_driver_beats_again_while_its_lock_is_held_is_not_told(t
     release, its result would be thrown away and trained again)."""
     import psutil
 
-    from sweep.study.optuna_compat import trial_id
+    from sweep.study._optuna_compat import trial_id
 
     s, sent = with_orphan(tmp_path, locked_until=7.0)
     said = capture_messages(s)

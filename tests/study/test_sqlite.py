@@ -20,7 +20,7 @@ import yaml
 from conftest import load_trials, spawn_cli, study_dict
 
 from sweep.spec import config, schema
-from sweep.study import sqlite
+from sweep.study import _sqlite
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 from sweep.study.storage import open_storage
@@ -45,14 +45,14 @@ MOUNTS = [part("/", "ext4"), part("/mnt/nfs", "nfs4"), part("/mnt/nfs/scratch", 
     ("/dev/shm/study.db", "tmpfs"),
 ])
 def test_the_filesystem_of_a_path_is_that_of_its_deepest_mount_point(path, kind):
-    assert sqlite.filesystem(Path(path), MOUNTS) == kind
+    assert _sqlite.filesystem(Path(path), MOUNTS) == kind
 
 
 def test_a_link_is_judged_by_where_it_points(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     mounts = [part("/", "ext4"), part(str(tmp_path / "real"), "nfs")]
-    assert sqlite.filesystem(tmp_path / "link" / "study.db", mounts) == "nfs"
+    assert _sqlite.filesystem(tmp_path / "link" / "study.db", mounts) == "nfs"
 
 
 def mode_of(path: Path) -> str:
@@ -63,9 +63,9 @@ def mode_of(path: Path) -> str:
 def test_a_file_on_a_network_filesystem_keeps_its_journal_mode(tmp_path):
     db = tmp_path / "study.db"
     sqlite3.connect(db).close()
-    assert not sqlite.adopt_wal(db, [part("/", "nfs4")])
+    assert not _sqlite.adopt_wal(db, [part("/", "nfs4")])
     assert mode_of(db) == "delete"
-    assert sqlite.adopt_wal(db, [part("/", "ext4")])
+    assert _sqlite.adopt_wal(db, [part("/", "ext4")])
     assert mode_of(db) == "wal"
 
 
@@ -74,9 +74,9 @@ def test_a_file_another_process_holds_locked_is_left_as_it_is(tmp_path, monkeypa
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("CREATE TABLE t (x)")
     holder.execute("BEGIN EXCLUSIVE")
-    monkeypatch.setattr(sqlite, "SWITCH_PATIENCE", 0.2)
+    monkeypatch.setattr(_sqlite, "SWITCH_PATIENCE", 0.2)
     try:
-        assert not sqlite.adopt_wal(db, [part("/", "ext4")])
+        assert not _sqlite.adopt_wal(db, [part("/", "ext4")])
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -97,7 +97,7 @@ def synchronous(storage: optuna.storages.BaseStorage) -> int:
 
 
 def local_only(path: Path) -> None:
-    if sqlite.filesystem(path) not in sqlite.LOCAL:
+    if _sqlite.filesystem(path) not in _sqlite.LOCAL:
         pytest.skip(f"{path} is not on a local filesystem")
 
 

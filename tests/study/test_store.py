@@ -19,11 +19,11 @@ from optuna.trial import TrialState
 from sweep._core import names
 from sweep._core.errors import UsageError
 from sweep.spec import config, searchspace
-from sweep.study import carried, ownership
+from sweep.study import _carried, ownership
+from sweep.study._optuna_compat import trial_id
 from sweep.study.attrs import Owner
 from sweep.study.connect import connect
 from sweep.study.opening import open_study
-from sweep.study.optuna_compat import trial_id
 from sweep.study.ownership import Judged, Sighting, judge
 from sweep.study.storage import StudyFileReplaced, open_storage
 from sweep.study.store import Store
@@ -130,7 +130,7 @@ def test_a_trial_cut_right_after_its_params_has_its_run_id(tmp_path, monkeypatch
     def killed(*args: object) -> None:
         raise Killed
 
-    monkeypatch.setattr(carried, "curve", killed)
+    monkeypatch.setattr(_carried, "curve", killed)
     with pytest.raises(Killed):
         s.ask(searched(s), gpu=0, trial_dir=lambda number: f"/trials/{number}")
     [frozen] = s.study.get_trials(deepcopy=False)

@@ -13,7 +13,7 @@ import optuna
 
 from sweep._core.names import ATTEMPT, FIXED_PARAMS, RETRY_OF, RUN_ID
 from sweep.spec.searchspace import Searched
-from sweep.study.optuna_compat import trial_id
+from sweep.study._optuna_compat import trial_id
 from sweep.trial import lineage
 
 
