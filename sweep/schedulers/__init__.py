@@ -6,10 +6,10 @@ the pure modules (`history`, `halving`); the commands count a study's configurat
 
 The decisions are pure, each module one job: `history` (a lineage as the study stores it),
 `halving` (successive halving: rungs, pause, promote, brackets), `pbt` (exploit: which
-lineage is replaced, by a copy of which), `explore` (the donor's params perturbed, and whether
-an exploit ran with them), `budget` (what a study may start, in configurations), `retention`
+lineage is replaced, by a copy of which), `_explore` (the donor's params perturbed, and whether
+an exploit ran with them), `budget` (what a study may start, in configurations), `_retention`
 (which checkpoint folders go). Their side effects: `exploit_copy` (a donor's state copied),
-`disk` (the checkpoint folders' bytes, one removed), and `run` (`Scheduling`: the one place the
+`_disk` (the checkpoint folders' bytes, one removed), and `run` (`Scheduling`: the one place the
 decisions touch the study and the trials, with `_exploit_start`, `_explore_check` and
 `_tidy`).
 

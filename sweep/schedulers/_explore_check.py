@@ -2,7 +2,7 @@
 with its results, noted on the trial at each `interval` boundary (`LOGGED_PARAMS`), and an exploit's
 explore is checked against its donor's notes once it has logged them all: a param it runs with
 at its donor's value (restored from the checkpoint) is flagged (`RESTORED_PARAMS`) and said
-once, with the fix. The judgement is `explore`'s; this module reads, notes and says.
+once, with the fix. The judgement is `_explore`'s; this module reads, notes and says.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from sweep._core import names
 from sweep._core.names import LOGGED_PARAMS, RESTORED_PARAMS
-from sweep.schedulers import explore, history
+from sweep.schedulers import _explore, history
 from sweep.spec.schema import Spec
 from sweep.study.store import Store
 from sweep.trial import intermediate, launch_plan, lineage
@@ -71,7 +71,7 @@ class ExploreCheck:
                 latest[name] = fresh[-1][1]
         if run.number in self._explores and len(latest) == len(readers):
             self._first.setdefault(run.number, (run, step, dict(latest)))
-        at = explore.boundary(before, step, self.interval)
+        at = _explore.boundary(before, step, self.interval)
         if at is not None and latest:
             notes = self._notes.setdefault(run.number, {})
             for name, value in latest.items():
@@ -82,7 +82,7 @@ class ExploreCheck:
 
     def _check_explore(self, number: int, final: bool) -> None:
         """Exploit `number` has logged its params: flag the ones it runs with at its donor's
-        value (`explore.restored`), compared at the same step, so that a schedule (a decayed
+        value (`_explore.restored`), compared at the same step, so that a schedule (a decayed
         or stepped learning rate) cannot hide it: at the first boundary both noted
         (`LOGGED_PARAMS`), once there is one for each; `final` (its processes are gone) with none,
         its first logged values against the donor's at the last boundary before them."""
@@ -105,7 +105,7 @@ class ExploreCheck:
             if common:
                 pairs[name] = (own[name][str(common[0])], theirs[str(common[0])])
             elif final:
-                pairs[name] = (value, explore.at_or_before(theirs, first_step))
+                pairs[name] = (value, _explore.at_or_before(theirs, first_step))
             else:
                 return  # judged once its donor noted a boundary it noted (or it ends)
         del self._explores[number]
@@ -115,7 +115,7 @@ class ExploreCheck:
             if not isinstance(given, (int, float)) or not isinstance(theirs_given,
                                                                      (int, float)):
                 continue
-            if explore.restored(value, reference, float(given), float(theirs_given)):
+            if _explore.restored(value, reference, float(given), float(theirs_given)):
                 found[name] = value
         if not found:
             return

@@ -1,11 +1,11 @@
 """The checkpoint disk of a scheduler's study tidied: the folders of lineages that can never
-continue (or, over `max_checkpoint_gb`, the ones `retention` picks) measured before the budget
-lock, decided and taken out of their place under it (`disk.retire`, a rename), where
+continue (or, over `max_checkpoint_gb`, the ones `_retention` picks) measured before the budget
+lock, decided and taken out of their place under it (`_disk.retire`, a rename), where
 every promotion and exploit is decided, and their contents removed after it
-(`disk.purge`), so a large folder never holds the lock. It is done after each trial's end,
+(`_disk.purge`), so a large folder never holds the lock. It is done after each trial's end,
 and under `max_checkpoint_gb` before each exploit's copy of its donor's state too
 (`make_room`: the copy counted as there already), so that sweep's own copy never takes the
-folders over the bound while a folder that may go is left. The decisions are `retention`'s;
+folders over the bound while a folder that may go is left. The decisions are `_retention`'s;
 this module measures, removes and says.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sweep._core.safefs import UnsafePath
-from sweep.schedulers import disk, history, retention
+from sweep.schedulers import _disk, _retention, history
 from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
@@ -49,10 +49,10 @@ class CheckpointTidy:
             self.tidy(incoming=incoming)
 
     def tidy(self, abort: Callable[[], bool] = lambda: False, incoming: int = 0) -> None:
-        """Remove the checkpoint folders of lineages that can never continue, as `retention`
+        """Remove the checkpoint folders of lineages that can never continue, as `_retention`
         decides: measured before the budget lock, decided and taken out of their place
-        (`disk.retire`, a rename) under it, where every promotion and exploit is
-        decided, and their contents removed after it (`disk.purge`), so a large
+        (`_disk.retire`, a rename) under it, where every promotion and exploit is
+        decided, and their contents removed after it (`_disk.purge`), so a large
         folder never holds the lock; over `max_checkpoint_gb` with nothing left to remove,
         say so once. `incoming`: the bytes of a copy about to be made, counted as held."""
         sched = self.spec.study.scheduler
@@ -66,15 +66,15 @@ class CheckpointTidy:
             if not held:  # another driver holds it too long: decide another time
                 return
             lines = self.lineages()
-            dead = retention.never_continue(lines, self.decide, self.spec.study.n_trials)
-            chosen = retention.plan(lines, dead, sizes, sched.keep_checkpoints,
+            dead = _retention.never_continue(lines, self.decide, self.spec.study.n_trials)
+            chosen = _retention.plan(lines, dead, sizes, sched.keep_checkpoints,
                                     sched.max_checkpoint_gb, self.minimize,
-                                    retention.spared(lines), incoming)
+                                    _retention.spared(lines), incoming)
             for origin in chosen.remove:
                 if origin in self._refused:
                     continue
                 try:
-                    if disk.retire(out, origin) is None:
+                    if _disk.retire(out, origin) is None:
                         continue  # a straggler of it still ends: another time
                 except UnsafePath as e:
                     self._refused.add(origin)
@@ -95,17 +95,17 @@ class CheckpointTidy:
                      "sweep removes none of those; raise the bound, or free disk elsewhere")
 
     def _measure(self, lines: dict[int, History], bounded: bool) -> dict[int, int]:
-        """The bytes in the folders `retention.plan` weighs, as they are now (another driver
+        """The bytes in the folders `_retention.plan` weighs, as they are now (another driver
         or the user may have removed some): every lineage's under a bound, else those that
         can never continue."""
-        wanted = lines if bounded else retention.never_continue(
+        wanted = lines if bounded else _retention.never_continue(
             lines, self.decide, self.spec.study.n_trials)
-        return disk.sizes(self.spec.output_dir, sorted(wanted))
+        return _disk.sizes(self.spec.output_dir, sorted(wanted))
 
     def _purge(self) -> None:
-        """The retired folders' contents removed (`disk.purge`); each refused is
+        """The retired folders' contents removed (`_disk.purge`); each refused is
         said once."""
-        for e in disk.purge(self.spec.output_dir)[1]:
+        for e in _disk.purge(self.spec.output_dir)[1]:
             if e.path not in self._refused_trash:
                 self._refused_trash.add(e.path)
                 self.say(f"a retired checkpoint folder is kept: {e}")

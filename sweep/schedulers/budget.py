@@ -9,7 +9,7 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep.schedulers import disk, history
+from sweep.schedulers import _disk, history
 from sweep.schedulers.halving import Halving, Promote
 from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
@@ -58,7 +58,7 @@ def continuable(decide: Pbt, lines: Mapping[int, History],
     """`Pbt.continuable`, less the lineages whose checkpoint folder in `output_dir` was
     removed (paused under another scheduler whose rungs it could never pass again)."""
     return [o for o in decide.continuable(lines)
-            if output_dir is None or not disk.removed(output_dir, o)]
+            if output_dir is None or not _disk.removed(output_dir, o)]
 
 
 def promotable(decide: Halving, lines: Mapping[int, History], closed: bool,
@@ -67,7 +67,7 @@ def promotable(decide: Halving, lines: Mapping[int, History], closed: bool,
     checkpoint folder in `output_dir` was removed: they were judged never to continue, and a
     later run of more configurations keeps to that."""
     return [j for j in decide.promotable(lines, closed=closed)
-            if output_dir is None or not disk.removed(output_dir, j.origin)]
+            if output_dir is None or not _disk.removed(output_dir, j.origin)]
 
 
 def short_of(decide: Halving | Pbt, n_trials: int, trials: Sequence[FrozenTrial]) -> str | None:

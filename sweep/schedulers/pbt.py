@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sweep.schedulers._explore import explore
 from sweep.schedulers.exploit_copy import has_steps_left
-from sweep.schedulers.explore import explore
 from sweep.schedulers.halving import GoOn, top
 from sweep.schedulers.history import History, Standing
 from sweep.spec.scheduler import PbtScheduler

@@ -29,7 +29,7 @@ class _Disk(Section):
     (below the cut of a full rung, replaced in PBT, finished): `keep_checkpoints` the folders
     of that many of the best lineages trained to the end (`all`: every folder), and
     `max_checkpoint_gb`, a bound on `<output_dir>/checkpoints/` past which the kept folders go
-    too, worst first, but for the best one (see `sweep.schedulers.retention`)."""
+    too, worst first, but for the best one (see `sweep.schedulers._retention`)."""
 
     keep_checkpoints: Annotated[int, Field(ge=0)] | Literal["all"] = 1
     max_checkpoint_gb: Annotated[float, Field(gt=0)] | None = None

@@ -32,7 +32,7 @@ from sweep._core import names, removal, userfiles
 from sweep._core.errors import UsageError
 from sweep._core.removal import remove_tree
 from sweep._core.safefs import UnsafePath
-from sweep.schedulers import disk
+from sweep.schedulers import _disk
 from sweep.schedulers.run import Scheduling
 from sweep.spec import config, schema
 from sweep.testing.fakes import Script
@@ -356,7 +356,7 @@ def test_no_dead_lineages_folder_is_removed_through_a_checkpoints_link(tmp_path)
     assert intact(victim / "0") and intact(victim / "1")
     assert said == []  # nothing measured through it (a trial's start refuses it, saying so)
     with pytest.raises(UnsafePath, match="is a symbolic link"):
-        disk.retire(out, 0)
+        _disk.retire(out, 0)
 
 
 def test_report_and_summary_files_never_replace_a_link_a_fifo_or_a_folder(write_study, tmp_path,
@@ -481,17 +481,17 @@ def test_a_folder_bind_mounted_in_a_lineages_folder_is_never_retired_or_purged(t
     lineage.prepare(out, Lineage(0))
     with bind_mounted(user, folder / "data"):
         with pytest.raises(UnsafePath, match="where a file system or a folder is mounted"):
-            disk.retire(out, 0)
+            _disk.retire(out, 0)
         assert intact(folder / "data")
-    trash = disk.retire(out, 0)
+    trash = _disk.retire(out, 0)
     assert trash is not None and not folder.exists()
     with bind_mounted(user, trash / "data"):
-        done, refused = disk.purge(out)
+        done, refused = _disk.purge(out)
         assert done == [] and [str(e) for e in refused] == [
             f"{trash} holds {trash}/data, where a file system or a folder is mounted: "
             "unmount it first"]
     assert intact(user)
-    assert disk.purge(out) == ([trash], []) and not trash.exists()
+    assert _disk.purge(out) == ([trash], []) and not trash.exists()
 
 
 @ROOT
@@ -662,9 +662,9 @@ def test_a_lineages_folder_mounted_in_after_the_check_is_not_retired(tmp_path, m
     folder = lineage.checkpoint_dir(out, 0)
     lineage.prepare(out, Lineage(0))
     with contextlib.ExitStack() as stack:
-        mounted_on_check(monkeypatch, disk, user, folder / "data", stack)
+        mounted_on_check(monkeypatch, _disk, user, folder / "data", stack)
         with pytest.raises(UnsafePath) as refused:
-            disk.retire(out, 0)
+            _disk.retire(out, 0)
         assert str(refused.value) == (f"{folder} holds {folder}/data, where a file system or "
                                       "a folder is mounted: unmount it first")
         assert sorted(os.listdir(folder.parent)) == [".0.lock", ".0.sweep", "0"]  # no trash

@@ -8,40 +8,40 @@ from test_schedulers import load
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
-from sweep.schedulers import explore
+from sweep.schedulers import _explore
 
 PBT = {"type": "pbt", "population": 4, "interval": 5, "max_steps": 50}
 LOGGED = {"lr": {"stdout": r"lr=(?P<value>\S+)"}}
 
 
 def test_a_boundary_is_the_highest_multiple_of_the_interval_just_passed():
-    assert explore.boundary(None, 5, 5) == 5
-    assert explore.boundary(4, 11, 5) == 10
-    assert explore.boundary(5, 9, 5) is None
-    assert explore.boundary(None, 3, 5) is None
+    assert _explore.boundary(None, 5, 5) == 5
+    assert _explore.boundary(4, 11, 5) == 10
+    assert _explore.boundary(5, 9, 5) is None
+    assert _explore.boundary(None, 3, 5) is None
 
 
 def test_the_donors_note_is_the_one_at_or_before_the_boundary():
     notes = {"5": 0.9, "10": 0.8, "20": 0.6}
-    assert explore.at_or_before(notes, 10) == 0.8
-    assert explore.at_or_before(notes, 15) == 0.8
-    assert explore.at_or_before(notes, 4) is None
+    assert _explore.at_or_before(notes, 10) == 0.8
+    assert _explore.at_or_before(notes, 15) == 0.8
+    assert _explore.at_or_before(notes, 4) is None
 
 
 def test_a_value_that_follows_the_donors_schedule_is_restored_and_the_perturbed_one_is_not():
     # the donor ran 0.01, logged 0.005 at this boundary (a schedule halved it); the exploit
     # was given 0.0125 (x1.25): honest, it logs 0.00625; restored, the donor's 0.005
-    assert explore.restored(0.00625, 0.005, 0.0125, 0.01) is False
-    assert explore.restored(0.005, 0.005, 0.0125, 0.01) is True
-    assert explore.restored(0.0049, 0.005, 0.008, 0.01) is True  # x0.8, a step later
+    assert _explore.restored(0.00625, 0.005, 0.0125, 0.01) is False
+    assert _explore.restored(0.005, 0.005, 0.0125, 0.01) is True
+    assert _explore.restored(0.0049, 0.005, 0.008, 0.01) is True  # x0.8, a step later
     # compared with the configured values, the restored one on a schedule would be missed:
     # why the donor's logged value is the reference
-    assert explore.restored(0.005, None, 0.0125, 0.01) is False
+    assert _explore.restored(0.005, None, 0.0125, 0.01) is False
     # without a schedule the donor's param stands for its log
-    assert explore.restored(0.0125, None, 0.0125, 0.01) is False
+    assert _explore.restored(0.0125, None, 0.0125, 0.01) is False
     # not perturbed, or not positive: cannot be told
-    assert explore.restored(0.01, 0.01, 0.01, 0.01) is None
-    assert explore.restored(-1.0, 0.01, 0.0125, 0.01) is None
+    assert _explore.restored(0.01, 0.01, 0.01, 0.01) is None
+    assert _explore.restored(-1.0, 0.01, 0.0125, 0.01) is None
 
 
 def test_logged_params_load_and_are_checked_against_the_study(tmp_path):

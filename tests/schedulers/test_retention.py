@@ -9,10 +9,10 @@ from optuna.trial import TrialState
 from test_schedulers import ASHA, PBT, load, paused, trial
 
 from sweep._core.errors import ConfigError
-from sweep.schedulers import history, retention
+from sweep.schedulers import _retention, history
+from sweep.schedulers._retention import Removal
 from sweep.schedulers.halving import Halving
 from sweep.schedulers.pbt import Pbt
-from sweep.schedulers.retention import Removal
 
 H = Halving.of(ASHA, minimize=True)  # rungs at steps 2 and 6, reduction factor 3
 
@@ -44,15 +44,15 @@ def test_below_the_cut_of_a_full_rung_a_paused_lineage_can_never_continue():
     ts = [paused(0, {2: 1.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0})]
     # three configurations, all at rung 0: its top third (lineage 0) is promotable, the rest
     # can never continue
-    assert retention.never_continue(history.read(ts), H, n_trials=3) == {1, 2}
+    assert _retention.never_continue(history.read(ts), H, n_trials=3) == {1, 2}
     # a fourth configuration may still come, or is still below the rung: the rung is not full
-    assert retention.never_continue(history.read(ts), H, n_trials=4) == set()
+    assert _retention.never_continue(history.read(ts), H, n_trials=4) == set()
     running = [*ts, trial(3, {0: 9.0, 1: 9.0})]
-    assert retention.never_continue(history.read(running), H, n_trials=4) == set()
+    assert _retention.never_continue(history.read(running), H, n_trials=4) == set()
     # ... nor one that failed before the rung: a device taken out as sick runs its failed
     # trials again (and a failed lineage's folder is what its user debugs)
     failed = [*ts, trial(3, {0: 9.0, 1: 9.0}, TrialState.FAIL)]
-    assert retention.never_continue(history.read(failed), H, n_trials=4) == set()
+    assert _retention.never_continue(history.read(failed), H, n_trials=4) == set()
 
 
 def test_a_later_rung_is_full_once_every_lineage_of_the_bracket_reached_it_or_is_out():
@@ -63,10 +63,10 @@ def test_a_later_rung_is_full_once_every_lineage_of_the_bracket_reached_it_or_is
     ts += [trial(0, {2: 1.0, 6: 0.9, 17: 0.8}, TrialState.COMPLETE),
            paused(3, {2: 2.0, 6: 0.5}), paused(5, {2: 3.0, 6: 4.0})]
     got = history.read(ts)
-    assert retention.never_continue(got, H, n_trials=9) == {0, 1, 2, 4, 5, 6, 7, 8}
+    assert _retention.never_continue(got, H, n_trials=9) == {0, 1, 2, 4, 5, 6, 7, 8}
     # while 5 still runs below rung 1, rung 1 is not full: 3 and 5's fates are open
     ts[-1] = trial(5, {2: 3.0, 4: 3.0})
-    assert retention.never_continue(history.read(ts), H, n_trials=9) == {
+    assert _retention.never_continue(history.read(ts), H, n_trials=9) == {
         0, 1, 2, 4, 6, 7, 8}
 
 
@@ -76,7 +76,7 @@ def test_hyperband_brackets_fill_on_their_own():
                                        reduction_factor=3), minimize=True)
     ts = [paused(0, {2: 1.0}), paused(1, {2: 2.0}), paused(2, {2: 3.0}),
           trial(3, {5: 1.0}, bracket=1)]  # bracket 1 (first rung at 6) still runs
-    assert retention.never_continue(history.read(ts), hb, n_trials=4) == {1, 2}
+    assert _retention.never_continue(history.read(ts), hb, n_trials=4) == {1, 2}
 
 
 def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for_its_copy():
@@ -88,21 +88,21 @@ def test_a_replaced_or_finished_lineage_can_never_continue_but_a_donor_waits_for
     # be called off (1 then goes on): 1's folder goes only while over a bound (first then:
     # the copy needs room), never under one
     got = history.read(ts)
-    assert retention.never_continue(got, pbt, n_trials=4) == frozenset()
-    assert retention.spared(got) == {1}
+    assert _retention.never_continue(got, pbt, n_trials=4) == frozenset()
+    assert _retention.spared(got) == {1}
     sizes = {0: 100, 1: 100, 2: 0, 3: 100}
-    assert retention.plan(got, frozenset(), sizes, 1, None, True, frozenset({1})).remove == ()
-    assert retention.plan(got, frozenset(), sizes, 1, 1.0, True,
-                          frozenset({1})) == retention.Removal((), 300, False)
-    assert retention.plan(got, frozenset(), sizes, 1, 250e-9, True,
-                          frozenset({1})) == retention.Removal((1,), 200, False)
+    assert _retention.plan(got, frozenset(), sizes, 1, None, True, frozenset({1})).remove == ()
+    assert _retention.plan(got, frozenset(), sizes, 1, 1.0, True,
+                          frozenset({1})) == _retention.Removal((), 300, False)
+    assert _retention.plan(got, frozenset(), sizes, 1, 250e-9, True,
+                          frozenset({1})) == _retention.Removal((1,), 200, False)
     ts[2] = trial(2, {}, exploit_of=0, exploit_step=5, replaces=1)  # copied, no report yet
-    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {1}
+    assert _retention.never_continue(history.read(ts), pbt, n_trials=4) == {1}
     ts[2] = trial(2, {6: 1.5}, exploit_of=0, exploit_step=5, replaces=1)  # it reported
-    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1}
+    assert _retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1}
     # a replaced lineage still winding down may yet write in its folder
     ts[1] = trial(1, {5: 9.0})
-    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0}
+    assert _retention.never_continue(history.read(ts), pbt, n_trials=4) == {0}
 
 
 def test_a_called_off_exploits_folder_can_never_continue():
@@ -115,7 +115,7 @@ def test_a_called_off_exploits_folder_can_never_continue():
           trial(2, {}, TrialState.FAIL, exploit_of=0, replaces=1, called_off=True),
           trial(3, {5: 2.0}, TrialState.FAIL), trial(4, {20: 3.0}, TrialState.COMPLETE,
                                                     retry_of=1, attempt=1, continues=1)]
-    assert retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1, 2}
+    assert _retention.never_continue(history.read(ts), pbt, n_trials=4) == {0, 1, 2}
 
 
 FINISHED = [trial(0, {17: 1.0}, TrialState.COMPLETE), trial(1, {17: 2.0}, TrialState.COMPLETE),
@@ -126,25 +126,25 @@ SIZES = {0: 100, 1: 100, 2: 100, 3: 100, 4: 500}
 
 def test_every_dead_folder_goes_but_the_best_finished_ones_keep_checkpoints_keeps():
     lines = history.read(FINISHED)
-    assert retention.plan(lines, DEAD, SIZES, 1, None, True) == Removal((1, 2, 3), 600, False)
-    assert retention.plan(lines, DEAD, SIZES, 2, None, True) == Removal((2, 3), 700, False)
-    assert retention.plan(lines, DEAD, SIZES, 0, None, True) == Removal((0, 1, 2, 3), 500, False)
-    assert retention.plan(lines, DEAD, SIZES, "all", None, True) == Removal((), 900, False)
-    assert retention.plan(lines, DEAD, SIZES, 1, None, False) == Removal((0, 1, 3), 600, False)
+    assert _retention.plan(lines, DEAD, SIZES, 1, None, True) == Removal((1, 2, 3), 600, False)
+    assert _retention.plan(lines, DEAD, SIZES, 2, None, True) == Removal((2, 3), 700, False)
+    assert _retention.plan(lines, DEAD, SIZES, 0, None, True) == Removal((0, 1, 2, 3), 500, False)
+    assert _retention.plan(lines, DEAD, SIZES, "all", None, True) == Removal((), 900, False)
+    assert _retention.plan(lines, DEAD, SIZES, 1, None, False) == Removal((0, 1, 3), 600, False)
     # a folder not there (removed before) is not chosen again
     there = {o: b for o, b in SIZES.items() if o != 3}
-    assert retention.plan(lines, DEAD, there, 1, None, True) == Removal((1, 2), 600, False)
+    assert _retention.plan(lines, DEAD, there, 1, None, True) == Removal((1, 2), 600, False)
 
 
 def test_over_the_bound_kept_folders_go_worst_first_never_the_best_nor_a_live_one():
     lines = history.read(FINISHED)
     # all kept, 700 bytes allowed: the paused one first, then the worst finished
-    assert retention.plan(lines, DEAD, SIZES, "all", 700e-9, True) == Removal((3, 2), 700, False)
+    assert _retention.plan(lines, DEAD, SIZES, "all", 700e-9, True) == Removal((3, 2), 700, False)
     # 550 bytes: 1 goes too, and still over: 0 (the best) and 4 (running) stay
-    assert retention.plan(lines, DEAD, SIZES, 2, 550e-9, True) == Removal((2, 3, 1), 600, True)
-    assert retention.plan(lines, DEAD, SIZES, "all", 1e-9, True) == Removal((3, 2, 1), 600, True)
+    assert _retention.plan(lines, DEAD, SIZES, 2, 550e-9, True) == Removal((2, 3, 1), 600, True)
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1e-9, True) == Removal((3, 2, 1), 600, True)
     # within the bound: nothing more than keep_checkpoints says
-    assert retention.plan(lines, DEAD, SIZES, "all", 1.0, True) == Removal((), 900, False)
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1.0, True) == Removal((), 900, False)
 
 
 def test_a_copy_about_to_be_made_counts_as_held_and_room_is_made_for_it_first():
@@ -153,14 +153,14 @@ def test_a_copy_about_to_be_made_counts_as_held_and_room_is_made_for_it_first():
     bound; the copy itself is never removed, and is still counted when nothing can go."""
     lines = history.read(FINISHED)
     # 900 bytes held, a bound of 1000: room for 100 more, not for 200
-    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
                           incoming=100) == Removal((), 1000, False)
-    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
                           incoming=200) == Removal((3,), 1000, False)
-    assert retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1000e-9, True,
                           incoming=350) == Removal((3, 2, 1), 950, False)
     # only the best finished and a live lineage left: over, and said
-    assert retention.plan(lines, DEAD, SIZES, "all", 1e-9, True,
+    assert _retention.plan(lines, DEAD, SIZES, "all", 1e-9, True,
                           incoming=50) == Removal((3, 2, 1), 650, True)
     # the lineage an exploit replaces goes first when the copy needs the room
     pbt = Pbt(PBT, minimize=True)
@@ -168,8 +168,8 @@ def test_a_copy_about_to_be_made_counts_as_held_and_room_is_made_for_it_first():
           trial(2, {}, exploit_of=0, replaces=1), trial(3, {5: 2.0})]
     got = history.read(ts)
     sizes = {0: 100, 1: 100, 2: 0, 3: 100}
-    assert retention.never_continue(got, pbt, n_trials=4) == frozenset()
-    assert retention.plan(got, frozenset(), sizes, 1, 350e-9, True,
-                          retention.spared(got)) == Removal((), 300, False)
-    assert retention.plan(got, frozenset(), sizes, 1, 350e-9, True, retention.spared(got),
+    assert _retention.never_continue(got, pbt, n_trials=4) == frozenset()
+    assert _retention.plan(got, frozenset(), sizes, 1, 350e-9, True,
+                          _retention.spared(got)) == Removal((), 300, False)
+    assert _retention.plan(got, frozenset(), sizes, 1, 350e-9, True, _retention.spared(got),
                           incoming=100) == Removal((1,), 300, False)

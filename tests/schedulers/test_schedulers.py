@@ -14,7 +14,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from sweep._core.errors import ConfigError
-from sweep.schedulers import budget, explore, halving, history
+from sweep.schedulers import _explore, budget, halving, history
 from sweep.schedulers.halving import GoOn, Halving, NewConfiguration, Pause, Promote
 from sweep.schedulers.history import Standing
 from sweep.schedulers.pbt import Pbt, Replace
@@ -384,24 +384,24 @@ START = {"lr": 9e-3, "n": 9, "s": 0.5, "opt": "adam", "fixed": 3}
 def test_explore_scales_numbers_within_range_and_keeps_categoricals_without_resampling():
     rng = random.Random(0)
     for _ in range(50):
-        out = explore.explore(START, SPACE, [0.5, 2.0], 0.0, rng)
+        out = _explore.explore(START, SPACE, [0.5, 2.0], 0.0, rng)
         assert out["lr"] in (pytest.approx(4.5e-3), 1e-2)  # 1.8e-2 kept in range
         assert out["n"] in (4, 10) and isinstance(out["n"], int)  # 4.5 -> 4, 18 -> 10
         assert out["s"] in (0.25, 1.0)
         assert out["opt"] == "adam" and out["fixed"] == 3
-    assert explore.explore(START, SPACE, [1.0], 0.0, rng) == START
+    assert _explore.explore(START, SPACE, [1.0], 0.0, rng) == START
 
 
 def test_explore_redraws_every_param_from_its_range_with_the_resample_probability():
     """As Jaderberg et al.'s and Ray Tune's PBT: with `resample_probability`, a param is
     redrawn from its range (a log one on a log scale), numbers too; never outside it."""
     rng = random.Random(0)
-    outs = [explore.explore(START, SPACE, [1.0], 0.5, rng) for _ in range(400)]
+    outs = [_explore.explore(START, SPACE, [1.0], 0.5, rng) for _ in range(400)]
     lrs = [o["lr"] for o in outs if o["lr"] != START["lr"]]
     assert 150 < len(lrs) < 250 and all(1e-4 <= v <= 1e-2 for v in lrs)
     assert 0.4 < sum(v < 1e-3 for v in lrs) / len(lrs) < 0.6  # log-uniform: half below 1e-3
     assert {o["n"] for o in outs} == set(range(1, 11))
-    ints = [explore.explore(START, {"n": SPACE["n"]}, [1.0], 1.0, rng)["n"]
+    ints = [_explore.explore(START, {"n": SPACE["n"]}, [1.0], 1.0, rng)["n"]
             for _ in range(4000)]
     assert 700 < ints.count(1) + ints.count(10) < 900  # each of 10 values alike: 800
     assert {o["s"] for o in outs} == {0.0, 0.25, 0.5, 0.75, 1.0}

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from sweep._core import names
 from sweep.analysis import summary
-from sweep.schedulers import disk, exploit_copy, history
+from sweep.schedulers import _disk, exploit_copy, history
 from sweep.schedulers.halving import Promote
 from sweep.schedulers.run import NO_RESUME_ARGS, Scheduling
 from sweep.study.ownership import Owner
@@ -75,7 +75,7 @@ class Trainer:
                 state.write_text(json.dumps({"next": step + 1, "x": x}))
                 if self.weights:
                     (folder / "weights.bin").write_bytes(b"w" * self.weights)
-                    self.disk.append(sum(disk.folder_bytes(p) for p in
+                    self.disk.append(sum(_disk.folder_bytes(p) for p in
                                          folder.parent.iterdir() if p.is_dir()))
 
         reports, output = [], []
@@ -1320,16 +1320,16 @@ def test_a_large_folder_is_removed_with_the_budget_lock_free(tmp_path, monkeypat
         folder = finished_lineage(spec, store)
         (folder / "model.pt").write_text("weights")
         free_while_removing: list[bool] = []
-        remove_tree = disk.remove_tree
+        remove_tree = _disk.remove_tree
 
         def slow_remove(path: Path, made: Any) -> None:
             assert not folder.exists()  # out of its place already
-            assert disk.removed(spec.output_dir, 0)  # never promoted from now
+            assert _disk.removed(spec.output_dir, 0)  # never promoted from now
             with other.budget_lock(abort=lambda: True) as held:  # another driver's ask
                 free_while_removing.append(held)
             remove_tree(path, made)
 
-        monkeypatch.setattr(disk, "remove_tree", slow_remove)
+        monkeypatch.setattr(_disk, "remove_tree", slow_remove)
         said: list[str] = []
         Scheduling(spec, store, said.append).ended(0)
         assert free_while_removing == [True]
@@ -1356,7 +1356,7 @@ def test_a_folder_retired_by_a_driver_killed_before_its_removal_is_removed_by_th
     try:
         folder = finished_lineage(spec, store)
         (folder / "model.pt").write_text("weights")
-        trash = disk.retire(spec.output_dir, 0)
+        trash = _disk.retire(spec.output_dir, 0)
         assert trash is not None and trash.parent == folder.parent and not folder.exists()
         mark = trash.with_name(trash.name + ".sweep")
         assert mark.is_file()

@@ -2,7 +2,7 @@
 and the removal of one of them: only a folder sweep made (its `made_marker` beside it), only
 inside sweep's own real `checkpoints/` folder, never through a link, and nothing outside the
 lineage's own folder (its marker files beside it stay). What to remove is decided elsewhere
-(`sweep.schedulers.retention`).
+(`sweep.schedulers._retention`).
 
 A removal is two steps, so that the decision is quick where it must be (under the study's
 budget lock): `retire` checks the folder and renames it to a trash name beside it
