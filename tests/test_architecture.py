@@ -268,7 +268,7 @@ def calls_in(path: Path, methods: set[tuple[str, str]]) -> set[str]:
 
 def test_one_place_in_the_runner_ends_a_trial():
     """Every way out of a trial the runner ends, the driver's own and a dead driver's, goes
-    through `trials.Trials` (`finish`): the one place that tells one, discards its heartbeat
+    through `_trials.Trials` (`finish`): the one place that tells one, discards its heartbeat
     and gives its lease back (the store's telling forms are the storage shim); a scheduler
     decides and records, and never ends one itself."""
     ways_out = {("store", "tell"), ("store", "tell_failed"), ("store", "tell_verdict"),
@@ -276,7 +276,7 @@ def test_one_place_in_the_runner_ends_a_trial():
     where = {(name, place) for name, path in modules()
              if part_of(name) in ("runner", "schedulers")
              for place in calls_in(path, ways_out)}
-    assert where == {("runner.trials", "Trials")}
+    assert where == {("runner._trials", "Trials")}
 
 
 def test_the_driver_is_given_its_collaborators_whole():

@@ -313,7 +313,7 @@ def test_off_a_terminal_each_event_is_one_plain_line_however_long():
     from optuna.trial import TrialState
     from rich.console import Console
 
-    from sweep.runner.events import Finished, Started
+    from sweep.runner._events import Finished, Started
     from sweep.runner.progress import Progress
 
     out = io.StringIO()

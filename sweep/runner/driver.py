@@ -25,15 +25,15 @@ from sweep.gpus.monitor import Monitor
 from sweep.gpus.pool import Lease, Pool
 from sweep.launch import make as launchers
 from sweep.launch import provenance
+from sweep.runner._devices import DeviceCare
+from sweep.runner._events import Events, Finished, Running, Started, View
+from sweep.runner._follow import Follower
+from sweep.runner._reclaim import Reclaimer
+from sweep.runner._resume_check import ResumeCheck
+from sweep.runner._trials import Owned, Trials
 from sweep.runner.clock import WallClock, signals_to
-from sweep.runner.devices import DeviceCare
-from sweep.runner.events import Events, Finished, Running, Started, View
-from sweep.runner.follow import Follower
 from sweep.runner.policy import OnSignal, Policy, RunResult
-from sweep.runner.reclaim import Reclaimer
-from sweep.runner.resume_check import ResumeCheck
 from sweep.runner.starter import POLL_SECONDS, Starter
-from sweep.runner.trials import Owned, Trials
 from sweep.schedulers import CalledOff, NotStarted
 from sweep.spec import searchspace
 from sweep.spec.schema import Spec

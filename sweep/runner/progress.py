@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sweep.runner.events import Events, Finished, Started, View
+from sweep.runner._events import Events, Finished, Started, View
 
 if TYPE_CHECKING:
     from sweep.gpus.monitor import Monitor

@@ -23,7 +23,7 @@ from typing import Any
 from sweep.gpus.pool import Lease
 from sweep.launch.launcher import Launcher
 from sweep.launch.provenance import RunRecord, write_trial
-from sweep.runner.resume_check import ResumeCheck
+from sweep.runner._resume_check import ResumeCheck
 from sweep.schedulers import NO_SCHEDULER, TrialScheduler
 from sweep.spec.schema import Spec
 from sweep.study.store import Asked

@@ -5,7 +5,7 @@ bracket chosen, a PBT donor paused for a copy continued), when a trial starts (`
 exploit's consistent copy of its donor's state, `exploit_copy.choose`), with each batch of a
 trial's results (`on_result`: the explore check of `trainer.logged_params`, `_explore_check`,
 then go on, pause (at a rung, or a PBT donor an exploit waits on) or replace; the resume check
-of every study is `resume_check`'s), and when a trial's processes are gone (`ended`: the
+of every study is `runner._resume_check`'s), and when a trial's processes are gone (`ended`: the
 checkpoint folders of lineages that can never continue removed, `_tidy`).
 
 Every decision is recorded in the study before it is acted on, under the budget lock where two
@@ -251,7 +251,7 @@ class Scheduling:
 
     def on_result(self, run: RunningTrial, steps: Sequence[int],
                   decide: bool = True) -> OnResult:
-        """New steps stored for `run` (the resume check is `resume_check`'s): with `decide`
+        """New steps stored for `run` (the resume check is `runner._resume_check`'s): with `decide`
         (the trial still runs: not being stopped, its command not exited), the scheduler's
         decision at the last: go on, pause, or be replaced."""
         if not steps:

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from sweep.runner.events import Running, Started, View
+from sweep.runner._events import Running, Started, View
 from sweep.runner.progress import Progress
 
 

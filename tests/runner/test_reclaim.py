@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from sweep._core import names
 from sweep.protocol import TRIAL_DIR_ENV
-from sweep.runner.reclaim import Next, decide
+from sweep.runner._reclaim import Next, decide
 from sweep.testing.fakes import FakeClock, Script
 from sweep.testing.harness import Sweep, capture_messages
 from sweep.trial import lineage_lock, process

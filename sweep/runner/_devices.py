@@ -18,7 +18,7 @@ from sweep.gpus import health, placement, sicklist
 from sweep.gpus.monitor import Monitor
 from sweep.gpus.placement import Refusal, Why
 from sweep.gpus.pool import Lease, Pool
-from sweep.runner.events import Events
+from sweep.runner._events import Events
 from sweep.runner.policy import Policy
 from sweep.spec.schema import Spec
 from sweep.study.store import Store

@@ -25,8 +25,8 @@ from optuna.trial import TrialState
 
 from sweep._core.names import BEAT
 from sweep.gpus.monitor import SAMPLES_NAME, last_seen
-from sweep.runner.events import Events
-from sweep.runner.trials import Trials
+from sweep.runner._events import Events
+from sweep.runner._trials import Trials
 from sweep.spec.schema import Spec
 from sweep.study.attrs import Owner
 from sweep.study.ownership import Orphan

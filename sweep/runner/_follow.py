@@ -1,6 +1,6 @@
 """Following a running trial between its start and its judging: its intermediate values, to
 the pruner, the scheduler and storage, and to the check that a continuation resumed
-(`resume_check`); its output and devices, for `trainer.hang_after`; and the one note that a
+(`_resume_check`); its output and devices, for `trainer.hang_after`; and the one note that a
 pruner or a scheduler will get no values from this study's trials.
 
 The decisions are `hang`'s, the pruner's and the scheduler's; this module reads and acts. A
@@ -16,8 +16,8 @@ from optuna.trial import TrialState
 
 from sweep._core.names import REPORTS_UNREAD
 from sweep.gpus.monitor import Monitor
-from sweep.runner.events import Events
-from sweep.runner.resume_check import ResumeCheck
+from sweep.runner._events import Events
+from sweep.runner._resume_check import ResumeCheck
 from sweep.schedulers import TrialScheduler
 from sweep.spec.schema import Spec
 from sweep.study.store import Store, Taken
