@@ -8,7 +8,7 @@ Each function takes a `summary.Summary` (trials, devices, samples) and, where Op
 `optuna.visualization` figure exists, the `optuna.Study` too; each returns a
 `plotly.graph_objects.Figure` (a figure with a note in it when there is nothing to draw).
 Pure: they read the frames and the study, and write nothing. The cost figure and its numbers
-are `cost`'s, the timeline `device_timeline`'s; their public names are this module's too.
+are `_cost`'s, the timeline `_device_timeline`'s; their public names are this module's too.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sweep._core import names
-from sweep.analysis.cost import (
+from sweep.analysis._cost import (
     NO_ENERGY,
     STILL_ENERGY,
     cost_figures,
@@ -31,10 +31,10 @@ from sweep.analysis.cost import (
     savings,
     with_costs,
 )
-from sweep.analysis.device_timeline import MAX_POINTS, NO_SAMPLES, NOT_MEASURED, timeline
-from sweep.analysis.plotting import COLOURS
-from sweep.analysis.plotting import empty as _empty
-from sweep.analysis.plotting import go as _go
+from sweep.analysis._device_timeline import MAX_POINTS, NO_SAMPLES, NOT_MEASURED, timeline
+from sweep.analysis._plotting import COLOURS
+from sweep.analysis._plotting import empty as _empty
+from sweep.analysis._plotting import go as _go
 from sweep.analysis.summary import Summary
 
 __all__ = ["MAX_CURVES", "MAX_IMPORTANCE_TRIALS", "MAX_PARALLEL_TRIALS", "MAX_POINTS",

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from sweep._core.names import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, RETRY_OF, STEPS_REPEATED
-from sweep.analysis.cost import with_costs
-from sweep.analysis.plotting import COLOURS, empty, go
+from sweep.analysis._cost import with_costs
+from sweep.analysis._plotting import COLOURS, empty, go
 from sweep.analysis.summary import Summary
 from sweep.schedulers import history
 from sweep.schedulers.halving import rungs

@@ -5,8 +5,8 @@
     s.trials, s.gpus, s.samples           # DataFrames
 
 Only reads: storage through Optuna, the drivers' `<output_dir>/drivers/*/gpu_samples.csv`.
-Writing the CSV is `save`. The trials' frame is `trials_table`'s, the devices' `device_use`'s,
-the terminal's table `fitted_table`'s; their public names are this module's too.
+Writing the CSV is `save`. The trials' frame is `_trials_table`'s, the devices' `_device_use`'s,
+the terminal's table `_fitted_table`'s; their public names are this module's too.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pandas as pd
 
 from sweep._core import names, userfiles
 from sweep._core.errors import UsageError
-from sweep.analysis.device_use import ends, gpu_table, last_seen, read_samples
-from sweep.analysis.fitted_table import table
-from sweep.analysis.trials_table import seconds, trials_frame
+from sweep.analysis._device_use import ends, gpu_table, last_seen, read_samples
+from sweep.analysis._fitted_table import table
+from sweep.analysis._trials_table import seconds, trials_frame
 from sweep.spec import config
 from sweep.spec.schema import Spec
 from sweep.spec.storageurl import StorageKind

@@ -10,10 +10,10 @@ from typing import Any
 import pandas as pd
 
 from sweep._core import names
-from sweep.analysis.plotting import COLOURS
-from sweep.analysis.plotting import empty as _empty
-from sweep.analysis.plotting import go as _go
-from sweep.analysis.plotting import note as _note
+from sweep.analysis._plotting import COLOURS
+from sweep.analysis._plotting import empty as _empty
+from sweep.analysis._plotting import go as _go
+from sweep.analysis._plotting import note as _note
 from sweep.analysis.summary import Summary, ends
 from sweep.study import savings as study_savings
 

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sweep.analysis.cost import with_costs
-from sweep.analysis.plotting import COLOURS
-from sweep.analysis.plotting import empty as _empty
-from sweep.analysis.plotting import go as _go
-from sweep.analysis.plotting import note as _note
+from sweep.analysis._cost import with_costs
+from sweep.analysis._plotting import COLOURS
+from sweep.analysis._plotting import empty as _empty
+from sweep.analysis._plotting import go as _go
+from sweep.analysis._plotting import note as _note
 from sweep.analysis.summary import Summary
 
 MAX_POINTS = 3000  # samples drawn per device and series at most (evenly thinned)
