@@ -153,7 +153,7 @@ def test_a_dry_run_builds_a_queued_continuation_as_the_run_would(write_study, fa
 
 
 def test_the_driver_does_not_import_torch_or_accelerate():
-    code = ("import sys, sweep.cli, sweep.commands.assembly, sweep.commands.dry_run, "
+    code = ("import sys, sweep.cli, sweep.commands.assembly, sweep.commands._dry_run, "
             "sweep.runner.driver, sweep.gpus.monitor, sweep.runner.progress\n"
             "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

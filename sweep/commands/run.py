@@ -30,7 +30,7 @@ def add_parser(verbs: Verbs) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run the study, or print its dry run; its exit code."""
     from sweep.commands import assembly
-    from sweep.commands.dry_run import dry_run
+    from sweep.commands._dry_run import dry_run
     from sweep.spec import config
     from sweep.study.storage import find
 

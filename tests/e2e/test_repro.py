@@ -594,7 +594,7 @@ def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
 
 
 def test_a_trial_with_a_workdir_is_pasted_and_rerun_by_hand_in_it(tmp_path):
-    from sweep.commands.dry_run import runnable
+    from sweep.commands._dry_run import runnable
     from sweep.trial import command_script, folders
 
     trainer = schema.TrainerSection(script=Path("/w/app.py"), launcher="python",

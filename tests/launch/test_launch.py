@@ -291,7 +291,7 @@ def test_settings_of_old_or_other_launchers_are_named_once(tmp_path):
 
 
 def test_a_dry_runs_line_makes_the_trial_folder_and_params_file_first(tmp_path):
-    from sweep.commands.dry_run import runnable
+    from sweep.commands._dry_run import runnable
 
     paths = folders.TrialPaths.of(tmp_path / "o u t", 2)
     plan = launch_plan.build_launch(TrainerSection(script=Path("/t.py"), launcher="python"), 2,

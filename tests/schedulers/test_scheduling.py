@@ -1496,8 +1496,8 @@ def promoted_to_the_end() -> list[Any]:
 def test_raising_n_trials_over_the_configurations_runs_that_many_more(tmp_path):
     """`--n-trials 10` on 9 configurations of 11 finished attempts: one more configuration,
     said so by the dry run and run by the run."""
+    from sweep.commands._dry_run import dry_run
     from sweep.commands.assembly import spent
-    from sweep.commands.dry_run import dry_run
     from sweep.gpus.pool import fake_devices
     from sweep.study.storage import find
 

@@ -22,8 +22,8 @@ from sweep._core import names
 from sweep._core.errors import UsageError
 from sweep._core.safefs import UnsafePath
 from sweep.analysis import logs
+from sweep.commands._dry_run import dry_run
 from sweep.commands.assembly import execute
-from sweep.commands.dry_run import dry_run
 from sweep.gpus.monitor import SAMPLE_COLUMNS, Monitor, NoReader
 from sweep.gpus.pool import Pool, fake_devices
 from sweep.spec import config, schema, storageurl
