@@ -44,8 +44,8 @@ try:  # the packages (issue 30; sweep.launch since issue 39); an older checkout:
     from sweep.study import store
     from sweep.trial import process
     try:
-        from sweep.launch.accelerate import BaseLauncher
-        from sweep.launch.warm import WarmLauncher
+        from sweep.launch._accelerate import BaseLauncher
+        from sweep.launch._warm import WarmLauncher
         spawners = (BaseLauncher, WarmLauncher)
     except ImportError:
         from sweep.trial import launchers

@@ -5,5 +5,5 @@ the warm fork server and its client, the container engine, and the record of wha
 Imports `_core`, `protocol`, `spec`, `gpus` and `trial`; never Optuna.
 
 Nothing is imported here: `python -m sweep.launch.warm_server` imports this package first, and
-the server must start with the standard library, `trial.guard` and `imitation` alone.
+the server must start with the standard library, `trial.guard` and `_imitation` alone.
 """

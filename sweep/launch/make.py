@@ -1,17 +1,17 @@
 """Which launcher a run has: one `Launcher` per `trainer.launcher`, chosen once by `make`,
 and nowhere else.
 
-- `accelerate` (the default, `accelerate.py`): `accelerate launch` as a new process per trial,
+- `accelerate` (the default, `_accelerate.py`): `accelerate launch` as a new process per trial,
   exactly the command a user would type (sweep's accelerate config, the device, the options).
-- `direct` (`direct.py`): the script in one interpreter, with the variables accelerate's own
+- `direct` (`_direct.py`): the script in one interpreter, with the variables accelerate's own
   `prepare_simple_launcher_cmd_env` gives it (computed once per options).
-- `warm` (`warm.py`): as `direct`, but each trial is a fork of a server that imported torch,
+- `warm` (`_warm.py`): as `direct`, but each trial is a fork of a server that imported torch,
   accelerate and `trainer.preload` (`warm_server.py`); where it cannot serve, trials start as
   `direct` and the user is told why, once.
-- `python` (`accelerate.py`): `python script.py` with the device and sweep's variables,
+- `python` (`_accelerate.py`): `python script.py` with the device and sweep's variables,
   nothing of accelerate.
 
-With `trainer.container`, the one chosen runs inside it (`in_container.py`).
+With `trainer.container`, the one chosen runs inside it (`_in_container.py`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sweep.launch import provenance
-from sweep.launch.accelerate import AccelerateLauncher, BaseLauncher, PythonLauncher
-from sweep.launch.direct import DirectLauncher
-from sweep.launch.in_container import ContainerLauncher
+from sweep.launch._accelerate import AccelerateLauncher, BaseLauncher, PythonLauncher
+from sweep.launch._direct import DirectLauncher
+from sweep.launch._in_container import ContainerLauncher
+from sweep.launch._warm import WarmLauncher
 from sweep.launch.launcher import Abort, Launcher, Say
-from sweep.launch.warm import WarmLauncher
 from sweep.spec.schema import Spec
 from sweep.trial import process
 from sweep.trial.process import Spawn

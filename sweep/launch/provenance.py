@@ -32,7 +32,7 @@ import yaml
 
 from sweep._core.names import CODE_VERSION, IMAGE
 from sweep._core.safefs import open_for_writing, write_file
-from sweep.launch import engine
+from sweep.launch import _engine
 from sweep.spec import container as containerspec
 from sweep.spec import interpreter
 from sweep.spec.accelconfig import ConfigFileError
@@ -249,8 +249,8 @@ class RunRecord:
         image: dict[str, str | None] | None = None
         if inside is not None:
             try:
-                image = engine.pin(inside, spec.source.parent).record()
-            except engine.ImageError as e:
+                image = _engine.pin(inside, spec.source.parent).record()
+            except _engine.ImageError as e:
                 image = {"ref": inside.image, "id": None, "error": str(e)}
         devices = {int(k): dict(v) for k, v in (gpus or {}).items()}
         return cls(host or socket.gethostname(), git_code(folder, run, spec.trainer.script),

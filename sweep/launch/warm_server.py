@@ -23,11 +23,11 @@ are dropped (a fork runs only those its script registers). A preload that initia
 import, or that leaves a thread running (its locks would be held forever in a fork), makes
 forks unsafe: the server says so and the launcher falls back to `direct`.
 
-The interpreter imitation (`sweep.launch.imitation`) uses CPython internals and is tested on
+The interpreter imitation (`sweep.launch._imitation`) uses CPython internals and is tested on
 the versions in `TESTED_PYTHONS`; on another the launcher starts trials as `direct`.
 
 This module imports only the standard library, `sweep.trial.guard` and
-`sweep.launch.imitation`.
+`sweep.launch._imitation`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sweep.launch import imitation
+from sweep.launch import _imitation
 from sweep.trial import guard
 
 DEFAULT_PRELOAD = ("torch", "accelerate")
@@ -276,12 +276,12 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
         os.environ.update(env)
         os.chdir(message["cwd"])
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = imitation.stdio(1, env, line=False)
-        sys.stderr = imitation.stdio(2, env, line=True)
+        sys.stdout = _imitation.stdio(1, env, line=False)
+        sys.stderr = _imitation.stdio(2, env, line=True)
         argv = list(message["argv"][1:])  # [python, script, *args] or [python, -m, module, ...]
         module = argv[0] == "-m"
         first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
-        imitation.as_fresh(before, first, _BASE)
+        _imitation.as_fresh(before, first, _BASE)
         import runpy
 
         sys.orig_argv = list(message["argv"])
@@ -302,13 +302,13 @@ def _trainer(message: dict[str, Any], out: int, err: int, close: Sequence[int],
     except SystemExit as e:
         code = e.code
     except KeyboardInterrupt as e:
-        imitation.print_error(e, main_file)
+        _imitation.print_error(e, main_file)
         died_of = signal.SIGINT
     except BaseException as e:  # the script's error, printed as python prints it
-        imitation.print_error(e, main_file)
+        _imitation.print_error(e, main_file)
         code = 1
     try:
-        imitation.exit_as_python(code, died_of)
+        _imitation.exit_as_python(code, died_of)
     finally:
         os._exit(1)
 

@@ -59,7 +59,7 @@ class Process(Protocol):
 
 class Forker(Protocol):
     """What forks a trial's guard and trainer instead of starting new interpreters
-    (`sweep.launch.warm_client.WarmServer`, for `launcher: warm`)."""
+    (`sweep.launch._warm_client.WarmServer`, for `launcher: warm`)."""
 
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, grace: float,
              trial_dir: str, fds: Sequence[int]) -> int:

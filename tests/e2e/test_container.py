@@ -14,7 +14,7 @@ from conftest import TRAINERS
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
-from sweep.launch import container, engine
+from sweep.launch import _container, _engine
 from sweep.spec import _container_checks
 from sweep.spec import container as containerspec
 from sweep.spec.container import ContainerSection
@@ -26,7 +26,7 @@ from sweep.trial.launch_plan import LaunchPlan
 pytestmark = pytest.mark.xdist_group("podman")
 
 OUT = Path("/s/out")
-IMAGE = container.Image("reg/train:1.2", "sha256:" + "a" * 64, "sha256:" + "b" * 64)
+IMAGE = _container.Image("reg/train:1.2", "sha256:" + "a" * 64, "sha256:" + "b" * 64)
 
 
 def plan(env: dict[str, str] | None = None) -> LaunchPlan:
@@ -43,7 +43,7 @@ def section(**kw: Any) -> ContainerSection:
 
 def wrapped(devices: list[str] | None, **kw: Any) -> list[str]:
     c = section(**kw)
-    return container.wrap(plan(), c, IMAGE, "sweep-st-3", Path("/s"), OUT / "checkpoints/3",
+    return _container.wrap(plan(), c, IMAGE, "sweep-st-3", Path("/s"), OUT / "checkpoints/3",
                           Path("/s"), OUT, devices).argv
 
 
@@ -74,7 +74,7 @@ def test_docker_passes_the_devices_with_gpus_and_run_args_go_before_the_image() 
 
 def test_apptainer_binds_the_folders_and_passes_the_env_through_its_own_variables() -> None:
     c = section(engine="apptainer", image="train.sif")
-    out = container.wrap(plan(), c, container.Image("/s/train.sif", "sha256:" + "c" * 64),
+    out = _container.wrap(plan(), c, _container.Image("/s/train.sif", "sha256:" + "c" * 64),
                          "sweep-st-3", Path("/s"), OUT / "checkpoints/3", Path("/s/work"),
                          OUT, ["GPU-1"])
     assert out.argv == [
@@ -87,7 +87,7 @@ def test_apptainer_binds_the_folders_and_passes_the_env_through_its_own_variable
 
 def test_a_secret_looking_variable_is_passed_by_name_and_its_value_only_in_the_env() -> None:
     env = {"HF_TOKEN": "hf_abc", "LR_DECAY": "0.5", "SWEEP_TRIAL_DIR": "/s/out/trials/3"}
-    out = container.wrap(plan(env), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
+    out = _container.wrap(plan(env), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
                          Path("/s"), OUT, None)
     assert out.argv[out.argv.index("HF_TOKEN") - 1:][:2] == ["--env", "HF_TOKEN"]
     assert not any("hf_abc" in a for a in out.argv)
@@ -97,11 +97,11 @@ def test_a_secret_looking_variable_is_passed_by_name_and_its_value_only_in_the_e
 
 
 def test_files_outside_the_mounted_folders_and_the_study_mounts_are_added() -> None:
-    files = container.outside([Path("/venv/sweep/accelerate_config.yaml"),
+    files = _container.outside([Path("/venv/sweep/accelerate_config.yaml"),
                                Path("/s/train.py")], [Path("/s")])
     assert files == [Path("/venv/sweep/accelerate_config.yaml")]
     mounts = [containerspec.parse_mount("data:/data:ro", Path("/s"))]
-    argv = container.wrap(plan(), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
+    argv = _container.wrap(plan(), section(), IMAGE, "n", Path("/s"), OUT / "checkpoints/3",
                           Path("/s"), OUT, None, files, mounts).argv
     assert argv[argv.index("-w") - 4:argv.index("-w")] == [
         "-v", "/venv/sweep/accelerate_config.yaml:/venv/sweep/accelerate_config.yaml:ro",
@@ -110,16 +110,16 @@ def test_files_outside_the_mounted_folders_and_the_study_mounts_are_added() -> N
 
 def test_the_workdir_is_the_trials_or_the_drivers_inside_the_study_or_the_study() -> None:
     study = Path("/s")
-    assert container.workdir_for(Path("/w"), Path("/s/x"), study) == Path("/w")
-    assert container.workdir_for(None, Path("/s/x"), study) == Path("/s/x")
-    assert container.workdir_for(None, Path("/home/u"), study) == Path("/s")
+    assert _container.workdir_for(Path("/w"), Path("/s/x"), study) == Path("/w")
+    assert _container.workdir_for(None, Path("/s/x"), study) == Path("/s/x")
+    assert _container.workdir_for(None, Path("/home/u"), study) == Path("/s")
 
 
 def test_names_and_tags() -> None:
-    assert container.container_name("my.study", 12) == "sweep-my.study-12"
-    assert container.trial_of("sweep-my.study-12", "my.study") == 12
-    assert container.trial_of("sweep-my.study-x", "my.study") is None
-    assert container.trial_of("sweep-other-1", "my.study") is None
+    assert _container.container_name("my.study", 12) == "sweep-my.study-12"
+    assert _container.trial_of("sweep-my.study-12", "my.study") == 12
+    assert _container.trial_of("sweep-my.study-x", "my.study") is None
+    assert _container.trial_of("sweep-other-1", "my.study") is None
     assert [containerspec.floats(i, "podman") for i in (
         "x:latest", "x", "reg:5000/x", "reg:5000/x:2", "x@sha256:ab")] == [
         True, True, True, False, False]
@@ -479,18 +479,18 @@ def test_the_image_is_pinned_once_per_process_and_a_moved_tag_is_said(tmp_path: 
         return subprocess.CompletedProcess(argv, 0, "1234abcd\tsha256:feed\n", "")
 
     c = section(engine="podman", image="reg/pin-test:1")
-    first = engine.pin(c, tmp_path, inspect)
-    assert engine.pin(c, tmp_path, inspect) is first
+    first = _engine.pin(c, tmp_path, inspect)
+    assert _engine.pin(c, tmp_path, inspect) is first
     assert asked == [["podman", "image", "inspect", "--format", "{{.Id}}\t{{.Digest}}",
                       "reg/pin-test:1"]]
-    assert first == container.Image("reg/pin-test:1", "sha256:1234abcd", "sha256:feed")
+    assert first == _container.Image("reg/pin-test:1", "sha256:1234abcd", "sha256:feed")
     out = tmp_path / "out"
     out.mkdir()
-    assert engine.moved_since(out, first) is None  # no run before
-    assert engine.moved_since(out, first) is None  # the same image
-    moved = container.Image("reg/pin-test:1", "sha256:9999")
-    assert engine.moved_since(out, moved) == "sha256:1234abcd"
-    assert engine.moved_since(out, moved) is None
+    assert _engine.moved_since(out, first) is None  # no run before
+    assert _engine.moved_since(out, first) is None  # the same image
+    moved = _container.Image("reg/pin-test:1", "sha256:9999")
+    assert _engine.moved_since(out, moved) == "sha256:1234abcd"
+    assert _engine.moved_since(out, moved) is None
 
 
 def test_a_lineage_carries_on_only_in_the_image_it_started_in(tmp_path: Path) -> None:
@@ -519,7 +519,7 @@ def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() 
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     running = {OUT / "trials" / "1"}
-    removed = engine.reclaim(section(engine="podman"), "st", OUT, lambda d: d in running,
+    removed = _engine.reclaim(section(engine="podman"), "st", OUT, lambda d: d in running,
                              engine_run)
     assert removed == ["sweep-st-2"]
     assert asked == [
@@ -968,8 +968,8 @@ def test_the_container_launcher_warns_of_latest_says_a_moved_tag_and_passes_real
     spec = config.load(study, runnable=False)
     spec.output_dir.mkdir()  # as the run makes it before the launcher
     ids = iter(["sha256:1", "sha256:2"])
-    monkeypatch.setattr(engine, "pin", lambda c, base: container.Image(c.image, next(ids)))
-    monkeypatch.setattr(engine, "reclaim", lambda c, name, out: [])
+    monkeypatch.setattr(_engine, "pin", lambda c, base: _container.Image(c.image, next(ids)))
+    monkeypatch.setattr(_engine, "reclaim", lambda c, name, out: [])
     said: list[str] = []
     for _ in range(2):
         launcher = make(spec, "host", tmp_path / "own", said.append)
@@ -1013,7 +1013,7 @@ def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_i
     """Not left to the reclaim of containers that outlived their trials (which says so)."""
     from conftest import study_dict
 
-    from sweep.launch.in_container import ContainerLauncher
+    from sweep.launch._in_container import ContainerLauncher
     from sweep.launch.make import make
     from sweep.spec import config
 
@@ -1021,8 +1021,8 @@ def test_the_runs_end_waits_for_a_killed_trials_tree_and_removes_its_container_i
         "image": "reg/t:1", "engine": "podman"}})), runnable=False)
     removed: list[str] = []
     at_reclaim: list[list[str]] = []
-    monkeypatch.setattr(engine, "remove", lambda c, name: removed.append(name) or True)
-    monkeypatch.setattr(engine, "reclaim", lambda c, name, out: at_reclaim.append(removed[:])
+    monkeypatch.setattr(_engine, "remove", lambda c, name: removed.append(name) or True)
+    monkeypatch.setattr(_engine, "reclaim", lambda c, name, out: at_reclaim.append(removed[:])
                         or [])
     said: list[str] = []
     launcher = make(spec, "host", tmp_path / "own", said.append)
@@ -1140,8 +1140,8 @@ def test_a_sif_file_is_pinned_by_its_sha256_and_a_docker_reference_by_its_id(
     import hashlib
 
     (tmp_path / "t.sif").write_bytes(b"not really an image")
-    sif = engine.pin(section(engine="apptainer", image="t.sif"), tmp_path)
-    assert sif == container.Image(
+    sif = _engine.pin(section(engine="apptainer", image="t.sif"), tmp_path)
+    assert sif == _container.Image(
         "t.sif", "sha256:" + hashlib.sha256(b"not really an image").hexdigest())
     assert sif.run_ref("apptainer") == "t.sif"
 
@@ -1150,8 +1150,8 @@ def test_a_sif_file_is_pinned_by_its_sha256_and_a_docker_reference_by_its_id(
                         '{{.Id}}\t{{join .RepoDigests ","}}', "reg/d:1"]
         return subprocess.CompletedProcess(argv, 0, "sha256:abc\treg/d@sha256:def,x@y\n", "")
 
-    image = engine.pin(section(engine="docker", image="reg/d:1"), tmp_path, inspect)
-    assert image == container.Image("reg/d:1", "sha256:abc", "sha256:def")
+    image = _engine.pin(section(engine="docker", image="reg/d:1"), tmp_path, inspect)
+    assert image == _container.Image("reg/d:1", "sha256:abc", "sha256:def")
     assert image.run_ref("docker") == "sha256:abc"
-    with pytest.raises(engine.ImageError, match="apptainer pull"):
-        engine.pin(section(engine="apptainer", image="docker://reg/d:1"), tmp_path)
+    with pytest.raises(_engine.ImageError, match="apptainer pull"):
+        _engine.pin(section(engine="apptainer", image="docker://reg/d:1"), tmp_path)

@@ -573,8 +573,8 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
 
 
 def test_warm_starts_trials_as_direct_for_another_interpreter(tmp_path):
+    from sweep.launch._warm import WarmLauncher, other_interpreter
     from sweep.launch.make import make
-    from sweep.launch.warm import WarmLauncher, other_interpreter
 
     python = make_venv(tmp_path / "venv", with_accelerate=True)
     assert not other_interpreter(None)

@@ -192,7 +192,7 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
 
 
 def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_path, monkeypatch):
-    from sweep.launch.direct import AccelerateEnv
+    from sweep.launch._direct import AccelerateEnv
 
     calls = []
 
@@ -218,7 +218,7 @@ def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_pat
 @pytest.mark.slow
 def test_options_accelerate_refuses_are_one_line(tmp_path):
     from sweep._core.errors import SweepError
-    from sweep.launch.direct import AccelerateEnv
+    from sweep.launch._direct import AccelerateEnv
 
     env = AccelerateEnv(tmp_path, "h", python=sys.executable)
     with pytest.raises(SweepError, match="accelerate refused the options --no_such_option"):
@@ -238,10 +238,10 @@ def test_the_launcher_is_chosen_once_by_name(tmp_path, monkeypatch):
     """`make` is the one place that reads `trainer.launcher`; the default starts
     `accelerate launch` per trial, with sweep's config from the package (a file that exists
     wherever sweep is installed: a command sweep prints runs when pasted)."""
-    from sweep.launch.accelerate import AccelerateLauncher, PythonLauncher
-    from sweep.launch.direct import AccelerateEnv, DirectLauncher
+    from sweep.launch._accelerate import AccelerateLauncher, PythonLauncher
+    from sweep.launch._direct import AccelerateEnv, DirectLauncher
+    from sweep.launch._warm import WarmLauncher
     from sweep.launch.make import make
-    from sweep.launch.warm import WarmLauncher
 
     monkeypatch.setattr(AccelerateEnv, "get", lambda self, options: {"A": "1"})
     kinds = {name: type(make(_spec(tmp_path, launcher=name), "h", tmp_path,

@@ -19,13 +19,13 @@ import psutil
 import pytest
 from conftest import ROOT, TRAINERS, processes_mentioning, run_cli, spawn_cli, wait_until
 
-import sweep.launch.warm
-import sweep.launch.warm_client
+import sweep.launch._warm
+import sweep.launch._warm_client
 import sweep.launch.warm_server
 import sweep.spec.schema
+from sweep.launch._warm import WarmLauncher
+from sweep.launch._warm_client import WarmServer, cannot_take, server_modules
 from sweep.launch.make import make
-from sweep.launch.warm import WarmLauncher
-from sweep.launch.warm_client import WarmServer, cannot_take, server_modules
 from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
 from sweep.protocol import RESULT_ENV, TRIAL_DIR_ENV, TRIAL_NUMBER_ENV
 from sweep.trial.launch_plan import LaunchPlan, TrialPaths
@@ -483,7 +483,7 @@ def test_a_server_that_does_not_answer_holds_the_driver_briefly_and_starts_nothi
     stopping = threading.Event()
     for name, patience, why in (("patience", 1.0, "no answer in 1 s"),
                                 ("signal", 6.0, "the run is stopping")):
-        monkeypatch.setattr(sweep.launch.warm_client, "FORK_PATIENCE", patience)
+        monkeypatch.setattr(sweep.launch._warm_client, "FORK_PATIENCE", patience)
         warm = WarmServer([], {**os.environ, TRIAL_DIR_ENV: str(tmp_path)},
                           tmp_path / f"{name}.log", abort=stopping.is_set)
         warm.ready(30)
@@ -592,7 +592,7 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
 
     opener = threading.Thread(target=open_gate, daemon=True)
     opener.start()
-    monkeypatch.setattr(sweep.launch.warm, "WARM_WAIT", 0.3)
+    monkeypatch.setattr(sweep.launch._warm, "WARM_WAIT", 0.3)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     seen = {}

@@ -320,7 +320,7 @@ def test_a_trial_another_driver_fails_gives_its_budget_back_before_the_run_ends(
 def test_a_dry_run_of_direct_shows_the_variables_accelerate_would_set(write_study, fake_gpus,
                                                                        capsys, tmp_path):
     """Read from the cache a run fills; before any run, said so (a dry run writes nothing)."""
-    from sweep.launch.direct import AccelerateEnv
+    from sweep.launch._direct import AccelerateEnv
     from sweep.spec import config
     from sweep.study.ownership import host_name
     from sweep.trial import launch_plan

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep.gpus.pool import FAKE_ENV
-from sweep.launch import container, engine
-from sweep.launch.accelerate import BaseLauncher
+from sweep.launch import _container, _engine
+from sweep.launch._accelerate import BaseLauncher
 from sweep.launch.launcher import Say
 from sweep.spec import container as containerspec
 from sweep.spec.schema import Spec
@@ -27,15 +27,15 @@ END_PATIENCE = 10.0  # s the run's end waits for a trial's tree to end, to remov
 
 class ContainerLauncher:
     """Another launcher's trials, each inside a container of `trainer.container.image`
-    (`sweep.launch.container`): the image pinned to its ID once per run, the lineage kept in the
+    (`sweep.launch._container`): the image pinned to its ID once per run, the lineage kept in the
     image it started in, the study's containers that outlived their trials removed when the run
-    starts and ends (`engine.reclaim`)."""
+    starts and ends (`_engine.reclaim`)."""
 
     def __init__(self, inner: BaseLauncher, spec: Spec, say: Say) -> None:
         assert spec.trainer.container is not None
         self.inner, self.spec, self._say = inner, spec, say
         self.container = spec.trainer.container
-        self.image: container.Image | None = None
+        self.image: _container.Image | None = None
         self._ended: dict[str, Process] = {}  # container name -> its trial's process, until
         # it ended (and its container was removed if the engine could not: `_remove_if_ended`)
         self._lock = threading.Lock()  # removals run on reader threads and at close
@@ -51,22 +51,22 @@ class ContainerLauncher:
         self.reclaim()
         self.image = self._pin()
 
-    def _pin(self) -> container.Image:
-        image = engine.pin(self.container, self.study_dir)
+    def _pin(self) -> _container.Image:
+        image = _engine.pin(self.container, self.study_dir)
         engine_name = self.container.engine or "podman"
         if containerspec.floats(self.container.image, engine_name):
             self._say(f"trainer.container.image {self.container.image} names a tag that "
                       "moves (latest): a rerun, or a trial carried on later, may get another "
                       f"image; this run pins {image.id}. Give a fixed tag (name:1.2) or a "
                       "digest (name@sha256:...)")
-        moved = engine.moved_since(self.spec.output_dir, image)
+        moved = _engine.moved_since(self.spec.output_dir, image)
         if moved is not None:
             self._say(f"trainer.container.image {image.ref} is {image.id} now; the study's "
                       f"last run had {moved}: the tag moved")
         return image
 
     def reclaim(self) -> None:
-        removed = engine.reclaim(self.container, self.spec.study.name, self.spec.output_dir)
+        removed = _engine.reclaim(self.container, self.spec.study.name, self.spec.output_dir)
         if removed:
             self._say(f"removed {len(removed)} container(s) left by trials that no longer "
                       f"run: {', '.join(removed)}")
@@ -77,15 +77,15 @@ class ContainerLauncher:
     def plan(self, number: int, params: Mapping[str, Any], device: int,
              pin: str | None = None, port: int | None = None,
              start: Start | None = None) -> LaunchPlan:
-        """The inner launcher's plan, run inside the image (`container.wrap`); ImageRefused
+        """The inner launcher's plan, run inside the image (`_container.wrap`); ImageRefused
         when it would carry on a lineage in another image than its own."""
-        image = self.image or engine.pin(self.container, self.study_dir)
+        image = self.image or _engine.pin(self.container, self.study_dir)
         plan = self.inner.plan(number, params, device, pin, port, start)
         if start is not None:
             why = lineage.image_refusal(start, lineage.started_in(start), image.id,
                                         self.container.continue_in_other_image)
             if why is not None:
-                raise engine.ImageRefused(why)
+                raise _engine.ImageRefused(why)
         study_dir = self.study_dir
         checkpoint = start.checkpoint_dir if start is not None else lineage.checkpoint_dir(
             self.spec.output_dir, number)
@@ -95,10 +95,10 @@ class ContainerLauncher:
         named = [self.inner.config.path] if self.inner.through_accelerate else []
         if self.spec.trainer.script is not None:
             named.append(Path(self.spec.trainer.script))
-        files = container.outside(named, mounted)
-        return container.wrap(
-            plan, self.container, image, container.container_name(self.spec.study.name, number),
-            study_dir, checkpoint, container.workdir_for(plan.cwd, Path.cwd(), study_dir),
+        files = _container.outside(named, mounted)
+        return _container.wrap(
+            plan, self.container, image, _container.container_name(self.spec.study.name, number),
+            study_dir, checkpoint, _container.workdir_for(plan.cwd, Path.cwd(), study_dir),
             self.spec.output_dir, devices, files, containerspec.mounts(self.container, study_dir))
 
     def note(self, params: Mapping[str, Any]) -> str | None:
@@ -115,10 +115,10 @@ class ContainerLauncher:
         the trial's tree ended by a signal (its guard killed the engine's command and monitor:
         the engine's own `--rm` did not run), its container is removed then, from the
         process's reader thread."""
-        image = self.image or engine.pin(self.container, self.study_dir)
+        image = self.image or _engine.pin(self.container, self.study_dir)
         start = Start(Path(plan.env[lineage.CHECKPOINT_ENV]))
         lineage.record_image(start, image.id)
-        name = container.container_name(self.spec.study.name, int(plan.paths.dir.name))
+        name = _container.container_name(self.spec.study.name, int(plan.paths.dir.name))
 
         def changed() -> None:
             on_change()
@@ -139,7 +139,7 @@ class ContainerLauncher:
                 return
             del self._ended[name]
             if proc.lost or proc.exit_code is None or proc.exit_code >= 128:
-                engine.remove(self.container, name)
+                _engine.remove(self.container, name)
 
     def close(self) -> None:
         """The inner launcher's, then the containers of ended trials not removed yet, then
@@ -152,5 +152,5 @@ class ContainerLauncher:
             self._remove_if_ended(name)
         try:
             self.reclaim()
-        except engine.ImageError as e:
+        except _engine.ImageError as e:
             self._say(f"could not look for containers left running: {e}")

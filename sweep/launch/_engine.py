@@ -19,7 +19,7 @@ import psutil
 
 from sweep._core.errors import SweepError, short
 from sweep._core.safefs import make_own_folder, write_file
-from sweep.launch.container import LABEL_OUTPUT_DIR, Image, trial_of
+from sweep.launch._container import LABEL_OUTPUT_DIR, Image, trial_of
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.spec.container import ContainerSection, Engine, image_path, is_path_image
 from sweep.trial import folders

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep._core.errors import SweepError
-from sweep.launch import engine
-from sweep.launch.accelerate import BaseLauncher
+from sweep.launch import _engine
+from sweep.launch._accelerate import BaseLauncher
 from sweep.spec import container as containerspec
 from sweep.spec import interpreter
 from sweep.spec.schema import Spec
@@ -128,7 +128,7 @@ class DirectLauncher(BaseLauncher):
         prefix: list[str] = []
         if inside is not None:
             pinned = inside if inside.engine == "apptainer" else inside.model_copy(
-                update={"image": engine.pin(inside, spec.source.parent).id})
+                update={"image": _engine.pin(inside, spec.source.parent).id})
             prefix = containerspec.probe_prefix(pinned, spec.source.parent, [self.config.path])
             python = launch_plan.trial_python(spec)
         version = None if python is None else interpreter.probe(

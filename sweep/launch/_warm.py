@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sweep.launch.direct import DirectLauncher
+from sweep.launch._direct import DirectLauncher
+from sweep.launch._warm_client import WarmNotYet, WarmServer, cannot_take, server_modules
 from sweep.launch.launcher import Abort, Say
-from sweep.launch.warm_client import WarmNotYet, WarmServer, cannot_take, server_modules
 from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
 from sweep.protocol import TRIAL_DIR_ENV
 from sweep.spec import interpreter
