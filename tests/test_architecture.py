@@ -445,3 +445,23 @@ def test_the_names_check_finds_a_name_written_out():
                      '\n"dir" in t.user_attrs; store.note(t, {"clean": True}); row["gpu"] = 1')
     assert sorted(c.value for c in attribute_keys(tree)) == [
         "clean", "dir", "gpu", "host", "owner", "rung"]
+
+
+# modules other packages never import that keep a public name: what users import by name
+# (the docs' `sweep.analysis.*`), and what runs by its name or its file (the warm server by
+# `python -m`, the guard by path)
+PUBLIC_THOUGH_UNIMPORTED = {"analysis.summary", "analysis.figures", "analysis.report",
+                            "analysis.lineage_figures", "launch.warm_server", "trial.guard"}
+
+
+def test_a_module_no_other_package_imports_is_private():
+    """Issue 39, the converse of the rule above: a module only its own package imports is the
+    package's own, named with a leading `_`. Public are the modules another package imports,
+    those the package's `__init__` re-exports (its face: `commands`' verbs, `schedulers.api`)
+    and those a user or another process reaches by name (`PUBLIC_THOUGH_UNIMPORTED`)."""
+    from_outside = {imported for name, path in modules() for imported in sweep_imports(path)
+                    if part_of(imported) != part_of(name) or name.endswith(".__init__")}
+    wrong = [name for name, _ in modules()
+             if "." in name and not name.rsplit(".", 1)[1].startswith("_")
+             and name not in from_outside | PUBLIC_THOUGH_UNIMPORTED]
+    assert not wrong, f"only their own package imports these: name them _x.py: {wrong}"
