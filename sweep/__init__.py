@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweep.analysis.status import Status
-    from sweep.analysis.summary import Summary
+    from sweep.analysis import Status, Summary
 
 __version__ = "0.2.0"
 __all__ = ["__version__", "load", "run", "status"]
@@ -43,14 +42,14 @@ def run(
     Keyword arguments override the file. Ctrl-C (KeyboardInterrupt) stops the trials as on
     the command line, then raises KeyboardInterrupt.
     """
-    from sweep.commands.assembly import run_file
+    from sweep.commands import run_file
 
     return run_file(study, n_trials=n_trials, gpus=gpus, storage=storage)
 
 
 def load(study: str | Path, storage: str | None = None) -> Summary:
     """The study's trials, GPUs and samples as DataFrames (works while it runs)."""
-    from sweep.analysis.summary import load as load_summary
+    from sweep.analysis import load as load_summary
 
     return load_summary(study, storage=storage)
 

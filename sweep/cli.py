@@ -16,8 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from sweep import __version__
-from sweep._core import stops
-from sweep._core.errors import SweepError
+from sweep._core import SweepError, stops
 from sweep.commands import COMMANDS
 
 

@@ -7,6 +7,7 @@ A module imports only from packages of lower layers, and from its own package wi
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,16 +47,32 @@ def part_of(name: str) -> str:
     return name.split(".")[0]
 
 
+def face_of(package: str) -> dict[str, str]:
+    """The names a package's `__init__` re-exports (its face, `_core.faces`), each with the
+    module that defines it, dotted under sweep (`trial.outcome`)."""
+    init = PACKAGE / package / "__init__.py"
+    if not init.exists():
+        return {}
+    checking = [block for block in ast.parse(init.read_text()).body if isinstance(block, ast.If)
+                and getattr(block.test, "id", "") == "TYPE_CHECKING"]
+    return {alias.name: node.module.split(".", 1)[1]
+            for block in checking for node in ast.walk(block)
+            if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith(f"sweep.{package}.") for alias in node.names}
+
+
 def sweep_imports(path: Path) -> set[str]:
-    """The sweep modules `path` imports, dotted under sweep (TYPE_CHECKING imports too)."""
+    """The sweep modules `path` imports, dotted under sweep (TYPE_CHECKING imports too); a name
+    taken from a package's face counts as an import of the module that defines it."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sweep"):
             base = node.module.split(".")[1:]
             for alias in node.names:
                 whole = ".".join([*base, alias.name])
+                face = face_of(base[0]) if len(base) == 1 else {}
                 found.add(whole if (PACKAGE / f"{whole.replace('.', '/')}.py").exists()
-                          else ".".join(base) or alias.name)
+                          else face.get(alias.name) or ".".join(base) or alias.name)
         elif isinstance(node, ast.Import):
             found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("sweep.")}
     return {f for f in found if part_of(f) not in ("testing", "__version__")}
@@ -465,3 +482,38 @@ def test_a_module_no_other_package_imports_is_private():
              if "." in name and not name.rsplit(".", 1)[1].startswith("_")
              and name not in from_outside | PUBLIC_THOUGH_UNIMPORTED]
     assert not wrong, f"only their own package imports these: name them _x.py: {wrong}"
+
+
+# a name that is also its module's name cannot be re-exported (importing the module would
+# replace it in the package): taken from the module itself
+OWN_NAMED = {("analysis", "status", "status"), ("study", "connect", "connect")}
+
+
+def test_another_package_takes_a_name_through_the_packages_face():
+    """Issue 39: `from sweep.trial import Outcome`, never `from sweep.trial.outcome import
+    Outcome`, across packages; a package's face (its `__init__`) lists in `__all__` exactly
+    the names it imports for type checkers, and each loads, on first use, as its module
+    defines it."""
+    reached = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("sweep.") and node.module.count(".") >= 2):
+                continue
+            _, package, module = node.module.split(".", 2)
+            if package in (part_of(name), "testing") or not (PACKAGE / package).is_dir():
+                continue
+            if all((package, module, a.name) in OWN_NAMED for a in node.names):
+                continue
+            reached.append(f"{name}: from {node.module} import ...")
+    assert not reached, reached
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        package = init.parent.name
+        if package == "testing":
+            continue
+        face = face_of(package)
+        loaded = importlib.import_module(f"sweep.{package}")
+        assert set(loaded.__all__) - {"COMMANDS"} == set(face), package
+        for name, module in face.items():  # each name is the one its module defines
+            defined = getattr(importlib.import_module(f"sweep.{module}"), name)
+            assert getattr(loaded, name) is defined, (package, name)

@@ -11,6 +11,8 @@ import warnings
 from collections.abc import Callable, Collection
 from typing import Any
 
+from sweep._core.errors import short
+
 NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|inf)"
 
 
@@ -62,7 +64,7 @@ def compile_pattern(pattern: str) -> Any:
     (backreferences, lookaround, atomic groups, possessive quantifiers, conditionals, `\Z`) is
     refused, as is a pattern of more than MAX_PROGRAM RE2 instructions or without named groups.
     """
-    cut = clip(pattern, 60)
+    cut = short(pattern, 60)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)  # `re` would read it another way
@@ -142,7 +144,7 @@ def parse_stdout(
                 if number is not None:
                     found[key] = number
                 elif key not in seen and rejected is not None:
-                    rejected[key] = clip(raw, 40)
+                    rejected[key] = short(raw, 40)
                 seen.add(key)
         if len(found) == len(groups):
             break
@@ -177,6 +179,3 @@ def finite_number(value: Any) -> float | None:
         return None
     return number if math.isfinite(number) else None
 
-
-def clip(text: str, width: int = 80) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"

@@ -55,7 +55,7 @@ def read_samples(output_dir: Path) -> pd.DataFrame:
 
     `time` is naive local time, like Optuna's `datetime_start`, so the two can be compared.
     """
-    from sweep.gpus.monitor import SAMPLE_COLUMNS, SAMPLES_NAME
+    from sweep.gpus import SAMPLE_COLUMNS, SAMPLES_NAME
 
     files = sorted(output_dir.glob(f"drivers/*/{SAMPLES_NAME}"))
     if (output_dir / SAMPLES_NAME).is_file():

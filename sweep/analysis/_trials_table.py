@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from sweep._core import names
-from sweep.spec.schema import Spec
+from sweep.spec import Spec
 from sweep.study import attrs
 
 # the trial's attributes shown as they are stored, each a column of its name

@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sweep._core.names import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, RETRY_OF, STEPS_REPEATED
+from sweep._core import PAUSED_AT, RESTORED_PARAMS, RESUMED_AT, RETRY_OF, STEPS_REPEATED
 from sweep.analysis._cost import with_costs
 from sweep.analysis._plotting import COLOURS, empty, go
 from sweep.analysis.summary import Summary
-from sweep.schedulers import history
-from sweep.schedulers.halving import rungs
+from sweep.schedulers import history, rungs
 
 # kind: (symbol, colour, offset from its bar's row): a pause above the bar pointing down at
 # its end, a promotion below pointing up at its start, so the two at one moment both show

@@ -8,11 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sweep._core.errors import UsageError
+from sweep._core import UsageError
 from sweep.spec import config
-from sweep.study.attrs import Owner
-from sweep.study.ownership import host_name
-from sweep.study.storage import read_study
+from sweep.study import Owner, host_name, read_study
 from sweep.trial import folders
 
 

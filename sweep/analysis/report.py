@@ -12,12 +12,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sweep._core import userfiles
-from sweep._core.errors import UsageError
+from sweep._core import UsageError, userfiles
 from sweep.analysis import figures, lineage_figures
 from sweep.analysis.summary import Summary, gpu_table, own_files, read_samples, trials_frame
-from sweep.spec import config
-from sweep.spec.schema import Spec
+from sweep.spec import Spec, config
 from sweep.study import storage
 
 REPORT_NAME = "report.html"

@@ -13,8 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.analysis.summary import load_study, seconds
-from sweep.spec import config
-from sweep.spec.schema import Spec
+from sweep.spec import Spec, config
 from sweep.study import attrs, ownership
 from sweep.trial import folders, hang, launch_plan
 

@@ -17,14 +17,11 @@ from typing import Any
 
 import pandas as pd
 
-from sweep._core import names, userfiles
-from sweep._core.errors import UsageError
+from sweep._core import UsageError, names, userfiles
 from sweep.analysis._device_use import ends, gpu_table, last_seen, read_samples
 from sweep.analysis._fitted_table import table
 from sweep.analysis._trials_table import seconds, trials_frame
-from sweep.spec import config
-from sweep.spec.schema import Spec
-from sweep.spec.storageurl import StorageKind
+from sweep.spec import Spec, StorageKind, config
 from sweep.study import storage
 
 __all__ = ["Summary", "best_rows", "ends", "gpu_table", "last_seen", "load", "load_study",

@@ -59,7 +59,7 @@ def common(verb: argparse.ArgumentParser, storage: bool = True) -> argparse.Argu
 
 def other_file(e: OSError, flag: str) -> str:
     """What to do when a file for the user cannot be written: name another with `flag`."""
-    from sweep._core.safefs import UnsafePath
+    from sweep._core import UnsafePath
 
     if isinstance(e, UnsafePath):
         return f"give {flag} another file's name (sweep writes over no file it did not write)"

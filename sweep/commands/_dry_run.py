@@ -12,19 +12,12 @@ from typing import Any
 
 from sweep import schedulers
 from sweep.commands.assembly import make_pool, nvml_reader
-from sweep.gpus import hostlock
-from sweep.gpus.placement import Refusal
-from sweep.gpus.pool import Device
+from sweep.gpus import Device, Refusal, hostlock
 from sweep.launch import make as launchers
-from sweep.runner.starter import Starter
-from sweep.spec import searchspace
-from sweep.spec.schema import Spec
-from sweep.study.opening import check_stored, sample
-from sweep.study.ownership import host_name
-from sweep.study.storage import Found
-from sweep.study.store import FINISHED, Asked
-from sweep.trial import command_script, folders, launch_plan
-from sweep.trial.lineage import Lineage
+from sweep.runner import Starter
+from sweep.spec import Spec, searchspace
+from sweep.study import FINISHED, Asked, Found, check_stored, host_name, sample
+from sweep.trial import Lineage, command_script, folders, launch_plan
 
 
 def dry_run(spec: Spec, devices: list[Device], found: Found) -> list[str]:

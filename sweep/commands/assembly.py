@@ -16,27 +16,39 @@ from typing import Any
 from rich.console import Console
 
 from sweep import schedulers
-from sweep._core.errors import SweepError
-from sweep._core.safefs import UnsafePath
-from sweep.gpus import hostlock, pool
-from sweep.gpus.hostlock import HostSlots, lock_dir
-from sweep.gpus.monitor import SAMPLES_NAME, Monitor, NoReader, NvmlProbe, SampleReader
-from sweep.gpus.nvml import Nvml, NvmlUnavailable
-from sweep.gpus.pool import Device, Pool, Rules
+from sweep._core import SweepError, UnsafePath
+from sweep.gpus import (
+    SAMPLES_NAME,
+    Device,
+    HostSlots,
+    Monitor,
+    NoReader,
+    Nvml,
+    NvmlProbe,
+    NvmlUnavailable,
+    Pool,
+    Rules,
+    SampleReader,
+    hostlock,
+    lock_dir,
+    pool,
+)
 from sweep.launch import make as launchers
 from sweep.launch import provenance
-from sweep.runner.clock import WallClock
-from sweep.runner.driver import Driver
-from sweep.runner.policy import EXIT_INTERRUPTED, EXIT_OK, RunResult
-from sweep.runner.progress import Progress
-from sweep.spec import config
-from sweep.spec.schema import Spec
-from sweep.study.attrs import Owner
-from sweep.study.connect import check_not_moved, connect
-from sweep.study.opening import check_stored
-from sweep.study.ownership import host_name
-from sweep.study.storage import Found, describe, find, storage_lost_errors
-from sweep.study.store import FINISHED
+from sweep.runner import EXIT_INTERRUPTED, EXIT_OK, Driver, Progress, RunResult, WallClock
+from sweep.spec import Spec, config
+from sweep.study import (
+    FINISHED,
+    Found,
+    Owner,
+    check_not_moved,
+    check_stored,
+    describe,
+    find,
+    host_name,
+    storage_lost_errors,
+)
+from sweep.study.connect import connect
 from sweep.trial import folders
 
 

@@ -27,12 +27,19 @@ def main(args: argparse.Namespace) -> int:
     """Clear what `--clear` names, then print the pool as a table."""
     from rich.table import Table
 
-    from sweep._core.errors import UsageError
+    from sweep._core import UsageError
     from sweep.commands.assembly import nvml_reader
-    from sweep.gpus import health, placement, pool, sicklist
-    from sweep.gpus.hostlock import file_key, held_slots, usable_lock_dir
-    from sweep.gpus.monitor import NvmlProbe
-    from sweep.study.ownership import host_name
+    from sweep.gpus import (
+        NvmlProbe,
+        file_key,
+        health,
+        held_slots,
+        placement,
+        pool,
+        sicklist,
+        usable_lock_dir,
+    )
+    from sweep.study import host_name
 
     folder = usable_lock_dir(host_name())  # before NVML is opened: nothing to close
     devices = pool.discover()

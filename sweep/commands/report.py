@@ -20,7 +20,7 @@ def add_parser(verbs: Verbs) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """Write the report; say where."""
-    from sweep._core.errors import UsageError
+    from sweep._core import UsageError
     from sweep.analysis import report
 
     try:

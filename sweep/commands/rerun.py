@@ -8,13 +8,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweep._core.errors import UsageError
+from sweep._core import UsageError
 from sweep.commands._args import Verbs, common
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from sweep.spec.schema import Spec
+    from sweep.spec import Spec
 
 
 def add_parser(verbs: Verbs) -> argparse.ArgumentParser:
@@ -58,10 +58,9 @@ def _same_params(path: str | Path, number: int, params: Mapping[str, Any],
 
 def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
     """Queue trial `number`'s params as a new trial (recorded as `rerun_of`); what to say."""
-    from sweep._core.names import RERUN_OF
+    from sweep._core import RERUN_OF
     from sweep.spec import config, searchspace
-    from sweep.study.opening import check_stored
-    from sweep.study.storage import reading, storage_errors, unreachable
+    from sweep.study import check_stored, reading, storage_errors, unreachable
 
     spec = config.load(path, runnable=False, storage=storage)
     with reading(spec) as study:
@@ -93,7 +92,7 @@ def rerun(path: str | Path, number: int, storage: str | None = None) -> str:
 def _when(path: str | Path, spec: Spec, trials: list[FrozenTrial]) -> str:
     """When the trial queued on `trials` runs: at the next run, or with a larger budget."""
     from sweep import schedulers
-    from sweep.study.store import FINISHED
+    from sweep.study import FINISHED
 
     # the budget once every trial that is running or queued (this one too) has run
     needed = 1 + sum(1 for t in trials
@@ -115,7 +114,7 @@ def _changed(spec: Spec, old: FrozenTrial) -> str | None:
     """What changed in the trial's software since trial `old` ran (None: nothing known)."""
     from sweep.launch import make as launchers
     from sweep.launch import provenance
-    from sweep.study.attrs import OwnerRecord
+    from sweep.study import OwnerRecord
 
     now = provenance.RunRecord.find(spec, launchers.accelerate_record(spec))
     record = OwnerRecord.of(old.user_attrs)

@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from sweep.commands import assembly
     from sweep.commands._dry_run import dry_run
     from sweep.spec import config
-    from sweep.study.storage import find
+    from sweep.study import find
 
     spec = config.load(args.study, n_trials=args.n_trials, gpus=args.gpus, storage=args.storage)
     with find(spec) as found:  # read once; the run goes on with it

@@ -24,9 +24,8 @@ def main(args: argparse.Namespace) -> int:
     """Serve until stopped; the storage comes from `--storage` or $SWEEP_STORAGE."""
     import os
 
-    from sweep._core.errors import UsageError
-    from sweep.spec import config
-    from sweep.spec.storageurl import StorageUrl, StorageUrlError
+    from sweep._core import UsageError
+    from sweep.spec import StorageUrl, StorageUrlError, config
     from sweep.study import proxy
 
     url = args.storage or os.environ.get(config.STORAGE_ENV)

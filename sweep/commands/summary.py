@@ -23,7 +23,7 @@ def add_parser(verbs: Verbs) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     """Write the CSV (where it can be: one asked for by name must be) and show the table."""
-    from sweep._core.errors import UsageError
+    from sweep._core import UsageError
     from sweep.analysis import summary
 
     s = summary.load(args.study, storage=args.storage)

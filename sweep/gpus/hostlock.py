@@ -21,8 +21,14 @@ import stat
 import time
 from pathlib import Path
 
-from sweep._core.errors import SweepError, UsageError
-from sweep._core.safefs import DIR_FLAGS, UnsafePath, file_problem, shared_folder_problem
+from sweep._core import (
+    DIR_FLAGS,
+    SweepError,
+    UnsafePath,
+    UsageError,
+    file_problem,
+    shared_folder_problem,
+)
 
 LOCK_DIR_ENV = "SWEEP_LOCK_DIR"
 DEFAULT_DIR = Path("/tmp/sweep-locks")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sweep._core.errors import UsageError
+from sweep._core import UsageError
 from sweep.gpus import hostlock, placement
 from sweep.gpus.hostlock import HostSlots, Slot
 from sweep.gpus.nvml import GpuInfo, Nvml, NvmlUnavailable

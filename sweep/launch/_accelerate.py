@@ -8,12 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sweep.spec import accelconfig
-from sweep.spec.schema import Spec
-from sweep.trial import launch_plan, process
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.lineage import Start
-from sweep.trial.process import Process, Spawn
+from sweep.spec import Spec, accelconfig
+from sweep.trial import LaunchPlan, Process, Spawn, Start, launch_plan, process
 
 
 class BaseLauncher:

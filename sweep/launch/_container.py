@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sweep._core.secrets import secret_variable
-from sweep.spec.container import ContainerSection, Engine, Mount
-from sweep.trial.launch_plan import LaunchPlan
+from sweep._core import secret_variable
+from sweep.spec import ContainerSection, Engine, Mount
+from sweep.trial import LaunchPlan
 
 NAME_PREFIX = "sweep-"
 LABEL_OUTPUT_DIR = "sweep.output_dir"  # names the study's output folder (the reclaim's filter)

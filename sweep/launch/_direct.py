@@ -21,16 +21,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from sweep._core.errors import SweepError
+from sweep._core import SweepError
 from sweep.launch import _engine
 from sweep.launch._accelerate import BaseLauncher
+from sweep.spec import Spec, interpreter
 from sweep.spec import container as containerspec
-from sweep.spec import interpreter
-from sweep.spec.schema import Spec
-from sweep.trial import launch_plan, process
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.lineage import Start
-from sweep.trial.process import Spawn
+from sweep.trial import LaunchPlan, Spawn, Start, launch_plan, process
 
 # Run as `python -c HELPER OPTIONS_JSON`: prints the variables accelerate sets or changes.
 HELPER = """

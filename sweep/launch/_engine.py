@@ -17,11 +17,10 @@ from pathlib import Path
 
 import psutil
 
-from sweep._core.errors import SweepError, short
-from sweep._core.safefs import make_own_folder, write_file
+from sweep._core import SweepError, make_own_folder, short, write_file
 from sweep.launch._container import LABEL_OUTPUT_DIR, Image, trial_of
 from sweep.protocol import TRIAL_DIR_ENV
-from sweep.spec.container import ContainerSection, Engine, image_path, is_path_image
+from sweep.spec import ContainerSection, Engine, image_path, is_path_image
 from sweep.trial import folders
 
 ENGINE_TIMEOUT = 60.0  # seconds for one question to the engine

@@ -11,16 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.gpus.pool import FAKE_ENV
+from sweep.gpus import FAKE_ENV
 from sweep.launch import _container, _engine
 from sweep.launch._accelerate import BaseLauncher
 from sweep.launch.launcher import Say
+from sweep.spec import Spec
 from sweep.spec import container as containerspec
-from sweep.spec.schema import Spec
-from sweep.trial import lineage
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.lineage import Start
-from sweep.trial.process import Process
+from sweep.trial import LaunchPlan, Process, Start, lineage
 
 END_PATIENCE = 10.0  # s the run's end waits for a trial's tree to end, to remove its container
 

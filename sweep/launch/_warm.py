@@ -17,11 +17,8 @@ from sweep.launch._warm_client import WarmNotYet, WarmServer, cannot_take, serve
 from sweep.launch.launcher import Abort, Say
 from sweep.launch.warm_server import TESTED_PYTHONS, WarmError
 from sweep.protocol import TRIAL_DIR_ENV
-from sweep.spec import interpreter
-from sweep.spec.schema import Spec
-from sweep.trial import process
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.process import Process, Spawn
+from sweep.spec import Spec, interpreter
+from sweep.trial import LaunchPlan, Process, Spawn, process
 
 WARM_WAIT = 30.0  # how long the first trial waits for the warm server's imports
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.lineage import Start
-from sweep.trial.process import Process
+from sweep.trial import LaunchPlan, Process, Start
 
 Say = Callable[[str], None]  # tells the user one line
 Abort = Callable[[], bool]  # true once the run is stopping: waits end

@@ -25,9 +25,8 @@ from sweep.launch._direct import DirectLauncher
 from sweep.launch._in_container import ContainerLauncher
 from sweep.launch._warm import WarmLauncher
 from sweep.launch.launcher import Abort, Launcher, Say
-from sweep.spec.schema import Spec
-from sweep.trial import process
-from sweep.trial.process import Spawn
+from sweep.spec import Spec
+from sweep.trial import Spawn, process
 
 
 def accelerate_record(spec: Spec) -> dict[str, Any] | None:

@@ -30,14 +30,10 @@ from typing import Any
 
 import yaml
 
-from sweep._core.names import CODE_VERSION, IMAGE
-from sweep._core.safefs import open_for_writing, write_file
+from sweep._core import CODE_VERSION, IMAGE, open_for_writing, write_file
 from sweep.launch import _engine
+from sweep.spec import ConfigFileError, Interpreter, InterpreterError, Spec, interpreter
 from sweep.spec import container as containerspec
-from sweep.spec import interpreter
-from sweep.spec.accelconfig import ConfigFileError
-from sweep.spec.interpreter import Interpreter, InterpreterError
-from sweep.spec.schema import Spec
 from sweep.trial import command_script, folders, launch_plan
 
 ENV_NAME, PATCH_NAME = "env.json", "code.patch"

@@ -14,15 +14,12 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep.gpus import health, placement, sicklist
-from sweep.gpus.monitor import Monitor
-from sweep.gpus.placement import Refusal, Why
-from sweep.gpus.pool import Lease, Pool
+from sweep.gpus import Lease, Monitor, Pool, Refusal, Why, health, placement, sicklist
 from sweep.runner._events import Events
 from sweep.runner.policy import Policy
-from sweep.spec.schema import Spec
-from sweep.study.store import Store
-from sweep.trial.running import Phase, RunningTrial, Stop
+from sweep.spec import Spec
+from sweep.study import Store
+from sweep.trial import Phase, RunningTrial, Stop
 
 # what a failure on a device carries, to run it again elsewhere if the device is sick:
 # (number, searched params, origin, attempt, its continuation's lineage attributes)

@@ -14,15 +14,14 @@ from collections.abc import Callable
 
 from optuna.trial import TrialState
 
-from sweep._core.names import REPORTS_UNREAD
-from sweep.gpus.monitor import Monitor
+from sweep._core import REPORTS_UNREAD
+from sweep.gpus import Monitor
 from sweep.runner._events import Events
 from sweep.runner._resume_check import ResumeCheck
 from sweep.schedulers import TrialScheduler
-from sweep.spec.schema import Spec
-from sweep.study.store import Store, Taken
-from sweep.trial import hang, stacks
-from sweep.trial.running import HURRIED_DRAIN, MAX_DRAIN, Phase, RunningTrial, Stop
+from sweep.spec import Spec
+from sweep.study import Store, Taken
+from sweep.trial import HURRIED_DRAIN, MAX_DRAIN, Phase, RunningTrial, Stop, hang, stacks
 
 
 class Follower:

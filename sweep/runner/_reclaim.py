@@ -23,17 +23,13 @@ from pathlib import Path
 import psutil
 from optuna.trial import TrialState
 
-from sweep._core.names import BEAT
-from sweep.gpus.monitor import SAMPLES_NAME, last_seen
+from sweep._core import BEAT
+from sweep.gpus import SAMPLES_NAME, last_seen
 from sweep.runner._events import Events
 from sweep.runner._trials import Trials
-from sweep.spec.schema import Spec
-from sweep.study.attrs import Owner
-from sweep.study.ownership import Orphan
-from sweep.study.store import Store
-from sweep.trial import folders, lineage_lock, process
-from sweep.trial.lineage import Lineage
-from sweep.trial.process import GUARD_MARGIN
+from sweep.spec import Spec
+from sweep.study import Orphan, Owner, Store
+from sweep.trial import GUARD_MARGIN, Lineage, folders, lineage_lock, process
 
 POLL_SECONDS = 0.5  # how often an orphan's processes and lock are looked at while they end
 

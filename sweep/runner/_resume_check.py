@@ -9,19 +9,11 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep._core.names import (
-    EXPLOIT_STEP,
-    FAIL_REASON,
-    RESUMED_AT,
-    RETRY_OF,
-    STEPS_REPEATED,
-)
+from sweep._core import EXPLOIT_STEP, FAIL_REASON, RESUMED_AT, RETRY_OF, STEPS_REPEATED
 from sweep.schedulers import history
-from sweep.spec.schema import Spec
-from sweep.study.store import Asked, Store
-from sweep.trial import lineage
-from sweep.trial.lineage import Start
-from sweep.trial.running import RunningTrial, Stop
+from sweep.spec import Spec
+from sweep.study import Asked, Store
+from sweep.trial import RunningTrial, Start, Stop, lineage
 
 
 class ResumeCheck:

@@ -18,16 +18,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep._core.names import EXPLOIT_STEP
-from sweep.gpus.pool import Lease, Pool
-from sweep.spec.schema import Spec
-from sweep.study.counts import Tally
-from sweep.study.heartbeat import Heartbeat
-from sweep.study.ownership import Orphan
-from sweep.study.store import Asked, Store
-from sweep.trial.lineage import Lineage
-from sweep.trial.outcome import Outcome
-from sweep.trial.running import MOVES, Phase, PhaseError, RunningTrial, Stop
+from sweep._core import EXPLOIT_STEP
+from sweep.gpus import Lease, Pool
+from sweep.spec import Spec
+from sweep.study import Asked, Heartbeat, Orphan, Store, Tally
+from sweep.trial import MOVES, Lineage, Outcome, Phase, PhaseError, RunningTrial, Stop
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sweep._core.terminal import release_dead_terminal
+from sweep._core import release_dead_terminal
 
 # SIGHUP: the terminal closed; SIGUSR1/SIGUSR2: what Slurm (`--signal`) and submitit send
 # before a time limit or a preemption

@@ -20,9 +20,8 @@ from typing import Any
 from optuna.trial import TrialState
 
 from sweep import schedulers
-from sweep._core.names import GPU_MEM_PEAK_MB
-from sweep.gpus.monitor import Monitor
-from sweep.gpus.pool import Lease, Pool
+from sweep._core import GPU_MEM_PEAK_MB
+from sweep.gpus import Lease, Monitor, Pool
 from sweep.launch import make as launchers
 from sweep.launch import provenance
 from sweep.runner._devices import DeviceCare
@@ -35,15 +34,18 @@ from sweep.runner.clock import WallClock, signals_to
 from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.schedulers import CalledOff, NotStarted
-from sweep.spec import searchspace
-from sweep.spec.schema import Spec
-from sweep.study import savings
-from sweep.study.budget import LOCK_PATIENCE, LockAbandoned
-from sweep.study.storage import storage_lost_errors
-from sweep.study.store import Store
-from sweep.trial import folders, process
-from sweep.trial.lineage_lock import LineageBusy
-from sweep.trial.running import Phase, RunningTrial, Stop, stop_all, where_to_look
+from sweep.spec import Spec, searchspace
+from sweep.study import LOCK_PATIENCE, LockAbandoned, Store, savings, storage_lost_errors
+from sweep.trial import (
+    LineageBusy,
+    Phase,
+    RunningTrial,
+    Stop,
+    folders,
+    process,
+    stop_all,
+    where_to_look,
+)
 
 
 class Driver:

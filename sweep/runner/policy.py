@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from optuna.trial import TrialState
 
-from sweep.spec.schema import Spec
-from sweep.study.counts import Counts
+from sweep.spec import Spec
+from sweep.study import Counts
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 

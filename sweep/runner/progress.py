@@ -17,7 +17,7 @@ from rich.text import Text
 from sweep.runner._events import Events, Finished, Started, View
 
 if TYPE_CHECKING:
-    from sweep.gpus.monitor import Monitor
+    from sweep.gpus import Monitor
 
 # s between reads of the best trials for the live view (a query over all of the study's
 # finished trials: at 10,000 trials, not one per trial that ends)

@@ -20,14 +20,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.gpus.pool import Lease
-from sweep.launch.launcher import Launcher
-from sweep.launch.provenance import RunRecord, write_trial
+from sweep.gpus import Lease
+from sweep.launch import Launcher, RunRecord, write_trial
 from sweep.runner._resume_check import ResumeCheck
 from sweep.schedulers import NO_SCHEDULER, TrialScheduler
-from sweep.spec.schema import Spec
-from sweep.study.store import Asked
+from sweep.spec import Spec
+from sweep.study import Asked
 from sweep.trial import (
+    LaunchPlan,
+    RunningTrial,
+    Spawn,
     command_script,
     folders,
     hang,
@@ -36,9 +38,6 @@ from sweep.trial import (
     lineage,
     lineage_lock,
 )
-from sweep.trial.launch_plan import LaunchPlan
-from sweep.trial.process import Spawn
-from sweep.trial.running import RunningTrial
 
 POLL_SECONDS = 0.5  # how often a running trial's reports are read, and its output looked at
 

@@ -18,23 +18,18 @@ Imports `_core`, `spec`, `trial` and `study`; never `runner`.
 
 from __future__ import annotations
 
-from sweep.schedulers import history
-from sweep.schedulers.api import NO_SCHEDULER, NotStarted, TrialScheduler
-from sweep.schedulers.budget import configurations, decisions, jobs, short_of
-from sweep.schedulers.exploit_copy import CalledOff
-from sweep.schedulers.pbt import Pbt
-from sweep.schedulers.run import of
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "NO_SCHEDULER",
-    "CalledOff",
-    "NotStarted",
-    "Pbt",
-    "TrialScheduler",
-    "configurations",
-    "decisions",
-    "history",
-    "jobs",
-    "of",
-    "short_of",
-]
+from sweep._core import face
+
+if TYPE_CHECKING:
+    from sweep.schedulers.api import NO_SCHEDULER, NotStarted, TrialScheduler
+    from sweep.schedulers.budget import configurations, decisions, jobs, short_of
+    from sweep.schedulers.exploit_copy import CalledOff
+    from sweep.schedulers.halving import rungs
+    from sweep.schedulers.pbt import Pbt
+    from sweep.schedulers.run import of
+
+__all__, _face = face(__name__)
+if not TYPE_CHECKING:
+    __getattr__ = _face

@@ -23,8 +23,14 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sweep._core.removal import mounts_at_or_under, removable, remove_tree
-from sweep._core.safefs import UnsafePath, own_folder_problem, write_file
+from sweep._core import (
+    UnsafePath,
+    mounts_at_or_under,
+    own_folder_problem,
+    removable,
+    remove_tree,
+    write_file,
+)
 from sweep.trial import lineage, lineage_lock
 
 TRASH = re.compile(r"^\.(\d+)\.removing-[0-9a-f]{8}$")  # a retired folder, not purged yet

@@ -20,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sweep.spec.searchspace import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
+from sweep.spec import BoolParam, CategoricalParam, FloatParam, IntParam, Searched
 
 
 def boundary(before: int | None, step: int, interval: int) -> int | None:

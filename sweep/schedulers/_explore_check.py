@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sweep._core import names
-from sweep._core.names import LOGGED_PARAMS, RESTORED_PARAMS
+from sweep._core import LOGGED_PARAMS, RESTORED_PARAMS, names
 from sweep.schedulers import _explore, history
-from sweep.spec.schema import Spec
-from sweep.study.store import Store
-from sweep.trial import intermediate, launch_plan, lineage
-from sweep.trial.lineage import Start
-from sweep.trial.running import RunningTrial
+from sweep.spec import Spec
+from sweep.study import Store
+from sweep.trial import RunningTrial, Start, intermediate, launch_plan, lineage
 
 
 class ExploreCheck:

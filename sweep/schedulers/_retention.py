@@ -24,7 +24,7 @@ from typing import Literal
 
 from optuna.trial import TrialState
 
-from sweep._core.names import REPLACES
+from sweep._core import REPLACES
 from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt

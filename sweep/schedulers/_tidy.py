@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sweep._core.safefs import UnsafePath
+from sweep._core import UnsafePath
 from sweep.schedulers import _disk, _retention, history
 from sweep.schedulers.halving import Halving
 from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
-from sweep.spec.schema import Spec
-from sweep.study.store import Store
+from sweep.spec import Spec
+from sweep.study import Store
 from sweep.trial import lineage
 
 

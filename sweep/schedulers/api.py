@@ -17,9 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sweep.schedulers.halving import NewConfiguration, Promote
-from sweep.study.store import Asked
-from sweep.trial.lineage import Start
-from sweep.trial.running import RunningTrial, Stop
+from sweep.study import Asked
+from sweep.trial import RunningTrial, Start, Stop
 
 Job = Promote | NewConfiguration  # what a scheduler chose for a free device (`before_ask`)
 
@@ -140,4 +139,4 @@ class NoScheduler:
         return line
 
 
-NO_SCHEDULER = NoScheduler()  # it keeps nothing: one serves every caller
+NO_SCHEDULER: NoScheduler = NoScheduler()  # it keeps nothing: one serves every caller

@@ -13,8 +13,7 @@ from sweep.schedulers import _disk, history
 from sweep.schedulers.halving import Halving, Promote
 from sweep.schedulers.history import History
 from sweep.schedulers.pbt import Pbt
-from sweep.spec.scheduler import PbtScheduler, Scheduler
-from sweep.spec.schema import Spec
+from sweep.spec import PbtScheduler, Scheduler, Spec
 
 
 def decisions(spec: Spec) -> Halving | Pbt:

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from sweep.schedulers.exploit_copy import has_steps_left
 from sweep.schedulers.history import History, Standing
-from sweep.spec.scheduler import AshaScheduler, HyperbandScheduler
+from sweep.spec import AshaScheduler, HyperbandScheduler
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from sweep._core.names import (
+from sweep._core import (
     ATTEMPT,
     BRACKET,
     CALLED_OFF,

@@ -18,8 +18,7 @@ from sweep.schedulers._explore import explore
 from sweep.schedulers.exploit_copy import has_steps_left
 from sweep.schedulers.halving import GoOn, top
 from sweep.schedulers.history import History, Standing
-from sweep.spec.scheduler import PbtScheduler
-from sweep.spec.searchspace import Searched
+from sweep.spec import PbtScheduler, Searched
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 from optuna.trial import TrialState
 
-from sweep._core.names import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
+from sweep._core import BRACKET, EXPLOIT_OF, PASSED_RUNG, PAUSED_AT, REPLACES, RUNG
 from sweep.schedulers import exploit_copy, history
 from sweep.schedulers._exploit_start import ExploitStart, queue_next
 from sweep.schedulers._explore_check import ExploreCheck
@@ -46,12 +46,9 @@ from sweep.schedulers.budget import (
 from sweep.schedulers.halving import GoOn, Halving, NewConfiguration, Pause, Promote
 from sweep.schedulers.history import History, Standing
 from sweep.schedulers.pbt import Pbt, Replace
-from sweep.spec.schema import Spec
-from sweep.study.budget import LockAbandoned
-from sweep.study.store import Asked, Store
-from sweep.trial import folders, lineage
-from sweep.trial.lineage import Start
-from sweep.trial.running import RunningTrial
+from sweep.spec import Spec
+from sweep.study import Asked, LockAbandoned, Store
+from sweep.trial import RunningTrial, Start, folders, lineage
 
 NO_RESUME_ARGS = (
     "study.scheduler pauses trials and continues them later: without trainer.resume_args, a "

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep._core.errors import ConfigError, Problem, short
+from sweep._core import ConfigError, Problem, short
 from sweep.spec import _runargs
 from sweep.spec.container import (
     DOCS,

@@ -27,8 +27,7 @@ from typing import Any
 
 import yaml
 
-from sweep._core import yamlfile
-from sweep._core.errors import UsageError
+from sweep._core import UsageError, yamlfile
 
 DROPPED = ("gpu_ids", "main_process_ip", "main_process_port")  # sweep's, given per trial
 # the types that need several processes: a trial of one device runs without them

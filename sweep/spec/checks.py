@@ -12,9 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sweep._core import placeholders
-from sweep._core.errors import ConfigError, Problem, short
-from sweep._core.patterns import compile_pattern
+from sweep._core import ConfigError, Problem, compile_pattern, placeholders, short
 from sweep.protocol import PER_TRIAL, RESULT_ENV
 from sweep.spec import _container_checks, accelconfig, interpreter, searchspace, storageurl
 from sweep.spec import container as containerspec

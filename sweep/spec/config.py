@@ -21,8 +21,7 @@ from pydantic import (
     ValidationError,
 )
 
-from sweep._core import yamlfile
-from sweep._core.errors import ConfigError, Problem, short
+from sweep._core import ConfigError, Problem, short, yamlfile
 from sweep.spec import container as containerspec
 from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.checks import resolve

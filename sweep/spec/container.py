@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from sweep._core.errors import clip, short
+from sweep._core import clip, short
 from sweep.spec.searchspace import Section
 
 Engine = Literal["podman", "docker", "apptainer"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sweep._core.errors import clip
+from sweep._core import clip
 
 # Run as `python -c PROBE QUESTION_JSON`: prints one JSON line.
 PROBE = r"""

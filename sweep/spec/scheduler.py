@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sweep._core.errors import Problem, short
+from sweep._core import Problem, short
 from sweep.spec.searchspace import (
     BoolParam,
     CategoricalParam,

@@ -21,8 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from sweep._core.errors import short
-from sweep._core.patterns import compile_pattern
+from sweep._core import compile_pattern, short
 from sweep.spec import container as containerspec
 from sweep.spec import scheduler as scheduler_spec
 from sweep.spec.searchspace import (

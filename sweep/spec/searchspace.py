@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from sweep._core.errors import ConfigError, short
+from sweep._core import ConfigError, short
 
 YES_NO = "number_not_yes_no"  # the error type; its ctx `key` names the field
 YES_NO_TEXT = ("a number is needed, not {got} (YAML reads an unquoted yes/no/on/off as "

@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep._core import secrets
-from sweep._core.errors import ConfigError
-from sweep._core.optional import import_grpc
+from sweep._core import ConfigError, import_grpc, secrets
 
 JOURNAL, GRPC = "journal://", "grpc://"
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}

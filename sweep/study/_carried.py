@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import optuna
 
-from sweep._core.names import ATTEMPT, FIXED_PARAMS, RETRY_OF, RUN_ID
-from sweep.spec.searchspace import Searched
+from sweep._core import ATTEMPT, FIXED_PARAMS, RETRY_OF, RUN_ID
+from sweep.spec import Searched
 from sweep.study._optuna_compat import trial_id
 from sweep.trial import lineage
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sweep._core.optional import import_grpc
+from sweep._core import import_grpc
 
 METHOD = "/sweep.Lock/Hold"
 WAIT = 0.5  # s a request waits for the lock before the server answers "busy"

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from sweep._core.names import DIR, DRIVER_PID, DRIVER_STARTED, GPU, GPUS, HOST, OWNER, PID, STARTED
+from sweep._core import DIR, DRIVER_PID, DRIVER_STARTED, GPU, GPUS, HOST, OWNER, PID, STARTED
 
 
 @dataclass(frozen=True)

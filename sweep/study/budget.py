@@ -21,8 +21,8 @@ from typing import Any
 import optuna
 import sqlalchemy
 
-from sweep._core.optional import import_grpc
-from sweep.spec.storageurl import StorageKind, StorageUrl
+from sweep._core import import_grpc
+from sweep.spec import StorageKind, StorageUrl
 from sweep.study import _grpclock
 from sweep.study.storage import describe
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import optuna
 
-from sweep._core.errors import UsageError
-from sweep.spec import searchspace
-from sweep.spec.schema import Spec
+from sweep._core import UsageError
+from sweep.spec import Spec, searchspace
 from sweep.study.attrs import Owner, OwnerRecord
 from sweep.study.budget import target_of
 from sweep.study.opening import open_study

@@ -16,11 +16,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from sweep._core.errors import ConfigError, Problem, short
-from sweep._core.names import METRICS, SCHEDULER
-from sweep.spec import searchspace
-from sweep.spec.schema import Spec
-from sweep.spec.searchspace import FloatParam, IntParam, Searched
+from sweep._core import METRICS, SCHEDULER, ConfigError, Problem, short
+from sweep.spec import FloatParam, IntParam, Searched, Spec, searchspace
 
 # Optuna's warnings for a queued (fixed) value outside the distribution a suggest call gives:
 # `Trial`'s, `PartialFixedSampler`'s, `GridSampler`'s

@@ -13,9 +13,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sweep._core.errors import UsageError
-from sweep._core.optional import import_grpc
-from sweep.spec.storageurl import StorageUrl
+from sweep._core import UsageError, import_grpc
+from sweep.spec import StorageUrl
 from sweep.study import _grpclock, _optuna_compat
 
 

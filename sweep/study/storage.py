@@ -18,10 +18,8 @@ from typing import Any
 import optuna
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweep._core.errors import UsageError, short
-from sweep._core.optional import import_grpc
-from sweep.spec.schema import Spec
-from sweep.spec.storageurl import StorageKind, StorageUrl
+from sweep._core import UsageError, import_grpc, short
+from sweep.spec import Spec, StorageKind, StorageUrl
 from sweep.study import _sqlite
 
 

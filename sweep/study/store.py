@@ -22,7 +22,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from sweep._core.names import (
+from sweep._core import (
     ALIVE_UNTIL,
     ATTEMPT,
     BEAT,
@@ -38,7 +38,7 @@ from sweep._core.names import (
     OWNER,
     RETRY_OF,
 )
-from sweep.spec.searchspace import Searched
+from sweep.spec import Searched
 from sweep.study import _carried
 from sweep.study._optuna_compat import stale_trial_ids, trial_id
 from sweep.study._optuna_compat import tell as compat_tell
@@ -54,8 +54,7 @@ from sweep.study.storage import (
     describe,
     storage_lost_errors,
 )
-from sweep.trial import lineage
-from sweep.trial.outcome import Outcome
+from sweep.trial import Outcome, lineage
 
 log = logging.getLogger("sweep")
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweep._core.patterns import clip, finite_number
+from sweep._core import finite_number, short
 
 
 class ResultError(ValueError):
@@ -45,13 +45,13 @@ def parse_result(text: str, metrics: list[str]) -> tuple[list[float], dict[str, 
     for name in metrics:
         value = lookup(data, name)
         if value is _MISSING:
-            keys = clip(", ".join(sorted(map(str, data))) or "none")
+            keys = short(", ".join(sorted(map(str, data))) or "none", 80)
             raise ResultError(f"metric {name!r} missing from the result file (keys: {keys})")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ResultError(f"metric {name!r} is not a number: {clip(repr(value))}")
+            raise ResultError(f"metric {name!r} is not a number: {short(repr(value), 80)}")
         number = finite_number(value)
         if number is None:
-            raise ResultError(f"metric {name!r} is not a finite number: {clip(str(value))}")
+            raise ResultError(f"metric {name!r} is not a finite number: {short(str(value), 80)}")
         values.append(number)
     extras: dict[str, float] = {}
     for key, value in data.items():
@@ -90,16 +90,16 @@ def parse_report_line(line: str, number: int) -> tuple[int, float]:
     try:
         item = _loads(line)
     except (ValueError, RecursionError):
-        raise ReportError(f"{where} is not JSON: {clip(line.strip(), 60)}") from None
+        raise ReportError(f"{where} is not JSON: {short(line.strip(), 60)}") from None
     if not isinstance(item, dict) or "step" not in item or "value" not in item:
-        raise ReportError(f'{where} must be {{"step": N, "value": X}}: {clip(line.strip(), 60)}')
+        raise ReportError(f'{where} must be {{"step": N, "value": X}}: {short(line.strip(), 60)}')
     step, value = item["step"], item["value"]
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
         raise ReportError(f"{where}: step must be a whole number from 0 to {MAX_STEP} "
-                          f"(got {clip(repr(step), 40)})")
+                          f"(got {short(repr(step), 40)})")
     finite = finite_number(value)
     if finite is None:
-        raise ReportError(f"{where}: value must be a finite number (got {clip(repr(value), 40)})")
+        raise ReportError(f"{where}: value must be a finite number (got {short(repr(value), 40)})")
     return step, finite
 
 

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweep._core.errors import UsageError
-from sweep._core.removal import MARKER, remove_tree
-from sweep._core.safefs import (
+from sweep._core import (
+    MARKER,
     UnsafePath,
+    UsageError,
     check_output_dir,
     make_own_folder,
     open_for_writing,
+    remove_tree,
     write_file,
 )
-from sweep.spec.schema import Spec
-from sweep.spec.storageurl import storage_identity
+from sweep.spec import Spec, storage_identity
 from sweep.trial import lineage, lineage_lock
 from sweep.trial.command_script import command_script
 

@@ -25,9 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweep._core.patterns import LINE_TAIL, compile_pattern
-from sweep._core.placeholders import fill
-from sweep.spec.schema import ReportSection
+from sweep._core import LINE_TAIL, compile_pattern, fill
+from sweep.spec import ReportSection
 from sweep.trial._launcher_echo import MAX_COPY, START, echo_verdict
 from sweep.trial._results import (
     CHUNK,

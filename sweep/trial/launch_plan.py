@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep._core.placeholders import fill
-from sweep.spec import accelconfig
+from sweep._core import fill
+from sweep.spec import Spec, TrainerSection, accelconfig, env_name
 from sweep.spec import container as containerspec
-from sweep.spec.checks import env_name
-from sweep.spec.schema import Spec, TrainerSection
 from sweep.trial import lineage
 from sweep.trial.folders import TrialPaths
 

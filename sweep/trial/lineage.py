@@ -22,10 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from sweep import protocol
-from sweep._core.names import ATTEMPT, CLEAN, CONTINUES, RETRIES, RETRY_OF, RUN_ID
-from sweep._core.placeholders import fill
-from sweep._core.removal import removable, remove_tree
-from sweep._core.safefs import UnsafePath, make_own_folder, write_file
+from sweep._core import (
+    ATTEMPT,
+    CLEAN,
+    CONTINUES,
+    RETRIES,
+    RETRY_OF,
+    RUN_ID,
+    UnsafePath,
+    fill,
+    make_own_folder,
+    removable,
+    remove_tree,
+    write_file,
+)
 
 CHECKPOINT_ENV, RUN_ID_ENV = protocol.CHECKPOINT_ENV, protocol.RUN_ID_ENV
 WANDB_RUN_ID, WANDB_RESUME = "WANDB_RUN_ID", "WANDB_RESUME"

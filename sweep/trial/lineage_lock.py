@@ -22,7 +22,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from sweep._core.safefs import UnsafePath, file_problem
+from sweep._core import UnsafePath, file_problem
 from sweep.trial.lineage import CHECKPOINTS, make_checkpoints
 
 FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

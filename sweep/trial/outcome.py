@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from sweep._core.patterns import PatternTimeout, parse_stdout
+from sweep._core import PatternTimeout, parse_stdout
 from sweep.trial._launcher_echo import launcher_echo
 from sweep.trial._results import ResultError, parse_result
 

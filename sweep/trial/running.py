@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep.gpus.pool import Lease
+from sweep.gpus import Lease
 from sweep.trial.folders import TrialPaths, written_before
 from sweep.trial.hang import OutputWatch
 from sweep.trial.intermediate import IntermediateValues

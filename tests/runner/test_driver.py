@@ -93,7 +93,7 @@ def test_gpu_ids_restrict_the_devices_used(write_study, fake_gpus):
 def test_trials_per_gpu_shares_a_device(write_study, fake_gpus):
     fake_gpus(1)
     study = write_study(gpus={"trials_per_gpu": 2}, study={"n_trials": 4},
-                        trainer={"args": ["--sleep", "1.0"]})
+                        trainer={"args": ["--sleep", "2.0"]})
     assert run_cli("run", str(study)) == 0
     records = probe_records(study)
     assert any(
