@@ -4,6 +4,7 @@ while its neighbour on the other GPU completes and the driver exits 0 (issue 9, 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 from conftest import TRAINERS, load_trials, processes_mentioning, run_cli, spawn_cli, wait_until
@@ -94,30 +95,43 @@ def test_brackets_in_a_categorical_choice_are_shown_as_they_are(write_study, fak
     assert "x=[/data/b]" in err and "invalid float value: '[/data/b]'" in err
 
 
+def driver_pids(study: Path) -> set[int]:
+    """The pids of the drivers that own a trial of `study` so far."""
+    try:
+        return {t.user_attrs[names.OWNER]["pid"] for t in load_trials(study)
+                if names.OWNER in t.user_attrs}
+    except KeyError:  # the study is not created yet
+        return set()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("hosts", [("host-0", "host-1"), ("one", "one")])
-def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(write_study,
-                                                                               tmp_path, hosts):
-    """Two drivers on one study, as two hosts (heartbeats alone say who is alive) and on one
-    host, heartbeats every second: while each is busy storing thousands of report lines,
-    neither takes the other's live trial for dead."""
+def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(write_study):
+    """Three drivers on one study, a device each, heartbeats every second: two on one host
+    ("one"), one on another ("host-1", to which heartbeats alone say who is alive), so one run
+    has a pair on one host and two pairs across hosts (one driver run carries both). While
+    each is busy storing thousands of report lines, none takes another's live trial for dead.
+    The third starts once both others run a trial (so that each of the three runs one)."""
     study = write_study(
-        study={"n_trials": 4, "heartbeat_interval": 1, "reclaim_after": 2,
+        study={"n_trials": 6, "heartbeat_interval": 1, "reclaim_after": 2,
                "pruner": {"type": "median", "n_startup_trials": 1000}},
         trainer={"script": str(HOSTILE), "args": ["--case", "flood_slow"]},
     )
-    # a device each: on one host, a driver that is quicker to start would take both
+    assert driver_pids(study) == set()  # (the storage's tables made before any driver opens it)
+    # a device each: on one host, a driver that is quicker to start would take them all
     drivers = [spawn_cli("run", str(study), "--gpus", str(i),
-                         env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": host})
-               for i, host in enumerate(hosts)]
+                         env={"SWEEP_FAKE_GPUS": "3", "SWEEP_HOST": "one"}) for i in range(2)]
+    both_ran = wait_until(lambda: len(driver_pids(study)) == 2, 120, every=0.25)
+    drivers.append(spawn_cli("run", str(study), "--gpus", "2",
+                             env={"SWEEP_FAKE_GPUS": "3", "SWEEP_HOST": "host-1"}))
     outputs = [d.communicate(timeout=180) for d in drivers]
+    assert both_ran
     for d, (_, err) in zip(drivers, outputs, strict=True):
         assert d.returncode == 0, err
         assert "no heartbeat" not in err and "driver died" not in err, err
     trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
-    assert {t.user_attrs[names.HOST] for t in trials} == set(hosts)
-    assert len({t.user_attrs[names.OWNER]["pid"] for t in trials}) == 2  # both drivers ran trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    assert {t.user_attrs[names.HOST] for t in trials} == {"one", "host-1"}
+    assert len({t.user_attrs[names.OWNER]["pid"] for t in trials}) == 3  # all three ran trials
     counts = [len(t.intermediate_values) for t in trials]
     assert all(n > 300 for n in counts), counts  # the drivers were busy storing them
 
