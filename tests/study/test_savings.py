@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import TRAINERS, load_trials, study_dict, wait_until, with_orphan
+from conftest import TRAINERS, load_trials, run_cli, study_dict, wait_until, with_orphan
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
@@ -47,7 +46,8 @@ def logged(folder: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(SCHEDULERS))
-def test_the_report_says_what_the_trainers_logged(write_study, tmp_path, kind):
+def test_the_report_says_what_the_trainers_logged(write_study, fake_gpus, tmp_path, capsys,
+                                                  kind):
     """Acceptance of issue 38 (the cross-check; item 5): under asha, pbt and no scheduler, a
     trainer that reports every 25 steps keeps its own log of the steps it trained, its stops,
     resumes and time; the report's steps trained, stops and pauses, and device-hours spent
@@ -59,10 +59,10 @@ def test_the_report_says_what_the_trainers_logged(write_study, tmp_path, kind):
         trainer={"script": str(STEP_LOG), "grace_period": 30.0,
                  "args": ["--steps", str(steps), "--every", "25", "--sleep", "0.3",
                           "--save", "2.5", "--log", str(log)]}))
-    run = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)],
-                         env={**os.environ, "SWEEP_FAKE_GPUS": str(devices)},
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    fake_gpus(devices)
+    code = run_cli("run", str(path))
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr
     records = logged(log)
     trials = load_trials(path)
     assert len(records) == sum(t.datetime_start is not None for t in trials)
@@ -108,11 +108,11 @@ def test_the_report_says_what_the_trainers_logged(write_study, tmp_path, kind):
     assert f"<td class=num>{said['saved_device_hours']:.3g}</td>" in table
     assert f"<td class=num>{said['steps']}</td>" in table
     closing = re.search(r"([\d.e-]+) device-hours spent on (\d+) steps trained.*: "
-                        r"([\d.e-]+) saved", run.stderr)
+                        r"([\d.e-]+) saved", stderr)
     if kind == "none":  # nothing stopped early: no such line
         assert closing is None
     else:
-        assert closing is not None, run.stderr
+        assert closing is not None, stderr
         assert float(closing[1]) == pytest.approx(said["device_hours"], rel=0.01)
         assert int(closing[2]) == said["steps"]
         assert float(closing[3]) == pytest.approx(said["saved_device_hours"], rel=0.01)
@@ -251,7 +251,8 @@ def test_a_reclaimed_trial_keeps_its_drivers_last_sign_of_life(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study, tmp_path):
+def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study, tmp_path,
+                                                                     fake_gpus, capsys):
     """Item 15, end to end: a driver killed -9 mid-trial. Its trial, still RUNNING, ends in
     the report at the driver's last GPU sample of it, not now; once the next run (started
     seconds later) reclaimed it, at the same moment, not at the reclaim (main: both later)."""
@@ -260,8 +261,8 @@ def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study
         trainer={"script": str(STEP_LOG), "grace_period": 5.0,
                  "args": ["--steps", "40", "--every", "5", "--sleep", "0.1",
                           "--log", str(tmp_path / "log")]}))
-    env = {**os.environ, "SWEEP_FAKE_GPUS": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(path)], env=env,
+    fake_gpus(1)
+    first = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(path)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def reported() -> bool:
@@ -279,9 +280,7 @@ def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study
     end = figures.with_costs(s).set_index("number").loc[0, "end"]
     assert s.trials.set_index("number").loc[0, "state"] == "RUNNING"
     assert killed - dt.timedelta(seconds=1.5) <= end <= killed
-    again = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)], env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
+    assert run_cli("run", str(path)) == 0, capsys.readouterr().err  # the next run, in-process
     s, _ = report.load(path)
     t = figures.with_costs(s).set_index("number")
     assert list(t["state"]) == ["FAIL", "COMPLETE"]
