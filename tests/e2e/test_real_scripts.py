@@ -72,22 +72,20 @@ def test_a_script_with_dash_names_and_store_true_flags(copied, fake_gpus):
 
 @pytest.mark.slow
 def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_checkpoint(
-        copied, tmp_path):
+        copied, fake_gpus, capsys):
     """studies/hf_resume.yaml: the script resumes only when told --resume_from_checkpoint;
     after a SIGTERM to the driver, the rerun's continuation is told the newest checkpoint-N
-    folder of the trial's checkpoint folder, and trains only the steps left."""
+    folder of the trial's checkpoint folder, and trains only the steps left. (The interrupted
+    driver is a real process, its rerun this test's own.)"""
     study = copied / "hf_resume.yaml"
     out = copied / "hf-resume"
-    env = {"SWEEP_FAKE_GPUS": "2"}
-    driver = spawn_cli("run", str(study), env=env)
+    driver = spawn_cli("run", str(study))
     assert wait_until(lambda: all((out / "checkpoints" / n / "checkpoint-20").is_dir()
                                   for n in ("0", "1")), 60)
     driver.send_signal(signal.SIGTERM)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 130, err
-    rerun = spawn_cli("run", str(study), env=env)
-    _, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     trials = load_trials(study, "hf-resume")
     assert sum(t.state.name == "COMPLETE" for t in trials) == 4
     for first in (t for t in trials if t.user_attrs.get(names.FAIL_REASON) == "interrupted"):
@@ -111,7 +109,8 @@ def test_a_hf_trainer_style_script_interrupted_mid_training_continues_from_its_c
 
 
 @pytest.mark.slow
-def test_a_hf_trainer_style_script_is_paused_and_promoted_through_last_checkpoint(copied):
+def test_a_hf_trainer_style_script_is_paused_and_promoted_through_last_checkpoint(
+        copied, fake_gpus, capsys):
     """studies/hf_asha.yaml: the best configurations come first, so they are paused at rung
     0 (too few there yet) and promoted once worse ones have come; each promoted attempt is
     told --resume_from_checkpoint with its lineage's newest checkpoint-N and trains on from
@@ -125,9 +124,9 @@ def test_a_hf_trainer_style_script_is_paused_and_promoted_through_last_checkpoin
              "2.0e-3")) + "]\n")
     study.write_text(text)
     out = copied / "hf-asha"
-    rerun = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    _, err = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, err
+    code = run_cli("run", str(study))
+    err = capsys.readouterr().err
+    assert code == 0, err
     trials = load_trials(study, "hf-asha")
     assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     promoted = [t for t in trials if names.PAUSED_AT in
