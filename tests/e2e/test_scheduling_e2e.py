@@ -1,7 +1,7 @@
 """Issue 31's acceptance with real processes: asha (min_steps 2, max_steps 18, rf 3), 9
 configurations, a trainer that checkpoints every step and resumes from its folder, 2
 simulated GPUs shared by 2 drivers (the host's slot locks), with and without a kill -9 of
-one driver mid-way."""
+one driver mid-way (the run after the kill, alone, is this test's own process)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import TRAINERS, load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import run_cli as run_here
 
 from sweep._core import names
 
@@ -42,7 +43,7 @@ def steps_logged(study: Path) -> list[tuple[int, int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", [False, True])
 def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
-        write_study, tmp_path, kill):
+        write_study, tmp_path, capsys, monkeypatch, kill):
     study = write_study(study_dict(
         study={"n_trials": N, "heartbeat_interval": 1, "reclaim_after": 2,
                # the best first: they are paused at rung 0 (too few there yet), and
@@ -66,11 +67,13 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
         assert first.returncode == 0, err
     _, err = second.communicate(timeout=180)
     assert second.returncode == 0, err
-    if kill:  # what the survivor may have left to another run (it waits for none of it)
-        last = spawn_cli("run", str(study), env=env)
-        _, err = last.communicate(timeout=180)
-        assert last.returncode == 0, err
     assert "Traceback" not in err
+    if kill:  # what the survivor may have left to another run (it waits for none of it)
+        monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
+        code = run_here("run", str(study))  # (in this process: both drivers have ended)
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert "Traceback" not in err
     assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
 
     trials = load_trials(study)
@@ -115,13 +118,16 @@ def test_asha_with_two_drivers_pauses_promotes_and_resumes_every_lineage(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["resumes", "fresh", "restores_x", "bounded"])
+@pytest.mark.parametrize("mode", ["fresh", "restores_x", "bounded"])
 def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
         write_study, tmp_path, mode):
     """A population of 4, n_trials 6: two exploits, each a new lineage whose folder is a copy
     of its donor's, started with the donor's x perturbed; the trainer's own output shows the
-    step it started at and its x. A trainer that ignores its folder (`--fresh`) is flagged, and
-    so is one that takes x from the checkpoint (`--restore-x`: trainer.logged_params).
+    step it started at and its x. `bounded` carries the trainer that resumes from its copy (the
+    step it starts at, no steps repeated, its own perturbed x; the copy's record of its donor
+    is checked under `fresh` and `restores_x`, which keep every folder). A trainer that
+    ignores its folder (`--fresh`) is flagged, and so is one that takes x from the checkpoint
+    (`--restore-x`: trainer.logged_params).
     `bounded`: 100 kB of weights a lineage, max_checkpoint_gb 0.55 MB, the folders of lineages
     that can never continue removed: the disk stays within its bound (6 folders would not;
     on a busy machine both exploits copied one pause of their donor before any trial ended,
@@ -130,7 +136,7 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
     step when the driver read its reports): it is checked as such (`assert_called_off`)."""
     fresh, bounded = mode == "fresh", mode == "bounded"
     flags = {"fresh": ["--fresh"], "restores_x": ["--restore-x"],
-             "bounded": ["--weights", "100000"]}.get(mode, [])
+             "bounded": ["--weights", "100000"]}[mode]
     # 0.4 s a step: the driver must read a lineage's report at a multiple of `interval` while
     # it runs; at 0.1 s (2 s a trial) a driver slowed by a busy machine read them only after
     # the trainers had ended, and no exploit was due (every run under load failed)
@@ -244,7 +250,7 @@ def pause_decided(study: Path) -> bool:
 
 @pytest.mark.slow
 def test_a_driver_killed_right_after_it_paused_a_trial_at_a_rung_leaves_it_paused(
-        write_study, tmp_path):
+        write_study, tmp_path, capsys, monkeypatch):
     """Item 8 of issue 38: a kill -9 of the driver between recording a pause at rung 0 and
     telling it (the trainer finishes its 1.5 s step on SIGTERM: the window) left the attempt
     `driver died`, and its continuation trained past the rung unjudged. Now the continuation
@@ -257,14 +263,14 @@ def test_a_driver_killed_right_after_it_paused_a_trial_at_a_rung_leaves_it_pause
         trainer={"script": str(CKPT_PROBE), "grace_period": 5.0,
                  "args": ["--steps", "6", "--sleep", "1.5"], "resume_args": ["--resume"]},
     ))
-    env = {"SWEEP_FAKE_GPUS": "1"}
-    first = spawn_cli("run", str(study), env=env)
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    first = spawn_cli("run", str(study))
     assert wait_until(lambda: pause_decided(study), 60)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
-    again = spawn_cli("run", str(study), env=env)
-    out, err = again.communicate(timeout=120)
-    assert again.returncode == 0, err
+    code = run_here("run", str(study))  # the next run, in this process
+    out, err = capsys.readouterr()
+    assert code == 0, err
     assert "Traceback" not in err
     trials = load_trials(study)
     killed, judged, *rest = trials
