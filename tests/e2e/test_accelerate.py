@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, TRAINERS, processes_mentioning, spawn_cli, wait_until
+from conftest import ROOT, TRAINERS, processes_mentioning, run_cli, spawn_cli, wait_until
 
 from sweep._core import names
 
@@ -39,22 +39,24 @@ def repo_copy(tmp_path):
     return tmp_path, {"SWEEP_FAKE_GPUS": "2", "HF_HOME": str(hf_home)}
 
 
-def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(repo_copy):
+def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(
+        repo_copy, monkeypatch, capsys):
     root, env = repo_copy
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     study = root / "studies" / "quickstart.yaml"
     data = yaml.safe_load(study.read_text())
-    # the README's full quickstart runs 8 trials of 3 epochs; the same path in less time
-    data["study"]["n_trials"] = 3
+    # the README's full quickstart runs 8 trials of 3 epochs; the same path in less time: the
+    # enqueued baseline and one the sampler chose
+    data["study"]["n_trials"] = 2
     data["trainer"]["args"] = ["--epochs", "1"]
     study.write_text(yaml.safe_dump(data, sort_keys=False))
 
-    first = spawn_cli("run", str(study), env=env)
-    _, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     db = root / "studies" / "quickstart.db"
     storage = f"sqlite:///{db}"
     trials = optuna.load_study(study_name="quickstart", storage=storage).trials
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
     assert trials[0].params == {"lr": 0.01, "layers": 2, "act": "relu"}  # the enqueued baseline
     for t in trials:
         assert 0 < t.value < 5 and 0 <= t.user_attrs["metric_val_acc"] <= 1
@@ -62,10 +64,8 @@ def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(r
         assert "epoch 0: val_loss=" in out_log.read_text()
     assert (root / "studies" / "quickstart" / "trials" / "0" / "tb").is_dir()
 
-    again = spawn_cli("run", str(study), env=env)
-    again.communicate(timeout=120)
-    assert again.returncode == 0
-    assert len(optuna.load_study(study_name="quickstart", storage=storage).trials) == 3
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
+    assert len(optuna.load_study(study_name="quickstart", storage=storage).trials) == 2
 
     cli = subprocess.run(
         [str(Path(sys.executable).parent / "optuna"), "trials", "--storage", storage,
@@ -73,13 +73,16 @@ def test_quickstart_finishes_resumes_without_new_trials_and_is_an_optuna_study(r
         capture_output=True, text=True, check=True,
     )
     rows = json.loads(cli.stdout)
-    assert [r["state"] for r in rows] == ["COMPLETE"] * 3
+    assert [r["state"] for r in rows] == ["COMPLETE"] * 2
 
 
-def test_accelerate_pins_the_device_and_the_trainers_failure_is_reported(write_study, tmp_path):
+def test_accelerate_pins_the_device_and_the_trainers_failure_is_reported(
+        write_study, tmp_path, monkeypatch, capsys):
     hf_home = tmp_path / "hf"
     (hf_home / "accelerate").mkdir(parents=True)
     (hf_home / "accelerate" / "default_config.yaml").write_text(MULTI_GPU_DEFAULT)
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
+    monkeypatch.setenv("HF_HOME", str(hf_home))
     marker = tmp_path / "failed-once"
     study = write_study(
         study={"n_trials": 1},
@@ -87,9 +90,7 @@ def test_accelerate_pins_the_device_and_the_trainers_failure_is_reported(write_s
                  "accelerate": {"mixed_precision": "bf16"}},
         gpus={"ids": [1]},
     )
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "HF_HOME": str(hf_home)})
-    _, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     first, second = optuna.load_study(
         study_name="probe", storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
     # accelerate turns the trainer's exit 3 into its own exit 1 plus a traceback: both undone
@@ -121,52 +122,8 @@ def test_sigint_through_accelerate_leaves_no_orphan_trainer(write_study, tmp_pat
 
 
 
-def test_a_param_where_accelerate_reaches_accelerate_and_not_the_script(write_study, tmp_path):
-    study = write_study(
-        study={"n_trials": 2, "enqueue": [{"mixed_precision": "no"},
-                                          {"mixed_precision": "bf16"}]},
-        trainer={"launcher": "accelerate", "args": ["--sleep", "0"]},
-        params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
-                                    "where": "accelerate"}},
-    )
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    _, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
-    for t in optuna.load_study(study_name="probe",
-                               storage=f"sqlite:///{tmp_path / 'probe.db'}").trials:
-        record = json.loads((tmp_path / "probe" / "trials" / str(t.number) / "probe.json")
-                            .read_text())
-        assert record["mixed_precision"] == t.params["mixed_precision"]  # what accelerate set
-        assert record["params"] == {} and "--mixed_precision" not in record["argv"]
-
-
-@pytest.mark.xdist_group("rendezvous")
-def test_two_gpu_trials_run_as_two_processes_through_accelerate_multi_gpu(write_study,
-                                                                          tmp_path):
-    """A real `accelerate launch --multi_gpu` with two processes per trial (gloo on CPU), two
-    such trials at once on four simulated devices, each on its own devices and port."""
-    trainer = TRAINERS / "ddp_probe.py"
-    study = write_study(study={"n_trials": 2},
-                        trainer={"script": str(trainer), "launcher": "accelerate",
-                                 "gpus_per_trial": 2})
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
-    _, err = run.communicate(timeout=180)
-    assert run.returncode == 0, err
-    trials = optuna.load_study(study_name="probe",
-                               storage=f"sqlite:///{tmp_path / 'probe.db'}").trials
-    assert sorted(t.user_attrs[names.GPUS] for t in trials) == ["0,1", "2,3"], [
-        (t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in trials]
-    seen = []
-    for t in trials:
-        assert t.user_attrs["metric_num_processes"] == 2 and t.value == 1.0  # ranks 0 + 1
-        out = (tmp_path / "probe" / "trials" / str(t.number) / "stdout.log").read_text()
-        record = json.loads(out.strip().splitlines()[-1])
-        assert record["cvd"] == t.user_attrs[names.GPUS] and record["backend"] == "gloo"
-        seen.append(record["port"])
-    assert len(set(seen)) == 2 and None not in seen
-
-
-def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_study, tmp_path):
+def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(
+        write_study, tmp_path, monkeypatch, capsys):
     """The same study through `accelerate launch` in a new interpreter (the default),
     `launcher: direct` and `launcher: warm`: the trainer's Accelerator sees the same device,
     mixed precision, processes, threads and ACCELERATE_* variables, for a setting of
@@ -174,29 +131,56 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     launch` -> the script, new interpreters all (no fork server anywhere in it).
     Issue 25: all three launch with the study's own accelerate config file (a team's
     MULTI_GPU file with debug mode and fp16: a one-device trial runs without MULTI_GPU, in
-    debug mode, its searched mixed precision over the file's)."""
+    debug mode, its searched mixed precision over the file's).
+    A param `where: accelerate` reaches accelerate and not the script (not in its argv).
+    Issue 26 item 12 (the same runs, and `launcher: python`): a trainer whose `setsid` child
+    writes the result after the trainer exited was COMPLETE under one launcher and FAIL under
+    the others: `accelerate launch` exits a second or so after its script, and a result
+    written in between counted. What counts is what the trainer wrote before it ended (its
+    guard says when; under accelerate, when the script ended): the late result never counts,
+    and the same reason is given, under every launcher. A result the trainer itself writes
+    before it exits counts under every launcher alike."""
     trainer = TRAINERS / "state_probe.py"
     (tmp_path / "team.yaml").write_text(MULTI_GPU_DEFAULT + "debug: true\n")
     seen: dict[str, list[dict]] = {}
     parents: dict[str, list[list[list[str]]]] = {}
+    verdicts = {}
     runs = {}
-    for launcher in ("accelerate", "direct", "warm"):  # at once, each on devices of its own
+    searched = {"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
+                                    "where": "accelerate"}}
+    for launcher in ("accelerate", "direct", "warm", "python"):  # at once, a device each
+        accelerate = launcher != "python"  # which runs no accelerate: no accelerate keys
+        enqueue = [{"now": False, "mixed_precision": "no"},
+                   {"now": True, "mixed_precision": "bf16"}]
         study = write_study(
-            study={"name": launcher, "n_trials": 2,
-                   "enqueue": [{"mixed_precision": "no"}, {"mixed_precision": "bf16"}]},
-            trainer={"script": str(trainer), "launcher": launcher,
-                     "accelerate": {"dynamo_backend": "no", "config_file": "team.yaml"}},
-            params={"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
-                                        "where": "accelerate"}},
+            study={"name": launcher, "n_trials": 1, "max_consecutive_failures": 3,
+                   "enqueue": enqueue if accelerate else [{"now": q["now"]} for q in enqueue]},
+            trainer={"script": str(trainer), "launcher": launcher, "grace_period": 5.0,
+                     **({"accelerate": {"dynamo_backend": "no", "config_file": "team.yaml"}}
+                        if accelerate else {})},
+            params={"now": {"type": "bool"}, **(searched if accelerate else {})},
             name=f"{launcher}.yaml")
-        runs[launcher] = spawn_cli("run", str(study), env={
-            "SWEEP_FAKE_GPUS": "2", "SWEEP_LOCK_DIR": str(tmp_path / f"locks-{launcher}")})
-    for launcher, run in runs.items():
-        _, err = run.communicate(timeout=240)
-        assert run.returncode == 0, err
+        if accelerate:
+            runs[launcher] = spawn_cli("run", str(study), env={
+                "SWEEP_FAKE_GPUS": "1", "SWEEP_LOCK_DIR": str(tmp_path / f"locks-{launcher}")})
+    # meanwhile `launcher: python` in this process (no interpreter of its own to start)
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    monkeypatch.setenv("SWEEP_LOCK_DIR", str(tmp_path / "locks-python"))
+    assert run_cli("run", str(tmp_path / "python.yaml")) == 0, capsys.readouterr().err
+    for launcher in ("accelerate", "direct", "warm", "python"):
+        if launcher in runs:
+            _, err = runs[launcher].communicate(timeout=240)
+            assert runs[launcher].returncode == 0, err  # the second trial spends the budget of 1
         trials = sorted((tmp_path / launcher / "trials").glob("[0-9]*"), key=lambda p: int(p.name))
         seen[launcher] = [json.loads((t / "state.json").read_text()) for t in trials]
         parents[launcher] = [json.loads((t / "ancestors.json").read_text()) for t in trials]
+        stored = optuna.load_study(study_name=launcher,
+                                   storage=f"sqlite:///{tmp_path / (launcher + '.db')}").trials
+        verdicts[launcher] = [(t.state.name, t.value, t.user_attrs.get(names.FAIL_REASON, "")
+                               .split(":")[0]) for t in stored]
+    assert verdicts["accelerate"] == [("FAIL", None, "no result"), ("COMPLETE", 2.0, "")]
+    for launcher in ("direct", "warm", "python"):
+        assert verdicts[launcher] == verdicts["accelerate"], launcher
     for chain in parents["accelerate"]:
         assert chain[0][1:3] == ["-m", "accelerate.commands.launch"]
         assert chain[1][1:3] == ["-I", "-S"] and chain[1][3].endswith("guard.py")
@@ -210,6 +194,7 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(write_
     assert seen["direct"] == seen[new]
     assert seen["warm"] == seen[new]
     assert [s["mixed_precision"] for s in seen["direct"]] == ["no", "bf16"]
+    assert [s["argv"] for s in seen["direct"]] == [["--now", "false"], ["--now", "true"]]
     assert all(s["env"]["ACCELERATE_MIXED_PRECISION"] == s["mixed_precision"]
                for s in seen["direct"])
     assert all(s["env"]["ACCELERATE_DYNAMO_BACKEND"] == "NO" for s in seen["direct"])
@@ -223,8 +208,6 @@ def test_what_a_dry_run_prints_runs_when_pasted(write_study, tmp_path, capsys, m
     """Issue 21 part 5: a dry run named an accelerate config it never wrote. Each printed
     line runs the trial as the run would: `accelerate launch` with sweep's config (which
     exists wherever sweep is installed), pinned despite a user's MULTI_GPU default."""
-    from conftest import run_cli
-
     hf_home = tmp_path / "hf"
     (hf_home / "accelerate").mkdir(parents=True)
     (hf_home / "accelerate" / "default_config.yaml").write_text(MULTI_GPU_DEFAULT)
@@ -244,43 +227,3 @@ def test_what_a_dry_run_prints_runs_when_pasted(write_study, tmp_path, capsys, m
     assert f"--x {x!r}" in commands[1]
     assert json.loads((trial / "result.json").read_text())["score"] == pytest.approx(
         (x - 0.3) ** 2)
-
-
-def test_a_result_written_after_the_command_exited_never_counts_under_any_launcher(
-        write_study, tmp_path):
-    """Issue 26 item 12: a trainer whose `setsid` child writes the result after the trainer
-    exited was COMPLETE under one launcher and FAIL under the others: `accelerate launch`
-    exits a second or so after its script, and a result written in between counted. What
-    counts is what the trainer wrote before it ended (its guard says when; under accelerate,
-    when the script ended): the late result never counts, and the same reason is given,
-    under every launcher. (A result the trainer itself writes before it exits counts under
-    every launcher alike.)"""
-    script = tmp_path / "late.py"
-    script.write_text(
-        "import json, os, subprocess, sys\n"
-        "result = os.environ['SWEEP_RESULT_FILE']\n"
-        "write = ('import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '\n"
-        "         f'time.sleep(0.3); json.dump({{\"score\": 1}}, open({result!r}, \"w\"))')\n"
-        "subprocess.Popen([sys.executable, '-c', write], start_new_session=True)\n"
-        "if sys.argv[1:] == ['--now', 'true']:\n"
-        "    json.dump({'score': 2}, open(result, 'w'))\n")
-    verdicts = {}
-    runs = {}
-    for launcher in ("accelerate", "direct", "warm", "python"):  # at once, a device each
-        study = write_study(
-            study={"name": launcher, "n_trials": 1, "max_consecutive_failures": 3,
-                   "enqueue": [{"now": False}, {"now": True}]},
-            trainer={"script": str(script), "launcher": launcher, "grace_period": 5.0},
-            params={"now": {"type": "bool"}}, name=f"{launcher}.yaml")
-        runs[launcher] = spawn_cli("run", str(study), env={
-            "SWEEP_FAKE_GPUS": "1", "SWEEP_LOCK_DIR": str(tmp_path / f"locks-{launcher}")})
-    for launcher, run in runs.items():
-        _, err = run.communicate(timeout=240)
-        assert run.returncode == 0, err  # the second trial spends the budget of 1
-        trials = optuna.load_study(study_name=launcher,
-                                   storage=f"sqlite:///{tmp_path / (launcher + '.db')}").trials
-        verdicts[launcher] = [(t.state.name, t.value, t.user_attrs.get(names.FAIL_REASON, "")
-                               .split(":")[0]) for t in trials]
-    assert verdicts["accelerate"] == [("FAIL", None, "no result"), ("COMPLETE", 2.0, "")]
-    for launcher in ("direct", "warm", "python"):
-        assert verdicts[launcher] == verdicts["accelerate"], launcher

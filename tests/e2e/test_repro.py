@@ -469,36 +469,45 @@ def test_the_imports_of_the_scripts_folder_less_the_standard_library_and_its_own
 # ---- end to end --------------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group("rendezvous")
 @pytest.mark.slow
-def test_a_two_process_trial_gets_the_teams_config_and_sweeps_devices(tmp_path):
-    """Acceptance: a trial of two processes (gloo on CPU) launched with the committed config
-    of studies/team_config.yaml (FSDP, bf16, debug mode): its Accelerator sees all three,
-    and the devices and processes sweep gave it."""
+@pytest.mark.xdist_group("rendezvous")
+def test_two_process_trials_get_the_teams_config_and_devices_and_ports_of_their_own(
+        tmp_path, monkeypatch, capsys):
+    """Acceptance: trials of two processes (gloo on CPU) launched through a real `accelerate
+    launch` with the committed config of studies/team_config.yaml (FSDP, bf16, debug mode):
+    each one's Accelerator sees all three, and the devices and processes sweep gave it. Two
+    such trials at once on four simulated devices, each on its own devices and port."""
     for folder in ("studies", "tests"):
         shutil.copytree(ROOT / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.db"))
     study = tmp_path / "studies" / "team_config.yaml"
     data = yaml.safe_load(study.read_text())
-    data["study"]["n_trials"] = 1
-    study.write_text(yaml.safe_dump(data))
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    _, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err
-    trial = tmp_path / "studies" / "team-config" / "trials" / "0"
-    seen = json.loads((trial / "accelerator.json").read_text())
-    assert seen == {"num_processes": 2, "rank_sum": 1.0, "mixed_precision": "bf16",
-                    "debug": True, "fsdp": {"sharding_strategy": "ShardingStrategy.SHARD_GRAD_OP",
-                                            "state_dict_type": "StateDictType.SHARDED_STATE_DICT"},
-                    "cuda_visible_devices": "0,1", "port": seen["port"]}
-    record = json.loads((trial / "env.json").read_text())
-    assert record["accelerate"]["file"] == str(study.parent / "accelerate" / "fsdp.yaml")
-    assert record["accelerate"]["config"]["distributed_type"] == "FSDP"
-    assert [g["index"] for g in record["gpus"]] == [0, 1]
+    assert data["study"]["n_trials"] == 2
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "4")
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
+    trials = load_trials(study, "team-config")
+    assert sorted(t.user_attrs[names.GPUS] for t in trials) == ["0,1", "2,3"], [
+        (t.state.name, t.user_attrs.get(names.FAIL_REASON)) for t in trials]
+    ports = set()
+    for t in trials:
+        trial = tmp_path / "studies" / "team-config" / "trials" / str(t.number)
+        seen = json.loads((trial / "accelerator.json").read_text())
+        assert seen == {
+            "num_processes": 2, "rank_sum": 1.0, "mixed_precision": "bf16", "debug": True,
+            "fsdp": {"sharding_strategy": "ShardingStrategy.SHARD_GRAD_OP",
+                     "state_dict_type": "StateDictType.SHARDED_STATE_DICT"},
+            "cuda_visible_devices": t.user_attrs[names.GPUS], "port": seen["port"]}
+        assert t.value == 1.0  # ranks 0 + 1
+        ports.add(seen["port"])
+        record = json.loads((trial / "env.json").read_text())
+        assert record["accelerate"]["file"] == str(study.parent / "accelerate" / "fsdp.yaml")
+        assert record["accelerate"]["config"]["distributed_type"] == "FSDP"
+        assert [str(g["index"]) for g in record["gpus"]] == t.user_attrs[names.GPUS].split(",")
+    assert len(ports) == 2 and None not in ports
 
 
 @pytest.mark.slow
-def test_a_trial_runs_with_the_trainers_own_venv(tmp_path, write_study):
+def test_a_trial_runs_with_the_trainers_own_venv(tmp_path, write_study, monkeypatch, capsys):
     """Acceptance: `trainer.python` is a second venv with a module the driver's venv lacks;
     the trial (through that venv's `accelerate launch`) imports it and completes."""
     python = make_venv(tmp_path / "trainer-venv", with_accelerate=True)
@@ -512,9 +521,8 @@ def test_a_trial_runs_with_the_trainers_own_venv(tmp_path, write_study):
     study = write_study(study={"n_trials": 1},
                         trainer={"script": str(script), "launcher": "accelerate",
                                  "python": str(python)}, params={})
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1"})
-    _, err = run.communicate(timeout=200)
-    assert run.returncode == 0, err
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     [trial] = load_trials(study)
     assert trial.state.name == "COMPLETE", trial.user_attrs
     result = json.loads((tmp_path / "probe" / "trials" / "0" / "result.json").read_text())
@@ -525,7 +533,7 @@ def test_a_trial_runs_with_the_trainers_own_venv(tmp_path, write_study):
 
 
 @pytest.mark.slow
-def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
+def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys, monkeypatch):
     """Acceptance: the Hydra pattern of studies/hydra_style.yaml with workdir "{trial_dir}"
     leaves one output folder per trial, its data found through {study_dir}; the script sits
     in a git repository with an uncommitted change: env.json holds the commit and dirty, its
@@ -543,15 +551,14 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
     app.write_text(app.read_text() + "# an uncommitted change\n")
     study = repo / "studies" / "hydra_style.yaml"
     data = yaml.safe_load(study.read_text())
-    data["study"]["n_trials"] = 3
+    data["study"]["n_trials"] = 2
     study.write_text(yaml.safe_dump(data))
-    run = subprocess.run([sys.executable, "-m", "sweep", "run", str(study)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=200, check=False,
-                         env={**__import__("os").environ, "SWEEP_FAKE_GPUS": "2"})
-    assert run.returncode == 0, run.stderr
+    monkeypatch.chdir(tmp_path)  # the driver's folder
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     assert not (tmp_path / "outputs").exists()  # nothing in the driver's folder
     trials = repo / "studies" / "hydra-style" / "trials"
-    for n in range(3):
+    for n in range(2):
         runs = list((trials / str(n) / "outputs").glob("*/*"))
         assert len(runs) == 1 and (runs[0] / ".hydra" / "overrides.yaml").is_file()
         record = json.loads((trials / str(n) / "env.json").read_text())
@@ -565,7 +572,7 @@ def test_hydra_in_its_trial_folder_and_a_record_of_dirty_code(tmp_path, capsys):
     assert run_cli("summary", str(study)) == 0
     capsys.readouterr()
     frame = __import__("pandas").read_csv(repo / "studies" / "hydra-style" / "summary.csv")
-    assert list(frame[names.CODE_VERSION]) == [version] * 3
+    assert list(frame[names.CODE_VERSION]) == [version] * 2
     git(repo, "commit", "-qam", "second")
     assert run_cli("rerun", str(study), "0") == 0
     out = capsys.readouterr().out
