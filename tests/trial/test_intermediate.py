@@ -275,24 +275,24 @@ def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
     """Item 6 of issue 38, against the accelerate installed (1.16.0 when written): a trainer
     under `accelerate launch` logs 3 epochs on stderr and fails; the launcher prints its last
     lines again. The trial has 3 steps, not 3 + the copy, and its fail reason is its own
-    last line; a trainer that ends 0 has its 3 steps too."""
+    last line; a trainer that ends 0 has its 3 steps too (the second trial of the run)."""
     import accelerate
     from conftest import load_trials, run_cli
 
     trainer = TRAINERS / "stderr_epochs.py"
-    for args, reason in (([], "exit code 3: giving up"), (["--ok"], None)):
-        name = f"echo{len(args)}"
-        study = write_study(study={"name": name, "n_trials": 1, "max_consecutive_failures": 1,
-                                   "pruner": {"type": "median"}},  # every value stored
-                            trainer={"script": str(trainer), "launcher": "accelerate",
-                                     "args": args,
-                                     "report": {"stderr": r"loss (?P<value>\S+)"}},
-                            name=f"s{len(args)}.yaml")
-        fake_gpus(1)
-        run_cli("run", str(study))
-        [trial] = load_trials(study, name)
-        log = (study.parent / name / "trials" / "0" / "stderr.log").read_text()
-        if reason is not None:  # the launcher did repeat them (accelerate 1.16 and later)
+    study = write_study(study={"name": "echo", "n_trials": 1, "max_consecutive_failures": 2,
+                               "pruner": {"type": "median"},  # every value stored
+                               "enqueue": [{"ok": False}, {"ok": True}]},
+                        trainer={"script": str(trainer), "launcher": "accelerate",
+                                 "report": {"stderr": r"loss (?P<value>\S+)"}},
+                        params={"ok": {"type": "bool"}})
+    fake_gpus(1)
+    run_cli("run", str(study))  # both fail (the second leaves no result): the run gives up
+    trials = load_trials(study, "echo")
+    assert [t.params["ok"] for t in trials] == [False, True]
+    for trial in trials:
+        log = (study.parent / "echo" / "trials" / str(trial.number) / "stderr.log").read_text()
+        if not trial.params["ok"]:  # the launcher did repeat them (accelerate 1.16 and later)
             assert log.count("epoch 3 loss") == 2, (accelerate.__version__, log)
-            assert trial.user_attrs[names.FAIL_REASON] == reason
+            assert trial.user_attrs[names.FAIL_REASON] == "exit code 3: giving up"
         assert trial.intermediate_values == {1: 1.0, 2: 0.5, 3: 0.3333}
