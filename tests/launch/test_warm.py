@@ -524,9 +524,11 @@ def test_what_a_run_preloads_is_torch_accelerate_then_its_own():
 # ---- through the driver ------------------------------------------------------------------
 
 
-def test_a_warm_study_runs_crashes_alone_and_says_where_it_fell_back(write_study, tmp_path):
+def test_a_warm_study_runs_crashes_alone_and_says_where_it_fell_back(write_study, tmp_path,
+                                                                     monkeypatch, capsys):
     """Trials of one study on 2 devices: a crash fails only its trial; a module that cannot
-    be preloaded is named; a preload that initialises CUDA falls back to `direct`."""
+    be preloaded is named; a preload that initialises CUDA falls back to `direct`. (The
+    drivers run in this process: what is warm is their trials'.)"""
     (tmp_path / "cuda_at_import.py").write_text(
         "import torch\ntorch.cuda.is_initialized = lambda: True\n")
     modes = ["ok", "raise", "ok", "exit3", "ok", "ok"]
@@ -539,11 +541,11 @@ def test_a_warm_study_runs_crashes_alone_and_says_where_it_fell_back(write_study
             params={"mode": {"type": "categorical", "choices": ["ok", "raise", "exit3"]},
                     "x": {"type": "float", "low": 0, "high": 1}},
             name=f"{name}.yaml")
-        env = {"SWEEP_FAKE_GPUS": "2", "PYTHONPATH": str(tmp_path)}
-        run = spawn_cli("run", str(study), env=env)
-        _, err = run.communicate(timeout=180)
-        assert run.returncode == 0, err
-        out[name] = err
+        monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        code = run_cli("run", str(study))
+        out[name] = capsys.readouterr().err
+        assert code == 0, out[name]
         seen = {int(t.name): json.loads((t / "probe.json").read_text())
                 for t in (tmp_path / name / "trials").glob("[0-9]*")}
         assert len(seen) >= len(modes)  # a random trial may start beside the last queued
@@ -567,12 +569,13 @@ def test_a_killed_driver_leaves_no_fork_behind(write_study, tmp_path):
     forks = lambda: [p for p in processes_mentioning(str(tmp_path))  # noqa: E731
                      if "sweep.launch.warm_server" in (p.info["cmdline"] or [])]  # read as listed:
     # a process that ended since has no command line to ask for
-    assert wait_until(lambda: len(forks()) == 5, 60)  # the server, 2 guards, 2 trainers
+    # every=0.5: each look reads every process's environment (a core's worth at 0.05)
+    assert wait_until(lambda: len(forks()) == 5, 60, every=0.5)  # the server, 2 guards, 2 trainers
     run.send_signal(signal.SIGKILL)
     run.wait()
     deadline = time.monotonic() + 15
     while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.5)
     assert processes_mentioning(str(tmp_path)) == []
 
 
