@@ -342,7 +342,8 @@ def test_every_rank_of_a_hung_two_process_trial_is_dumped(write_study, tmp_path)
     trainer.write_text(DDP_HANG)
     study = write_study(study={"n_trials": 1, "max_consecutive_failures": 1},
                         trainer={"script": str(trainer), "launcher": "accelerate",
-                                 "gpus_per_trial": 2, "hang_after": 10, "grace_period": 1})
+                                 "gpus_per_trial": 2, "hang_after": 30, "grace_period": 1})
+    # hang_after 30: on a busy machine `accelerate launch` imports torch, silent, for over 10 s
     run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
     _, err = run.communicate(timeout=240)
     trial, = load_trials(study)
