@@ -673,9 +673,11 @@ def wait_for(predicate: Any, timeout: float) -> None:
 @pytest.mark.slow
 def test_sigterm_continues_the_lineage_in_a_new_container_from_its_checkpoint(
         container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+    """The driver signalled is a real process; the rerun runs in this one (what it proves is
+    in the storage and the folders, not in its process)."""
     import signal
 
-    from conftest import load_trials, spawn_cli
+    from conftest import load_trials, run_cli, spawn_cli
 
     study = container_study(write_study, container_image, "term", 1,
                             ["--steps", "30", "--sleep", "0.1"])
@@ -690,9 +692,7 @@ def test_sigterm_continues_the_lineage_in_a_new_container_from_its_checkpoint(
     stopped_at = read_json(state)["next"]
     assert 3 <= stopped_at < 30
 
-    rerun = spawn_cli("run", str(study))
-    _, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    assert run_cli("run", str(study)) == 0
     trials = load_trials(study, "term")
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     starts = (out / "checkpoints" / "0" / "starts.log").read_text().split("\n")[:-1]
@@ -725,11 +725,14 @@ def host_namespace_pids_of(trial_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_run(
-        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The driver killed is a real process; the next run, which reclaims its container, runs
+    in this one."""
     import os
     import signal
 
-    from conftest import spawn_cli
+    from conftest import run_cli, spawn_cli
 
     study = container_study(write_study, container_image, "nine", 1,
                             ["--steps", "600", "--sleep", "0.1"])
@@ -749,11 +752,11 @@ def test_kill_9_of_the_driver_and_its_guards_leaves_no_container_after_the_next_
     assert study_containers(out, every=False) == ["sweep-nine-0"]  # nothing stops it now
 
     study.write_text(study.read_text().replace("'600'", "'3'"))
-    rerun = spawn_cli("run", str(study))
-    stdout, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
-    assert "removed 1 container(s) left by trials that no longer run: sweep-nine-0" in (
-        stdout + err)
+    capsys.readouterr()
+    assert run_cli("run", str(study)) == 0
+    said = "".join(capsys.readouterr())
+    assert "removed 1 container(s) left by trials that no longer run: sweep-nine-0" in said, \
+        said
     assert study_containers(out) == []
 
 
@@ -775,10 +778,12 @@ def other_image(container_image: str) -> Any:
 @pytest.mark.slow
 def test_a_lineage_asked_to_continue_under_another_image_is_refused(
         container_image: str, other_image: str, write_study: Any, fake_gpus: Any,
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The driver signalled is a real process; the rerun that refuses the other image runs in
+    this one."""
     import signal
 
-    from conftest import load_trials, spawn_cli
+    from conftest import load_trials, run_cli, spawn_cli
 
     moving = "localhost/sweep-test-moving:1"
     subprocess.run(["podman", "tag", container_image, moving], check=True)
@@ -794,13 +799,13 @@ def test_a_lineage_asked_to_continue_under_another_image_is_refused(
 
     subprocess.run(["podman", "tag", other_image, moving], check=True)  # the tag moves
     first, then = image_id(container_image), image_id(other_image)
-    rerun = spawn_cli("run", str(study))
-    stdout, err = rerun.communicate(timeout=120)
-    said = stdout + err
+    capsys.readouterr()
+    code = run_cli("run", str(study))
+    said = "".join(capsys.readouterr())
     assert f"trainer.container.image {moving} is {then} now; the study's last run had " \
            f"{first}: the tag moved" in said, said
     assert "started in the image " + first in said
-    assert rerun.returncode != 0
+    assert code != 0
     trials = load_trials(study, "moved")
     # nothing of it ran: its continuation waits for a run in the lineage's image (or one
     # that allows another), the lineage not lost
@@ -1091,8 +1096,7 @@ def run_in_host_python_image(write_study: Any, image: str, name: str, launcher: 
 def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
         host_python_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
     import sys
-
-    import torch
+    from importlib import metadata
 
     from sweep.trial.launch_plan import ACCELERATE_CONFIG_FILE
 
@@ -1101,25 +1105,27 @@ def test_accelerate_launch_runs_inside_the_image_with_sweeps_config_mounted(
     assert read_json(folder / "result.json")["cuda_visible"] == "0"
     assert f"-v {ACCELERATE_CONFIG_FILE}:{ACCELERATE_CONFIG_FILE}:ro" in command
     assert f" {sys.executable} -m accelerate.commands.launch --config_file " in command
-    assert read_json(folder / "env.json")["packages"]["torch"] == torch.__version__
+    assert read_json(folder / "env.json")["packages"]["torch"] == metadata.version("torch")
 
 
 @pytest.mark.slow
 def test_a_trial_killed_after_its_grace_has_its_container_removed_when_it_ends(
-        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path) -> None:
+        container_image: str, write_study: Any, fake_gpus: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """The trainer sleeps through SIGTERM: the guard SIGKILLs the engine's command and monitor
     with it, so the engine's own --rm never runs; the container goes as the trial ends, not
     at the run's end."""
-    from conftest import load_trials, spawn_cli
+    from conftest import load_trials, run_cli
 
     study = container_study(write_study, container_image, "late", 1,
                             ["--steps", "1", "--sleep", "300"],
                             {"max_consecutive_failures": 1}, timeout=2, grace_period=1.0)
-    driver = spawn_cli("run", str(study))
-    stdout, err = driver.communicate(timeout=60)
+    capsys.readouterr()
+    run_cli("run", str(study))
+    said = "".join(capsys.readouterr())
     trial, = load_trials(study, "late")
     assert trial.user_attrs[names.FAIL_REASON] == "timeout after 2 s"
-    assert "removed" not in stdout + err  # nothing was left for the run's end
+    assert "removed" not in said  # nothing was left for the run's end
     assert study_containers(tmp_path / "late") == []
 
 
