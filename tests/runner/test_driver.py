@@ -26,14 +26,19 @@ def probe_records(study: Path) -> list[dict]:
 
 
 def test_three_gpus_run_in_parallel_without_sharing_a_device(write_study, fake_gpus):
+    """Also: every value is finite, every duration recorded, every exit code stored (one run
+    carries these claims)."""
     fake_gpus(3)
-    study = write_study(study={"n_trials": 9}, trainer={"args": ["--sleep", "1.0"]})
+    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "1.0"]})
     assert run_cli("run", str(study)) == 0
 
     trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 9
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6
+    for t in trials:
+        assert math.isfinite(t.value) and t.duration.total_seconds() > 0
+        assert t.user_attrs[names.EXIT_CODE] == 0
     records = probe_records(study)
-    assert len(records) == 9
+    assert len(records) == 6
     by_number = {t.number: t for t in trials}
     for r in records:
         trial = by_number[r["number"]]
@@ -112,39 +117,52 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("mode", "reason"), FAULTS)
 def test_each_trial_fault_fails_the_trial_and_the_sweep_reaches_its_budget(
-    write_study, fake_gpus, tmp_path, mode, reason
+    write_study, fake_gpus, tmp_path
 ):
+    """One run, one device: a trial of each of FAULTS (queued in that order, its mode a param),
+    then the budget of two reached by trials that succeed. Each fault fails its own trial with
+    its one-line reason, its device and exit code stored; nothing is left running."""
     fake_gpus(1)
+    modes = [mode for mode, _ in FAULTS]
     study = write_study(
-        study={"n_trials": 2},
-        trainer={"timeout": 1.5, "args": ["--mode", mode, "--sleep", "0",
-                                          "--fault_once", str(tmp_path / "faulted")]},
+        study={"n_trials": 2, "max_consecutive_failures": len(FAULTS) + 1,
+               "enqueue": [{"x": i / 10, "mode": mode}  # each its own x: none skipped
+                           for i, mode in enumerate([*modes, "ok", "ok"])]},
+        trainer={"timeout": 1.5, "args": ["--sleep", "0"]},
+        params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                "mode": {"type": "categorical", "choices": [*modes, "ok"]}},
     )
     assert run_cli("run", str(study)) == 0
-    faulty, *rest = load_trials(study)
-    assert faulty.state.name == "FAIL"
-    said = faulty.user_attrs[names.FAIL_REASON]
-    assert said.startswith(reason), said
-    assert "\n" not in said
-    assert faulty.user_attrs[names.GPU] == 0 and names.EXIT_CODE in faulty.user_attrs
-    assert [t.state.name for t in rest] == ["COMPLETE", "COMPLETE"]
+    trials = load_trials(study)
+    assert [t.params["mode"] for t in trials] == [*modes, "ok", "ok"]
+    for faulty, (mode, reason) in zip(trials, FAULTS, strict=False):
+        assert faulty.state.name == "FAIL", mode
+        said = faulty.user_attrs[names.FAIL_REASON]
+        assert said.startswith(reason), said
+        assert "\n" not in said
+        assert faulty.user_attrs[names.GPU] == 0 and names.EXIT_CODE in faulty.user_attrs
+    assert [t.state.name for t in trials[len(FAULTS):]] == ["COMPLETE", "COMPLETE"]
     assert processes_mentioning(str(tmp_path)) == []
 
 
-@pytest.mark.parametrize("mode", ["detach", "oomcaught"])
 def test_a_valid_result_counts_whatever_the_trainer_leaves_behind(write_study, fake_gpus,
-                                                                 tmp_path, mode):
+                                                                 tmp_path):
     """Issue 8, defects 3 and 4: a detached child kept the trial RUNNING until the timeout
-    threw its result away; an out-of-memory line caught by the trainer failed the trial."""
+    threw its result away; an out-of-memory line caught by the trainer failed the trial. One
+    run, a trial of each (its mode a param), one after the other on one device."""
     fake_gpus(1)
-    study = write_study(study={"n_trials": 2},
-                        trainer={"args": ["--mode", mode, "--sleep", "0"], "timeout": 20,
-                                 "grace_period": 0.5})
+    study = write_study(study={"n_trials": 2,
+                               "enqueue": [{"x": 0.4, "mode": "detach"},
+                                           {"x": 0.5, "mode": "oomcaught"}]},
+                        trainer={"args": ["--sleep", "0"], "timeout": 20, "grace_period": 0.5},
+                        params={"x": {"type": "float", "low": 0.0, "high": 1.0},
+                                "mode": {"type": "categorical",
+                                         "choices": ["detach", "oomcaught"]}})
     assert run_cli("run", str(study)) == 0
     trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert [(t.params["mode"], t.state.name) for t in trials] == [
+        ("detach", "COMPLETE"), ("oomcaught", "COMPLETE")]
     first, second = trials
     assert second.datetime_start >= first.datetime_complete
     assert processes_mentioning(str(tmp_path)) == []
@@ -210,7 +228,7 @@ def test_median_pruner_stops_bad_trials_early_and_frees_their_gpu(write_study, f
 
 def test_two_objectives_store_both_values(write_study, fake_gpus):
     data = study_dict(study={"directions": ["minimize", "maximize"], "metrics": ["score", "size"],
-                             "n_trials": 4})
+                             "n_trials": 2})
     del data["study"]["direction"], data["study"]["metric"]
     study = write_study(data)
     assert run_cli("run", str(study)) == 0
@@ -225,14 +243,6 @@ def test_dry_run_prints_commands_and_writes_nothing(write_study, fake_gpus, caps
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and "CUDA_VISIBLE_DEVICES=0" in out[1] and "--x" in out[1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
-
-
-def test_values_are_finite_and_durations_recorded(write_study, fake_gpus):
-    study = write_study(study={"n_trials": 2})
-    assert run_cli("run", str(study)) == 0
-    for t in load_trials(study):
-        assert math.isfinite(t.value) and t.duration.total_seconds() > 0
-        assert t.user_attrs[names.EXIT_CODE] == 0
 
 
 def test_a_direction_that_contradicts_the_stored_study_is_a_usage_error(write_study, fake_gpus,
