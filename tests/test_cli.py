@@ -75,22 +75,18 @@ def test_no_gpu_and_no_simulation_is_one_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and "SWEEP_FAKE_GPUS=N" in err
 
 
-def test_status_counts_states(write_study, fake_gpus, capsys):
-    study = write_study(study={"n_trials": 2})
-    assert run_cli("run", str(study)) == 0
-    capsys.readouterr()
-    assert run_cli("status", str(study)) == 0
-    assert "COMPLETE" in capsys.readouterr().out
-
-
 def test_read_only_verbs_need_neither_the_script_nor_the_samplers_packages(
     write_study, fake_gpus, capsys, monkeypatch
 ):
-    """Issue 8, defect 6: status and summary failed with exit 2 on a missing trainer script."""
+    """Issue 8, defect 6: status and summary failed with exit 2 on a missing trainer script.
+    Also: status counts the states of a study that ran (one run carries both claims)."""
     import importlib.util
 
     study = write_study(study={"n_trials": 1})
     assert run_cli("run", str(study)) == 0
+    capsys.readouterr()
+    assert run_cli("status", str(study)) == 0
+    assert "1 COMPLETE" in capsys.readouterr().out
     gone = write_study(study_dict(trainer={"script": "moved_away.py"},
                                   study={"n_trials": 1, "sampler": {"type": "qmc"}}))
     real_find_spec = importlib.util.find_spec
@@ -105,9 +101,16 @@ def test_read_only_verbs_need_neither_the_script_nor_the_samplers_packages(
 
 
 def test_dry_run_continues_the_stored_study(write_study, fake_gpus, capsys, tmp_path):
-    """Issue 8, defect 6: --dry-run sampled from an empty study, ignoring what had run."""
-    study = write_study(study={"n_trials": 3})
-    assert run_cli("run", str(study)) == 0
+    """Issue 8, defect 6: --dry-run sampled from an empty study, ignoring what had run (three
+    stored trials, made as a run would have stored them)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    write_study(study={"n_trials": 3})
+    stored = optuna.create_study(study_name="probe", storage=f"sqlite:///{tmp_path}/probe.db")
+    for x in (0.1, 0.5, 0.9):
+        stored.add_trial(optuna.trial.create_trial(
+            params={"x": x}, distributions={"x": FloatDistribution(0.0, 1.0)}, value=x))
     db = (tmp_path / "probe.db").read_bytes()
     bigger = write_study(study_dict(study={"n_trials": 4}))
     capsys.readouterr()
@@ -261,10 +264,11 @@ def test_the_summary_shows_every_metric_and_why_nothing_completed(write_study, f
     frame = pd.read_csv(tmp_path / "probe" / "summary.csv")
     assert "metric_size" in frame.columns
     assert list(frame["metric_size"]) == pytest.approx(list(frame["params_x"] * 10))
-    failing = write_study(study_dict(study={"name": "broken", "n_trials": 2},
+    failing = write_study(study_dict(study={"name": "broken", "n_trials": 2,
+                                            "max_consecutive_failures": 1},
                                      trainer={"args": ["--mode", "crash", "--sleep", "0"]}),
                           name="broken.yaml")
-    assert run_cli("run", str(failing)) == 1  # five failures in a row
+    assert run_cli("run", str(failing)) == 1  # one failure: the run stops
     capsys.readouterr()
     assert run_cli("summary", str(failing)) == 0
     out = capsys.readouterr().out
@@ -372,55 +376,43 @@ def test_a_run_with_its_budget_spent_needs_no_gpu_and_says_so(write_study, fake_
     assert "no GPUs found" in capsys.readouterr().err
 
 
-def test_rerun_refuses_a_value_the_file_no_longer_searches(write_study, fake_gpus, tmp_path,
-                                                           capsys):
-    """Hostile pass: after x was narrowed to [0.5, 1], `rerun` queued x=0.0799 silently (it
-    ran and was stored COMPLETE). Refused in one line naming the param, its value and the
-    range: exit 2, nothing written."""
-    study = write_study(study={"n_trials": 1, "sampler": {"type": "random", "seed": 0}},
-                        params={"x": {"type": "float", "low": 0.0, "high": 0.25}})
-    assert run_cli("run", str(study)) == 0
-    [first] = load_trials(study)
-    narrowed = write_study(study_dict(params={"x": {"type": "float", "low": 0.5, "high": 1.0}}),
-                           name="nar.yaml")
-    db = (tmp_path / "probe.db").read_bytes()
-    capsys.readouterr()
-    assert run_cli("rerun", str(narrowed), "0") == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1
-    assert (f"{narrowed}: params.x: trial 0's value {first.params['x']!r} is outside "
-            "[0.5, 1.0]: the file no longer searches it; widen params.x") in captured.err
-    assert (tmp_path / "probe.db").read_bytes() == db
-    assert len(load_trials(study)) == 1
-
-
-@pytest.mark.parametrize(("params", "said"), [
-    ({"x": {"type": "fixed", "value": 3}},
+RERUN_EDITS = [
+    ("narrowed", {"x": {"type": "float", "low": 0.5, "high": 1.0}},
+     "params.x: trial 0's value {x!r} is outside [0.5, 1.0]: the file no longer searches it; "
+     "widen params.x"),
+    ("fixed", {"x": {"type": "fixed", "value": 3}},
      "params.x: trial 0 ran x={x!r}, the file now fixes it at 3: a rerun would not run trial 0"),
-    ({"y": {"type": "float", "low": 0.0, "high": 1.0}},
+    ("renamed", {"y": {"type": "float", "low": 0.0, "high": 1.0}},
      "params.x: trial 0 ran x={x!r}, the file no longer has it: a rerun would not run trial 0"),
-    ({"x": {"type": "float", "low": 0.0, "high": 0.25},
-      "z": {"type": "float", "low": 0.0, "high": 1.0}},
+    ("added", {"x": {"type": "float", "low": 0.0, "high": 0.25},
+               "z": {"type": "float", "low": 0.0, "high": 1.0}},
      "params.z: trial 0 had no z (the file searches it since): a rerun would sample it anew"),
-], ids=["fixed", "renamed", "added"])
+]
+
+
 def test_rerun_refuses_a_file_that_would_run_other_params(write_study, fake_gpus, tmp_path,
-                                                          capsys, params, said):
-    """Hostile pass: with x now fixed at 3, renamed to y, or a new param z, `rerun 0` queued
-    a trial that ran other params than trial 0's, stored as its rerun. Refused in one line,
-    nothing written."""
+                                                          capsys, subtests):
+    """Hostile pass: after x was narrowed to [0.5, 1], `rerun` queued x=0.0799 silently (it
+    ran and was stored COMPLETE); with x now fixed at 3, renamed to y, or a new param z,
+    `rerun 0` queued a trial that ran other params than trial 0's, stored as its rerun. Each
+    of RERUN_EDITS (a subtest of one first run: a refusal writes nothing) is refused in one
+    line naming the param, exit 2, nothing written. Fixed at the value it ran, it is the same
+    trial: queued."""
     study = write_study(study={"n_trials": 1, "sampler": {"type": "random", "seed": 0}},
                         params={"x": {"type": "float", "low": 0.0, "high": 0.25}})
     assert run_cli("run", str(study)) == 0
     [first] = load_trials(study)
-    edited = write_study(study_dict(params=params), name="edited.yaml")
     db = (tmp_path / "probe.db").read_bytes()
-    capsys.readouterr()
-    assert run_cli("rerun", str(edited), "0") == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
-    assert f"{edited}: " + said.format(x=first.params["x"]) in captured.err
-    assert (tmp_path / "probe.db").read_bytes() == db
-    assert len(load_trials(study)) == 1
+    for case, params, said in RERUN_EDITS:
+        with subtests.test(case):
+            edited = write_study(study_dict(params=params), name="edited.yaml")
+            capsys.readouterr()
+            assert run_cli("rerun", str(edited), "0") == 2
+            captured = capsys.readouterr()
+            assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+            assert f"{edited}: " + said.format(x=first.params["x"]) in captured.err
+            assert (tmp_path / "probe.db").read_bytes() == db
+            assert len(load_trials(study)) == 1
     same = write_study(study_dict(params={"x": {"type": "fixed", "value": first.params["x"]}}),
                        name="same.yaml")  # fixed at the value it ran: the same trial
     assert run_cli("rerun", str(same), "0") == 0
