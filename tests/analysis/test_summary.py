@@ -12,6 +12,10 @@ from conftest import ROOT, load_trials, run_cli, study_dict
 from sweep._core import names
 from sweep.analysis import summary
 
+# the tests of `finished_study` run on one worker: the module's sweep runs once for them all,
+# not once on each worker that takes one of them
+ON_THE_FINISHED_STUDY = pytest.mark.xdist_group("summary-finished-study")
+
 
 @pytest.fixture(scope="module")
 def finished_study(tmp_path_factory):
@@ -44,6 +48,7 @@ def finished_study(tmp_path_factory):
     return path
 
 
+@ON_THE_FINISHED_STUDY
 def test_summary_csv_matches_storage_row_by_row(finished_study, capsys):
     assert run_cli("summary", str(finished_study)) == 0
     out = capsys.readouterr().out
@@ -72,6 +77,7 @@ def test_summary_csv_matches_storage_row_by_row(finished_study, capsys):
     assert states == {"COMPLETE", "FAIL", "PRUNED"}
 
 
+@ON_THE_FINISHED_STUDY
 def test_python_api_returns_trials_gpus_and_samples(finished_study):
     s = summary.load(finished_study)
     assert len(s.trials) == len(load_trials(finished_study))
@@ -87,6 +93,7 @@ def test_summary_of_a_study_never_run_is_one_line(write_study, capsys):
     assert "run the study first" in capsys.readouterr().err
 
 
+@ON_THE_FINISHED_STUDY
 def test_the_analysis_notebook_runs_against_the_study(finished_study, monkeypatch):
     import nbclient
     import nbformat
@@ -190,22 +197,20 @@ def clm_study(write_study, tmp_path, n=6):
     return study
 
 
-def summary_at(study, columns):
-    """`sweep summary` in a terminal `columns` wide, as a real command: its lines."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "sweep", "summary", str(study)],
-                          env={**os.environ, "COLUMNS": str(columns)}, capture_output=True,
-                          text=True, check=True)
-    return done.stdout.splitlines()
+def summary_at(study, columns, monkeypatch, capsys):
+    """`sweep summary` in a terminal `columns` wide (COLUMNS, as a shell sets it for a
+    command whose output is not a terminal), run in this process: its lines."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    capsys.readouterr()
+    assert run_cli("summary", str(study)) == 0
+    return capsys.readouterr().out.splitlines()
 
 
 def test_at_80_columns_headers_fold_between_whole_words_in_at_most_three_lines(
-        write_study, tmp_path):
+        write_study, tmp_path, monkeypatch, capsys):
     """Issue 38: run_clm's params split their headers one letter per line (19 lines high)."""
     study = clm_study(write_study, tmp_path)
-    lines = summary_at(study, 80)
+    lines = summary_at(study, 80, monkeypatch, capsys)
     assert max(len(line) for line in lines) <= 80
     top = [line.strip() for line in lines].index("best 5") + 1
     bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("└"))
@@ -229,13 +234,13 @@ def test_at_80_columns_headers_fold_between_whole_words_in_at_most_three_lines(
 
 
 def test_the_terminal_summary_has_the_image_column_of_a_study_run_in_containers(
-        write_study, tmp_path):
+        write_study, tmp_path, monkeypatch, capsys):
     """Each trial's image as `podman images` shows an ID (12 hex digits), never folded;
     summary.csv keeps the whole ID."""
     import csv
 
     study = clm_study(write_study, tmp_path)
-    lines = summary_at(study, 240)
+    lines = summary_at(study, 240, monkeypatch, capsys)
     header = [line for line in lines if line.startswith("┃")]
     assert "image" in {cell.strip() for line in header for cell in line.split("┃")}
     rows = [line for line in lines if line.startswith("│") and "cosine" in line]
