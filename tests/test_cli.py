@@ -391,11 +391,11 @@ RERUN_EDITS = [
 
 
 def test_rerun_refuses_a_file_that_would_run_other_params(write_study, fake_gpus, tmp_path,
-                                                          capsys, subtests):
+                                                          capsys):
     """Hostile pass: after x was narrowed to [0.5, 1], `rerun` queued x=0.0799 silently (it
     ran and was stored COMPLETE); with x now fixed at 3, renamed to y, or a new param z,
     `rerun 0` queued a trial that ran other params than trial 0's, stored as its rerun. Each
-    of RERUN_EDITS (a subtest of one first run: a refusal writes nothing) is refused in one
+    of RERUN_EDITS (all after one first run: a refusal writes nothing) is refused in one
     line naming the param, exit 2, nothing written. Fixed at the value it ran, it is the same
     trial: queued."""
     study = write_study(study={"n_trials": 1, "sampler": {"type": "random", "seed": 0}},
@@ -404,15 +404,14 @@ def test_rerun_refuses_a_file_that_would_run_other_params(write_study, fake_gpus
     [first] = load_trials(study)
     db = (tmp_path / "probe.db").read_bytes()
     for case, params, said in RERUN_EDITS:
-        with subtests.test(case):
-            edited = write_study(study_dict(params=params), name="edited.yaml")
-            capsys.readouterr()
-            assert run_cli("rerun", str(edited), "0") == 2
-            captured = capsys.readouterr()
-            assert captured.out == "" and captured.err.count("\n") == 1, captured.err
-            assert f"{edited}: " + said.format(x=first.params["x"]) in captured.err
-            assert (tmp_path / "probe.db").read_bytes() == db
-            assert len(load_trials(study)) == 1
+        edited = write_study(study_dict(params=params), name="edited.yaml")
+        capsys.readouterr()
+        assert run_cli("rerun", str(edited), "0") == 2, case
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, (case, captured.err)
+        assert f"{edited}: " + said.format(x=first.params["x"]) in captured.err, case
+        assert (tmp_path / "probe.db").read_bytes() == db, case
+        assert len(load_trials(study)) == 1, case
     same = write_study(study_dict(params={"x": {"type": "fixed", "value": first.params["x"]}}),
                        name="same.yaml")  # fixed at the value it ran: the same trial
     assert run_cli("rerun", str(same), "0") == 0

@@ -77,25 +77,24 @@ def bomb() -> str:
 
 
 def test_an_edited_study_file_is_refused_and_nothing_is_written(write_study, fake_gpus,
-                                                                tmp_path, capsys, subtests):
+                                                                tmp_path, capsys):
     """Each of CHANGES, made to the file of one study that ran a trial: exit 2, one line
     naming the key, nothing written, the stored trial as it was. One first run carries every
-    case (each a subtest): a refusal writes nothing, so the next case starts from the same
-    files, which the snapshot checks."""
+    case (each assertion names its case): a refusal writes nothing, so the next case starts
+    from the same files, which the snapshot checks."""
     study = write_study(study={"n_trials": 1}, trainer=QUICK)
     assert run_cli("run", str(study)) == 0
     (tmp_path / "afile").write_text("not a folder")
     before = snapshot(tmp_path)
     for case, change, key in CHANGES:
-        with subtests.test(case):
-            text = bomb() if change == "BOMB" else (
-                change if isinstance(change, str) else yaml.safe_dump(change, sort_keys=False))
-            edited = write_study(text, name="edited.yaml")
-            capsys.readouterr()
-            assert run_cli("run", str(edited)) == 2
-            err = capsys.readouterr().err
-            assert key in err and err.count("\n") == 1 and len(err) < 400, err
-            assert snapshot(tmp_path) == before
+        text = bomb() if change == "BOMB" else (
+            change if isinstance(change, str) else yaml.safe_dump(change, sort_keys=False))
+        edited = write_study(text, name="edited.yaml")
+        capsys.readouterr()
+        assert run_cli("run", str(edited)) == 2, case
+        err = capsys.readouterr().err
+        assert key in err and err.count("\n") == 1 and len(err) < 400, (case, err)
+        assert snapshot(tmp_path) == before, case
     # read once all were refused (reading the storage leaves its -wal and -shm files): no
     # case made a trial
     assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
@@ -217,30 +216,29 @@ STORED_CHANGES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-def test_a_dry_run_refuses_what_run_refuses(write_study, fake_gpus, tmp_path, capsys,
-                                            subtests):
+def test_a_dry_run_refuses_what_run_refuses(write_study, fake_gpus, tmp_path, capsys):
     """Hostile pass: `run --dry-run` printed commands (exit 0) for a file the stored study
     refuses. It reads the stored study and refuses it as `run` does: exit 2, one line naming
     the key, nothing written. One first run carries each of STORED_CHANGES with the budget
-    left and spent (each a subtest): a refusal writes nothing, so the next case starts from
-    the same files, which the snapshot checks."""
+    left and spent (each assertion names its case): a refusal writes nothing, so the next
+    case starts from the same files, which the snapshot checks."""
     study = write_study(edit(study={"n_trials": 1}, params=XK, trainer=QUICK))
     assert run_cli("run", str(study)) == 0
     before = snapshot(tmp_path)
     for case, change, key in STORED_CHANGES:
         for spent in (False, True):
-            with subtests.test(case, budget="spent" if spent else "left"):
-                edited = write_study(
-                    {**change, "study": {**change["study"], "n_trials": 1 if spent else 4}},
-                    name="edited.yaml")
-                capsys.readouterr()
-                assert run_cli("run", str(edited), "--dry-run") == 2
-                captured = capsys.readouterr()
-                assert captured.out == "" and key in captured.err and \
-                    captured.err.count("\n") == 1, captured
-                assert run_cli("run", str(edited)) == 2
-                assert capsys.readouterr().err == captured.err  # the same refusal, word for word
-                assert snapshot(tmp_path) == before
+            said = (case, "budget spent" if spent else "budget left")
+            edited = write_study(
+                {**change, "study": {**change["study"], "n_trials": 1 if spent else 4}},
+                name="edited.yaml")
+            capsys.readouterr()
+            assert run_cli("run", str(edited), "--dry-run") == 2, said
+            captured = capsys.readouterr()
+            assert captured.out == "" and key in captured.err and \
+                captured.err.count("\n") == 1, (said, captured)
+            assert run_cli("run", str(edited)) == 2, said
+            assert capsys.readouterr().err == captured.err, said  # the same refusal, word for word
+            assert snapshot(tmp_path) == before, said
     # read once all were refused (reading the storage leaves its -wal and -shm files): no
     # case made a trial
     assert [t.state.name for t in load_trials(study)] == ["COMPLETE"]
