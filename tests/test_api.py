@@ -15,12 +15,12 @@ from sweep._core import names
 
 def test_run_returns_the_study_and_status_and_load_read_it(write_study, fake_gpus):
     study_file = write_study(study={"n_trials": 1})
-    study = sweep.run(study_file, n_trials=3, gpus=[1])
-    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    study = sweep.run(study_file, n_trials=2, gpus=[1])
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 2
     assert {t.user_attrs[names.GPU] for t in study.trials} == {1}
     now = sweep.status(study_file)
-    assert now.counts == {"COMPLETE": 3} and now.running.empty
-    assert list(sweep.load(study_file).trials["number"]) == [0, 1, 2]
+    assert now.counts == {"COMPLETE": 2} and now.running.empty
+    assert list(sweep.load(study_file).trials["number"]) == [0, 1]
 
 
 def test_ctrl_c_in_python_stops_the_trials_then_raises_keyboard_interrupt(write_study,
@@ -49,7 +49,7 @@ def test_the_python_api_notebook_runs_a_sweep(write_study, fake_gpus, monkeypatc
 
     study_file = write_study(study={"n_trials": 1})
     monkeypatch.setenv("SWEEP_STUDY", str(study_file))
-    monkeypatch.setenv("SWEEP_N_TRIALS", "3")
+    monkeypatch.setenv("SWEEP_N_TRIALS", "2")
     notebook = ROOT / "notebooks" / "python_api.ipynb"
     nb = nbformat.read(notebook, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
@@ -57,6 +57,6 @@ def test_the_python_api_notebook_runs_a_sweep(write_study, fake_gpus, monkeypatc
     client.execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
-    assert [t.state.name for t in load_trials(study_file)] == ["COMPLETE"] * 3
+    assert [t.state.name for t in load_trials(study_file)] == ["COMPLETE"] * 2
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "best: trial" in printed
