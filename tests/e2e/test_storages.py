@@ -16,7 +16,7 @@ import optuna
 import psutil
 import pytest
 from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
-from test_budget import check_exact, three_drivers_at_once
+from test_budget import ATTEMPTS, check_exact, three_drivers_at_once
 
 from sweep._core import names
 from sweep._core.optional import import_grpc
@@ -43,7 +43,7 @@ def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attempt", range(2))
+@pytest.mark.parametrize("attempt", range(ATTEMPTS))
 def test_three_drivers_on_one_journal_file_spend_exactly_its_budget(write_study, tmp_path,
                                                                     attempt):
     url = f"journal:///{tmp_path}/study.log"
@@ -225,7 +225,9 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     # up and runs its own; only then is the victim killed (a survivor that started first could
     # spend the whole budget before a slow victim ran any)
     victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
-    assert wait_until(runs_on("h0"), 120)
+    # each look opens the storage (a core's worth at 20 a second): twice a second is enough,
+    # the victim's trials run 2 s and the survivor's wait for the frozen victim's
+    assert wait_until(runs_on("h0"), 120, every=0.5)
     # frozen between its writes: a victim frozen inside one holds the journal's lock file, and
     # the survivor would first wait out Optuna's 30 s grace for it (a stale lock, not a reclaim)
     lock = tmp_path / "k.log.lock"
@@ -237,7 +239,7 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
         time.sleep(0.02)
     assert not lock.exists()
     survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
-    assert wait_until(runs_on("h1"), 120)
+    assert wait_until(runs_on("h1"), 120, every=0.5)
     victim.kill()
     victim.wait()
     _, err = survivor.communicate(timeout=180)
@@ -349,7 +351,12 @@ def test_a_driver_waiting_for_a_stuck_lock_stops_on_ctrl_c(write_study, tmp_path
 
 
 @pytest.mark.slow
-def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_study, tmp_path):
+def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_study, tmp_path,
+                                                                      monkeypatch, capsys):
+    """The driver and the proxy it loses are real processes; the proxy back and the next run
+    are in this process (as `sweep storage-proxy` and `sweep run` run them)."""
+    from conftest import run_cli
+
     behind = f"sqlite:///{tmp_path}/behind.db"
     first = start_proxy(behind)
     url = f"grpc://127.0.0.1:{first[1]}"
@@ -370,17 +377,16 @@ def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_stud
     assert "Connection refused); 2 trials not told (0, 1); once it is back, run again: " \
         "trials left RUNNING are reclaimed" in errors[0], err
     assert all(len(line) < 400 for line in err.splitlines()), err
-    second = start_proxy(behind, first[1])  # back on the same port
+    second, _ = proxy.make_server(storageurl.StorageUrl.parse(behind), "127.0.0.1", first[1],
+                                  8)  # back on the same port
     # the same study, its trials no longer held up (the proxy was killed while they ran)
     fast = write_study(study={"n_trials": 4, "storage": url},
                        trainer={"args": ["--sleep", "0.2"]}, name="fast.yaml")
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "2")
     try:
-        rerun = spawn_cli("run", str(fast), env={"SWEEP_FAKE_GPUS": "2"})
-        _, err = rerun.communicate(timeout=120)
-        assert rerun.returncode == 0, err
+        assert run_cli("run", str(fast)) == 0, capsys.readouterr().err
     finally:
-        second[0].send_signal(signal.SIGTERM)
-        second[0].wait(30)
+        second.stop(0)
     stored = optuna.load_study(study_name="probe", storage=behind).trials
     assert [t.state.name for t in stored].count("COMPLETE") == 4
     assert "RUNNING" not in [t.state.name for t in stored]
@@ -398,9 +404,13 @@ def test_status_says_when_a_running_trial_has_no_driver_on_record(write_study, c
 
 
 @pytest.mark.slow
-def test_a_fresh_run_reclaims_a_trial_another_host_left_on_a_journal(write_study, tmp_path):
+def test_a_fresh_run_reclaims_a_trial_another_host_left_on_a_journal(write_study, tmp_path,
+                                                                    monkeypatch, capsys):
     """Without Optuna's heartbeats a new run must watch a foreign trial before judging it:
-    it stays one reclaim_after for that, then reclaims and finishes the budget."""
+    it stays one reclaim_after for that, then reclaims and finishes the budget. The victim is
+    a real process (SIGKILLed); the later run, on another host, runs in this process."""
+    from conftest import run_cli
+
     url = f"journal:///{tmp_path}/left.log"
     study = write_study(study={"n_trials": 1, "name": "left", "storage": url,
                                "heartbeat_interval": 1, "reclaim_after": 3},
@@ -410,9 +420,9 @@ def test_a_fresh_run_reclaims_a_trial_another_host_left_on_a_journal(write_study
     assert wait_until((tmp_path / "hung").exists, 60)  # its trainer runs, and hangs
     victim.kill()
     victim.wait()
-    later = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "1", "SWEEP_HOST": "h1"})
-    _, err = later.communicate(timeout=120)
-    assert later.returncode == 0, err
+    monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
+    monkeypatch.setenv("SWEEP_HOST", "h1")
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     states = [t.state.name for t in trials_of(url, "left")]
     assert states == ["FAIL", "COMPLETE"], states  # reclaimed, then run again to the end
 
