@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import load_trials, spawn_cli, study_dict, wait_until
+from conftest import load_trials, run_cli, spawn_cli, study_dict, wait_until
 
 from sweep.gpus.hostlock import HostSlots, take_port
 from sweep.gpus.placement import Refusal, Why
@@ -74,16 +74,20 @@ def test_the_slots_of_a_killed_driver_free_within_a_second(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path):
-    """Issue 11: two sweeps started together put pairs of trials on the same device."""
-    env = {"SWEEP_FAKE_GPUS": "2"}
+def test_two_drivers_on_one_host_never_share_a_device(write_study, tmp_path, fake_gpus,
+                                                      capsys):
+    """Issue 11: two sweeps started together put pairs of trials on the same device. Sweep b
+    is a process of its own; sweep a runs in this process once b's first trial started (b's
+    imports done: from then on each wants both devices for 2 s or more)."""
     studies = [write_study(study_dict(study={"name": name, "n_trials": 4},
-                                      trainer={"args": ["--sleep", "0.4"]}),
+                                      trainer={"args": ["--sleep", "1"]}),
                            name=f"{name}.yaml") for name in ("a", "b")]
-    drivers = [spawn_cli("run", str(s), env=env) for s in studies]
-    for d in drivers:
-        _, err = d.communicate(timeout=120)
-        assert d.returncode == 0, err
+    other = spawn_cli("run", str(studies[1]), env={"SWEEP_FAKE_GPUS": "2"})
+    assert wait_until(lambda: list((tmp_path / "b" / "trials").glob("*/probe_start.json")), 60,
+                      every=0.1)
+    assert run_cli("run", str(studies[0])) == 0, capsys.readouterr().err
+    _, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err
     runs = []
     for name, study in zip(("a", "b"), studies, strict=True):
         assert [t.state.name for t in load_trials(study, name)] == ["COMPLETE"] * 4

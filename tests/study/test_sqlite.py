@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 import yaml
-from conftest import load_trials, spawn_cli, study_dict
+from conftest import load_trials, run_cli, study_dict
 
 from sweep.spec import config, schema
 from sweep.study import _sqlite
@@ -180,9 +180,7 @@ def test_what_a_killed_driver_committed_is_in_the_file(tmp_path):
 def test_a_finished_run_leaves_the_study_in_one_file(write_study, fake_gpus, tmp_path):
     local_only(tmp_path)
     path = write_study(study_dict(study={"n_trials": 2}))
-    done = spawn_cli("run", str(path))
-    _, err = done.communicate(timeout=120)
-    assert done.returncode == 0, err
+    assert run_cli("run", str(path)) == 0  # in this process: the run, not its exit, folds it
     db = tmp_path / "probe.db"
     assert mode_of(db) == "wal"
     assert not Path(f"{db}-wal").exists() and not Path(f"{db}-shm").exists()
@@ -216,8 +214,7 @@ def test_a_study_in_a_folder_the_reader_cannot_write_is_read_as_last_folded(
             pytest.skip("no setpriv to read as root without its override of file modes")
         prefix = NO_OVERRIDE
     path = write_study(study_dict(study={"n_trials": 2, "output_dir": str(tmp_path / "out")}))
-    _, err = (done := spawn_cli("run", str(path))).communicate(timeout=120)
-    assert done.returncode == 0, err
+    assert run_cli("run", str(path)) == 0  # a finished run's file (in this process)
     folder = tmp_path / "results"
     folder.mkdir()
     (tmp_path / "probe.db").rename(folder / "probe.db")
