@@ -160,23 +160,6 @@ def test_a_trial_of_another_host_is_reclaimed_after_its_heartbeat_goes_stale(wri
 
 
 @pytest.mark.slow
-def test_sighup_stops_trials_as_sigterm_does_tells_them_and_exits_130(write_study, tmp_path):
-    """SIGHUP (the terminal closed, an ssh drop) takes SIGTERM's path: trials stopped with
-    their grace period and told `interrupted`, nothing left RUNNING, exit 130."""
-    study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
-    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    assert wait_until(lambda: started(study) == 2, 60)
-    driver.send_signal(signal.SIGHUP)
-    _, err = driver.communicate(timeout=30)
-    assert driver.returncode == 130, err
-    trials = load_trials(study)
-    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
-    assert told_interrupted_and_continued(trials)
-    assert "Traceback" not in err
-    assert processes_mentioning(str(tmp_path)) == []
-
-
-@pytest.mark.slow
 def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_path):
     """The driver's terminal goes away (its pty closed: the kernel sends SIGHUP and every later
     write to the terminal fails): trials are still stopped and told, and the driver exits 130."""
@@ -281,9 +264,13 @@ def test_sighup_outside_a_run_ends_a_command_as_sigterm_does(write_study):
     assert "Traceback" not in err
 
 
-def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write_study):
+def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write_study,
+                                                                          tmp_path):
     """A closed terminal sends SIGHUP to the driver and to its shell, which sends it again:
-    unlike a second Ctrl-C, the second SIGHUP does not cut the trials' grace period."""
+    unlike a second Ctrl-C, the second SIGHUP does not cut the trials' grace period.
+    SIGHUP (an ssh drop) takes SIGTERM's path: trials stopped with their grace period, told
+    `interrupted`, their continuations queued, no traceback, nothing left, exit 130 (that no
+    new trial starts after it: test_a_closed_terminal_stops_the_driver_as_sigterm_does)."""
     study = write_study(study={"n_trials": 2},
                         trainer={"args": ["--mode", "report", "--steps", "100", "--sleep", "2"],
                                  "grace_period": 30})
@@ -298,9 +285,13 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
     driver.send_signal(signal.SIGHUP)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 130, err
-    assert told_interrupted_and_continued(load_trials(study))
+    assert "Traceback" not in err
+    trials = load_trials(study)
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert told_interrupted_and_continued(trials)
     graceful = list((study.parent / "probe" / "trials").glob("*/stopped_gracefully"))
     assert len(graceful) == 2  # each stopped at its next step, not SIGKILLed
+    assert processes_mentioning(str(tmp_path)) == []
 
 
 def test_signals_to_routes_one_sighup_keeps_nohup_and_restores_the_handlers():
