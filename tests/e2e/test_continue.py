@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAINERS, load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import (
+    TRAINERS,
+    load_trials,
+    processes_mentioning,
+    run_cli,
+    spawn_cli,
+    study_dict,
+    wait_until,
+)
 
 from sweep._core import names
 
@@ -37,7 +45,7 @@ def steps_logged(study: Path) -> list[tuple[int, int, int]]:
 
 @pytest.mark.slow
 def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_checkpoint(
-        write_study, tmp_path):
+        write_study, tmp_path, fake_gpus, capsys):
     rng = random.Random(int(os.environ.get("SWEEP_STRESS_SEED", "22")))
     study = write_study(study_dict(
         study={"n_trials": N_TRIALS, "heartbeat_interval": 1, "reclaim_after": 2},
@@ -65,9 +73,8 @@ def test_sigterm_and_sigkill_at_random_moments_each_trial_continues_from_its_che
         assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5), (
             f"round {round_} ({kind.name}): trial processes outlived the driver by 5 s")
 
-    rerun = spawn_cli("run", str(study), env=env)
-    _, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    # the rerun in this process (as `sweep run`, without a second interpreter's imports)
+    assert run_cli("run", str(study)) == 0, capsys.readouterr().err
     assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5)
 
     trials = load_trials(study)
@@ -122,8 +129,6 @@ def test_a_reclaim_gives_a_dead_drivers_trainer_its_grace_and_the_continuation_r
     continuation started at step 0. The reclaim now leaves the trainer its grace (its guard
     stops it) and queues the continuation only once it is gone; the continuation starts from
     the step the trainer saved."""
-    from conftest import run_cli
-
     study = write_study(study_dict(
         study={"n_trials": 1},
         trainer={"script": str(TERM_SAVER), "grace_period": 30.0,
@@ -161,8 +166,6 @@ def test_a_trial_whose_lineage_folder_another_host_still_writes_is_continued_aft
     continuation starts only after it let go."""
     import subprocess
     import sys
-
-    from conftest import run_cli
 
     from sweep.spec import config, searchspace
     from sweep.study.opening import open_study

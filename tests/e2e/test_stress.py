@@ -6,9 +6,11 @@ busy machine that kill landed in the interpreter's imports and tested nothing.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import sqlite3
 import time
 
 import pytest
@@ -32,10 +34,14 @@ def started(study) -> int:
 
 
 def asked(study) -> int:
-    """How many of the study's trials were asked (0 before its storage exists)."""
+    """How many of the study's trials were asked (0 before its storage exists). Polled every
+    0.05 s while the driver starts: read from the file with sqlite3, read-only (~1 ms; a
+    look through Optuna's storage costs ~0.1 CPU-s, a core's worth at that rate)."""
+    db = study.parent / "probe.db"
     try:
-        return sum(t.state.name != "WAITING" for t in load_trials(study))
-    except Exception:  # not created yet, or being created by the driver
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as c:
+            return c.execute("SELECT COUNT(*) FROM trials WHERE state != 'WAITING'").fetchone()[0]
+    except sqlite3.Error:  # not created yet, or being created by the driver
         return 0
 
 
