@@ -1,8 +1,9 @@
 """A package's face: the names other packages import from it, loaded on first use (PEP 562).
 
 A package's `__init__` imports its face for type checkers only (`if TYPE_CHECKING:`) and ends
-with `__all__, __getattr__ = face(__name__)`: that reads those imports back from its source,
-so each name is written once. Importing the package imports none of its modules (the command
+with `__all__, _face = face(__name__)` and, outside type checking, `__getattr__ = _face`: that
+reads those imports back from its source (one small parse as the package is imported), so
+each name is written once. Importing the package imports none of its modules (the command
 line starts fast, the warm server starts on the standard library); `from sweep.trial import
 Outcome` imports `sweep.trial.outcome` then.
 """
