@@ -22,6 +22,7 @@ import optuna
 import psutil
 import pytest
 import yaml
+from forked_cli import ForkedCli, can_fork
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
@@ -104,12 +105,17 @@ def run_cli(*args: str) -> int:
     return cli.main(list(args))
 
 
-def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`python -m sweep ARGS` as a real subprocess."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "sweep", *args], env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+def spawn_cli(*args: str, env: dict[str, str] | None = None,
+              fresh: bool = False) -> subprocess.Popen[str]:
+    """`python -m sweep ARGS` as a real subprocess: a fork of this process started as the
+    command would start (`forked_cli`: no interpreter to start, no imports), or a new
+    interpreter: with `fresh` (where its first instants or its command line are the point)
+    or while this process holds a SQLite file open."""
+    full = {**os.environ, **(env or {})}
+    if not fresh and can_fork():
+        return ForkedCli(args, full)
+    return subprocess.Popen([sys.executable, "-m", "sweep", *args], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

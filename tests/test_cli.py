@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import socket
+import sqlite3
 import subprocess
 import sys
 
 import pytest
-from conftest import load_trials, run_cli, study_dict
+from conftest import load_trials, run_cli, spawn_cli, study_dict
+from forked_cli import ForkedCli, can_fork
 
 from sweep._core import names
 from sweep.testing import fake_pynvml
@@ -168,6 +170,29 @@ def test_version_and_help():
                          text=True, check=True).stdout
     for verb in ("run", "summary", "gpus", "status"):
         assert verb in out
+
+
+def test_a_forked_command_says_and_exits_as_a_new_interpreter_does(write_study, tmp_path):
+    """The tests' `spawn_cli` forks this process (tests/forked_cli.py): what the command
+    prints on each stream and its exit status are those of `python -m sweep` started anew;
+    with a SQLite file open here, a new interpreter is started instead."""
+    bad = write_study("study: {name: x, metric: m, n_trials: -1}\ntrainer: {script: t.py}\n")
+    seen = []
+    for args in (["run", str(bad)], ["run", str(tmp_path / "missing.yaml")], ["--help"]):
+        forked, fresh = spawn_cli(*args), spawn_cli(*args, fresh=True)
+        assert isinstance(forked, ForkedCli) and not isinstance(fresh, ForkedCli)
+        seen = [(p.communicate(timeout=60), p.returncode) for p in (forked, fresh)]
+        assert seen[0] == seen[1] and seen[0][0][0 if args == ["--help"] else 1], seen
+    assert can_fork()
+    db = sqlite3.connect(tmp_path / "open.db")
+    try:
+        db.execute("create table t (x)")
+        fresh = spawn_cli("--help")
+        assert not can_fork() and not isinstance(fresh, ForkedCli)
+        assert fresh.communicate(timeout=60)[0] == seen[0][0][0]
+    finally:
+        db.close()
+    assert can_fork()
 
 
 def test_on_a_terminal_run_shows_a_live_table_of_budget_gpus_and_best(write_study, fake_gpus,

@@ -240,7 +240,11 @@ def assert_called_off(exploit: Any, trials: list[Any], folder: Path, said: str) 
 
 
 def pause_decided(study: Path) -> bool:
-    """Whether an attempt has its pause recorded (`paused_at`) and is not told yet."""
+    """Whether an attempt has its pause recorded (`paused_at`) and is not told yet. Read
+    once the driver has asked a trial (its study file made: a reader opening it while the
+    driver makes it races it to the schema's first rows)."""
+    if not (study.parent / "probe" / "trials").is_dir():
+        return False
     try:
         return any(t.state.name == "RUNNING" and names.PAUSED_AT in t.user_attrs
                    for t in load_trials(study))

@@ -400,7 +400,7 @@ def test_a_stop_signal_while_the_driver_starts_up_is_exit_130(write_study, tmp_p
     second or more); a fixed 0.2 s after the interpreter was up came before that line on a
     busy machine."""
     study = write_study(study={"n_trials": 2}, trainer={"args": ["--sleep", "30"]})
-    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
+    driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"}, fresh=True)
     assert wait_until(lambda: catches(driver.pid, signum), 30, every=0.001)
     driver.send_signal(signum)
     _, err = driver.communicate(timeout=60)
