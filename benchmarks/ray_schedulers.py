@@ -1,4 +1,4 @@
-"""Ray Tune's `ASHAScheduler` on the simulated curves of `schedulers.py` (optional: Ray).
+"""Ray Tune's `ASHAScheduler` on the replayed curves of `schedulers.py` (optional: Ray).
 
 Ray's scheduler object decides, through its public `TrialScheduler` interface
 (`on_trial_add`, `on_trial_result`, `on_trial_complete`); only the trials and time are
@@ -28,7 +28,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,51 +58,50 @@ class _Trial:
     trial_id: str
 
 
-def asha(curve: Callable[[dict[str, Any], float | None, int], float],
-         configurations: Iterator[dict[str, Any]], steps: int, gpus: int, min_steps: int,
-         reduction_factor: int, budget_hours: float, seed: int,
-         ) -> list[tuple[float, float]]:
-    """Ray's ASHAScheduler (one bracket, stop only) on `gpus` simulated workers until
-    `budget_hours` device-hours are committed or `configurations` runs out: the (device-hours
-    spent by then, value) of each trial that reached its last step, in the order they did."""
+METHODS = {"ray ASHAScheduler": 1, "ray AsyncHyperBand": 3}  # name -> Ray's brackets
+
+
+def replay(method: str, inst: Any, gpus: int, min_steps: int, reduction_factor: int,
+           seed: int, exit_seconds: float) -> list[tuple[float, float]]:
+    """Ray's ASHAScheduler (`METHODS[method]` brackets; stop only) on `gpus` simulated
+    workers over `inst.configs` (a `curves.Instance`), each step costing what `inst.walk`
+    says: (device-seconds spent when it was reported, value) of every value reported."""
     assert ASHAScheduler is not None
     np.random.seed(seed)  # Ray's bracket choice draws from numpy's global generator
     random.seed(seed)
-    sched = ASHAScheduler(time_attr="step", metric="loss", mode="min", max_t=steps,
-                          grace_period=min_steps, reduction_factor=reduction_factor)
+    steps = inst.steps
+    sched = ASHAScheduler(time_attr="step", metric="loss", mode="min",
+                          max_t=steps[-1] if steps[0] > 0 else len(steps),
+                          grace_period=min_steps, reduction_factor=reduction_factor,
+                          brackets=METHODS[method])
+    configurations = iter(inst.configs)
     ids = itertools.count()
-    events: list[tuple[float, int, int, _Trial, dict[str, Any], float | None]] = []
+    order = itertools.count()
+    events: list[tuple[float, int, int, _Trial, dict[str, Any], Any, float]] = []
     started: dict[str, float] = {}
     ended: list[tuple[float, float]] = []  # (start, end) of each trial that ended
-    done: list[tuple[float, float]] = []  # (end time, value)
-    order = itertools.count()
-
-    def spent(t: float) -> float:
-        running = sum(max(0.0, t - s) for s in started.values())
-        return (running + sum(max(0.0, min(e, t) - s) for s, e in ended)) / STEP_SECONDS / 60
+    reported: list[tuple[float, float]] = []  # (time, value)
 
     def start(now: float) -> None:
-        if spent(now) >= budget_hours:
-            return
         params = next(configurations, None)
         if params is None:
             return
         trial = _Trial(str(next(ids)))
         sched.on_trial_add(None, trial)
         started[trial.trial_id] = now
-        heapq.heappush(events, (now + STEP_SECONDS, next(order), 0, trial, params, None))
+        seconds, value, state = inst.walk(params, None, 0)
+        heapq.heappush(events, (now + seconds, next(order), 0, trial, params, state, value))
 
     for _ in range(gpus):
         start(0.0)
     while events:
-        now, _, step, trial, params, state = heapq.heappop(events)
-        value = curve(params, state, step)
-        result = {"step": step, "loss": value}
-        if step == steps - 1:
+        now, _, i, trial, params, state, value = heapq.heappop(events)
+        reported.append((now, value))
+        result = {"step": steps[i], "loss": value}
+        if i == len(steps) - 1:
             sched.on_trial_complete(None, trial, result)
-            end = now + EXIT_SECONDS
+            end = now + exit_seconds
             ended.append((started.pop(trial.trial_id), end))
-            done.append((end, value))
             start(end)
             continue
         if sched.on_trial_result(None, trial, result) == TrialScheduler.STOP:
@@ -110,15 +109,14 @@ def asha(curve: Callable[[dict[str, Any], float | None, int], float],
             ended.append((started.pop(trial.trial_id), now))
             start(now)
             continue
-        heapq.heappush(events, (now + STEP_SECONDS, next(order), step + 1, trial, params,
+        seconds, value, state = inst.walk(params, state, i + 1)
+        heapq.heappush(events, (now + seconds, next(order), i + 1, trial, params, state,
                                 value))
-    return [(spent(t), v) for t, v in sorted(done)]
 
+    def spent(t: float) -> float:
+        return sum(max(0.0, min(e, t) - s) for s, e in ended)
 
-def best_within(completions: list[tuple[float, float]], hours: float) -> float:
-    """The best (lowest) value of the trials that finished by `hours` device-hours."""
-    values = [v for h, v in completions if h <= hours + 1e-9]
-    return min(values) if values else math.nan
+    return [(spent(t), v) for t, v in sorted(reported)]
 
 
 def pbt(curve: Callable[[dict[str, Any], float | None, int], float],
