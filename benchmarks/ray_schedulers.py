@@ -2,12 +2,15 @@
 
 Ray's scheduler object decides, through its public `TrialScheduler` interface
 (`on_trial_add`, `on_trial_result`, `on_trial_complete`); only the trials and time are
-simulated, as for sweep's methods: `gpus` workers, one step a simulated minute
-(`schedulers.STEP_SECONDS` on the fake clock), a trial stopped at the result Ray says STOP on,
-a trial that reaches the last step costs the same second to exit as sweep's fake trainer, the
-next configuration started on the freed worker. Ray's ASHA only stops (it cannot pause: ray
-issues 32634 and 44256), like Optuna's pruner. The time attribute is the 0-based step the
-trainer reports, so its milestones (grace_period * rf**k) are sweep's rungs.
+simulated, as for sweep's methods: `gpus` workers, each step costing what the curves say
+(`curves.Instance.walk`, seconds of the same fake clock), a trial stopped at the result Ray
+says STOP on, a trial that reaches the last step costs the same second to exit as sweep's fake
+trainer, the next configuration started on the freed worker. Ray's ASHA only stops (it cannot
+pause: ray issues 32634 and 44256), like Optuna's pruner; with 3 brackets it is Ray's
+asynchronous HyperBand ("ray AsyncHyperBand"). The time attribute is the step number the
+trainer reports, so its milestones (grace_period * rf**k) are sweep's rungs. Ray's synchronous
+`HyperBandScheduler` pauses trials and picks the next through `choose_trial_to_run`, which
+reads Ray's `TuneController`: no public stand-in, so it has no row.
 
 Ray's `PopulationBasedTraining` cannot be driven that way: it exploits through Ray's
 `TuneController` (pausing trials, scheduling checkpoint saves, its private checkpoint

@@ -54,6 +54,7 @@ import math
 import multiprocessing
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -406,13 +407,22 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(k, d, s, m, args.gpus) for k in kinds for d in datasets_of(k, args.datasets)
              for s in range(args.seeds) for m in method_names(k, args.methods)]
     records: list[dict[str, Any]] = []
+    step = max(1, len(tasks) // 10)
+
+    def progress(got: list[dict[str, Any]]) -> None:
+        records.extend(got)
+        done = len(records) // BUDGETS
+        if done % step == 0:
+            print(f"{done}/{len(tasks)} sweeps, {time.time() - start:.0f} s", file=sys.stderr,
+                  flush=True)
+
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             for got in pool.imap_unordered(run_one, tasks, chunksize=1):
-                records += got
+                progress(got)
     else:
         for t in tasks:
-            records += run_one(t)
+            progress(run_one(t))
     order = {t[:4]: i for i, t in enumerate(tasks)}
     records.sort(key=lambda r: (order[(r["curves"], r["dataset"], r["seed"], r["method"])],
                                 r["budget_fraction"]))

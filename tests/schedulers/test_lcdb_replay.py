@@ -4,7 +4,7 @@ The fixture, data/lcdb_11_61_446.csv.gz, is LCDB 1.0's accuracy curves (`lcdb` 0
 its database-accuracy.csv) of OpenML datasets 11, 61 and 446 (10, 6 and 8 anchors, all 20
 learners), each anchor's traintime and validation accuracy averaged over LCDB's seeds: 480
 rows, 5 KB, written by `curves.read_lcdb` with the columns it reads. The benchmark itself is not
-part of the suite; this keeps its replay working without LCDB installed.
+part of the suite; this keeps its replay working without LCDB installed (about 3 CPU-s).
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ def test_three_lcdb_datasets_replay_through_the_driver(bench, tmp_path, capsys):
     out = tmp_path / "regrets.json"
     assert schedulers.main([
         "--curves", "lcdb", "--lcdb-csv", str(FIXTURE), "--datasets", "11,61,446",
-        "--seeds", "1", "--jobs", "1", "--json", str(out), "--methods", "sweep asha"]) == 0
+        "--seeds", "1", "--jobs", "1", "--json", str(out),
+        "--methods", "optuna successive_halving"]) == 0
     records = json.loads(out.read_text())
     assert {tuple(sorted(r)) for r in records} == {
         ("budget_fraction", "curves", "dataset", "method", "regret", "seed")}
     assert sorted((r["dataset"], r["method"]) for r in records) == [
-        (d, "sweep asha") for d in ("11", "446", "61") for _ in range(8)]
+        (d, "optuna successive_halving") for d in ("11", "446", "61") for _ in range(8)]
     for d in ("11", "61", "446"):
         mine = [r for r in records if r["dataset"] == d]
         fractions = [r["budget_fraction"] for r in mine]
@@ -65,7 +66,7 @@ def test_three_lcdb_datasets_replay_through_the_driver(bench, tmp_path, capsys):
         assert regrets[-1] >= 0.0
     printed = capsys.readouterr().out
     assert "Mean regret [95 % bootstrap interval], lcdb" in printed
-    assert "| sweep asha |" in printed
+    assert "| optuna successive_halving | " in printed
 
 
 def test_with_no_pruning_the_best_learner_is_known_at_the_full_cost(bench):
@@ -75,3 +76,13 @@ def test_with_no_pruning_the_best_learner_is_known_at_the_full_cost(bench):
     assert [r["budget_fraction"] for r in records][-1] == 1.0
     assert records[-1]["regret"] == 0.0  # every learner trained to the end
     assert records[0]["_cost"]["spent"] == pytest.approx(1.0)
+
+
+def test_sweep_asha_replays_lcdb_pausing_and_spending_less(bench):
+    curves, schedulers = bench
+    schedulers._TABLE = curves.read_lcdb(FIXTURE, {"61"})
+    records = schedulers.run_one(("lcdb", "61", 0, "sweep asha", 4))
+    regrets = [r["regret"] for r in records]
+    assert len(regrets) == 8 and all(a >= b for a, b in itertools.pairwise(regrets))
+    assert regrets[-1] >= 0.0
+    assert 0.0 < records[0]["_cost"]["spent"] < 1.0  # it paused or stopped learners
