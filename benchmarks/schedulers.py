@@ -398,14 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     if "lcdb" in kinds:
         global _TABLE
         _TABLE = curves.read_lcdb(args.lcdb_csv)
+    tasks = [(k, d, s, m, args.gpus) for k in kinds for d in datasets_of(k, args.datasets)
+             for s in range(args.seeds) for m in method_names(k, args.methods)]
     skipped = ray_schedulers.available()
     print(f"{args.seeds} seeds, {args.gpus} simulated devices, budgets from one "
           "configuration's full cost to all of them; regret against the best configuration "
           "trained to the end", flush=True)
     if skipped:
         print(skipped)
-    tasks = [(k, d, s, m, args.gpus) for k in kinds for d in datasets_of(k, args.datasets)
-             for s in range(args.seeds) for m in method_names(k, args.methods)]
     records: list[dict[str, Any]] = []
     step = max(1, len(tasks) // 10)
 
