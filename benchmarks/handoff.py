@@ -89,11 +89,18 @@ def heard(self, plan, grace, on_change=lambda: None, hold=(), server=None):
 process.TrialProcess.__init__ = heard
 started = driver.Driver._start_one
 
+def owned(self):  # trial number -> device: the driver's records (issue 39), or its dict
+    if hasattr(self, "trials"):
+        return {n: self.trials.record(n).lease.device for n in self.trials.numbers()
+                if self.trials.record(n).lease is not None}
+    return {n: run.device for n, run in self.running.items()}
+
 def start_one(self, *args):  # (a lease) since 2026-12-01's pool
-    before = set(self.running)
+    before = set(owned(self))
     started(self, *args)
-    for number in set(self.running) - before:
-        marks.append(("device", number, float(self.running[number].device), 0.0))
+    now = owned(self)
+    for number in set(now) - before:
+        marks.append(("device", number, float(now[number]), 0.0))
 
 driver.Driver._start_one = start_one
 code = cli.main(["run", sys.argv[1]])
@@ -104,7 +111,8 @@ sys.exit(code)
 
 def run_one(work: Path, launcher: str, gpus: int, storage: str,
             args: argparse.Namespace, repo: Path = ROOT) -> list[dict[str, float]]:
-    """One `sweep run` of the checkout `repo`; a dict of times (s) per hand-off."""
+    """One `sweep run` of the checkout `repo` (importing its own modules: its folder is the
+    run's cwd and only PYTHONPATH); a dict of times (s) per hand-off."""
     import yaml
 
     work.mkdir(parents=True)
@@ -123,7 +131,7 @@ def run_one(work: Path, launcher: str, gpus: int, storage: str,
     done = subprocess.run(
         [sys.executable, "-c", RUN, str(study)], capture_output=True, text=True, cwd=repo,
         env={**os.environ, "SWEEP_FAKE_GPUS": str(gpus), "SWEEP_LOCK_DIR": str(work / "locks"),
-             "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])})
+             "PYTHONPATH": str(repo)})  # its own modules, whatever this process was given
     line = [x for x in done.stdout.splitlines() if x.startswith("MARKS ")]
     if done.returncode != 0 or not line:
         raise RuntimeError(f"sweep run failed: {done.stderr[-800:]}")
