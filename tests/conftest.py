@@ -110,9 +110,10 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None,
     """`python -m sweep ARGS` as a real subprocess: a fork of this process started as the
     command would start (`forked_cli`: no interpreter to start, no imports), or a new
     interpreter: with `fresh` (where its first instants or its command line are the point)
-    or while this process holds a SQLite file open."""
+    or while this process holds a SQLite file open beside a study file in `args`."""
     full = {**os.environ, **(env or {})}
-    if not fresh and can_fork():
+    near = [Path(a).resolve().parent for a in args if Path(a).is_file()]
+    if not fresh and can_fork(near):
         return ForkedCli(args, full)
     return subprocess.Popen([sys.executable, "-m", "sweep", *args], env=full,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

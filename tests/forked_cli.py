@@ -14,11 +14,12 @@ child), the descriptors the parent had open are closed (as `close_fds` does), si
 blocked, until the command's first line, and the child ends as `python -m sweep` ends: its
 exit hooks, then `os._exit`.
 
-While the test process holds a SQLite database open, a new interpreter is started instead
-(`can_fork`). What differs from a new interpreter, and so stays with `spawn_cli(...,
-fresh=True)`: a signal in the very first instant (before `sweep.__main__` runs, the child has
-the test process's modules already imported), what imports, and `/proc/PID/cmdline` and the
-environment block (the test worker's, not `python -m sweep ...`).
+While the test process holds a SQLite database open beside a study file the command names, a
+new interpreter is started instead (`can_fork`). What differs from a new interpreter, and so
+stays with `spawn_cli(..., fresh=True)`: a signal in the very first instant (before
+`sweep.__main__` runs, the child has the test process's modules already imported), what
+imports, and `/proc/PID/cmdline` and the environment block (the test worker's, not
+`python -m sweep ...`).
 """
 
 from __future__ import annotations
@@ -34,22 +35,26 @@ import sys
 import traceback
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 SQLITE_FILES = (".db", ".sqlite", ".sqlite3", "-wal", "-shm", "-journal")
 
 
-def can_fork() -> bool:
-    """Whether this process has no SQLite database open (by the names SQLite files have here:
-    opening one to look would drop the process's locks on it): SQLite keeps what it knows of
-    an open file (its locks, its WAL index) in the process, and a child forked with that state
-    fails on the same file ("locking protocol")."""
+def can_fork(near: Sequence[Path]) -> bool:
+    """Whether this process has no SQLite database open in or below the folders `near` (the
+    command's study files' folders, where their databases are; told by the names SQLite files
+    have: opening one to look would drop the process's locks on it). SQLite keeps what it
+    knows of an open file (its locks, its WAL index) in the process, and a child forked with
+    that state fails on the same file ("locking protocol")."""
+    folders = [str(folder) + os.sep for folder in near]
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").endswith(SQLITE_FILES):
-                return False
+            path = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # closed meanwhile
             continue
+        if path.endswith(SQLITE_FILES) and path.startswith(tuple(folders)):
+            return False
     return True
 
 
