@@ -6,10 +6,12 @@ imports each by its name, from its folder)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -97,8 +99,23 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
 
 
 def load_trials(path: Path, name: str = "probe") -> list[optuna.trial.FrozenTrial]:
-    storage = f"sqlite:///{path.parent / (name + '.db')}"
-    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    """The trials of study `name` beside the study file `path`; KeyError while its SQLite
+    file is not made yet (opening it then would race the driver that makes it to the
+    schema's tables: Optuna makes them on opening)."""
+    db = path.parent / (name + ".db")
+    if not made(db):
+        raise KeyError(f"{db}: not made yet")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{db}").get_trials(
+        deepcopy=False)
+
+
+def made(db: Path) -> bool:
+    """Whether Optuna has made the SQLite file `db` (its schema version stamped), read-only."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)) as c:
+            return c.execute("select count(*) from alembic_version").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
 
 
 def run_cli(*args: str) -> int:

@@ -10,9 +10,9 @@ the warning filters and their display (pytest records warnings), logging's handl
 on the root logger; a library's stream handler bound to an old `sys.stderr`), exit hooks (only
 the command's own run), faulthandler and the wakeup fd. The parent's objects are frozen out of
 the child's garbage collection (no finalizer of a connection the parent holds runs in the
-child), the descriptors the parent had open are closed (as `close_fds` does), signals wait,
-blocked, until the command's first line, and the child ends as `python -m sweep` ends: its
-exit hooks, then `os._exit`.
+child), the descriptors the parent had open are closed (as `close_fds` does) before the
+parent goes on, signals wait, blocked, until the command's first line has put its handlers
+in, and the child ends as `python -m sweep` ends: its exit hooks, then `os._exit`.
 
 While the test process holds a SQLite database open beside a study file the command names, a
 new interpreter is started instead (`can_fork`). What differs from a new interpreter, and so
@@ -74,25 +74,26 @@ class ForkedCli(subprocess.Popen[str]):
         sys.stdout.flush()
         sys.stderr.flush()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        ready, said = os.pipe()  # closed by the child once the parent's descriptors are
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                for theirs in (p2cwrite, c2pread, errread):
-                    if theirs != -1:
-                        os.close(theirs)
                 for fd, ours in ((0, p2cread), (1, c2pwrite), (2, errwrite)):
                     if ours != -1:
                         os.dup2(ours, fd)
-                        if ours > 2:
-                            os.close(ours)
-                os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as `close_fds` would
+                os.closerange(3, said)  # as `close_fds` would: the parent's, the pipes'
+                os.closerange(said + 1, os.sysconf("SC_OPEN_MAX"))
+                os.close(said)
                 code = _run(self._cli, env)
             except BaseException:  # the child never returns into pytest
                 traceback.print_exc()
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        os.close(said)
+        os.read(ready, 1)  # the end of file: no descriptor of this process is the child's now
+        os.close(ready)
         self.pid = pid
         self._child_created = True
         for ours in (p2cread, c2pwrite, errwrite):
@@ -148,9 +149,16 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
     sys.argv = [os.path.join(os.path.dirname(__import__("sweep").__file__), "__main__.py"),
                 *argv]
     from sweep import __main__ as entry
+    from sweep._core import stops
 
+    catch = stops.catch
+
+    def catch_then_let_in() -> None:  # blocked since the fork: they come to sweep's handlers
+        catch()
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+    stops.catch = catch_then_let_in
     code = 1
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # blocked since the fork: now they come
     try:
         code = entry.main()
     except SystemExit as e:

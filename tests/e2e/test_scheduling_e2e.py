@@ -242,8 +242,8 @@ def assert_called_off(exploit: Any, trials: list[Any], folder: Path, said: str) 
 def pause_decided(study: Path) -> bool:
     """Whether an attempt has its pause recorded (`paused_at`) and is not told yet. Read
     once the driver has asked a trial (its study file made: a reader opening it while the
-    driver makes it races it to the schema's first rows)."""
-    if not (study.parent / "probe" / "trials").is_dir():
+    driver makes it races it to the schema's tables)."""
+    if not any((study.parent / "probe" / "trials").glob("[0-9]*")):  # no trial asked yet
         return False
     try:
         return any(t.state.name == "RUNNING" and names.PAUSED_AT in t.user_attrs
