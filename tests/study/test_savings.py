@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-from conftest import TRAINERS, load_trials, run_cli, study_dict, wait_until, with_orphan
+from conftest import (
+    TRAINERS,
+    load_trials,
+    run_cli,
+    spawn_cli,
+    study_dict,
+    wait_until,
+    with_orphan,
+)
 from optuna.distributions import FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
@@ -59,10 +64,9 @@ def test_the_report_says_what_the_trainers_logged(write_study, tmp_path, kind):
         trainer={"script": str(STEP_LOG), "grace_period": 30.0,
                  "args": ["--steps", str(steps), "--every", "25", "--sleep", "0.3",
                           "--save", "2.5", "--log", str(log)]}))
-    run = subprocess.run([sys.executable, "-m", "sweep", "run", str(path)],
-                         env={**os.environ, "SWEEP_FAKE_GPUS": str(devices)},
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    run = spawn_cli("run", str(path), env={"SWEEP_FAKE_GPUS": str(devices)})
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stderr
     records = logged(log)
     trials = load_trials(path)
     assert len(records) == sum(t.datetime_start is not None for t in trials)
@@ -108,11 +112,11 @@ def test_the_report_says_what_the_trainers_logged(write_study, tmp_path, kind):
     assert f"<td class=num>{said['saved_device_hours']:.3g}</td>" in table
     assert f"<td class=num>{said['steps']}</td>" in table
     closing = re.search(r"([\d.e-]+) device-hours spent on (\d+) steps trained.*: "
-                        r"([\d.e-]+) saved", run.stderr)
+                        r"([\d.e-]+) saved", stderr)
     if kind == "none":  # nothing stopped early: no such line
         assert closing is None
     else:
-        assert closing is not None, run.stderr
+        assert closing is not None, stderr
         assert float(closing[1]) == pytest.approx(said["device_hours"], rel=0.01)
         assert int(closing[2]) == said["steps"]
         assert float(closing[3]) == pytest.approx(said["saved_device_hours"], rel=0.01)
@@ -262,8 +266,7 @@ def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study
                  "args": ["--steps", "40", "--every", "5", "--sleep", "0.1",
                           "--log", str(tmp_path / "log")]}))
     fake_gpus(1)
-    first = subprocess.Popen([sys.executable, "-m", "sweep", "run", str(path)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = spawn_cli("run", str(path))
 
     def reported() -> bool:
         try:
@@ -274,7 +277,7 @@ def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study
     assert wait_until(reported, 60)
     first.kill()
     killed = dt.datetime.now()
-    first.wait(timeout=30)
+    first.communicate(timeout=30)
     assert wait_until(lambda: dt.datetime.now() > killed + dt.timedelta(seconds=4), 10)
     s, _ = report.load(path)
     end = figures.with_costs(s).set_index("number").loc[0, "end"]
