@@ -14,8 +14,9 @@ child), the descriptors the parent had open are closed (as `close_fds` does) bef
 parent goes on, signals wait, blocked, until the command's first line has put its handlers
 in, and the child ends as `python -m sweep` ends: its exit hooks, then `os._exit`.
 
-While the test process holds a SQLite database open beside a study file the command names, a
-new interpreter is started instead (`can_fork`). What differs from a new interpreter, and so
+While the test process holds a SQLite database open beside a study file the command names,
+runs a thread besides its main one or has loaded gRPC, a new interpreter is started instead
+(`can_fork`). What differs from a new interpreter, and so
 stays with `spawn_cli(..., fresh=True)`: a signal in the very first instant (before
 `sweep.__main__` runs, the child has the test process's modules already imported), what
 imports, and `/proc/PID/cmdline` and the environment block (the test worker's, not
@@ -32,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -42,11 +44,15 @@ SQLITE_FILES = (".db", ".sqlite", ".sqlite3", "-wal", "-shm", "-journal")
 
 
 def can_fork(near: Sequence[Path]) -> bool:
-    """Whether this process has no SQLite database open in or below the folders `near` (the
+    """Whether this process runs one thread only (Python's; and no gRPC, whose core has threads
+    of its own: a lock one of them held at the fork stays held in the child, and gRPC's state
+    is not fork-safe) and has no SQLite database open in or below the folders `near` (the
     command's study files' folders, where their databases are; told by the names SQLite files
     have: opening one to look would drop the process's locks on it). SQLite keeps what it
     knows of an open file (its locks, its WAL index) in the process, and a child forked with
     that state fails on the same file ("locking protocol")."""
+    if threading.active_count() > 1 or "grpc" in sys.modules:
+        return False  # a thread may hold a lock the child would wait on for ever, or abort
     folders = [str(folder) + os.sep for folder in near]
     for fd in os.listdir("/proc/self/fd"):
         try:
