@@ -32,30 +32,27 @@ def in_browser(page: Path, shots: Path) -> tuple[str, list[str]]:
     page, so an uncaught error is in the DOM too; a screenshot is saved beside it."""
     copy = shots / f"{page.stem}.checked.html"
     copy.write_text(page.read_text().replace("<head>", "<head>" + ERROR_SINK, 1))
-    for attempt in (1, 2):
-        try:
-            done = subprocess.run(
-                [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 # its own profile, beside parallel tests and a hung attempt's
-                 f"--user-data-dir={shots / f'chromium-profile-{attempt}'}",
-                 "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
-                 "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
-                 "--window-size=1300,3600", f"--screenshot={shots / (page.stem + '.png')}",
-                 "--dump-dom", copy.as_uri()],
-                capture_output=True, text=True, timeout=60, check=True)
-        except subprocess.TimeoutExpired:
-            # Chromium 156 itself, headless, now and then never ends on this 2-core machine
-            # (3 of 5 whole suites on 2026-12-07, one page of the 8; none in 12 launches of
-            # the same page 4 at a time): said, and tried once more; a page it cannot render
-            # twice fails
-            if attempt == 2:
-                raise
-            warnings.warn(f"chromium hung on {page.name} for 60 s: launched again",
-                          stacklevel=2)
-            continue
-        console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-        return done.stdout, console
-    raise AssertionError("unreachable")
+    def launch(attempt: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             # its own profile, beside parallel tests and a hung attempt's
+             f"--user-data-dir={shots / f'chromium-profile-{attempt}'}",
+             "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
+             "--window-size=1300,3600", f"--screenshot={shots / (page.stem + '.png')}",
+             "--dump-dom", copy.as_uri()],
+            capture_output=True, text=True, timeout=60, check=True)
+
+    try:
+        done = launch(1)
+    except subprocess.TimeoutExpired:
+        # Chromium 156 itself, headless, now and then never ends on this 2-core machine (3 of
+        # 5 whole suites on 2026-12-07, one page of the 8; none in 12 launches of the same
+        # page 4 at a time): said, and tried once more; a page it cannot render twice fails
+        warnings.warn(f"chromium hung on {page.name} for 60 s: launched again", stacklevel=2)
+        done = launch(2)
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    return done.stdout, console
 
 
 def rendered(dom: str) -> dict[str, int]:
