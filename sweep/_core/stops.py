@@ -2,7 +2,8 @@
 SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 end a command as Ctrl-C does (exit 130), from
 the first instant to the last.
 
-Until the command has returned, `interrupt` raises KeyboardInterrupt. Once it has
+Until the command has returned, `interrupt` raises KeyboardInterrupt (inside `deferred`, at
+the block's end: a process started there is the caller's to stop before it). Once it has
 (`STATE.returned`, set by `sweep.__main__`), while Python shuts down (threads joined, exit
 hooks run), a signal is only noted: raised there it printed a traceback and was lost (exit
 0), and once Python had put its default handlers back it killed the process (exit -15).
@@ -12,10 +13,12 @@ Imports nothing of sweep but `terminal` (lazily).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -29,6 +32,8 @@ class State:
         self.returned = False
         self.noted: list[int] = []
         self.code: int | None = None  # the command's exit code, once it returned
+        self.deferring = 0  # `deferred` blocks the main thread is in
+        self.deferred: int | None = None  # a stop signal that came in one
 
 
 STATE = State()
@@ -44,7 +49,26 @@ def interrupt(signum: int, frame: Any) -> None:
     if STATE.returned:
         STATE.noted.append(signum)
         return
+    if STATE.deferring:
+        STATE.deferred = signum
+        return
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A stop signal that comes inside the block raises KeyboardInterrupt at its end, not in
+    the middle: `proc = subprocess.Popen(...)` in it has bound `proc` (the child's pid)
+    before the interruption, so the caller's `finally` can stop the child. Python's Popen,
+    interrupted while it waits for the child's exec, loses the child, which runs on."""
+    STATE.deferring += 1
+    try:
+        yield
+    finally:
+        STATE.deferring -= 1
+    if not STATE.deferring and STATE.deferred is not None:
+        STATE.deferred = None
+        raise KeyboardInterrupt
 
 
 def catch() -> None:
@@ -52,7 +76,7 @@ def catch() -> None:
     A SIGHUP ignored (`nohup`) stays ignored. The command has not returned (again)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    STATE.returned, STATE.code = False, None
+    STATE.returned, STATE.code, STATE.deferred = False, None, None
     STATE.noted.clear()
     for signum in STOPS:
         if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:

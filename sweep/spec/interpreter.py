@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sweep._core import clip
+from sweep._core import clip, stops
 
 # Run as `python -c PROBE QUESTION_JSON`: prints one JSON line.
 PROBE = r"""
@@ -132,20 +132,26 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
         _check_file(python)
     limit = PROBE_TIMEOUT if timeout is None else timeout
     question = json.dumps({"keys": keys, "modules": sorted(modules)})
-    try:  # its own session: what it starts is killed with it, and no terminal signal reaches it
-        token = uuid.uuid4().hex
-        proc = subprocess.Popen([*prefix, python, "-c", PROBE, question], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, PROBE_TOKEN_ENV: token})
-    except OSError as e:
-        raise InterpreterError(f"cannot run {python}: {e.strerror or e}") from None
+    token = uuid.uuid4().hex
+    proc: subprocess.Popen[bytes] | None = None
     try:
+        # its own session: what it starts is killed with it, and no terminal signal reaches
+        # it; a stop signal while it starts comes once `proc` is bound, to be killed below
+        with stops.deferred():
+            try:
+                proc = subprocess.Popen(
+                    [*prefix, python, "-c", PROBE, question], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env={**os.environ, PROBE_TOKEN_ENV: token})
+            except OSError as e:
+                raise InterpreterError(f"cannot run {python}: {e.strerror or e}") from None
         out, err = _read_bounded(proc, limit)
     except subprocess.TimeoutExpired:
         raise InterpreterError(f"{python} did not answer in {limit:g} s (a program that "
                                "hangs, not a Python?)") from None
     finally:  # also on Ctrl-C, SIGTERM, and when it answered: nothing it started outlives it
-        _kill_group(proc, token)
+        if proc is not None:
+            _kill_group(proc, token)
     done = subprocess.CompletedProcess(proc.args, proc.returncode,
                                        out.decode("utf-8", "replace"),
                                        err.decode("utf-8", "replace"))

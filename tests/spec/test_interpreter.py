@@ -1,10 +1,20 @@
-"""The interpreter probe's answer of which distributions provide a script's modules."""
+"""The interpreter probe: which distributions provide a script's modules; nothing of it
+outlives a stop signal."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from importlib import metadata
+from typing import Any
 
+import psutil
+import pytest
+
+from sweep._core import stops
 from sweep.spec import interpreter
 
 # a module of its distribution's name (torch, numpy), one of another name (yaml: PyYAML), a
@@ -22,3 +32,67 @@ def test_the_distributions_named_are_those_the_full_scan_finds():
                 for dist in scan.get(module, [])}
     assert found == expected
     assert {"torch", "numpy", "PyYAML", "typing_extensions", "sweep"} <= set(found)
+
+
+def test_a_stop_signal_while_the_probe_starts_leaves_nothing_of_it_running(tmp_path, monkeypatch):
+    """SIGTERM while Python's Popen waits for the probe's exec (the window forced: the signal
+    comes inside the call, after the child started): the probe ends with KeyboardInterrupt,
+    as a stop does, and the probe's whole group is killed, its child (`sleep 300`) too.
+    Before, Popen gave up the child's pid to the interruption and the probe ran on."""
+    pid_file = tmp_path / "child.pid"
+    hang = tmp_path / "hang"
+    hang.write_text(f"#!/bin/bash\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    hang.chmod(0o755)
+    real = subprocess.Popen
+
+    def interrupted(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real(*args, **kwargs)
+        for _ in range(500):  # the child and its own child run
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before this returns
+        for _ in range(100):
+            time.sleep(0.001)
+        return proc
+
+    monkeypatch.setattr(interpreter.subprocess, "Popen", interrupted)
+    before = {s: signal.getsignal(s) for s in stops.STOPS}
+    stops.catch()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interpreter.probe(str(hang))
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    pid = int(pid_file.read_text())
+    for _ in range(250):  # it ends (a zombie its new parent has not reaped yet has ended)
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the probe's child outlived the interrupted probe")
+
+
+def test_a_stop_signal_inside_deferred_comes_once_at_its_end():
+    """`stops.deferred`: a stop signal inside the block is raised as KeyboardInterrupt at its
+    end (the outermost one, when nested), once; outside, at once."""
+    before = {s: signal.getsignal(s) for s in stops.STOPS}
+    stops.catch()
+    reached = []
+    try:
+        with pytest.raises(KeyboardInterrupt), stops.deferred():
+            with stops.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)
+                reached.append("inner")
+            reached.append("outer")
+        with stops.deferred():  # nothing came: nothing raised
+            reached.append("quiet")
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert reached == ["inner", "outer", "quiet"]
