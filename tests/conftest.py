@@ -61,8 +61,23 @@ def study_dict(**sections: Any) -> dict[str, Any]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked slow first (in their order, then the others in theirs): workers start on
-    the long ones, and the short ones fill the gaps at the end instead of a long one alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    the long ones, and the short ones fill the gaps at the end instead of a long one alone.
+    Those marked grpc after all others (slow first among them too): a test process that has
+    loaded gRPC starts the drivers of the tests after it as new interpreters, not as forks
+    (`forked_cli.can_fork`: a fork of a process with gRPC's core loaded aborts), seconds of
+    CPU each."""
+    items.sort(key=lambda item: (item.get_closest_marker("grpc") is not None,
+                                 item.get_closest_marker("slow") is None))
+
+
+@pytest.fixture(autouse=True)
+def grpc_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that loads gRPC into this process is marked grpc (see above), or it fails."""
+    before = "grpc" in sys.modules
+    yield
+    if not before and "grpc" in sys.modules and request.node.get_closest_marker("grpc") is None:
+        pytest.fail("this test loaded gRPC into the test process: mark it "
+                    "@pytest.mark.grpc, so that it runs after the tests that fork drivers")
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from sweep.spec.storageurl import StorageUrl
 from sweep.study import _optuna_compat, proxy
 from sweep.study.storage import close_storage, open_storage
 
-KINDS = ["sqlite", "journal", "grpc",
+KINDS = ["sqlite", "journal", pytest.param("grpc", marks=pytest.mark.grpc),
          pytest.param("postgresql",
                       marks=[pytest.mark.slow, pytest.mark.xdist_group("postgres")])]
 

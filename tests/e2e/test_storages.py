@@ -124,6 +124,7 @@ def proxy_url(tmp_path):
     assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.grpc
 @pytest.mark.slow
 def test_three_drivers_through_the_storage_proxy_spend_exactly_its_budget(write_study,
                                                                           proxy_url):
@@ -132,6 +133,7 @@ def test_three_drivers_through_the_storage_proxy_spend_exactly_its_budget(write_
     assert status.status(study).counts == {"COMPLETE": 7}
 
 
+@pytest.mark.grpc
 def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tmp_path):
     import threading
 
@@ -170,6 +172,7 @@ def test_the_proxys_lock_serialises_holders_and_frees_when_a_holder_is_killed(tm
         server.stop(0)
 
 
+@pytest.mark.grpc
 def test_the_proxy_refuses_a_journal_and_a_taken_port(tmp_path):
     from sweep._core.errors import UsageError
 
@@ -186,6 +189,7 @@ def test_the_proxy_refuses_a_journal_and_a_taken_port(tmp_path):
         server.stop(0)
 
 
+@pytest.mark.grpc
 def test_a_driver_says_so_in_one_line_when_no_proxy_answers(write_study, capsys, monkeypatch):
     from conftest import run_cli
 
@@ -311,6 +315,7 @@ def test_a_stuck_budget_lock_is_given_up_on_a_signal_and_gone_around_after_patie
         assert locked
 
 
+@pytest.mark.grpc
 def test_the_proxy_takes_its_lock_back_from_a_holder_that_keeps_it_too_long(tmp_path,
                                                                              monkeypatch):
     monkeypatch.setattr(_grpclock, "MAX_HOLD", 1.0)
@@ -350,6 +355,7 @@ def test_a_driver_waiting_for_a_stuck_lock_stops_on_ctrl_c(write_study, tmp_path
                              storage=f"sqlite:///{tmp_path / 'probe.db'}").trials == []
 
 
+@pytest.mark.grpc
 @pytest.mark.slow
 def test_the_proxy_gone_mid_run_is_one_line_and_the_next_run_reclaims(write_study, tmp_path,
                                                                       monkeypatch, capsys):
