@@ -7,6 +7,7 @@ imports each by its name, from its folder)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import re
@@ -145,6 +146,8 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None,
     or while this process holds a SQLite file open beside a study file in `args`."""
     full = {**os.environ, **(env or {})}
     near = [Path(a).resolve().parent for a in args if Path(a).is_file()]
+    if not fresh and not can_fork(near):
+        gc.collect()  # a storage the test read and dropped holds its file until collected
     if not fresh and can_fork(near):
         return ForkedCli(args, full)
     return subprocess.Popen([sys.executable, "-m", "sweep", *args], env=full,
