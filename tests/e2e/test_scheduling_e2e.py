@@ -161,9 +161,9 @@ def test_pbt_exploits_start_from_their_donors_checkpoint_with_perturbed_params(
                 disk.append(sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*")
                                 if f.is_file() and not f.name.startswith(".")))
 
+    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})  # before the thread: a fork
     watcher = threading.Thread(target=measure, daemon=True)
     watcher.start()
-    run = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "4"})
     out, err = run.communicate(timeout=180)
     done.set()
     watcher.join()
