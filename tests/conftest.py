@@ -81,6 +81,18 @@ def grpc_marked(request: pytest.FixtureRequest) -> Iterator[None]:
                     "@pytest.mark.grpc, so that it runs after the tests that fork drivers")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def probed_interpreter() -> None:
+    """This interpreter asked about itself once per worker, as a run of a study whose script
+    is in tests/trainers asks it (`interpreter.probe` keeps its answers for the process's
+    life): the drivers `spawn_cli` forks from this process have the answer, instead of each
+    starting the probe's interpreter again, as the runs in this process do already."""
+    from sweep.launch import provenance
+    from sweep.spec import interpreter
+
+    interpreter.probe(sys.executable, modules=provenance.script_imports(TRAINERS))
+
+
 @pytest.fixture(autouse=True)
 def own_lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's sweeps lease devices among themselves only (not with other tests)."""
