@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import TRAINERS, load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
 from conftest import run_cli as run_here
@@ -269,9 +270,19 @@ def test_a_driver_killed_right_after_it_paused_a_trial_at_a_rung_leaves_it_pause
     ))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     first = spawn_cli("run", str(study))
-    assert wait_until(lambda: pause_decided(study), 60)
+    # the window held open, not caught by polling: the trainer is stopped (SIGSTOP) once it
+    # reported the rung's step, so the driver's SIGTERM after the pause waits until the kill
+    reports = study.parent / "probe" / "trials" / "0" / "reports.jsonl"
+    assert wait_until(reports.exists, 60, every=0.1)
+    [trainer] = [p for p in psutil.Process(first.pid).children(recursive=True)
+                 if str(CKPT_PROBE) in p.cmdline()[1:2]]  # not its guard
+    assert wait_until(lambda: '"step": 2' in reports.read_text(), 60, every=0.02)
+    trainer.suspend()
+    assert wait_until(lambda: pause_decided(study), 60, every=0.25)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
+    with contextlib.suppress(psutil.Error):  # its guard kills it as its driver dies
+        trainer.resume()
     code = run_here("run", str(study))  # the next run, in this process
     out, err = capsys.readouterr()
     assert code == 0, err
