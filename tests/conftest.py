@@ -31,6 +31,7 @@ from optuna.trial import TrialState
 
 from sweep import cli
 from sweep._core import names
+from sweep.study.storage import checked_rdb
 from sweep.testing.fakes import Script
 from sweep.testing.harness import Sweep, probe_study
 
@@ -133,8 +134,11 @@ def load_trials(path: Path, name: str = "probe") -> list[optuna.trial.FrozenTria
     db = path.parent / (name + ".db")
     if not made(db):
         raise KeyError(f"{db}: not made yet")
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{db}").get_trials(
-        deepcopy=False)
+    rdb = checked_rdb(f"sqlite:///{db}", skip_table_creation=True)
+    try:
+        return optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False)
+    finally:
+        rdb.engine.dispose()  # closed now, not when the collector frees it (`spawn_cli`)
 
 
 def made(db: Path) -> bool:

@@ -45,7 +45,7 @@ def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                rdb = optuna.storages.RDBStorage(
+                rdb = checked_rdb(
                     url.url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=spec.study.heartbeat_interval,
@@ -64,6 +64,28 @@ def open_storage(spec: Spec, create: bool = True) -> optuna.storages.BaseStorage
                 raise
             time.sleep(0.2 + 0.4 * attempt)
     raise AssertionError("unreachable")
+
+
+_SCHEMA_HEAD: dict[str, str] = {}  # Optuna's version -> the last revision of its schema
+
+
+def checked_rdb(url: str, **kwargs: Any) -> optuna.storages.RDBStorage:
+    """`optuna.storages.RDBStorage(url, **kwargs)`, its schema checked as Optuna checks it, but
+    Optuna's schema history read once per process: Optuna's own check reads all of it (some
+    30 revision files, run as Python) at every open. The first open reads the last revision
+    (`get_head_version`); every open compares the file's (`get_current_version`) with it, and
+    a file whose revision differs, or has none, is opened again with Optuna's check (its
+    error, in its words: upgrade the storage, or Optuna)."""
+    rdb = optuna.storages.RDBStorage(url, skip_compatibility_check=True, **kwargs)
+    try:
+        head = _SCHEMA_HEAD.get(optuna.__version__) or _SCHEMA_HEAD.setdefault(
+            optuna.__version__, rdb.get_head_version())
+        if rdb.get_current_version() == head:
+            return rdb
+    except AssertionError:  # no revision recorded (Optuna asserts one)
+        pass
+    rdb.engine.dispose()
+    return optuna.storages.RDBStorage(url, **kwargs)
 
 
 def close_storage(storage: optuna.storages.BaseStorage) -> None:
@@ -219,7 +241,7 @@ def _read(spec: Spec, run: bool = False) -> Found:
         runs = run and attempt == url.url  # a read-only view is not the run's storage
         try:
             storage = (open_storage(spec, create=False) if runs else
-                       optuna.storages.RDBStorage(attempt, skip_table_creation=True))
+                       checked_rdb(attempt, skip_table_creation=True))
             try:
                 return Found(optuna.load_study(study_name=spec.study.name, storage=storage),
                              storage, runs)
