@@ -7,6 +7,7 @@ A module imports only from packages of lower layers, and from its own package wi
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from collections.abc import Iterator
@@ -42,6 +43,12 @@ def modules() -> Iterator[tuple[str, Path]]:
             yield ".".join(rel.with_suffix("").parts), path
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A source file's syntax tree, parsed once per process (the checks only read it)."""
+    return ast.parse(path.read_text())
+
+
 def part_of(name: str) -> str:
     """The package (or top-level module) a dotted module name belongs to."""
     return name.split(".")[0]
@@ -53,7 +60,7 @@ def face_of(package: str) -> dict[str, str]:
     init = PACKAGE / package / "__init__.py"
     if not init.exists():
         return {}
-    checking = [block for block in ast.parse(init.read_text()).body if isinstance(block, ast.If)
+    checking = [block for block in parsed(init).body if isinstance(block, ast.If)
                 and getattr(block.test, "id", "") == "TYPE_CHECKING"]
     return {alias.name: node.module.split(".", 1)[1]
             for block in checking for node in ast.walk(block)
@@ -65,7 +72,7 @@ def sweep_imports(path: Path) -> set[str]:
     """The sweep modules `path` imports, dotted under sweep (TYPE_CHECKING imports too); a name
     taken from a package's face counts as an import of the module that defines it."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sweep"):
             base = node.module.split(".")[1:]
             for alias in node.names:
@@ -84,7 +91,7 @@ def test_every_package_has_a_layer_and_says_its_job():
     assert parts == set(layer_of), "a package or module without a layer: place it in LAYERS"
     for init in PACKAGE.glob("*/__init__.py"):
         if init.parent.name != "testing":
-            doc = ast.get_docstring(ast.parse(init.read_text()))
+            doc = ast.get_docstring(parsed(init))
             assert doc and "Imports" in doc, f"{init}: say the package's job and its imports"
 
 
@@ -107,7 +114,7 @@ def test_each_package_imports_what_its_docstring_says():
             continue
         measured = {part_of(i) for name, path in modules() if part_of(name) == package
                     for i in sweep_imports(path)} - {package}
-        said = said_imports(ast.get_docstring(ast.parse(init.read_text())) or "")
+        said = said_imports(ast.get_docstring(parsed(init)) or "")
         if said != measured:
             wrong.append(f"{package}: says {sorted(said)}, imports {sorted(measured)}")
     assert not wrong, wrong
@@ -116,7 +123,7 @@ def test_each_package_imports_what_its_docstring_says():
 def third_party_imports(path: Path) -> set[str]:
     """The top-level names of what `path` imports from outside sweep (TYPE_CHECKING too)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
@@ -130,7 +137,7 @@ def test_what_a_package_says_it_never_imports_it_never_imports():
     wrong = []
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         package = init.parent.name
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        doc = ast.get_docstring(parsed(init)) or ""
         never = {w.lower() for w in re.findall(r"\bnever `?([A-Za-z_]+)`?", doc)}
         only = dict(re.findall(r"\bof ([A-Za-z_]+) only `([A-Za-z_]+)`", doc))
         for name, path in modules():
@@ -138,7 +145,7 @@ def test_what_a_package_says_it_never_imports_it_never_imports():
                 continue
             for lib in never & third_party_imports(path):
                 wrong.append(f"{name} imports {lib}, which sweep/{package} says it never does")
-            tree = ast.parse(path.read_text())
+            tree = parsed(path)
             for lib, allowed in only.items():
                 taken = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                          and node.module and node.module.split(".")[0] == lib.lower()
@@ -150,8 +157,8 @@ def test_what_a_package_says_it_never_imports_it_never_imports():
                                  f"sweep/{package} says only {allowed}")
     assert not wrong, wrong
     # the check reads the claims it is meant to: launch says never Optuna, trial only TrialState
-    launch = ast.get_docstring(ast.parse((PACKAGE / "launch" / "__init__.py").read_text()))
-    trial = ast.get_docstring(ast.parse((PACKAGE / "trial" / "__init__.py").read_text()))
+    launch = ast.get_docstring(parsed(PACKAGE / "launch" / "__init__.py"))
+    trial = ast.get_docstring(parsed(PACKAGE / "trial" / "__init__.py"))
     assert "never Optuna" in (launch or "") and "of Optuna only `TrialState`" in (trial or "")
 
 
@@ -187,10 +194,10 @@ def test_no_import_cycle_inside_a_package():
 def test_how_a_trial_starts_is_launch_and_its_contract_has_a_module_of_its_own():
     """Every launcher is in `launch/`; `launch/launcher.py` holds the `Launcher` contract alone."""
     elsewhere = [name for name, path in modules() if part_of(name) != "launch"
-                 for node in ast.walk(ast.parse(path.read_text()))
+                 for node in ast.walk(parsed(path))
                  if isinstance(node, ast.ClassDef) and node.name.endswith("Launcher")]
     assert not elsewhere, elsewhere
-    contract = ast.parse((PACKAGE / "launch" / "launcher.py").read_text())
+    contract = parsed(PACKAGE / "launch" / "launcher.py")
     assert [n.name for n in contract.body if isinstance(n, ast.ClassDef)] == ["Launcher"]
 
 
@@ -198,7 +205,7 @@ def test_no_two_classes_share_a_name():
     seen: dict[str, str] = {}
     twice = []
     for name, path in modules():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ClassDef):
                 if node.name in seen:
                     twice.append(f"{node.name}: {seen[node.name]} and {name}")
@@ -273,7 +280,7 @@ def calls_in(path: Path, methods: set[tuple[str, str]]) -> set[str]:
     """The top-level functions and classes of `path` that call one of `methods` ((what it is
     called on, named as the code names it: `store`, `self.store`; the method))."""
     found = set()
-    for top in ast.parse(path.read_text()).body:
+    for top in parsed(path).body:
         for node in ast.walk(top):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 on = node.func.value
@@ -299,7 +306,7 @@ def test_one_place_in_the_runner_ends_a_trial():
 def test_the_driver_is_given_its_collaborators_whole():
     """Driver.__init__ sets at most 15 attributes, each its own (`self.x`), and the driver
     never rewires a collaborator after building it (`self.x.y = ...`, `monitor.on_sick =`)."""
-    tree = ast.parse((PACKAGE / "runner" / "driver.py").read_text())
+    tree = parsed(PACKAGE / "runner" / "driver.py")
     [driver] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Driver"]
     [init] = [n for n in driver.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
 
@@ -446,7 +453,7 @@ def test_stored_attribute_names_are_spelled_only_in_the_names_module():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path == PACKAGE / "_core" / "names.py" or "__pycache__" in path.parts:
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         keys = {id(c) for c in attribute_keys(tree)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
@@ -496,7 +503,7 @@ def test_another_package_takes_a_name_through_the_packages_face():
     defines it."""
     reached = []
     for name, path in modules():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if not (isinstance(node, ast.ImportFrom) and node.module
                     and node.module.startswith("sweep.") and node.module.count(".") >= 2):
                 continue
