@@ -186,6 +186,20 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
+def assert_gone(pid: int, said: str) -> None:
+    """`pid` ends within 5 s (else it is killed, and the test fails with `said`); a zombie
+    that whoever it was handed to has not reaped yet (a busy machine) has ended."""
+    for _ in range(250):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"{said} (pid {pid})")
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
     """Whether `predicate` holds within `timeout` s, looked at every `every` s, or less often
     where one look is dear (a storage opened, every process scanned): a look takes at most a

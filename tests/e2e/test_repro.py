@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, load_trials, run_cli, spawn_cli, study_dict
+from conftest import ROOT, assert_gone, load_trials, run_cli, spawn_cli, study_dict
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
@@ -293,22 +293,6 @@ def test_a_broken_interpreter_and_one_without_accelerate_are_refused(tmp_path):
                             "accelerate), or use launcher: python")
     path.write_text(yaml.safe_dump(study_dict(trainer={"python": str(bare)})))
     assert config.load(path).trainer.python == str(bare)  # launcher: python needs none
-
-
-def assert_gone(pid: int, said: str) -> None:
-    """`pid` ends within 5 s (else it is killed, and the test fails with `said`); a zombie
-    that whoever it was handed to has not reaped yet (a busy machine) has ended."""
-    import psutil
-
-    for _ in range(250):
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    pytest.fail(f"{said} (pid {pid})")
 
 
 def test_an_interpreter_that_hangs_is_one_short_line_and_its_whole_group_is_killed(

@@ -11,8 +11,8 @@ import time
 from importlib import metadata
 from typing import Any
 
-import psutil
 import pytest
+from conftest import assert_gone
 
 from sweep._core import stops
 from sweep.spec import interpreter
@@ -65,16 +65,7 @@ def test_a_stop_signal_while_the_probe_starts_leaves_nothing_of_it_running(tmp_p
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-    pid = int(pid_file.read_text())
-    for _ in range(250):  # it ends (a zombie its new parent has not reaped yet has ended)
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    pytest.fail("the probe's child outlived the interrupted probe")
+    assert_gone(int(pid_file.read_text()), "the probe's child outlived the interrupted probe")
 
 
 def test_a_stop_signal_inside_deferred_comes_once_at_its_end():
