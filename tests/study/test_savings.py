@@ -3,6 +3,7 @@ that `sweep report` and the run's closing line say, against what the trainers di
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
 from conftest import (
     TRAINERS,
@@ -274,10 +276,19 @@ def test_a_killed_drivers_trial_is_drawn_until_its_last_sign_of_life(write_study
         except (KeyError, IndexError):
             return False
 
-    assert wait_until(reported, 60)
+    # mid-trial however busy the machine: the trainer (4 s of steps) is stopped (SIGSTOP)
+    # once it reported, until its driver is killed
+    reports = path.parent / "probe" / "trials" / "0" / "reports.jsonl"
+    assert wait_until(lambda: reports.exists() and reports.read_text(), 60)
+    [trainer] = [p for p in psutil.Process(first.pid).children(recursive=True)
+                 if str(STEP_LOG) in p.cmdline()[1:2]]  # not its guard
+    trainer.suspend()
+    assert wait_until(reported, 60, every=0.25)
     first.kill()
     killed = dt.datetime.now()
     first.communicate(timeout=30)
+    with contextlib.suppress(psutil.Error):  # its guard ends it, its grace given
+        trainer.resume()
     assert wait_until(lambda: dt.datetime.now() > killed + dt.timedelta(seconds=4), 10)
     s, _ = report.load(path)
     end = figures.with_costs(s).set_index("number").loc[0, "end"]
