@@ -60,15 +60,22 @@ def deferred() -> Iterator[None]:
     """A stop signal that comes inside the block raises KeyboardInterrupt at its end, not in
     the middle: `proc = subprocess.Popen(...)` in it has bound `proc` (the child's pid)
     before the interruption, so the caller's `finally` can stop the child. Python's Popen,
-    interrupted while it waits for the child's exec, loses the child, which runs on."""
+    interrupted while it waits for the child's exec, loses the child, which runs on.
+
+    The stop wins over an error the block raises (it is raised in the error's place, not kept
+    for a later block). Outside the main thread the block defers nothing: Python runs signal
+    handlers in the main thread only, whose stops are its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     STATE.deferring += 1
     try:
         yield
     finally:
         STATE.deferring -= 1
-    if not STATE.deferring and STATE.deferred is not None:
-        STATE.deferred = None
-        raise KeyboardInterrupt
+        if not STATE.deferring and STATE.deferred is not None:
+            STATE.deferred = None
+            raise KeyboardInterrupt  # in place of what the block raised, if it did
 
 
 def catch() -> None:

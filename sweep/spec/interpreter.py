@@ -151,7 +151,8 @@ def probe(python: str, keys: bool = False, modules: Sequence[str] = (),
                                "hangs, not a Python?)") from None
     finally:  # also on Ctrl-C, SIGTERM, and when it answered: nothing it started outlives it
         if proc is not None:
-            _kill_group(proc, token)
+            with stops.deferred():  # a second stop signal comes once the group is killed
+                _kill_group(proc, token)
     done = subprocess.CompletedProcess(proc.args, proc.returncode,
                                        out.decode("utf-8", "replace"),
                                        err.decode("utf-8", "replace"))

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from typing import Any
@@ -87,3 +88,39 @@ def test_a_stop_signal_inside_deferred_comes_once_at_its_end():
         for s, handler in before.items():
             signal.signal(s, handler)
     assert reached == ["inner", "outer", "quiet"]
+
+
+def test_a_stop_inside_deferred_wins_over_the_error_the_block_raises(monkeypatch):
+    """A stop signal while the probe starts, then an error leaving the block (an interpreter
+    that cannot be run): the stop is raised there, not kept to be raised by a later block
+    (found by a hostile review: a later, healthy probe raised it)."""
+    monkeypatch.setattr(stops, "STATE", stops.State())
+    with pytest.raises(KeyboardInterrupt), stops.deferred():
+        stops.interrupt(signal.SIGTERM, None)  # as the handler runs when the signal comes
+        raise OSError("cannot run it")
+    assert stops.STATE.deferred is None
+    with stops.deferred():  # nothing is left over for a later block
+        pass
+
+
+def test_deferred_in_another_thread_leaves_the_main_threads_stops_alone(monkeypatch):
+    """Signal handlers run in the main thread: a block in another thread defers nothing, so
+    a stop that comes meanwhile is the main thread's at once."""
+    monkeypatch.setattr(stops, "STATE", stops.State())
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with stops.deferred():
+            inside.set()
+            leave.wait(5)
+
+    worker = threading.Thread(target=hold)
+    worker.start()
+    try:
+        assert inside.wait(5)
+        with pytest.raises(KeyboardInterrupt):
+            stops.interrupt(signal.SIGTERM, None)
+    finally:
+        leave.set()
+        worker.join(5)
+    assert stops.STATE.deferred is None
