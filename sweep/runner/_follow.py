@@ -60,6 +60,16 @@ class Follower:
             except Taken:  # this driver was taken for dead (frozen): the trial is not ours
                 run.stop(Stop.TAKEN, now)
                 return
+        try:  # what is noted on the trial from its values (`Store.note`) finds it Taken too
+            self._decide(run, now, fresh, stored, exited, prune, running)
+        except Taken:
+            run.stop(Stop.TAKEN, now)
+
+    def _decide(self, run: RunningTrial, now: float, fresh: list[tuple[int, float]],
+                stored: list[int], exited: bool, prune: bool, running: bool) -> None:
+        """`reports`' decisions on the values just read: the resume check, the pruner, the
+        scheduler, a bad line."""
+        assert run.reports is not None
         self.resume.on_reports(run, [step for step, _ in fresh])
         if exited and run.cut_drain(now):
             self._unread(run)

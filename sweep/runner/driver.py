@@ -35,7 +35,14 @@ from sweep.runner.policy import OnSignal, Policy, RunResult
 from sweep.runner.starter import POLL_SECONDS, Starter
 from sweep.schedulers import CalledOff, NotStarted
 from sweep.spec import Spec, searchspace
-from sweep.study import LOCK_PATIENCE, LockAbandoned, Store, savings, storage_lost_errors
+from sweep.study import (
+    LOCK_PATIENCE,
+    LockAbandoned,
+    Store,
+    Taken,
+    savings,
+    storage_lost_errors,
+)
 from sweep.trial import (
     LineageBusy,
     Phase,
@@ -288,6 +295,10 @@ class Driver:
             self.trials.park(owned, e.keeps_device)
             if not again:
                 self.events.message(f"trial {asked.number} waits to start: {e}")
+            return
+        except Taken:  # another driver told it meanwhile (took this one for dead): nothing
+            self.trials.finish(owned, TrialState.FAIL, Stop.TAKEN.value)  # of it runs
+            self.events.message(f"trial {asked.number} was already told by another driver")
             return
         except CalledOff as e:  # a PBT exploit whose donor trained to the end first
             self.trials.finish(owned, TrialState.FAIL, f"exploit called off: {e}")

@@ -285,7 +285,7 @@ class Store:
                               if not (isinstance(v, float) and math.isnan(v))})
             done = compat_tell(self.study, trial,
                                values if state is TrialState.COMPLETE else None, state)
-        except optuna.exceptions.UpdateFinishedTrialError:
+        except (Taken, optuna.exceptions.UpdateFinishedTrialError):
             return False, False
         except ValueError:  # "Cannot tell a FAIL trial": finished by another driver
             if self.storage.get_trial(trial_id(trial)).state.is_finished():
@@ -296,11 +296,15 @@ class Store:
     def note(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
         """Store `attrs` on a running trial (what it runs: `provenance.RunRecord.attrs`), but
         those it holds already with the same value (as this driver knows it: Optuna's trial
-        keeps what was read at the ask and written since)."""
+        keeps what was read at the ask and written since). Taken if another driver has told
+        the trial meanwhile."""
         held = trial.user_attrs
         for key, value in attrs.items():
             if key not in held or held[key] != value:
-                trial.set_user_attr(key, value)
+                try:
+                    trial.set_user_attr(key, value)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    raise Taken(trial.number) from None
 
     def moved(self, trial: optuna.Trial, gpu: int, gpus: Sequence[int]) -> None:
         """A trial asked for some devices starts on others (it was parked, without them): its

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from optuna.trial import TrialState
 
 from sweep._core import names
 from sweep.gpus.monitor import NoReader
@@ -455,3 +456,54 @@ def test_durations_in_the_live_lines_are_on_the_drivers_clock_not_the_wall_clock
     assert done.seconds == 2.5
     elapsed = [r.elapsed for view in views for r in view.running]
     assert elapsed and elapsed == sorted(elapsed) and 0.0 <= elapsed[0] <= elapsed[-1] <= 2.5
+
+
+def test_a_note_on_a_trial_another_driver_told_stops_it_and_the_run_goes_on(tmp_path):
+    """A driver taken for dead (its heartbeats late on a busy machine) notes something on
+    its trial from the values it read (the resume check, the scheduler) after another driver
+    told it: the trial is stopped as one told by another driver, and the run goes on to its
+    budget. The note raised Optuna's UpdateFinishedTrialError, and the driver crashed (a whole
+    suite caught it in the flooded-drivers test)."""
+    s = Sweep(tmp_path, lambda p: Script(runs=3.0, reports=[(0.2, 0, 0.5), (2.0, 1, 0.4)]),
+              gpus=1, study={"n_trials": 1})
+    noted: list[int] = []
+
+    def taken_then_noted(run: RunningTrial, steps: list[int]) -> None:
+        if steps and not noted:  # as a reclaimer that took this driver for dead would
+            noted.append(run.number)
+            s.store.storage.set_trial_state_values(run.trial._trial_id, TrialState.FAIL)
+            s.store.note(run.trial, {names.RESUMED_AT: steps[0]})
+
+    s.driver.follow.resume.on_reports = taken_then_noted  # type: ignore[method-assign]
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert noted == [0]
+    assert s.states() == ["FAIL", "COMPLETE"]  # taken, then the budget's trial
+    assert names.RESUMED_AT not in s.trials[0].user_attrs
+    assert s.spawn.processes[0].signals == ["TERM"]  # stopped, not left running
+    assert "trial 0 was already told by another driver" in said
+
+
+def test_a_trial_another_driver_told_before_it_started_is_let_go(tmp_path, monkeypatch):
+    """Told by another driver between its ask and its start (a note on it as it starts finds
+    it finished): nothing of it runs, its devices go back, and the run goes on."""
+    from sweep.runner.starter import Starter
+    from sweep.study import Taken
+
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 1})
+    inner = Starter.start
+    taken: list[int] = []
+
+    def start(self: Starter, asked: Any, lease: Any, port: Any) -> RunningTrial:
+        if not taken:
+            taken.append(asked.number)
+            s.store.storage.set_trial_state_values(asked.trial._trial_id, TrialState.FAIL)
+            raise Taken(asked.number)
+        return inner(self, asked, lease, port)
+
+    monkeypatch.setattr(Starter, "start", start)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert taken == [0] and s.states() == ["FAIL", "COMPLETE"]
+    assert len(s.spawn.processes) == 1  # the budget's trial only
+    assert "trial 0 was already told by another driver" in said
