@@ -108,8 +108,11 @@ def test_a_flooded_driver_keeps_its_heartbeats_and_no_live_trial_is_reclaimed(wr
     has a pair on one host and two pairs across hosts (one driver run carries both). While
     each is busy storing thousands of report lines, none takes another's live trial for dead.
     The third starts once two trials have started (so that each of the three runs one)."""
+    # reclaim_after 3, not 2: SQLite's CURRENT_TIMESTAMP keeps whole seconds, so with 2 a beat
+    # a second late (a thread of a driver on a loaded machine) looked stale (a clean-clone
+    # suite saw two live trials reclaimed that way); sweep's default is twice the interval
     study = write_study(
-        study={"n_trials": 6, "heartbeat_interval": 1, "reclaim_after": 2,
+        study={"n_trials": 6, "heartbeat_interval": 1, "reclaim_after": 3,
                "pruner": {"type": "median", "n_startup_trials": 1000}},
         trainer={"script": str(HOSTILE), "args": ["--case", "flood_slow"]},
     )
