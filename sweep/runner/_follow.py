@@ -61,25 +61,19 @@ class Follower:
                 run.stop(Stop.TAKEN, now)
                 return
         try:  # what is noted on the trial from its values (`Store.note`) finds it Taken too
-            self._decide(run, now, fresh, stored, exited, prune, running)
+            self.resume.on_reports(run, [step for step, _ in fresh])
+            if exited and run.cut_drain(now):
+                self._unread(run)
+            if fresh and prune and self.store.should_prune(run.trial):
+                run.stop(Stop.PRUNED, now)
+            stop = self.scheduler.on_result(run, stored, decide=running).stop  # after exit too
+            if stop is not None:
+                run.stop(stop, now)
+            if exited and not run.reports_pending:  # the last read, before it is told
+                self.scheduler.results_read(run)
         except Taken:
             run.stop(Stop.TAKEN, now)
-
-    def _decide(self, run: RunningTrial, now: float, fresh: list[tuple[int, float]],
-                stored: list[int], exited: bool, prune: bool, running: bool) -> None:
-        """`reports`' decisions on the values just read: the resume check, the pruner, the
-        scheduler, a bad line."""
-        assert run.reports is not None
-        self.resume.on_reports(run, [step for step, _ in fresh])
-        if exited and run.cut_drain(now):
-            self._unread(run)
-        if fresh and prune and self.store.should_prune(run.trial):
-            run.stop(Stop.PRUNED, now)
-        stop = self.scheduler.on_result(run, stored, decide=running).stop  # also after exit
-        if stop is not None:
-            run.stop(stop, now)
-        if exited and not run.reports_pending:  # the last read, before it is told
-            self.scheduler.results_read(run)
+            return
         if run.reports.error is not None:
             run.stop(Stop.BAD_REPORT, now)
 
