@@ -18,6 +18,7 @@ from sweep.launch import _container, _engine
 from sweep.spec import _container_checks
 from sweep.spec import container as containerspec
 from sweep.spec.container import ContainerSection
+from sweep.testing import container_image as test_image
 from sweep.trial import lineage
 from sweep.trial.folders import TrialPaths
 from sweep.trial.launch_plan import LaunchPlan
@@ -530,52 +531,7 @@ def test_the_reclaim_removes_the_studys_containers_whose_trial_no_longer_runs() 
 
 # -- real sweeps in a real podman container (slow) --------------------------------------
 
-TEST_IMAGE = "localhost/sweep-test-python:bookworm-1"  # built once, kept in podman's store
-MARKER = "/etc/sweep-test-image"  # only the test image has it
 CONTAINER_PROBE = TRAINERS / "container_probe.py"
-
-
-def mirror() -> str:
-    """The Debian mirror apt uses here (the first `URIs:` of debian.sources)."""
-    try:
-        for line in Path("/etc/apt/sources.list.d/debian.sources").read_text().splitlines():
-            if line.startswith("URIs:"):
-                return line.split()[1]
-    except OSError:
-        pass
-    return "http://deb.debian.org/debian"
-
-
-def containers_conf(folder: Path) -> Path:
-    """The CONTAINERS_CONF podman needs on this kind of machine (../shared/FACTS.md): runc
-    (crun cannot run in this cgroup setup), cgroupfs, and ulimits no higher than this
-    process's own (they cannot be raised without CAP_SYS_RESOURCE)."""
-    import resource
-
-    def limit(which: int) -> int:
-        soft, hard = resource.getrlimit(which)
-        return min(v for v in (1024, soft, hard) if v != resource.RLIM_INFINITY)
-
-    nofile, nproc = limit(resource.RLIMIT_NOFILE), limit(resource.RLIMIT_NPROC)
-    path = folder / "containers.conf"
-    path.write_text(f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", '
-                    f'"nproc={nproc}:{nproc}"]\n[engine]\nruntime = "runc"\n'
-                    'cgroup_manager = "cgroupfs"\n')
-    return path
-
-
-def build_image(folder: Path, tag: str) -> None:
-    """A Debian root with python3 (debootstrap from the local mirror, about 1 to 3 minutes),
-    marked by MARKER, imported into podman as `tag`."""
-    root = folder / "root"
-    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm",
-                    str(root), mirror()], check=True, capture_output=True, timeout=900)
-    (root / MARKER.lstrip("/")).write_text("sweep test image\n")
-    tar = folder / "root.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True, timeout=300)
-    subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True,
-                   timeout=300)
-    subprocess.run(["rm", "-rf", "--one-file-system", str(root), str(tar)], check=False)
 
 
 @pytest.fixture(scope="session")
@@ -588,10 +544,10 @@ def container_image(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pytest.skip("podman is not installed (apt-get install podman runc debootstrap)")
     folder = tmp_path_factory.mktemp("image")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CONTAINERS_CONF", str(containers_conf(folder)))
-        if subprocess.run(["podman", "image", "exists", TEST_IMAGE]).returncode != 0:
-            build_image(folder, TEST_IMAGE)
-        yield TEST_IMAGE
+        mp.setenv("CONTAINERS_CONF", str(test_image.containers_conf(folder)))
+        if not test_image.exists():  # `.ci/run` builds it while it installs
+            test_image.build(folder)
+        yield test_image.TEST_IMAGE
 
 
 def image_id(ref: str) -> str:
@@ -1046,7 +1002,7 @@ def host_python_image(container_image: str, tmp_path_factory: pytest.TempPathFac
         root = tmp_path_factory.mktemp("hostpython")
         for name in ("etc", "tmp", "proc", "sys", "dev"):
             (root / name).mkdir()
-        (root / MARKER.lstrip("/")).write_text("sweep test image\n")
+        (root / test_image.MARKER.lstrip("/")).write_text("sweep test image\n")
         for name in ("bin", "sbin", "lib", "lib64"):
             if os.path.islink(f"/{name}"):
                 (root / name).symlink_to(os.readlink(f"/{name}"))
