@@ -331,6 +331,10 @@ class Driver:
                                                else "from scratch"))
         self.events.started(Started(asked.number, lease.device, run.params,
                                     run.process.started, lease.devices))
+        try:  # after the spawn: off the device's hand-off
+            self.store.placed(asked.trial, run.device, run.attempt, run.devices)
+        except Taken:  # another driver told it meanwhile (took this one for dead)
+            run.stop(Stop.TAKEN, self.clock.now())
 
     # ---- following ----------------------------------------------------------------------
 

@@ -1,16 +1,28 @@
 """The typed owner record of a trial (`Owner`: the driver that runs it; `OwnerRecord`: that
 driver, the trial's device(s) and folder), written and read only through `OwnerRecord.to_attr`
-/ `OwnerRecord.of` and `Owner.of`. The attribute's name and its keys: `sweep._core.names`."""
+/ `OwnerRecord.of` and `Owner.of`, and the documented columns of where a trial ran (`place`).
+The attributes' names and the record's keys: `sweep._core.names`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from sweep._core import DIR, DRIVER_PID, DRIVER_STARTED, GPU, GPUS, HOST, OWNER, PID, STARTED
+from sweep._core import (
+    ATTEMPT,
+    DIR,
+    DRIVER_PID,
+    DRIVER_STARTED,
+    GPU,
+    GPUS,
+    HOST,
+    OWNER,
+    PID,
+    STARTED,
+)
 
 
 @dataclass(frozen=True)
@@ -75,3 +87,11 @@ class OwnerRecord:
         return cls(owner, None if gpu is None else int(gpu),
                    None if folder is None else str(folder), None if gpus is None else str(gpus))
 
+
+def place(gpu: int, host: str, attempt: int, gpus: Sequence[int] = ()) -> dict[str, Any]:
+    """The documented columns of where a trial ran: `gpu`, `host`, `attempt`, and `gpus`
+    (as "0,1") for a trial of several devices."""
+    where: dict[str, Any] = {GPU: gpu, HOST: host, ATTEMPT: attempt}
+    if len(gpus) > 1:
+        where[GPUS] = ",".join(str(g) for g in gpus)
+    return where

@@ -31,7 +31,6 @@ from sweep._core import (
     FIXED_PARAMS,
     GPU,
     GPU_MEM_PEAK_MB,
-    GPUS,
     GRID_ID,
     HOST,
     METRIC_PREFIX,
@@ -42,7 +41,7 @@ from sweep.spec import Searched
 from sweep.study import _carried
 from sweep.study._optuna_compat import stale_trial_ids, trial_id
 from sweep.study._optuna_compat import tell as compat_tell
-from sweep.study.attrs import Owner, OwnerRecord
+from sweep.study.attrs import Owner, OwnerRecord, place
 from sweep.study.budget import BudgetLock
 from sweep.study.counts import Counts
 from sweep.study.opening import sample
@@ -315,17 +314,22 @@ class Store:
         shown = ",".join(map(str, gpus)) if len(gpus) > 1 else None
         self.note(trial, {OWNER: dataclasses.replace(record, gpu=gpu, gpus=shown).to_attr()})
 
+    def placed(self, trial: optuna.Trial, gpu: int, attempt: int,
+               gpus: Sequence[int] = ()) -> None:
+        """Where a trial started (`attrs.place`), once its trainer was spawned: off the
+        device's hand-off (`tell_verdict` skips what this wrote). Taken if another driver has
+        told the trial meanwhile."""
+        self.note(trial, place(gpu, self.owner.host, attempt, gpus))
+
     def tell_verdict(
         self, trial: optuna.Trial, verdict: Outcome, gpu: int, attempt: int,
         usage: Mapping[str, float], gpus: Sequence[int] = (),
     ) -> tuple[bool, bool]:
         """Tell a judged trial with the attributes sweep stores (see `tell`); `gpus`: all its
         devices, for a trial of several (stored as "0,1")."""
-        attrs: dict[str, Any] = {GPU: gpu, HOST: self.owner.host, ATTEMPT: attempt,
-                 EXIT_CODE: verdict.exit_code, **usage,
-                 **{METRIC_PREFIX + k: v for k, v in verdict.extras.items()}}
-        if len(gpus) > 1:
-            attrs[GPUS] = ",".join(str(g) for g in gpus)
+        attrs: dict[str, Any] = {**place(gpu, self.owner.host, attempt, gpus),
+                                 EXIT_CODE: verdict.exit_code, **usage,
+                                 **{METRIC_PREFIX + k: v for k, v in verdict.extras.items()}}
         if verdict.fail_reason:
             attrs[FAIL_REASON] = verdict.fail_reason
         return self.tell(trial, verdict.state, verdict.values, attrs)
@@ -443,3 +447,4 @@ class Store:
             return bool(self.storage.set_trial_state_values(key, state=TrialState.FAIL))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
+

@@ -507,3 +507,55 @@ def test_a_trial_another_driver_told_before_it_started_is_let_go(tmp_path, monke
     assert taken == [0] and s.states() == ["FAIL", "COMPLETE"]
     assert len(s.spawn.processes) == 1  # the budget's trial only
     assert "trial 0 was already told by another driver" in said
+
+
+def test_where_a_trial_runs_is_written_once_after_its_spawn_not_at_its_tell(tmp_path,
+                                                                             monkeypatch):
+    """Issue 41: the documented columns of where a trial runs (`gpu`, `host`, `attempt`) are
+    written as its trainer starts (once spawned), off the device's hand-off; the tell, a
+    second of the fake clock later, writes only what the end brought. Each is written once."""
+    import optuna
+
+    s = Sweep(tmp_path, ok, gpus=1, study={"n_trials": 2})
+    writes: list[tuple[int, str, int, float]] = []  # (trial, key, processes spawned, time)
+    inner = optuna.Trial.set_user_attr
+
+    def set_user_attr(self: optuna.Trial, key: str, value: Any) -> None:
+        writes.append((self.number, key, len(s.spawn.processes), s.clock.t))
+        inner(self, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", set_user_attr)
+    assert s.run() == 0
+    for number in (0, 1):
+        mine = {key: (spawned, t) for n, key, spawned, t in writes if n == number}
+        assert len(mine) == len([w for w in writes if w[0] == number])  # each key once
+        for key in (names.GPU, names.HOST, names.ATTEMPT):  # spawned, at its start
+            assert mine[key] == (number + 1, pytest.approx(float(number))), (number, key)
+        assert mine[names.EXIT_CODE][1] == pytest.approx(number + 1.0)  # at its end
+    assert [(t.user_attrs[names.GPU], t.user_attrs[names.HOST], t.user_attrs[names.ATTEMPT])
+            for t in s.trials] == [(0, s.store.owner.host, 0)] * 2
+
+
+def test_a_trial_told_by_another_driver_as_it_started_is_stopped_and_the_run_goes_on(
+        tmp_path, monkeypatch):
+    """Told by another driver between its spawn and the note of where it runs: it is
+    stopped as one told by another driver (not left running), and the run goes on."""
+    from sweep.study import Store
+
+    s = Sweep(tmp_path, lambda p: Script(runs=3.0, result={"score": p["x"]}), gpus=1,
+              study={"n_trials": 1})
+    inner = Store.placed
+    taken: list[int] = []
+
+    def placed(self: Store, trial: Any, *args: Any) -> None:
+        if not taken:
+            taken.append(trial.number)
+            self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        inner(self, trial, *args)
+
+    monkeypatch.setattr(Store, "placed", placed)
+    said = capture_messages(s)
+    assert s.run() == 0
+    assert taken == [0] and s.states() == ["FAIL", "COMPLETE"]
+    assert s.spawn.processes[0].signals == ["TERM"]
+    assert "trial 0 was already told by another driver" in said
