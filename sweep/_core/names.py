@@ -17,11 +17,11 @@ trainer starts: a dict of HOST, PID, STARTED (the driver process's start time, e
 are reused), GPU, DIR (the trial's folder) and GPUS for a trial of several devices
 (`sweep.study.attrs.OwnerRecord`)."""
 HOST = "host"
-"""The host the trial ran on (an attribute once its trainer started; a key of the OWNER
-record)."""
+"""The host the trial ran on (an attribute once its trainer started, and when it is told;
+a key of the OWNER record)."""
 GPU = "gpu"
 """The device the trial ran on, its first for a trial of several (an attribute once its trainer
-started; a key of the OWNER record)."""
+started, and when it is told, where it had one; a key of the OWNER record)."""
 GPUS = "gpus"
 """A trial of several devices: all of them, as "0,1" (an attribute; a key of OWNER)."""
 PID, STARTED, DIR = "pid", "started", "dir"

@@ -53,7 +53,7 @@ def trials_frame(study: Any, spec: Spec) -> pd.DataFrame:
         record = attrs.OwnerRecord.of(t.user_attrs)
         for key in ATTR_COLUMNS:
             row[key] = t.user_attrs.get(key)
-        if row[names.GPU] is None and record is not None:  # running: its place is in the record
+        if row[names.GPU] is None and record is not None:  # not noted (yet): the record's
             row[names.GPU], row[names.GPUS] = record.gpu, record.gpus
         row["datetime_start"] = t.datetime_start
         row["datetime_complete"] = t.datetime_complete

@@ -80,6 +80,7 @@ class Driver:
                                self.scheduler, ResumeCheck(spec, store, self._say))
         self.reclaim = Reclaimer(spec, store, self.events, self.trials)
         self.starter: Starter  # made when the run starts, with its launcher
+        self._unplaced: list[RunningTrial] = []  # started this pass: where, not yet noted
 
     @property
     def monitor(self) -> Monitor | None:
@@ -235,6 +236,17 @@ class Driver:
                 if got.trial is None:  # not asked after all (a signal, the budget spent)
                     self.trials.give_back(got)
         self.devices.say_out()
+        self._note_places()
+
+    def _note_places(self) -> None:
+        """Where the trials started this pass run (`Store.placed`), once every free device has
+        its trial: off the hand-off (its tell notes what this did not). Taken: stopped."""
+        runs, self._unplaced = self._unplaced, []
+        for run in runs:
+            try:
+                self.store.placed(run.trial, run.device, run.attempt, run.devices)
+            except Taken:  # another driver told it meanwhile (took this one for dead)
+                run.stop(Stop.TAKEN, self.clock.now())
 
     def view(self) -> View:
         """The run now, for a progress display (the counts as last read: the loop has just
@@ -282,7 +294,8 @@ class Driver:
         still holds, or a PBT exploit whose donor has no state to copy yet, stays parked,
         beating, and is tried again each pass (`again`): on its lease
         (`LineageBusy.keeps_device`), or, its devices given back to the pool meanwhile, on the
-        devices free then, before any other trial starts."""
+        devices free then, before any other trial starts. Where it runs is noted once the
+        pass has started every trial it can (`_note_places`)."""
         asked, lease = owned.asked, owned.lease
         assert lease is not None
         try:
@@ -331,10 +344,7 @@ class Driver:
                                                else "from scratch"))
         self.events.started(Started(asked.number, lease.device, run.params,
                                     run.process.started, lease.devices))
-        try:  # after the spawn: off the device's hand-off
-            self.store.placed(asked.trial, run.device, run.attempt, run.devices)
-        except Taken:  # another driver told it meanwhile (took this one for dead)
-            run.stop(Stop.TAKEN, self.clock.now())
+        self._unplaced.append(run)  # where it runs is noted once the pass has started all
 
     # ---- following ----------------------------------------------------------------------
 

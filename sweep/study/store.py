@@ -447,4 +447,3 @@ class Store:
             return bool(self.storage.set_trial_state_values(key, state=TrialState.FAIL))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
-

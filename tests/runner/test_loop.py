@@ -536,6 +536,25 @@ def test_where_a_trial_runs_is_written_once_after_its_spawn_not_at_its_tell(tmp_
             for t in s.trials] == [(0, s.store.owner.host, 0)] * 2
 
 
+def test_devices_free_together_get_their_trials_before_any_is_noted(tmp_path, monkeypatch):
+    """Where each trial runs is noted once the pass has started a trial on every free device:
+    the notes of the first do not delay the spawn of the next."""
+    from sweep.study import Store
+
+    s = Sweep(tmp_path, ok, gpus=3, study={"n_trials": 3})
+    seen: list[tuple[int, int]] = []  # (trial, processes spawned when its place was noted)
+    inner = Store.placed
+
+    def placed(self: Store, trial: Any, *args: Any) -> None:
+        seen.append((trial.number, len(s.spawn.processes)))
+        inner(self, trial, *args)
+
+    monkeypatch.setattr(Store, "placed", placed)
+    assert s.run() == 0
+    assert seen == [(0, 3), (1, 3), (2, 3)]
+    assert sorted(t.user_attrs[names.GPU] for t in s.trials) == [0, 1, 2]
+
+
 def test_a_trial_told_by_another_driver_as_it_started_is_stopped_and_the_run_goes_on(
         tmp_path, monkeypatch):
     """Told by another driver between its spawn and the note of where it runs: it is
