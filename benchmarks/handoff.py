@@ -9,8 +9,12 @@ Reported, median and p95 over every hand-off (two trials in a row on one device)
   that device (its folder written, the fork or the interpreter started): the issue's path,
   "the tell, one lease, one spawn", with the ask of the next trial and the wait for the
   guard to see the whole tree gone;
-- its parts: the tell (the judge of the trial, its storage writes), the ask (the budget lock,
-  the count, the trial's creation and params), the spawn (plan, folder, start).
+- its parts: the tell (the judge of the trial, its storage writes); release -> ask (from the
+  device's release to the next ask: the loop, the budget lock, the count under it); the ask
+  (`Store.ask`: the trial's creation, its heartbeat, run id, owner and params); files (from
+  the starter's start to the spawn: the lineage's lock, the trial's folder and files, its
+  plan); the spawn (the fork or the interpreter started). A checkout without the methods
+  timed shows nan.
 
 Usage: python benchmarks/handoff.py [--trials 40] [--gpus 1 4] [--launchers warm python]
                                     [--storage sqlite journal] [--seconds 0.3] [--rounds 2]
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -70,6 +75,13 @@ def timed(cls, name, kind, number):
 
 timed(driver.Driver, "_judge", "tell", lambda self, a, r: a[0].number)
 timed(store.Store, "ask", "ask", lambda self, a, r: r.number)
+if hasattr(driver.Driver, "_end"):  # the device's release (its last call, once it is clear)
+    timed(driver.Driver, "_end", "end", lambda self, a, r: a[0].number)
+try:  # the trial's files and plan, before its spawn (issue 30's starter)
+    from sweep.runner.starter import Starter
+    timed(Starter, "start", "start", lambda self, a, r: a[0].number)
+except ImportError:
+    pass
 if spawners:  # the launchers' spawn (warm's is its own); older: the driver's
     for launcher in spawners:
         timed(launcher, "spawn", "spawn", lambda self, a, r: int(a[0].paths.dir.name))
@@ -147,9 +159,14 @@ def run_one(work: Path, launcher: str, gpus: int, storage: str,
         for a, b in itertools.pairwise(numbers):
             exited, spawned = marks["exit"][a][0], marks["spawn"][b]
             tell, ask = marks["tell"][a], marks["ask"][b]
-            rows.append({"handoff": spawned[0] - exited, "tell": tell[1] - tell[0],
-                         "ask": ask[1] - ask[0], "spawn": spawned[1] - spawned[0],
-                         "through": spawned[1] - exited})
+            row = {"handoff": spawned[0] - exited, "tell": tell[1] - tell[0],
+                   "ask": ask[1] - ask[0], "spawn": spawned[1] - spawned[0],
+                   "through": spawned[1] - exited}
+            if a in marks.get("end", {}):  # release -> ask: the loop, the lock, the count
+                row["to_ask"] = ask[0] - marks["end"][a][1]
+            if b in marks.get("start", {}):
+                row["files"] = spawned[0] - marks["start"][b][0]
+            rows.append(row)
     return rows
 
 
@@ -166,8 +183,9 @@ def main() -> None:
     args = parser.parse_args()
     repos = [ROOT, *(r.resolve() for r in args.repo)]
     print("| checkout | launcher | storage | devices | hand-offs | exit -> spawn, median / p95 ms "
-          "| tell ms | ask ms | spawn ms | exit -> spawned, median ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| tell ms | release -> ask ms | ask ms | files ms | spawn ms "
+          "| exit -> spawned, median ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for launcher in args.launchers:
             for storage in args.storage:
@@ -185,13 +203,16 @@ def main() -> None:
 
 def table_row(rows: list[dict[str, float]]) -> str:
     def ms(key: str, q: float = 0.5) -> float:
-        values = sorted(x[key] for x in rows)
+        values = sorted(x[key] for x in rows if key in x)
+        if not values:  # an older checkout without the method timed
+            return math.nan
         if q == 0.5:
             return 1000 * statistics.median(values)
         return 1000 * values[int(q * (len(values) - 1))]
 
     return (f"{len(rows)} | {ms('handoff'):.1f} / {ms('handoff', 0.95):.1f} | {ms('tell'):.1f} "
-            f"| {ms('ask'):.1f} | {ms('spawn'):.1f} | {ms('through'):.1f}")
+            f"| {ms('to_ask'):.1f} | {ms('ask'):.1f} | {ms('files'):.1f} | {ms('spawn'):.1f} "
+            f"| {ms('through'):.1f}")
 
 
 if __name__ == "__main__":
