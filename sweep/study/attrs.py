@@ -88,10 +88,17 @@ class OwnerRecord:
                    None if folder is None else str(folder), None if gpus is None else str(gpus))
 
 
+def devices_shown(gpus: Sequence[int]) -> str | None:
+    """A trial's devices as stored (`gpus` attribute, the owner record's key): "0,1" for a
+    trial of several, None for one."""
+    return ",".join(map(str, gpus)) if len(gpus) > 1 else None
+
+
 def place(gpu: int, host: str, attempt: int, gpus: Sequence[int] = ()) -> dict[str, Any]:
     """The documented columns of where a trial ran: `gpu`, `host`, `attempt`, and `gpus`
-    (as "0,1") for a trial of several devices."""
+    for a trial of several devices (`devices_shown`)."""
     where: dict[str, Any] = {GPU: gpu, HOST: host, ATTEMPT: attempt}
-    if len(gpus) > 1:
-        where[GPUS] = ",".join(str(g) for g in gpus)
+    shown = devices_shown(gpus)
+    if shown is not None:
+        where[GPUS] = shown
     return where

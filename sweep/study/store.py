@@ -41,7 +41,7 @@ from sweep.spec import Searched
 from sweep.study import _carried
 from sweep.study._optuna_compat import stale_trial_ids, trial_id
 from sweep.study._optuna_compat import tell as compat_tell
-from sweep.study.attrs import Owner, OwnerRecord, place
+from sweep.study.attrs import Owner, OwnerRecord, devices_shown, place
 from sweep.study.budget import BudgetLock
 from sweep.study.counts import Counts
 from sweep.study.opening import sample
@@ -186,8 +186,7 @@ class Store:
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             trial = self.study.ask()
         try:
-            record = OwnerRecord(self.owner, gpu, trial_dir(trial.number),
-                                 ",".join(map(str, gpus)) if len(gpus) > 1 else None)
+            record = OwnerRecord(self.owner, gpu, trial_dir(trial.number), devices_shown(gpus))
             self.beat(trial)
             line = _carried.lineage_of(self.study, trial)  # its run id before anything runs
             trial.set_user_attr(OWNER, record.to_attr())
@@ -311,8 +310,8 @@ class Store:
         record = OwnerRecord.of(trial.user_attrs)
         if record is None:
             return
-        shown = ",".join(map(str, gpus)) if len(gpus) > 1 else None
-        self.note(trial, {OWNER: dataclasses.replace(record, gpu=gpu, gpus=shown).to_attr()})
+        self.note(trial, {OWNER: dataclasses.replace(record, gpu=gpu, gpus=devices_shown(gpus))
+                          .to_attr()})
 
     def placed(self, trial: optuna.Trial, gpu: int, attempt: int,
                gpus: Sequence[int] = ()) -> None:
