@@ -54,9 +54,11 @@ def exists(tag: str = TEST_IMAGE) -> bool:
 
 def build(folder: Path, tag: str = TEST_IMAGE) -> None:
     """A Debian root with python3 (debootstrap from the local mirror), marked by MARKER,
-    imported into podman as `tag`; `folder` holds the root and its tar meanwhile (removed
-    after, success or not, without crossing into a file system mounted inside the root)."""
-    root, tar = folder / "root", folder / "root.tar"
+    imported into podman as `tag`. The root and its tar are made in a new folder of its own
+    in `folder`, removed after, success or not, without crossing into a file system mounted
+    inside the root."""
+    work = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=folder))
+    root, tar = work / "root", work / "root.tar"
     try:
         subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm",
                         str(root), mirror()], check=True, capture_output=True, timeout=900)
@@ -65,7 +67,7 @@ def build(folder: Path, tag: str = TEST_IMAGE) -> None:
         subprocess.run(["podman", "import", str(tar), tag], check=True, capture_output=True,
                        timeout=300)
     finally:
-        subprocess.run(["rm", "-rf", "--one-file-system", str(root), str(tar)], check=False)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
 
 
 def main() -> int:
