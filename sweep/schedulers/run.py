@@ -56,6 +56,13 @@ NO_RESUME_ARGS = (
     "(else it starts over, and sweep flags it: steps_repeated)")
 
 
+def paused_at_rung(decision: Pause) -> dict[str, int]:
+    """What a pause at a rung stores on the attempt, in the order it is written: `RUNG`, then
+    `PAUSED_AT`, which says a pause is recorded (what readers test), so that a driver killed
+    between the two writes leaves no pause without its rung."""
+    return {RUNG: decision.rung, PAUSED_AT: decision.step}
+
+
 class Replaced(NotStarted):
     """An attempt not started: it carries on a lineage a PBT exploit replaces (queued by a
     reclaim, or an interruption, before the replacement was seen). It is told PRUNED, paused
@@ -69,7 +76,7 @@ class Replaced(NotStarted):
 class PausedAtRung(NotStarted):
     """An attempt not started: its lineage reached a rung it was never judged at (its last
     attempt was stopped before the check: a driver killed after it decided a pause, a
-    signal) and is outside the top of it: it is paused there (`PAUSED_AT`, `RUNG` set first),
+    signal) and is outside the top of it: it is paused there (`paused_at_rung` set first),
     as its reports would have had it, to be promoted if it comes into the top."""
 
     def __init__(self, number: int, origin: int, step: int, rung: int, rung_step: int,
@@ -221,8 +228,7 @@ class Scheduling:
         assert isinstance(self.decide, Halving)
         decision = self.decide.before_continuing(self.lineages(), asked.origin)
         if isinstance(decision, Pause):
-            self.store.note(asked.trial, {PAUSED_AT: decision.step,
-                                          RUNG: decision.rung})
+            self.store.note(asked.trial, paused_at_rung(decision))
             raise PausedAtRung(asked.number, asked.origin, decision.step, decision.rung,
                                self.decide.rungs[decision.rung],
                                self.decide.reduction_factor)
@@ -274,8 +280,7 @@ class Scheduling:
             # continuation after a stop is not judged there again (`_judge_before_continuing`)
             self.store.note(run.trial, {PASSED_RUNG: decision.rung})
         if isinstance(decision, Pause):
-            self.store.note(run.trial, {PAUSED_AT: decision.step,
-                                        RUNG: decision.rung})
+            self.store.note(run.trial, paused_at_rung(decision))
             self.say(f"trial {run.number} paused at step {decision.step}: outside the top "
                      f"1/{self.decide.reduction_factor} of rung {decision.rung} (step "
                      f"{self.decide.rungs[decision.rung]}) for now")

@@ -162,6 +162,27 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     assert any(m.startswith("checkpoint folders removed") for m in said)
 
 
+def test_a_pause_at_a_rung_writes_its_rung_before_paused_at(tmp_path, monkeypatch):
+    """`paused_at` says a pause is recorded (readers test it alone): a driver killed between
+    a pause's two writes left `paused_at` without `rung` when `paused_at` came first (the
+    driver killed after a pause in tests/e2e/test_scheduling_e2e.py saw it, 1 run in ~20)."""
+    writes: list[tuple[int, str]] = []
+    set_user_attr = optuna.Trial.set_user_attr
+
+    def recorded(trial: optuna.Trial, key: str, value: Any) -> None:
+        writes.append((trial.number, key))
+        set_user_attr(trial, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", recorded)
+    s, _ = asha_sweep(tmp_path)
+    assert s.run() == 0
+    paused = [t.number for t in s.trials if names.PAUSED_AT in t.user_attrs]
+    assert len(paused) == 9  # 6 lineages at rung 0, 3 at rung 1
+    for number in paused:
+        keys = [key for n, key in writes if n == number]
+        assert keys.index(names.RUNG) == keys.index(names.PAUSED_AT) - 1, keys
+
+
 def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
     """Li et al.'s get_job, on one device: trials 0 and 1 are paused at rung 0 (step 2: the
     first two there, floor(2/3) = 0 places at its top); trial 2 is worse than 0, so it is
