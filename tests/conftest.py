@@ -53,12 +53,13 @@ def study_dict(**sections: Any) -> dict[str, Any]:
     return probe_study(PROBE, **sections)
 
 
-# -- in parallel: `-n 4 --dist loadgroup` (pyproject.toml's addopts, pytest-xdist) ---------
+# -- in parallel: `-n 6 --dist loadgroup` (pyproject.toml's addopts, pytest-xdist) ---------
 # Each worker has its own tmp_path folders, PostgreSQL server and lock dir per test. What is
 # the machine's, not a folder's, runs on one worker in turn: `xdist_group("podman")` (the image
 # store, container names), "slurm" (a throwaway cluster on the 2-CPU node), "postgres" (one
 # server for them all), "rendezvous" (multi-process trials that take a TCP port of the
-# machine's range in a lock dir of their own test).
+# machine's range in a lock dir of their own test). "chromium": the report's pages, in one
+# browser (tests/browser.py) instead of one each.
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

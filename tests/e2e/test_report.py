@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import warnings
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from browser import Chromium
 from conftest import load_trials, run_cli, silent_panels
 
 from sweep._core import names
@@ -21,38 +21,15 @@ from sweep.analysis import figures, report
 from sweep.testing.studies import stored_study
 
 CHROMIUM = shutil.which("chromium")
-ERROR_SINK = ('<script>window.addEventListener("error",function(e){var p=document.createElement('
-              '"pre");p.className="js-error";p.textContent=String(e.message);'
-              'document.documentElement.appendChild(p)});</script>')
 
 
-def in_browser(page: Path, shots: Path) -> tuple[str, list[str]]:
-    """`page` opened in headless Chromium with the network off: (its DOM after the scripts
-    ran, the console lines Chromium logged). An error sink is put first into a copy of the
-    page, so an uncaught error is in the DOM too; a screenshot is saved beside it."""
-    copy = shots / f"{page.stem}.checked.html"
-    copy.write_text(page.read_text().replace("<head>", "<head>" + ERROR_SINK, 1))
-    def launch(attempt: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             # its own profile, beside parallel tests and a hung attempt's
-             f"--user-data-dir={shots / f'chromium-profile-{attempt}'}",
-             "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
-             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000",
-             "--window-size=1300,3600", f"--screenshot={shots / (page.stem + '.png')}",
-             "--dump-dom", copy.as_uri()],
-            capture_output=True, text=True, timeout=60, check=True)
-
-    try:
-        done = launch(1)
-    except subprocess.TimeoutExpired:
-        # Chromium 156 itself, headless, now and then never ends on this 2-core machine (3 of
-        # 5 whole suites on 2026-12-07, one page of the 8; none in 12 launches of the same
-        # page 4 at a time): said, and tried once more; a page it cannot render twice fails
-        warnings.warn(f"chromium hung on {page.name} for 60 s: launched again", stacklevel=2)
-        done = launch(2)
-    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    return done.stdout, console
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
+    """One headless Chromium for this module's pages (`tests/browser.py`)."""
+    assert CHROMIUM is not None
+    browser = Chromium(CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
+    yield browser
+    browser.close()
 
 
 def rendered(dom: str) -> dict[str, int]:
@@ -74,11 +51,12 @@ def big_study(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("chromium")
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
 @pytest.mark.parametrize("kind", ["finished", "running", "multi", "only_fail", "10000",
                                   "simulated", "asha", "pbt"])
 def test_the_report_renders_every_figure_in_a_browser_without_a_network(
-        kind, tmp_path, request):
+        kind, tmp_path, request, chromium):
     study = (request.getfixturevalue("big_study") if kind == "10000"
              else stored_study(tmp_path, "finished", n=40, simulated=True)
              if kind == "simulated" else stored_study(tmp_path, kind, n=40))
@@ -86,8 +64,8 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
     assert run_cli("report", str(study), "-o", str(page)) == 0
     text = page.read_text()
     assert "<script src" not in text and text.count("plotly.js v") == 1  # inlined, once
-    dom, console = in_browser(page, tmp_path)
-    assert console == [] and '<pre class="js-error">' not in dom
+    dom, logged = chromium.render(page, tmp_path / f"{kind}.png")
+    assert logged == []  # no console line, uncaught error or refused request
     drawn = rendered(dom)
     expected = [f.replace("intermediate", "pareto") if kind == "multi" else f for f in FIGURES]
     if kind in ("asha", "pbt"):  # a scheduler's study: its lineages too (issue 31)
@@ -105,6 +83,28 @@ def test_the_report_renders_every_figure_in_a_browser_without_a_network(
         for said in ("no utilisation measured", "no memory use measured",
                      "no energy measured"):
             assert said in dom
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("chromium")
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_browser_check_sees_an_error_a_console_line_and_a_request_off_the_network(
+        tmp_path, chromium):
+    """What the report's check above asserts is empty is not empty for a page that logs,
+    throws (at once, and later on a timer inside the budget) and asks the network."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        '<html><head><script src="https://cdn.plot.ly/plotly-2.0.0.min.js"></script></head>'
+        '<body><script>console.warn("said"); setTimeout(function () {'
+        'document.body.append("late"); throw new Error("later"); }, 1000); no_such();'
+        "</script></body></html>")
+    dom, logged = chromium.render(page, tmp_path / "bad.png")
+    assert "late" in dom  # the timer ran: virtual time went past it
+    assert sorted(line.split("\n")[0] for line in logged) == [
+        "console.warning: said",
+        "network error: Failed to load resource: net::ERR_PROXY_CONNECTION_FAILED",
+        "uncaught: Error: later",
+        "uncaught: ReferenceError: no_such is not defined"]
 
 
 @pytest.mark.parametrize("simulated", [True, False], ids=["simulated", "nvml"])
