@@ -5,7 +5,9 @@ per set of launch options, and cached (`AccelerateEnv`): each trial starts one i
 instead of two. The driver never imports accelerate (nor torch).
 
 The cache is a JSON file per host and options in `<output_dir>/cache/`; the key holds the
-accelerate version, the interpreter, the options and the variables accelerate reads.
+accelerate version, the interpreter, the options and the variables accelerate reads. What the
+helper computed is also kept for the life of the process under the same key: a process that
+runs several studies (the Python API, a notebook) runs it once per key, not once per study.
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ print(json.dumps({k: v for k, v in env.items() if os.environ.get(k) != v}))
 """
 READS = re.compile(r"^(ACCELERATE_|OMP_|KMP_|HF_|CUDA_|MASTER_)")  # what accelerate looks at
 OURS = ("CUDA_VISIBLE_DEVICES",)  # sweep sets it per trial
+# what the helper computed in this process, by everything the result depends on (the options,
+# the accelerate version, interpreter, host and variables it reads: `AccelerateEnv._context`)
+_COMPUTED: dict[str, dict[str, str]] = {}
 
 
 class AccelerateEnv:
@@ -85,7 +90,11 @@ class AccelerateEnv:
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
         env = self.cached(options)  # each trial start asks: from memory, no hashing, no files
         if env is None:
-            env = self._compute(options)
+            everything = json.dumps([*self._context, options])
+            if everything not in _COMPUTED:
+                _COMPUTED[everything] = self._compute(options)
+            env = _COMPUTED[everything]
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
             cached = self._file(options)
             tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
             tmp.write_text(json.dumps(env, indent=1, sort_keys=True))
@@ -94,7 +103,6 @@ class AccelerateEnv:
         return env
 
     def _compute(self, options: list[str]) -> dict[str, str]:
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
         try:
             done = subprocess.run([*self.prefix, self.python, "-c", HELPER, json.dumps(options)],
                                   capture_output=True, text=True, timeout=self.timeout,

@@ -192,6 +192,7 @@ def test_direct_runs_one_interpreter_with_accelerates_variables_under_sweeps():
 
 
 def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_path, monkeypatch):
+    from sweep.launch import _direct
     from sweep.launch._direct import AccelerateEnv
 
     calls = []
@@ -201,12 +202,16 @@ def test_accelerates_environment_is_computed_once_per_options_and_cached(tmp_pat
         return {"ACCELERATE_MIXED_PRECISION": options[-1]}
 
     monkeypatch.setattr(AccelerateEnv, "_compute", compute)
+    monkeypatch.setattr(_direct, "_COMPUTED", {})  # this process's, as a new one has it
     first = AccelerateEnv(tmp_path, "host-a")
     assert first.get(["--mixed_precision", "bf16"]) == {"ACCELERATE_MIXED_PRECISION": "bf16"}
     assert first.get(["--mixed_precision", "bf16"]) and len(calls) == 1  # memory
     later = AccelerateEnv(tmp_path, "host-a")  # the next run: from the file
     assert later.get(["--mixed_precision", "bf16"])["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert len(calls) == 1
+    other = AccelerateEnv(tmp_path / "other", "host-a")  # another study in this process
+    assert other.get(["--mixed_precision", "bf16"])["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert len(calls) == 1 and len(list((tmp_path / "other").glob("accelerate_env.*"))) == 1
     assert later.get(["--mixed_precision", "no"]) and len(calls) == 2  # other options
     AccelerateEnv(tmp_path, "host-b").get(["--mixed_precision", "bf16"])  # another host
     assert len(calls) == 3

@@ -595,12 +595,14 @@ def test_a_slow_preload_or_a_setting_a_fork_cannot_take_starts_trials_as_direct(
 
     opener = threading.Thread(target=open_gate, daemon=True)
     opener.start()
-    monkeypatch.setattr(sweep.launch._warm, "WARM_WAIT", 0.3)
+    patience = sweep.launch._warm.WARM_WAIT
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("SWEEP_FAKE_GPUS", "1")
     seen = {}
     for name, trainer in (("slow", {"preload": ["slow_import"]}),
                           ("optimize", {"env": {"PYTHONOPTIMIZE": "1"}})):
+        # "optimize" waits for its server as a run does, so that a ready one refuses the trial
+        monkeypatch.setattr(sweep.launch._warm, "WARM_WAIT", 0.3 if name == "slow" else patience)
         study = write_study(
             study={"name": name, "n_trials": 8 if name == "slow" else 2},
             trainer={"script": str(PROBE), "launcher": "warm", "args": ["--sleep", "0.5"],
