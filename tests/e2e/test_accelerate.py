@@ -15,6 +15,7 @@ import yaml
 from conftest import ROOT, TRAINERS, processes_mentioning, run_cli, spawn_cli, wait_until
 
 from sweep._core import names
+from sweep.spec import interpreter
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +149,10 @@ def test_every_launcher_gives_a_trainer_the_state_accelerate_launch_gives(
     runs = {}
     searched = {"mixed_precision": {"type": "categorical", "choices": ["no", "bf16"],
                                     "where": "accelerate"}}
+    # the drivers below are forks of this process, each to check the team's config file with
+    # accelerate's own keys: asked here once (a few CPU-s), the answer is theirs, as
+    # `probed_interpreter` does for what every run asks
+    interpreter.probe(interpreter.driver_python(), keys=True)
     for launcher in ("accelerate", "direct", "warm", "python"):  # at once, a device each
         accelerate = launcher != "python"  # which runs no accelerate: no accelerate keys
         enqueue = [{"now": False, "mixed_precision": "no"},
