@@ -9,18 +9,21 @@ request) and a screenshot. A browser started once serves every page of a test mo
 Chromium for each page costs a second or two of CPU for the browser's own processes, and now
 and then, on a busy machine, never exits (seen with `--dump-dom`); this one is killed, its
 whole process group, when it is closed, and a page that does not finish within `timeout`
-seconds raises TimeoutError.
+seconds raises TimeoutError. `Pages` starts a new browser once when one stops answering.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import select
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +40,25 @@ class Chromium:
     it. Not thread-safe: one caller at a time."""
 
     def __init__(self, executable: str, profile: Path) -> None:
+        """Start it; what it prints goes to `profile`/chromium.log."""
         ours_in, its_out = os.pipe()  # it writes on its 4, we read
         its_in, ours_out = os.pipe()  # we write, it reads on its 3
+        # its ends above 4 first: neither is overwritten by the other's move to 3 or 4
+        its_in, its_out = (_above_4(fd) for fd in (its_in, its_out))
 
         def on_3_and_4() -> None:
             os.dup2(its_in, 3)
             os.dup2(its_out, 4)
 
-        self.proc = subprocess.Popen(
-            [executable, "--headless", "--no-sandbox", "--disable-gpu", *QUIET, *NO_NETWORK,
-             f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
-            preexec_fn=on_3_and_4, pass_fds=(3, 4), start_new_session=True,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        profile.mkdir(parents=True, exist_ok=True)
+        self.log = profile / "chromium.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [executable, "--headless", "--no-sandbox", "--disable-gpu", *QUIET,
+                 *NO_NETWORK, f"--user-data-dir={profile}", "--remote-debugging-pipe",
+                 "about:blank"],
+                preexec_fn=on_3_and_4, pass_fds=(3, 4), start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         os.close(its_in)
         os.close(its_out)
         self._in, self._out = ours_in, ours_out
@@ -83,8 +93,9 @@ class Chromium:
             logged = [_line(e) for e in self._events
                       if e.get("sessionId") == session and e["method"] in LOGGED]
         finally:
-            self.call("Target.closeTarget", deadline, targetId=target)
             self._events = [e for e in self._events if e.get("sessionId") != session]
+            with contextlib.suppress(TimeoutError, EOFError, RuntimeError, OSError):
+                self.call("Target.closeTarget", time.monotonic() + 5, targetId=target)
         return dom, logged
 
     def call(self, method: str, deadline: float, session: str | None = None,
@@ -95,7 +106,9 @@ class Chromium:
         message: dict[str, Any] = {"id": self._last_id, "method": method, "params": params}
         if session is not None:
             message["sessionId"] = session
-        os.write(self._out, json.dumps(message).encode() + b"\0")
+        data = json.dumps(message).encode() + b"\0"
+        while data:
+            data = data[os.write(self._out, data):]
         while True:
             reply = self._read(deadline)
             if reply.get("id") == self._last_id:
@@ -124,13 +137,48 @@ class Chromium:
                 raise TimeoutError("chromium did not answer in time")
             chunk = os.read(self._in, 1 << 20)
             if not chunk:
-                raise EOFError(f"chromium exited ({self.proc.poll()})")
+                raise EOFError(f"chromium exited ({self.proc.poll()}; see {self.log})")
             self._buffer += chunk
         raw, _, self._buffer = self._buffer.partition(b"\0")
         message: dict[str, Any] = json.loads(raw)
         if "method" in message:
             self._events.append(message)
         return message
+
+
+class Pages:
+    """Pages rendered in one Chromium (`Chromium.render`), with profiles in `folder`: a browser
+    that stops answering or exits is said (a warning), closed, and started again for the page
+    once; a page that a second browser cannot render either fails."""
+
+    def __init__(self, executable: str, folder: Path) -> None:
+        self.executable, self.folder = executable, folder
+        self.launched = 0
+        self.browser = self._launch()
+
+    def render(self, page: Path, screenshot: Path) -> tuple[str, list[str]]:
+        try:
+            return self.browser.render(page, screenshot)
+        except (TimeoutError, EOFError) as e:
+            warnings.warn(f"chromium stopped on {page.name} ({e}): launched again",
+                          stacklevel=2)
+            self.browser.close()
+            self.browser = self._launch()
+            return self.browser.render(page, screenshot)
+
+    def close(self) -> None:
+        self.browser.close()
+
+    def _launch(self) -> Chromium:
+        self.launched += 1
+        return Chromium(self.executable, self.folder / f"profile-{self.launched}")
+
+
+def _above_4(fd: int) -> int:
+    """A copy of descriptor `fd` numbered 5 or more (not inherited); `fd` is closed."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
+    os.close(fd)
+    return moved
 
 
 def _line(event: dict[str, Any]) -> str:

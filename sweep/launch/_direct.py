@@ -40,10 +40,11 @@ args, _, _ = _validate_launch_command(args)
 _, env = prepare_simple_launcher_cmd_env(args)
 print(json.dumps({k: v for k, v in env.items() if os.environ.get(k) != v}))
 """
-READS = re.compile(r"^(ACCELERATE_|OMP_|KMP_|HF_|CUDA_|MASTER_)")  # what accelerate looks at
+# what accelerate looks at, and PYTHONPATH, which can decide which accelerate the helper imports
+READS = re.compile(r"^(ACCELERATE_|OMP_|KMP_|HF_|CUDA_|MASTER_|PYTHONPATH$)")
 OURS = ("CUDA_VISIBLE_DEVICES",)  # sweep sets it per trial
-# what the helper computed in this process, by everything the result depends on (the options,
-# the accelerate version, interpreter, host and variables it reads: `AccelerateEnv._context`)
+# what the helper computed in this process, by the key of its cache file (the options, the
+# accelerate version, interpreter, host and the variables it reads: `AccelerateEnv._context`)
 _COMPUTED: dict[str, dict[str, str]] = {}
 
 

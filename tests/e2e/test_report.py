@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from browser import Chromium
+from browser import Pages
 from conftest import load_trials, run_cli, silent_panels
 
 from sweep._core import names
@@ -24,12 +24,12 @@ CHROMIUM = shutil.which("chromium")
 
 
 @pytest.fixture(scope="module")
-def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
     """One headless Chromium for this module's pages (`tests/browser.py`)."""
     assert CHROMIUM is not None
-    browser = Chromium(CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
-    yield browser
-    browser.close()
+    pages = Pages(CHROMIUM, tmp_path_factory.mktemp("chromium"))
+    yield pages
+    pages.close()
 
 
 def rendered(dom: str) -> dict[str, int]:

@@ -255,7 +255,9 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     # would never write: seen once in ~20 suites)
     lock = tmp_path / "k.log.lock"
     for _ in range(200):
-        victim.send_signal(signal.SIGSTOP)
+        victim.send_signal(signal.SIGSTOP)  # delivered a moment later: looked at once stopped
+        assert wait_until(lambda: psutil.Process(victim.pid).status() == psutil.STATUS_STOPPED,
+                          10, every=0.005)
         if not lock.exists() and not sqlite_writing(url):
             break
         victim.send_signal(signal.SIGCONT)

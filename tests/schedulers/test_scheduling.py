@@ -162,10 +162,9 @@ def test_asha_pauses_promotes_and_carries_the_best_lineages_to_max_steps(tmp_pat
     assert any(m.startswith("checkpoint folders removed") for m in said)
 
 
-def test_a_pause_at_a_rung_writes_its_rung_before_paused_at(tmp_path, monkeypatch):
-    """`paused_at` says a pause is recorded (readers test it alone): a driver killed between
-    a pause's two writes left `paused_at` without `rung` when `paused_at` came first (the
-    driver killed after a pause in tests/e2e/test_scheduling_e2e.py saw it, 1 run in ~20)."""
+@pytest.fixture
+def attr_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """(trial number, key) of each user attribute the run writes, in order."""
     writes: list[tuple[int, str]] = []
     set_user_attr = optuna.Trial.set_user_attr
 
@@ -174,13 +173,25 @@ def test_a_pause_at_a_rung_writes_its_rung_before_paused_at(tmp_path, monkeypatc
         set_user_attr(trial, key, value)
 
     monkeypatch.setattr(optuna.Trial, "set_user_attr", recorded)
+    return writes
+
+
+def rung_then_paused_at(writes: list[tuple[int, str]], number: int) -> bool:
+    """Whether trial `number`'s pause was written `rung` first, `paused_at` right after."""
+    keys = [key for n, key in writes if n == number]
+    return keys.index(names.RUNG) == keys.index(names.PAUSED_AT) - 1
+
+
+def test_a_pause_at_a_rung_writes_its_rung_before_paused_at(tmp_path, attr_writes):
+    """`paused_at` says a pause is recorded (readers test it alone): a driver killed between
+    a pause's two writes left `paused_at` without `rung` when `paused_at` came first (the
+    driver killed after a pause in tests/e2e/test_scheduling_e2e.py saw it, 1 run in ~20).
+    (A continuation paused before it starts: the test of item 8 below.)"""
     s, _ = asha_sweep(tmp_path)
     assert s.run() == 0
     paused = [t.number for t in s.trials if names.PAUSED_AT in t.user_attrs]
     assert len(paused) == 9  # 6 lineages at rung 0, 3 at rung 1
-    for number in paused:
-        keys = [key for n, key in writes if n == number]
-        assert keys.index(names.RUNG) == keys.index(names.PAUSED_AT) - 1, keys
+    assert all(rung_then_paused_at(attr_writes, number) for number in paused)
 
 
 def test_a_paused_trial_is_promoted_before_a_new_configuration_starts(tmp_path):
@@ -1693,7 +1704,7 @@ def test_sizes_are_said_in_decimal_units_rounded_before_the_unit_is_chosen():
     ("driver died", {names.PAUSED_AT: 3, names.RUNG: 0}),  # kill -9 after "paused at step 3"
 ])
 def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudged(
-        tmp_path, stopped, decided):
+        tmp_path, stopped, decided, attr_writes):
     """Item 8 of issue 38: lineage 0's attempt reported past rung 0 (step 2) and was stopped
     before it was judged there (or its pause was decided, its driver killed before it told
     it: reclaimed as `driver died`). Its continuation is judged at the rung before it starts:
@@ -1723,6 +1734,7 @@ def test_a_continuation_is_judged_at_the_rung_its_stopped_attempt_reached_unjudg
     fifth = s.trials[5]
     assert (fifth.state.name, fifth.user_attrs[names.PAUSED_AT], fifth.user_attrs[names.RUNG]) == (
         "PRUNED", 3, 0)
+    assert rung_then_paused_at(attr_writes, 5)
     assert "5" not in dict(trainer.starts)
     assert [t.number for t in s.trials if t.user_attrs.get(names.RETRY_OF) == 0] == [5]
     assert dict(trainer.starts)["6"] == 4  # lineage 1 went on from where it stopped
