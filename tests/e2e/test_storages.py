@@ -246,23 +246,28 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     # up and runs its own; only then is the victim killed (a survivor that started first could
     # spend the whole budget before a slow victim ran any)
     victim = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h0"})
-    # each look opens the storage (a core's worth at 20 a second): twice a second is enough,
-    # the victim's trials run 2 s and the survivor's wait for the frozen victim's
-    assert wait_until(runs_on("h0"), 120, every=0.5)
-    # frozen between its writes: a victim frozen inside one holds the journal's lock file, and
-    # the survivor would first wait out Optuna's 30 s grace for it (a stale lock, not a reclaim);
-    # or SQLite's write lock, which no other process can take from a live one (the survivor
-    # would never write: seen once in ~20 suites)
+    # frozen once a trainer of its started (a cheap look: one that opens the storage takes
+    # seconds on a loaded machine, and missed all of the victim's 8 s of trials once), then
+    # looked at while it cannot change: it holds a trial, and is between its writes. A victim
+    # frozen inside one holds the journal's lock file, and the survivor would first wait out
+    # Optuna's 30 s grace for it (a stale lock, not a reclaim); or SQLite's write lock, which
+    # no other process can take from a live one (the survivor would never write: seen once)
+    started = tmp_path / "killed" / "trials"
+    assert wait_until(lambda: any(started.glob("*/probe_start.json")), 120, every=0.02)
     lock = tmp_path / "k.log.lock"
+
+    def frozen_as_wanted() -> bool:
+        return not lock.exists() and not sqlite_writing(url) and runs_on("h0")()
+
     for _ in range(200):
         victim.send_signal(signal.SIGSTOP)  # delivered a moment later: looked at once stopped
         assert wait_until(lambda: psutil.Process(victim.pid).status() == psutil.STATUS_STOPPED,
                           10, every=0.005)
-        if not lock.exists() and not sqlite_writing(url):
+        if frozen_as_wanted():
             break
         victim.send_signal(signal.SIGCONT)
         time.sleep(0.02)
-    assert not lock.exists() and not sqlite_writing(url)
+    assert frozen_as_wanted()
     survivor = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2", "SWEEP_HOST": "h1"})
     assert wait_until(runs_on("h1"), 120, every=0.5)
     victim.kill()
