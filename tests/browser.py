@@ -130,7 +130,8 @@ class Chromium:
         return any(e["method"] == method and e.get("sessionId") == session for e in self._events)
 
     def _read(self, deadline: float) -> dict[str, Any]:
-        """The next message; an event is kept in `_events` too."""
+        """The next message; an event of a tab is kept in `_events` too (the browser's own
+        are not: nothing reads them)."""
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._in], [], [], left)[0]:
@@ -141,7 +142,7 @@ class Chromium:
             self._buffer += chunk
         raw, _, self._buffer = self._buffer.partition(b"\0")
         message: dict[str, Any] = json.loads(raw)
-        if "method" in message:
+        if "method" in message and "sessionId" in message:
             self._events.append(message)
         return message
 

@@ -91,10 +91,10 @@ class AccelerateEnv:
         one run of the helper (a few seconds). SweepError if accelerate refuses them."""
         env = self.cached(options)  # each trial start asks: from memory, no hashing, no files
         if env is None:
-            everything = json.dumps([*self._context, options])
-            if everything not in _COMPUTED:
-                _COMPUTED[everything] = self._compute(options)
-            env = _COMPUTED[everything]
+            key = self.key(options)
+            if key not in _COMPUTED:
+                _COMPUTED[key] = self._compute(options)
+            env = _COMPUTED[key]
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             cached = self._file(options)
             tmp = cached.with_suffix(f".{uuid.uuid4().hex}.tmp")  # drivers may share the folder
