@@ -128,6 +128,12 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
     return use
 
 
+def probes_started(study: Path, name: str = "probe") -> int:
+    """How many trials of `study` (output folder `name` beside it) have a probe trainer that
+    started (its `probe_start.json`: a look at files, not at the storage)."""
+    return len(list((study.parent / name / "trials").glob("*/probe_start.json")))
+
+
 def load_trials(path: Path, name: str = "probe") -> list[optuna.trial.FrozenTrial]:
     """The trials of study `name` beside the study file `path`; KeyError while its SQLite
     file is not made yet (opening it then would race the driver that makes it to the

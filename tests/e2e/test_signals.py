@@ -12,7 +12,14 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import load_trials, processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import (
+    load_trials,
+    probes_started,
+    processes_mentioning,
+    spawn_cli,
+    study_dict,
+    wait_until,
+)
 
 from sweep._core import names
 
@@ -42,14 +49,10 @@ def told_interrupted_and_continued(trials) -> bool:
                     for t in queued))
 
 
-def started(study) -> int:
-    return len(list((study.parent / "probe" / "trials").glob("*/probe_start.json")))
-
-
 def test_sigint_stops_trials_tells_them_interrupted_and_exits_130(write_study, tmp_path):
     study = write_study(study={"n_trials": 6}, trainer={"args": ["--sleep", "30"]})
     driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    assert wait_until(lambda: started(study) == 2, 60)
+    assert wait_until(lambda: probes_started(study) == 2, 60)
     driver.send_signal(signal.SIGINT)
     _, err = driver.communicate(timeout=30)
     assert driver.returncode == 130, err
@@ -66,7 +69,7 @@ def test_second_sigint_kills_at_once(write_study, tmp_path):
     study = write_study(study={"n_trials": 2},
                         trainer={"args": ["--mode", "stubborn"], "grace_period": 60})
     driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    assert wait_until(lambda: started(study) == 2, 60)
+    assert wait_until(lambda: probes_started(study) == 2, 60)
     time.sleep(0.3)  # let the trainers install their SIGTERM handling
     driver.send_signal(signal.SIGINT)
     time.sleep(0.5)
@@ -95,7 +98,7 @@ def test_sigkill_of_the_driver_kills_trainers_and_a_rerun_reclaims_the_cut_trial
     kept = load_trials(study)[0]
 
     driver = spawn_cli("run", str(study), env=env)
-    assert wait_until(lambda: started(study) == 3, 60)
+    assert wait_until(lambda: probes_started(study) == 3, 60)
     assert len(running_trainers(tmp_path)) == 2
     os.kill(driver.pid, signal.SIGKILL)
     driver.communicate(timeout=10)
@@ -172,7 +175,7 @@ def test_a_closed_terminal_stops_the_driver_as_sigterm_does(write_study, tmp_pat
                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     try:
-        assert wait_until(lambda: drain(master) is not None and started(study) == 2, 60)
+        assert wait_until(lambda: drain(master) is not None and probes_started(study) == 2, 60)
     finally:
         os.close(master)  # the terminal is gone: SIGHUP to its session
     assert driver.wait(timeout=30) == 130
@@ -188,7 +191,7 @@ def test_under_nohup_sighup_stays_ignored_and_the_run_goes_on(write_study, tmp_p
     driver = spawn_wrapped(str(study), "import signal\n"
                            "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n",  # as nohup does
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert wait_until(lambda: started(study) == 2, 60)
+    assert wait_until(lambda: probes_started(study) == 2, 60)
     driver.send_signal(signal.SIGHUP)
     _, err = driver.communicate(timeout=60)
     assert driver.returncode == 0, err
@@ -275,7 +278,7 @@ def test_a_second_sighup_does_not_kill_trials_that_are_stopping_with_grace(write
                         trainer={"args": ["--mode", "report", "--steps", "100", "--sleep", "2"],
                                  "grace_period": 30})
     driver = spawn_cli("run", str(study), env={"SWEEP_FAKE_GPUS": "2"})
-    assert wait_until(lambda: started(study) == 2, 60)
+    assert wait_until(lambda: probes_started(study) == 2, 60)
     time.sleep(0.3)  # let the trainers install their SIGTERM handling
     driver.send_signal(signal.SIGHUP)
     assert driver.stderr is not None

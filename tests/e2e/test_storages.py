@@ -16,7 +16,7 @@ from collections.abc import Callable
 import optuna
 import psutil
 import pytest
-from conftest import processes_mentioning, spawn_cli, study_dict, wait_until
+from conftest import probes_started, processes_mentioning, spawn_cli, study_dict, wait_until
 from test_budget import ATTEMPTS, check_exact, three_drivers_at_once
 
 from sweep._core import names
@@ -252,8 +252,7 @@ def test_one_of_two_drivers_killed_the_other_reclaims_its_trials_and_spends_the_
     # frozen inside one holds the journal's lock file, and the survivor would first wait out
     # Optuna's 30 s grace for it (a stale lock, not a reclaim); or SQLite's write lock, which
     # no other process can take from a live one (the survivor would never write: seen once)
-    started = tmp_path / "killed" / "trials"
-    assert wait_until(lambda: any(started.glob("*/probe_start.json")), 120, every=0.02)
+    assert wait_until(lambda: probes_started(study, "killed") > 0, 120, every=0.02)
     lock = tmp_path / "k.log.lock"
 
     def frozen_as_wanted() -> bool:

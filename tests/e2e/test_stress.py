@@ -16,6 +16,7 @@ import time
 import pytest
 from conftest import (
     load_trials,
+    probes_started,
     processes_mentioning,
     run_cli,
     spawn_cli,
@@ -27,10 +28,6 @@ from sweep._core import names
 
 ROUNDS = int(os.environ.get("SWEEP_STRESS_ROUNDS", "6"))
 PER_ROUND = 3  # trials added to the budget each round, so every kill finds work left
-
-
-def started(study) -> int:
-    return len(list((study.parent / "probe" / "trials").glob("*/probe_start.json")))
 
 
 def asked(study) -> int:
@@ -58,7 +55,7 @@ def test_sigkill_at_random_moments_then_rerun_never_leaves_a_trial_running(write
             study={"n_trials": budget, "heartbeat_interval": 1, "reclaim_after": 2},
             trainer={"args": ["--sleep", "0.2"], "grace_period": 0.5},
         ))
-        before, trials_before = started(study), asked(study)
+        before, trials_before = probes_started(study), asked(study)
         # a while after the round's first ask (seconds), or once the k-th trial of the round
         # started (the last one included)
         if round_ % 2 == 0:
@@ -71,7 +68,7 @@ def test_sigkill_at_random_moments_then_rerun_never_leaves_a_trial_running(write
             time.sleep(moment[1])
         else:
             target = before + moment[1]
-            assert wait_until(lambda s=study, n=target: started(s) >= n, 60)
+            assert wait_until(lambda s=study, n=target: probes_started(s) >= n, 60)
         os.kill(driver.pid, signal.SIGKILL)
         driver.communicate(timeout=10)
         assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 5), (
