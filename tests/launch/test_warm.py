@@ -34,6 +34,11 @@ from sweep.trial.process import TrialProcess
 PROBE = TRAINERS / "warm_probe.py"
 
 
+# the tests of `server` run on one worker: its server imports torch (a few CPU-s) once for them
+# all, not once on each worker that takes one of them
+ON_THE_SERVER = pytest.mark.xdist_group("warm-server")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmServer]:
     """A server that preloads torch and decimal (a module a script's file may shadow)."""
@@ -65,6 +70,7 @@ def record(p: LaunchPlan) -> dict:
     return json.loads((p.paths.dir / "probe.json").read_text())
 
 
+@ON_THE_SERVER
 def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
     p = plan(tmp_path, "7", "--x", "0.25")
     proc = run(server, p)
@@ -89,6 +95,7 @@ def test_a_fork_is_its_own_process_under_its_own_guard(server, tmp_path):
     ("exit3", 3, ""), ("exitneg", 247, ""), ("raise", 1, "RuntimeError: the trainer broke"),
     ("interrupt", 130, "KeyboardInterrupt"), ("term", 128 + signal.SIGTERM, ""),
 ])
+@ON_THE_SERVER
 def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, said):
     p = plan(tmp_path, "1", "--mode", mode)
     assert run(server, p).exit_code == code
@@ -100,6 +107,7 @@ def test_exit_codes_are_those_of_a_python_process(server, tmp_path, mode, code, 
         assert "warm_server.py" not in p.paths.stderr.read_text()
 
 
+@ON_THE_SERVER
 def test_forks_do_not_share_random_state(server, tmp_path):
     seen = [record(p) for p in [plan(tmp_path, str(i), "--mode", "seeds") for i in range(3)]
             if run(server, p).exit_code == 0]
@@ -108,6 +116,7 @@ def test_forks_do_not_share_random_state(server, tmp_path):
     assert len({s["torch"] for s in seen}) == 3
 
 
+@ON_THE_SERVER
 def test_a_fork_takes_what_python_takes_from_its_environment(server, tmp_path):
     """PYTHONPATH, PYTHONIOENCODING, PYTHONFAULTHANDLER, TZ; and a file beside the script
     shadows a module the server had loaded, as in a new interpreter."""
@@ -133,6 +142,7 @@ def test_a_fork_takes_what_python_takes_from_its_environment(server, tmp_path):
     assert seen["tz"] == "JST" and seen["local"] == 1 and seen["path1"] == str(extra)
 
 
+@ON_THE_SERVER
 def test_files_left_open_and_an_excepthook_behave_as_in_python(server, tmp_path):
     script = tmp_path / "open.py"
     script.write_text(
@@ -150,6 +160,7 @@ def test_files_left_open_and_an_excepthook_behave_as_in_python(server, tmp_path)
     assert p.paths.stderr.read_text().strip() == "HOOKED late"
 
 
+@ON_THE_SERVER
 def test_a_guard_the_driver_never_heard_of_starts_nothing(server, tmp_path):
     """The driver lets a guard start its trainer only once it knows the guard's pid: a
     request whose answer never came (a timeout, a dying server) runs nothing."""
@@ -389,6 +400,7 @@ def test_what_a_fork_cannot_take_is_named(tmp_path):
     assert cannot_take({"PYTHONPATH": f"{tmp_path / 'none'}"}, {}) == []
 
 
+@ON_THE_SERVER
 def test_a_stop_ends_the_fork_and_what_it_started(server, tmp_path):
     script = tmp_path / "hide.py"
     script.write_text(
@@ -441,6 +453,7 @@ def sleeping(server: WarmServer, tmp_path: Path, name: str,
     return proc, fork_of(proc)
 
 
+@ON_THE_SERVER
 def test_a_killed_guard_leaves_nothing_behind(server, tmp_path):
     """SIGKILL the guard (the trainer may do it): the trial is lost, its fork is killed."""
     proc, trainer = sleeping(server, tmp_path, "3")
@@ -467,6 +480,7 @@ def test_a_fork_dies_with_its_guard_even_when_its_server_is_gone(tmp_path):
         warm.close()
 
 
+@ON_THE_SERVER
 def test_a_force_kill_from_the_driver_ends_the_fork_with_its_guard(server, tmp_path):
     """The driver knows a warm trial by its guard's pid alone (no file in the trial folder):
     SIGKILL to the guard's group takes the fork with it (it dies with its guard)."""
