@@ -46,17 +46,40 @@ def throwaway_postgres() -> Iterator[str]:
             shutil.chown(path, "postgres")
         home.chmod(0o755)
         as_postgres = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     try:
         subprocess.run([*as_postgres, initdb, "-D", str(data), "-A", "trust", "-U",
                         "postgres"], check=True, capture_output=True)
-        subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-l", str(home / "log"),
-                        "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
-                       check=True, capture_output=True)
+        port = _start(as_postgres, pg_ctl, data, sock, home / "log")
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that no process listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(as_postgres: list[str], pg_ctl: str, data: Path, sock: Path, log: Path,
+           tries: int = 3) -> int:
+    """Start the server on a free port; the port. A port found free can be taken by another
+    process before the server binds it: then again on another, up to `tries` times.
+    RuntimeError with the server's last lines if it never starts."""
+    said = ""
+    for _ in range(tries):
+        port = free_port()
+        done = subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-l", str(log),
+                               "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return port
+        try:
+            said = log.read_text(errors="replace")
+        except OSError:
+            said = done.stderr
+    raise RuntimeError(f"PostgreSQL did not start in {tries} tries; its log ends:\n"
+                       + "\n".join(said.splitlines()[-10:]))
