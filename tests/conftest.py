@@ -83,6 +83,13 @@ def grpc_marked(request: pytest.FixtureRequest) -> Iterator[None]:
                     "@pytest.mark.grpc, so that it runs after the tests that fork drivers")
 
 
+# Tests that ask this interpreter's accelerate for its config keys in the test process (a
+# study with an accelerate config file; the probe imports accelerate and torch, a few CPU-s,
+# and `interpreter.probe` keeps its answer for the process's life) run on one worker, which
+# asks once for them all
+ASKS_ACCELERATES_KEYS = pytest.mark.xdist_group("accelerate-keys")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def probed_interpreter() -> None:
     """This interpreter asked about itself once per worker, as a run of a study whose script

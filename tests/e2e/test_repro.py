@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, assert_gone, load_trials, run_cli, spawn_cli, study_dict
+from conftest import (
+    ASKS_ACCELERATES_KEYS,
+    ROOT,
+    assert_gone,
+    load_trials,
+    run_cli,
+    spawn_cli,
+    study_dict,
+)
 
 from sweep._core import names
 from sweep._core.errors import ConfigError
@@ -103,6 +111,7 @@ def test_a_consistent_file_has_no_problems():
                                 None) == []
 
 
+@ASKS_ACCELERATES_KEYS
 @pytest.mark.slow
 def test_accelerates_own_keys_are_what_the_probe_reports(tmp_path):
     """Contract: the keys `interpreter.probe` reads from accelerate's ClusterConfig are those
@@ -152,6 +161,7 @@ def test_values_in_accelerates_case_are_taken():
     assert accelconfig.problems(data, None, False, None, None, choices=CHOICES) == []
 
 
+@ASKS_ACCELERATES_KEYS
 def test_the_probe_reports_accelerates_own_enums_and_a_bad_value_is_refused_by_load(tmp_path):
     """Contract: the values come from accelerate's public enums (accelerate.utils), asked in
     the trainer's interpreter; a bad one is refused before anything is written."""
@@ -184,6 +194,7 @@ def team_study(tmp_path: Path, **accelerate: object) -> Path:
     return path
 
 
+@ASKS_ACCELERATES_KEYS
 @pytest.mark.slow
 def test_several_machines_in_the_config_are_refused_in_one_line_before_anything_is_written(
         tmp_path, capsys):
@@ -653,6 +664,7 @@ def test_what_a_trial_ran_with_is_its_attribute_and_its_env_json(tmp_path):
     assert provenance.recorded({}, None) == {names.CODE_VERSION: None, "env_version": None}
 
 
+@ASKS_ACCELERATES_KEYS
 @pytest.mark.slow
 def test_a_run_of_one_device_trials_says_it_runs_without_the_files_fsdp(tmp_path):
     from sweep.launch.make import make

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import PROBE, ROOT, study_dict
+from conftest import ASKS_ACCELERATES_KEYS, PROBE, ROOT, study_dict
 
 from sweep._core.errors import ConfigError
 from sweep.spec import config, searchspace
@@ -32,6 +32,7 @@ def test_relative_paths_are_relative_to_the_yaml(tmp_path, write_study):
     assert spec.output_dir == tmp_path / "out"
 
 
+@ASKS_ACCELERATES_KEYS
 def test_repo_studies_load():
 
     for path in sorted((ROOT / "studies").glob("*.yaml")):
