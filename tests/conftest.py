@@ -59,7 +59,9 @@ def study_dict(**sections: Any) -> dict[str, Any]:
 # store, container names), "slurm" (a throwaway cluster on the 2-CPU node), "postgres" (one
 # server for them all), "rendezvous" (multi-process trials that take a TCP port of the
 # machine's range in a lock dir of their own test). "chromium": the report's pages, in one
-# browser (tests/browser.py) instead of one each.
+# browser (tests/browser.py) instead of one each. Others share one expensive answer that a
+# process keeps: "summary-finished-study" (analysis/test_summary.py), "warm-server"
+# (launch/test_warm.py) and "accelerate-keys" (below).
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,7 +88,9 @@ def grpc_marked(request: pytest.FixtureRequest) -> Iterator[None]:
 # Tests that ask this interpreter's accelerate for its config keys in the test process (a
 # study with an accelerate config file; the probe imports accelerate and torch, a few CPU-s,
 # and `interpreter.probe` keeps its answer for the process's life) run on one worker, which
-# asks once for them all
+# asks once for them all. Two others ask too, and stay out: the two-process trials' test is
+# in "rendezvous" (a test has one group), and the launchers' comparison asks in its own
+# worker before it forks its drivers.
 ASKS_ACCELERATES_KEYS = pytest.mark.xdist_group("accelerate-keys")
 
 

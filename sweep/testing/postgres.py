@@ -67,19 +67,25 @@ def free_port() -> int:
 def _start(as_postgres: list[str], pg_ctl: str, data: Path, sock: Path, log: Path,
            tries: int = 3) -> int:
     """Start the server on a free port; the port. A port found free can be taken by another
-    process before the server binds it: then again on another, up to `tries` times.
-    RuntimeError with the server's last lines if it never starts."""
-    said = ""
-    for _ in range(tries):
+    process before the server binds it: then again on another, up to `tries` times. Any other
+    failure (a timeout, a bad folder), or the last try's: RuntimeError with what pg_ctl and
+    the server said of that try."""
+    while True:
+        tries -= 1
         port = free_port()
+        before = log.stat().st_size if log.exists() else 0
         done = subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-l", str(log),
-                               "-o", f"-p {port} -k {sock} -h 127.0.0.1", "-w", "start"],
-                              capture_output=True, text=True, check=False)
+                               "-o", f"-p {port} -k {sock} -h 127.0.0.1 -c lc_messages=C", "-w",
+                               "start"], capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return port
         try:
-            said = log.read_text(errors="replace")
+            with log.open("rb") as f:
+                f.seek(before)
+                said = f.read().decode(errors="replace")
         except OSError:
-            said = done.stderr
-    raise RuntimeError(f"PostgreSQL did not start in {tries} tries; its log ends:\n"
-                       + "\n".join(said.splitlines()[-10:]))
+            said = ""
+        if "Address already in use" not in said or tries <= 0:  # in lc_messages C
+            lines = (said + done.stderr).strip().splitlines()[-10:]
+            raise RuntimeError(f"PostgreSQL did not start on port {port}:\n"
+                               + "\n".join(lines))

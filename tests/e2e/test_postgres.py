@@ -83,7 +83,8 @@ def test_server_binaries_are_found_where_debian_puts_them(tmp_path, monkeypatch)
 def test_a_port_taken_before_the_server_binds_it_is_given_up_for_another(monkeypatch):
     """The port the kernel found free was taken by another process before the server bound
     it (seen once: every PostgreSQL test of a session failed at its fixture): the server
-    starts on the next free port, and the first one's process keeps its own."""
+    starts on the next free port, and the first one's process keeps its own. (A server of
+    this test's own, beside the session's.)"""
     import socket
 
     import psycopg
@@ -93,9 +94,32 @@ def test_a_port_taken_before_the_server_binds_it_is_given_up_for_another(monkeyp
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        ports = iter([taken.getsockname()[1]])
+        port = taken.getsockname()[1]
+        ports = iter([port])
         monkeypatch.setattr(postgres, "free_port",
                             lambda real=postgres.free_port: next(ports, None) or real())
         with postgres.throwaway_postgres() as url, psycopg.connect(url) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
-            assert f":{taken.getsockname()[1]}/" not in url
+            assert f":{port}/" not in url
+        assert next(ports, None) is None  # the taken port was tried first
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # and is still the other process's
+
+
+def test_a_server_that_cannot_start_for_another_reason_says_why_at_once(tmp_path, monkeypatch):
+    """Only a port taken is tried again: any other failure (here a folder with no cluster in
+    it, or, as root, pg_ctl's refusal of root) is one error, after one try, with what pg_ctl
+    said."""
+    from sweep.testing import postgres
+
+    binaries = postgres.server_binaries()
+    assert binaries is not None
+    asked = []
+    monkeypatch.setattr(postgres, "free_port",
+                        lambda real=postgres.free_port: asked.append(real()) or asked[-1])
+    with pytest.raises(RuntimeError) as e:
+        postgres._start([], str(binaries / "pg_ctl"), tmp_path / "none", tmp_path,
+                        tmp_path / "log")
+    said = str(e.value)
+    assert len(asked) == 1 and said.startswith(f"PostgreSQL did not start on port {asked[0]}:\n")
+    assert said.count("\n") >= 1 and "Address already in use" not in said
