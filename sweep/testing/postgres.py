@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from sweep.testing import ports
 
 DEBIAN_BINARIES = "/usr/lib/postgresql"  # Debian's `postgresql` package: <version>/bin/
 
@@ -57,13 +58,6 @@ def throwaway_postgres() -> Iterator[str]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that no process listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(as_postgres: list[str], pg_ctl: str, data: Path, sock: Path, log: Path,
            tries: int = 3) -> int:
     """Start the server on a free port; the port. A port found free can be taken by another
@@ -72,7 +66,7 @@ def _start(as_postgres: list[str], pg_ctl: str, data: Path, sock: Path, log: Pat
     the server said of that try."""
     while True:
         tries -= 1
-        port = free_port()
+        [port] = ports.free_ports(1)
         before = log.stat().st_size if log.exists() else 0
         done = subprocess.run([*as_postgres, pg_ctl, "-D", str(data), "-l", str(log),
                                "-o", f"-p {port} -k {sock} -h 127.0.0.1 -c lc_messages=C", "-w",

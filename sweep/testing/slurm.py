@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sweep.testing import ports
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
@@ -39,17 +41,6 @@ def _daemon(name: str) -> str:
     found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
     assert found is not None, name
     return found
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -177,7 +168,7 @@ def cluster(folder: Path, cpus: int = 2) -> Iterator[Cluster]:
         (folder / sub).mkdir(exist_ok=True)
     host = socket.gethostname().split(".")[0]
     conf = folder / "slurm.conf"
-    conf.write_text(slurm_conf(folder, host, _free_ports(2), cpus))
+    conf.write_text(slurm_conf(folder, host, ports.free_ports(2), cpus))
     key = folder / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)

@@ -89,19 +89,19 @@ def test_a_port_taken_before_the_server_binds_it_is_given_up_for_another(monkeyp
 
     import psycopg
 
-    from sweep.testing import postgres
+    from sweep.testing import ports, postgres
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        ports = iter([port])
-        monkeypatch.setattr(postgres, "free_port",
-                            lambda real=postgres.free_port: next(ports, None) or real())
+        first = iter([[port]])
+        monkeypatch.setattr(ports, "free_ports",
+                            lambda n, real=ports.free_ports: next(first, None) or real(n))
         with postgres.throwaway_postgres() as url, psycopg.connect(url) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert f":{port}/" not in url
-        assert next(ports, None) is None  # the taken port was tried first
+        assert next(first, None) is None  # the taken port was tried first
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass  # and is still the other process's
 
@@ -110,13 +110,13 @@ def test_a_server_that_cannot_start_for_another_reason_says_why_at_once(tmp_path
     """Only a port taken is tried again: any other failure (here a folder with no cluster in
     it, or, as root, pg_ctl's refusal of root) is one error, after one try, with what pg_ctl
     said."""
-    from sweep.testing import postgres
+    from sweep.testing import ports, postgres
 
     binaries = postgres.server_binaries()
     assert binaries is not None
-    asked = []
-    monkeypatch.setattr(postgres, "free_port",
-                        lambda real=postgres.free_port: asked.append(real()) or asked[-1])
+    asked: list[int] = []
+    monkeypatch.setattr(ports, "free_ports",
+                        lambda n, real=ports.free_ports: asked.extend(real(n)) or asked[-n:])
     with pytest.raises(RuntimeError) as e:
         postgres._start([], str(binaries / "pg_ctl"), tmp_path / "none", tmp_path,
                         tmp_path / "log")
