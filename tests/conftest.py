@@ -40,6 +40,10 @@ from sweep.testing.harness import Sweep, probe_study
 # trainer and probe the tests start compiles sweep again. Set before xdist starts its workers.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The test process collects its young objects about 30 times less often than Python by default:
+# its heap (Optuna, pandas, plotly, the tests' studies) made each collection long, and
+# frequent. Its forked drivers collect as a new interpreter does (`forked_cli`).
+gc.set_threshold(20_000, 20, 10)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS = ROOT / "tests" / "trainers"  # the test trainers, run as real subprocesses
@@ -62,6 +66,18 @@ def study_dict(**sections: Any) -> dict[str, Any]:
 # browser (tests/browser.py) instead of one each. Others share one expensive answer that a
 # process keeps: "summary-finished-study" (analysis/test_summary.py), "warm-server"
 # (launch/test_warm.py) and "accelerate-keys" (below).
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config) -> None:
+    """Before xdist starts its workers: in a checkout whose test modules were never imported
+    (a clean clone, as CI's), collect them once here, so that each worker reads what pytest
+    rewrote and Python compiled (`__pycache__`) instead of all of them doing it at once."""
+    if any((ROOT / "tests").glob("**/__pycache__/test_*.pyc")):
+        return
+    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                    "-p", "no:cacheprovider", *config.args], cwd=config.rootpath,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -276,7 +277,6 @@ def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
     under `accelerate launch` logs 3 epochs on stderr and fails; the launcher prints its last
     lines again. The trial has 3 steps, not 3 + the copy, and its fail reason is its own
     last line; a trainer that ends 0 has its 3 steps too (the second trial of the run)."""
-    import accelerate
     from conftest import load_trials, run_cli
 
     trainer = TRAINERS / "stderr_epochs.py"
@@ -293,6 +293,6 @@ def test_accelerate_launchs_copy_of_stderr_is_no_report_and_no_fail_reason(
     for trial in trials:
         log = (study.parent / "echo" / "trials" / str(trial.number) / "stderr.log").read_text()
         if not trial.params["ok"]:  # the launcher did repeat them (accelerate 1.16 and later)
-            assert log.count("epoch 3 loss") == 2, (accelerate.__version__, log)
+            assert log.count("epoch 3 loss") == 2, (metadata.version("accelerate"), log)
             assert trial.user_attrs[names.FAIL_REASON] == "exit code 3: giving up"
         assert trial.intermediate_values == {1: 1.0, 2: 0.5, 3: 0.3333}
