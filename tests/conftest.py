@@ -40,10 +40,6 @@ from sweep.testing.harness import Sweep, probe_study
 # trainer and probe the tests start compiles sweep again. Set before xdist starts its workers.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-# The test process collects its young objects about 30 times less often than Python by default:
-# its heap (Optuna, pandas, plotly, the tests' studies) made each collection long, and
-# frequent. Its forked drivers collect as a new interpreter does (`forked_cli`).
-gc.set_threshold(20_000, 20, 10)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS = ROOT / "tests" / "trainers"  # the test trainers, run as real subprocesses

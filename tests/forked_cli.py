@@ -6,10 +6,9 @@ drivers cost).
 The child is made to start as `python -m sweep` would: its standard streams are the pipes, its
 environment is the one given, and what the test process changed of the interpreter is put
 back: signal handlers (Python's defaults; an ignored signal stays ignored, as across exec),
-the garbage collector's thresholds (conftest raises the test process's), the warning filters
-and their display (pytest records warnings), logging's handlers (pytest's on the root logger;
-a library's stream handler bound to an old `sys.stderr`), exit hooks (only the command's own
-run), faulthandler and the wakeup fd. The parent's objects are frozen out of
+the warning filters and their display (pytest records warnings), logging's handlers (pytest's
+on the root logger; a library's stream handler bound to an old `sys.stderr`), exit hooks (only
+the command's own run), faulthandler and the wakeup fd. The parent's objects are frozen out of
 the child's garbage collection (no finalizer of a connection the parent holds runs in the
 child), the descriptors the parent had open are closed (as `close_fds` does) before the
 parent goes on, signals wait, blocked, until the command's first line has put its handlers
@@ -42,9 +41,6 @@ from pathlib import Path
 from typing import Any
 
 SQLITE_FILES = (".db", ".sqlite", ".sqlite3", "-wal", "-shm", "-journal")
-# A new interpreter's collector thresholds, read before conftest raises the test process's
-# (conftest imports this module first): its children collect as `python -m sweep` does.
-NEW_INTERPRETER_GC = gc.get_threshold()
 
 
 def can_fork(near: Sequence[Path]) -> bool:
@@ -122,7 +118,6 @@ def _show_warning(message: warnings.WarningMessage) -> None:
 def _run(argv: list[str], env: dict[str, str]) -> int:
     """In the child: the interpreter put back as a new one would have it, then the command."""
     gc.freeze()  # the parent's objects: never collected (and finalized) here
-    gc.set_threshold(*NEW_INTERPRETER_GC)
     os.environ.clear()
     os.environ.update(env)
     faulthandler.disable()

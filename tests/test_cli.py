@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import socket
 import sqlite3
 import subprocess
@@ -10,7 +9,7 @@ import sys
 
 import pytest
 from conftest import load_trials, run_cli, spawn_cli, study_dict
-from forked_cli import NEW_INTERPRETER_GC, ForkedCli, can_fork
+from forked_cli import ForkedCli, can_fork
 
 from sweep._core import names
 from sweep.testing import fake_pynvml
@@ -199,15 +198,6 @@ def test_a_forked_command_says_and_exits_as_a_new_interpreter_does(write_study, 
     finally:
         db.close()
     assert can_fork([tmp_path]) is forks
-
-
-def test_a_forked_command_collects_garbage_as_a_new_interpreter_does():
-    """conftest raises this process's collector thresholds; `forked_cli` read a new
-    interpreter's before that, and puts them back in its children."""
-    fresh = subprocess.run([sys.executable, "-c", "import gc; print(*gc.get_threshold())"],
-                           capture_output=True, text=True, check=True).stdout.split()
-    assert tuple(int(t) for t in fresh) == NEW_INTERPRETER_GC
-    assert gc.get_threshold() != NEW_INTERPRETER_GC
 
 
 def test_on_a_terminal_run_shows_a_live_table_of_budget_gpus_and_best(write_study, fake_gpus,
