@@ -72,7 +72,7 @@ def pytest_xdist_setupnodes(config: pytest.Config) -> None:
     if any((ROOT / "tests").glob("**/__pycache__/test_*.pyc")):
         return
     subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
-                    "-p", "no:cacheprovider", *config.args], cwd=config.rootpath,
+                    "-p", "no:cacheprovider", *config.args], cwd=config.invocation_params.dir,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
