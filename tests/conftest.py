@@ -65,15 +65,21 @@ def study_dict(**sections: Any) -> dict[str, Any]:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_setupnodes(config: pytest.Config) -> None:
-    """Before xdist starts its workers: in a checkout whose test modules were never imported
-    (a clean clone, as CI's), collect them once here, so that each worker reads what pytest
-    rewrote and Python compiled (`__pycache__`) instead of all of them doing it at once."""
-    if any((ROOT / "tests").glob("**/__pycache__/test_*.pyc")):
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Before xdist starts two workers or more: in a checkout whose test modules were never
+    imported (a clean clone, as CI's), collect them once here, so that each worker reads what
+    pytest rewrote and Python compiled (`__pycache__`) instead of all of them doing it at once.
+    Best effort: only the paths given are passed on, and a collection that fails or hangs
+    changes nothing (the workers collect, and say, as they would have)."""
+    if (len(specs) < 2 or sys.pycache_prefix is not None
+            or any((ROOT / "tests").glob("**/__pycache__/test_*.pyc"))):
         return
-    subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
-                    "-p", "no:cacheprovider", *config.args], cwd=config.invocation_params.dir,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                        "-p", "no:cacheprovider", *config.args],
+                       cwd=config.invocation_params.dir, env={**os.environ, "PYTEST_ADDOPTS": ""},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                       check=False)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
